@@ -1,0 +1,3 @@
+from diagnoser.cli.app import main
+
+main()

@@ -1,0 +1,270 @@
+"""The capture: one observation window of one target, as plain data.
+
+A capture is what collectors produce and everything downstream reads. It holds no behaviour beyond
+building and (de)serialising itself, so that a capture saved today can be diagnosed by a later version.
+
+On disk a capture is gzip-compressed JSON with a format tag and version (see docs/capture-format.md).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from diagnoser.errors import InputError
+
+FORMAT_NAME = "diagnoser-capture"
+# Bump when a change is not backward compatible; add a migration in _MIGRATIONS from the old version.
+FORMAT_VERSION = 1
+
+# Sources a number can come from. Kept as plain strings so collectors added later need no change here.
+SOURCES = ("nvml", "gpm", "dcgm", "psutil", "server", "trace", "physics", "user")
+
+
+class CaptureError(InputError):
+    """A capture file could not be read or written; the message is one sentence for the user."""
+
+
+class Series(msgspec.Struct, kw_only=True):
+    """A time series of one signal from one source, e.g. gpu.dram_active from GPM for GPU 0.
+
+    `times` are seconds since the window start; `values` are in `unit` (ratios are 0..1).
+    """
+
+    name: str
+    unit: str
+    source: str
+    times: list[float] = msgspec.field(default_factory=list)
+    values: list[float] = msgspec.field(default_factory=list)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def add(self, t: float, value: float) -> None:
+        self.times.append(t)
+        self.values.append(value)
+
+
+class Unavailable(msgspec.Struct, kw_only=True):
+    """A source or signal that could not be read, and why (no GPU, no permission, not supported...)."""
+
+    source: str
+    what: str
+    reason: str
+    hint: str = ""
+
+
+class GpuInfo(msgspec.Struct, kw_only=True):
+    """The hardware as the collector saw it. `spec_name` is the physics table entry it matched, if any."""
+
+    index: int
+    name: str
+    uuid: str = ""
+    memory_total_bytes: int | None = None
+    driver: str = ""
+    cuda_capability: str = ""
+    max_sm_clock_mhz: float | None = None
+    max_mem_clock_mhz: float | None = None
+    power_limit_w: float | None = None
+    mig_mode: bool = False
+    mig_instance: str = ""
+    spec_name: str | None = None
+    # Measured roofs from `diagnoser calibrate`, when available: {"hbm_bytes_per_s": ..., "bf16_flops": ...}
+    measured: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class ProcessInfo(msgspec.Struct, kw_only=True):
+    pid: int
+    name: str = ""
+    cmdline: list[str] = msgspec.field(default_factory=list)
+    user: str = ""
+    children: list[int] = msgspec.field(default_factory=list)
+    gpu_indices: list[int] = msgspec.field(default_factory=list)
+    exited_at_s: float | None = None  # seconds into the window when the process went away
+
+
+class ServerInfo(msgspec.Struct, kw_only=True):
+    kind: str  # vllm, sglang, tgi, triton, demo, unknown
+    url: str = ""
+    version: str = ""
+
+
+class ModelInfo(msgspec.Struct, kw_only=True):
+    """The served model's shape, when known (from config.json, flags or the server)."""
+
+    name: str = ""
+    params: float | None = None  # total parameters
+    active_params: float | None = None  # per token, for MoE
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    vocab: int | None = None
+    dtype: str = ""  # weights: fp32, bf16, fp16, fp8, int8, int4
+    kv_dtype: str = ""
+    max_context: int | None = None
+    tensor_parallel: int = 1
+
+
+class TraceSummary(msgspec.Struct, kw_only=True):
+    """What a torch.profiler trace analysis found, reduced to numbers the evidence layer reads.
+
+    Fractions are of the analysed window (0..1). Absent values mean not measurable from this trace.
+    """
+
+    path: str = ""
+    window_s: float = 0.0
+    devices: list[int] = msgspec.field(default_factory=list)
+    gpu_busy_frac: float | None = None
+    # Idle time by cause, as fractions of the window: host, sync, pageable_memcpy, queue_dry, kernel_overhead
+    idle_frac_by_cause: dict[str, float] = msgspec.field(default_factory=dict)
+    # Share of GPU busy time by kernel class: gemm, attention, norm_elementwise, reduction, comm, memcpy, memset, other
+    kernel_share: dict[str, float] = msgspec.field(default_factory=dict)
+    kernel_count: int = 0
+    short_kernel_frac: float | None = None  # kernels shorter than their launch call
+    launch_call_us_p50: float | None = None
+    launch_delay_us_p50: float | None = None
+    cuda_graph_launches: int = 0
+    intensity_flop_per_byte: float | None = None  # time-weighted over ops with known FLOPs/bytes
+    achieved_flops: float | None = None  # FLOP/s over the window
+    achieved_bytes_per_s: float | None = None
+    decode_batch: float | None = None  # inferred batch of decode-like steps
+    prefill_frac: float | None = None  # share of GPU time in prefill-like steps
+    attention_frac: float | None = None
+    skipped: list[str] = msgspec.field(default_factory=list)  # what the analysis could not read
+    extra: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class Capture(msgspec.Struct, kw_only=True):
+    """One observation window of one target."""
+
+    target: str  # human description: "pid 1234 (python -m vllm...)", "gpu 0 on node-a", "trace foo.json"
+    started_at: float  # unix seconds
+    duration_s: float
+    host: str = ""
+    tool_version: str = ""
+    gpus: list[GpuInfo] = msgspec.field(default_factory=list)
+    process: ProcessInfo | None = None
+    server: ServerInfo | None = None
+    model: ModelInfo | None = None
+    serving: dict[str, Any] = msgspec.field(default_factory=dict)  # known serving config (max_num_seqs, ...)
+    series: list[Series] = msgspec.field(default_factory=list)
+    trace: TraceSummary | None = None
+    unavailable: list[Unavailable] = msgspec.field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
+    # Set by tests and the demo: a capture that did not come from a GPU says so, and the verdict repeats it.
+    cpu_only: bool = False
+
+    def series_named(self, name: str) -> list[Series]:
+        return [s for s in self.series if s.name == name]
+
+    def mark_unavailable(self, source: str, what: str, reason: str, hint: str = "") -> None:
+        if not any(u.source == source and u.what == what for u in self.unavailable):
+            self.unavailable.append(Unavailable(source=source, what=what, reason=reason, hint=hint))
+
+
+def new_capture(target: str, *, started_at: float | None = None, duration_s: float = 0.0) -> Capture:
+    from diagnoser import __version__
+
+    return Capture(
+        target=target,
+        started_at=time.time() if started_at is None else started_at,
+        duration_s=duration_s,
+        host=os.uname().nodename,
+        tool_version=__version__,
+    )
+
+
+# --- on disk -------------------------------------------------------------------------------------------
+
+class _Envelope(msgspec.Struct):
+    format: str
+    version: int
+    capture: msgspec.Raw
+
+
+_MIGRATIONS: dict[int, Any] = {}  # version -> function(dict) -> dict of version + 1
+
+
+def dumps(capture: Capture) -> bytes:
+    body = msgspec.json.encode({"format": FORMAT_NAME, "version": FORMAT_VERSION, "capture": capture})
+    return gzip.compress(body, compresslevel=6, mtime=0)
+
+
+def loads(data: bytes, *, origin: str = "capture") -> Capture:
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = _gunzip_bounded(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise CaptureError(f"{origin} is not a readable capture: its gzip stream is damaged ({exc}).") from None
+    try:
+        env = msgspec.json.decode(data, type=_Envelope)
+    except msgspec.DecodeError as exc:
+        raise CaptureError(f"{origin} is not a diagnoser capture: {exc}.") from None
+    if env.format != FORMAT_NAME:
+        raise CaptureError(f"{origin} is a '{env.format}' file, not a diagnoser capture.")
+    if env.version > FORMAT_VERSION:
+        raise CaptureError(
+            f"{origin} uses capture format version {env.version}, newer than this diagnoser reads "
+            f"(up to {FORMAT_VERSION}); upgrade diagnoser to read it."
+        )
+    try:
+        if env.version == FORMAT_VERSION:
+            return msgspec.json.decode(env.capture, type=Capture)
+        raw = msgspec.json.decode(env.capture)
+        for v in range(env.version, FORMAT_VERSION):
+            raw = _MIGRATIONS[v](raw)
+        return msgspec.convert(raw, type=Capture)
+    except (msgspec.ValidationError, msgspec.DecodeError, KeyError) as exc:
+        raise CaptureError(f"{origin} is a damaged capture (version {env.version}): {exc}.") from None
+
+
+# A capture is megabytes at most; refuse a gzip bomb rather than filling memory.
+_MAX_CAPTURE_BYTES = 2 << 30
+
+
+def _gunzip_bounded(data: bytes) -> bytes:
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+        while chunk := f.read(1 << 20):
+            out.write(chunk)
+            if out.tell() > _MAX_CAPTURE_BYTES:
+                raise OSError("decompresses to more than 2 GiB")
+    return out.getvalue()
+
+
+def save(capture: Capture, path: str | Path) -> Path:
+    """Write atomically: a crash mid-write leaves the old file (or none), never half a capture."""
+    path = Path(path)
+    data = dumps(capture)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise CaptureError(f"cannot write capture to {path}: {exc.strerror or exc}.") from None
+    return path
+
+
+def load(path: str | Path) -> Capture:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CaptureError(f"no capture file at {path}.") from None
+    except IsADirectoryError:
+        raise CaptureError(f"{path} is a directory, not a capture file.") from None
+    except OSError as exc:
+        raise CaptureError(f"cannot read {path}: {exc.strerror or exc}.") from None
+    return loads(data, origin=str(path))

@@ -1,0 +1,71 @@
+"""The `diagnoser` console script: builds the typer app from one module per command.
+
+Each module in COMMAND_MODULES defines `register(app)`. Errors derived from DiagnoserError become one sentence on
+stderr and their exit code; nothing else about failures is printed unless DIAGNOSER_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from diagnoser import __version__
+from diagnoser.errors import EXIT_INTERRUPTED, DiagnoserError
+
+COMMAND_MODULES = (
+    "diagnose",
+    "rules",
+    "theory",
+)
+
+app = typer.Typer(
+    name="diagnoser",
+    help="What limits this GPU inference server, and what to change.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"diagnoser {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """What limits this GPU inference server, and what to change."""
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"diagnoser.cli.{_name}").register(app)
+
+
+def fail(message: str, code: int) -> None:
+    typer.echo(f"diagnoser: {message}", err=True)
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        app(args=argv, prog_name="diagnoser", standalone_mode=True)
+    except DiagnoserError as exc:
+        if os.environ.get("DIAGNOSER_DEBUG"):
+            raise
+        fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        fail("interrupted.", EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # Output piped into `head` and closed: not an error worth a traceback.
+        sys.stderr.close()
+        raise SystemExit(0) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""`diagnoser theory`: what the hardware allows for a model, from first principles, before measuring anything."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.padding import Padding
+from rich.table import Table
+
+from diagnoser.capture import ModelInfo
+from diagnoser.cli.common import handles_errors, print_json
+from diagnoser.errors import InputError
+from diagnoser.physics import (
+    BUNDLED_SOURCES,
+    DEFAULT_MEM_FRACTION,
+    GpuSpec,
+    WhatIf,
+    bundled_models,
+    compute_dtype,
+    cost_per_million_tokens,
+    decode_bound,
+    decode_ceiling_tokens_per_s,
+    decode_compute_s,
+    decode_floor_s,
+    fits,
+    get_gpu,
+    has_kv_shape,
+    kv_bytes_per_token,
+    kv_cache_dtype,
+    load_bundled_model,
+    max_concurrent_sequences,
+    model_from_params,
+    parse_param_count,
+    peak_flops,
+    prefill_time_s,
+    resolve_model,
+    ridge_batch,
+    ridge_point,
+    tokens_per_joule,
+    weight_bytes,
+    weight_dtype,
+    what_if,
+)
+from diagnoser.physics.precision import normalise_dtype
+
+WIDTH = 80
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the user asked about, resolved and validated."""
+
+    model: ModelInfo
+    gpu: GpuSpec
+    dtype: str
+    kv_dtype: str
+    batch: int
+    context: int
+    tp: int
+
+
+def build_model(
+    model: str | None,
+    params: str | None,
+    layers: int | None,
+    kv_heads: int | None,
+    head_dim: int | None,
+) -> ModelInfo:
+    """The model from --model, or from --params and the optional shape flags."""
+    if model and params:
+        raise InputError("give --model or --params, not both.")
+    if model:
+        if layers or kv_heads or head_dim:
+            raise InputError("--layers, --kv-heads and --head-dim go with --params; --model has its own shape.")
+        return resolve_model(model)
+    if params:
+        return model_from_params(parse_param_count(params), layers=layers, kv_heads=kv_heads, head_dim=head_dim)
+    raise InputError("give --model (a config.json or a bundled name such as llama-2-7b) or --params.")
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: an unbounded quantity becomes null."""
+    return value if math.isfinite(value) else None
+
+
+def _notes(s: Setup, kv_known: bool, max_seqs: int | None) -> list[str]:
+    notes = []
+    if not fits(s.model, s.gpu, s.dtype, s.tp):
+        notes.append(f"The weights do not fit in {DEFAULT_MEM_FRACTION:.0%} of one {s.gpu.name} at tp {s.tp}; "
+                     "the speeds below assume they did (try --tp or a smaller --dtype).")
+    if not kv_known:
+        notes.append("KV cache not counted: pass --layers, --kv-heads and --head-dim to size it.")
+    elif max_seqs is not None and s.batch > max_seqs > 0:
+        notes.append(f"Only {max_seqs} sequences of {s.context} tokens fit; the ceiling at batch {s.batch} "
+                     "assumes they all did.")
+    if s.model.max_context and s.context > s.model.max_context:
+        notes.append(f"Context {s.context} exceeds the model's {s.model.max_context} positions.")
+    math_dtype = compute_dtype(s.gpu, s.dtype)
+    if math_dtype != s.dtype and s.dtype not in ("int4", "fp32"):
+        notes.append(f"The {s.gpu.name} has no {s.dtype} tensor cores; math runs at its {math_dtype} rate.")
+    if s.model.active_params and s.model.params and s.model.active_params < s.model.params:
+        notes.append("MoE: a step reads only the experts its tokens route to (uniform routing assumed).")
+    return notes
+
+
+def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_ifs: list[WhatIf]) -> dict[str, Any]:
+    """Every number the command shows, as plain data (the --json output)."""
+    m, gpu = s.model, s.gpu
+    kv_known = has_kv_shape(m)
+    context = s.context if kv_known else 0  # without the shape, decode is computed without KV reads
+    kv_per_token = kv_bytes_per_token(m, s.kv_dtype) if kv_known else None
+    max_seqs = max_concurrent_sequences(m, gpu, s.context, tp=s.tp, dtype=s.dtype, kv_dtype=s.kv_dtype) \
+        if kv_known and s.context > 0 else None
+    ceiling = decode_ceiling_tokens_per_s(m, gpu, s.batch, context, s.dtype, s.tp, kv_dtype=s.kv_dtype)
+    power = (power_w or gpu.tdp_w) * s.tp
+    return {
+        "model": {"name": m.name, "params": m.params, "active_params": m.active_params, "layers": m.layers,
+                  "kv_heads": m.kv_heads, "head_dim": m.head_dim, "max_context": m.max_context},
+        "gpu": {"key": gpu.key, "name": gpu.name, "memory_bytes": gpu.memory_bytes,
+                "hbm_bytes_per_s": gpu.hbm_bytes_per_s, "peak_flops": peak_flops(gpu, s.dtype),
+                "compute_dtype": compute_dtype(gpu, s.dtype), "source": gpu.source},
+        "settings": {"dtype": s.dtype, "kv_dtype": s.kv_dtype, "batch": s.batch, "context": s.context, "tp": s.tp,
+                     "mem_fraction": DEFAULT_MEM_FRACTION},
+        "weight_bytes": weight_bytes(m, s.dtype),
+        "weight_bytes_per_gpu": weight_bytes(m, s.dtype) / s.tp,
+        "usable_bytes_per_gpu": gpu.memory_bytes * DEFAULT_MEM_FRACTION,
+        "fits": fits(m, gpu, s.dtype, s.tp),
+        "kv_bytes_per_token": kv_per_token,
+        "kv_bytes_per_token_per_gpu": kv_bytes_per_token(m, s.kv_dtype, tp=s.tp) if kv_known else None,
+        "max_concurrent_sequences": max_seqs,
+        "decode": {
+            "floor_s": decode_floor_s(m, gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp),
+            "compute_s": decode_compute_s(m, gpu, s.batch, dtype=s.dtype, tp=s.tp),
+            "bound": decode_bound(m, gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp),
+            "ceiling_tokens_per_s": ceiling,
+            "per_sequence_tokens_per_s": ceiling / s.batch,
+        },
+        "ridge": {
+            "flop_per_byte": ridge_point(gpu, s.dtype),
+            "batch": ridge_batch(m, gpu, s.dtype, tp=s.tp),
+            "batch_at_context": _finite(ridge_batch(m, gpu, s.dtype, context=context, kv_dtype=s.kv_dtype, tp=s.tp))
+            if context else None,
+        },
+        "prefill": {"tokens": s.context, "time_s": prefill_time_s(m, gpu, s.context, s.dtype, s.tp)
+                    if s.context > 0 else None},
+        "energy": {"power_w": power, "power_source": "user" if power_w else "tdp",
+                   "tokens_per_joule": tokens_per_joule(ceiling, power)},
+        "cost": {"usd_per_gpu_hour": usd_per_hour,
+                 "usd_per_million_tokens": cost_per_million_tokens(ceiling, usd_per_hour, s.tp)}
+        if usd_per_hour is not None else None,
+        "what_ifs": [{"change": w.change, "before_tokens_per_s": w.before_tokens_per_s,
+                      "after_tokens_per_s": w.after_tokens_per_s, "speedup": w.speedup,
+                      "explanation": w.explanation} for w in what_ifs],
+        "notes": _notes(s, kv_known, max_seqs),
+    }
+
+
+# --- terminal ----------------------------------------------------------------------------------------------
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.0f} M"
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+
+
+def _rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:,.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.3g}"
+
+
+def _rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows; a label with an empty value is a section heading."""
+    m, st, d, ridge = r["model"], r["settings"], r["decode"], r["ridge"]
+    params = _count(m["params"])
+    if m["active_params"] and m["active_params"] < m["params"]:
+        params += f" ({_count(m['active_params'])} active per token)"
+    shape = ", ".join(f"{v} {k}" for k, v in (("layers", m["layers"]), ("KV heads", m["kv_heads"]),
+                                              ("head dim", m["head_dim"])) if v)
+    rows = [("Model", ""), ("parameters", params)]
+    if shape:
+        rows.append(("shape", shape))
+    rows.append(("weights", f"{_gb(r['weight_bytes'])} at {st['dtype']}"
+                 + (f" ({_gb(r['weight_bytes_per_gpu'])} per GPU)" if st["tp"] > 1 else "")))
+    kv = r["kv_bytes_per_token"]
+    rows.append(("KV cache per token", f"{kv / 1024:,.0f} KiB at {st['kv_dtype']}" if kv else "unknown"))
+    rows += [("Memory", ""), ("fits", ("yes" if r["fits"] else "no") + f": {_gb(r['weight_bytes_per_gpu'])} of "
+                                 f"{_gb(r['usable_bytes_per_gpu'])} usable per GPU")]
+    if r["max_concurrent_sequences"] is not None:
+        rows.append(("max sequences", f"{r['max_concurrent_sequences']:,} of {st['context']:,} tokens"))
+    rows += [("Decode (ceiling)", ""),
+             ("time per step", f">= {_time(max(d['floor_s'], d['compute_s']))} ({d['bound']}-bound)"),
+             ("memory, compute", f"{_time(d['floor_s'])}, {_time(d['compute_s'])}"),
+             ("tokens/s", f"<= {_rate(d['ceiling_tokens_per_s'])} at batch {st['batch']} "
+                          f"({_rate(d['per_sequence_tokens_per_s'])} per sequence)"),
+             ("ridge point", f"{ridge['flop_per_byte']:.0f} FLOP/byte at {r['gpu']['compute_dtype']}"),
+             ("ridge batch", _ridge_text(ridge, st["context"] if kv else 0))]
+    if r["prefill"]["time_s"] is not None:
+        rows += [("Prefill", ""), (f"{st['context']:,} tokens", f">= {_time(r['prefill']['time_s'])}")]
+    e = r["energy"]
+    rows += [("Energy and cost", ""), ("tokens per joule", f"{e['tokens_per_joule']:.3g} at {e['power_w']:.0f} W"
+                                       + (" (TDP)" if e["power_source"] == "tdp" else ""))]
+    if r["cost"]:
+        rows.append(("$ per million tokens", f"{r['cost']['usd_per_million_tokens']:.3g}"))
+    return rows
+
+
+def _ridge_text(ridge: dict[str, Any], context: int) -> str:
+    text = f"{ridge['batch']:,.0f} without KV"
+    if context:
+        at = ridge["batch_at_context"]
+        text += (f"; {at:,.0f}" if at is not None else "; never") + f" at {context:,} tokens"
+    return text
+
+
+def render(r: dict[str, Any], console: Console) -> None:
+    st = r["settings"]
+    console.print(f"[bold]{r['model']['name'] or 'model'}[/] on {r['gpu']['name']}"
+                  + (f" x{st['tp']}" if st["tp"] > 1 else ""))
+    console.print(f"batch {st['batch']}, context {st['context']:,}, {st['dtype']} weights, {st['kv_dtype']} KV; "
+                  "ceilings from datasheet peaks", style="dim")
+    table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False)
+    table.add_column(min_width=22, max_width=24, no_wrap=True)
+    table.add_column(overflow="fold")
+    for label, value in _rows(r):
+        table.add_row(f"[bold]{label}[/]" if not value else f"  {label}", value)
+    console.print(table)
+    if r["what_ifs"]:
+        console.print("[bold]What if[/]")
+        for w in r["what_ifs"]:
+            gain = "does not fit" if not w["after_tokens_per_s"] else \
+                f"x{w['speedup']:.2f}" if w["speedup"] is not None else "fits now"
+            console.print(f"  {w['change']}: {_rate(w['before_tokens_per_s'])} -> "
+                          f"{_rate(w['after_tokens_per_s'])} tokens/s ({gain})")
+            why = w["explanation"].removeprefix(f"{w['change']}: ")
+            console.print(Padding(why, (0, 0, 0, 4)), style="dim")
+    for note in r["notes"]:
+        console.print(Padding(f"Note: {note}", (0, 0, 0, 0)))
+
+
+def _list_models(as_json: bool) -> None:
+    rows = []
+    for name in bundled_models():
+        m = load_bundled_model(name)
+        rows.append({"name": name, "source": BUNDLED_SOURCES.get(name, ""), "params": m.params,
+                     "active_params": m.active_params, "dtype": m.dtype})
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("name", "Hugging Face source", "params", "dtype", box=None, pad_edge=False)
+    for row in rows:
+        table.add_row(row["name"], row["source"], _count(row["params"]), row["dtype"])
+    Console(width=WIDTH, highlight=False).print(table)
+
+
+def _what_ifs(s: Setup, vs_dtype: list[str], vs_gpu: list[str], vs_batch: list[int], vs_tp: list[int]) -> list[WhatIf]:
+    """One comparison per --vs-* value, each changing that one thing."""
+    context = s.context if has_kv_shape(s.model) else 0
+
+    def compare(**change: Any) -> WhatIf:
+        return what_if(s.model, s.gpu, s.dtype, s.batch, context, s.tp, kv_dtype=s.kv_dtype, **change)
+
+    out = [compare(new_dtype=normalise_dtype(d)) for d in vs_dtype]
+    out += [compare(new_gpu=get_gpu(g)) for g in vs_gpu]
+    for b in vs_batch:
+        if b < 1:
+            raise InputError(f"--vs-batch must be at least 1, not {b}.")
+        out.append(compare(new_batch=b))
+    for t in vs_tp:
+        if t < 1:
+            raise InputError(f"--vs-tp must be at least 1, not {t}.")
+        out.append(compare(new_tp=t))
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("theory")
+    @handles_errors
+    def theory_cmd(
+        model: str = typer.Option(None, "--model", help="A config.json (or its folder), or a bundled model name."),
+        params: str = typer.Option(None, "--params", help="Parameter count instead of --model, e.g. 7e9 or 7B."),
+        layers: int = typer.Option(None, "--layers", min=1, help="Layers (with --params, to size the KV cache)."),
+        kv_heads: int = typer.Option(None, "--kv-heads", min=1, help="KV heads (with --params)."),
+        head_dim: int = typer.Option(None, "--head-dim", min=1, help="Head size (with --params)."),
+        gpu: str = typer.Option("H100", "--gpu", help="GPU, e.g. H100, h100-pcie, A100-80GB, L4, T4."),
+        dtype: str = typer.Option(None, "--dtype", help="Weight precision (default: the model's, else bf16)."),
+        kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV-cache precision (default: 16-bit)."),
+        batch: int = typer.Option(1, "--batch", min=1, help="Sequences decoded together."),
+        context: int = typer.Option(2048, "--context", min=0, help="Tokens per sequence (and the prompt size)."),
+        tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs."),
+        power_w: float = typer.Option(None, "--power-w", min=0.001, help="Power per GPU, W (default: TDP)."),
+        usd_per_hour: float = typer.Option(None, "--usd-per-hour", min=0, help="Price per GPU hour, USD."),
+        vs_dtype: list[str] = typer.Option([], "--vs-dtype", help="What if the weights were this precision?"),
+        vs_gpu: list[str] = typer.Option([], "--vs-gpu", help="What if it ran on this GPU?"),
+        vs_batch: list[int] = typer.Option([], "--vs-batch", help="What if the batch were this?"),
+        vs_tp: list[int] = typer.Option([], "--vs-tp", help="What if tensor parallel were this?"),
+        as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+        list_models: bool = typer.Option(False, "--list-models", help="List the bundled model configs."),
+    ) -> None:
+        """Ceilings from first principles: memory, decode and prefill speed, ridge batch, and what-ifs."""
+        if list_models:
+            _list_models(as_json)
+            return
+        info = build_model(model, params, layers, kv_heads, head_dim)
+        setup = Setup(info, get_gpu(gpu), weight_dtype(info, dtype), kv_cache_dtype(info, kv_dtype, dtype),
+                      batch, context, tp)
+        result = report(setup, power_w=power_w, usd_per_hour=usd_per_hour,
+                        what_ifs=_what_ifs(setup, vs_dtype, vs_gpu, vs_batch, vs_tp))
+        if as_json:
+            print_json(result)
+        else:
+            console = Console(highlight=False)
+            console.width = min(console.width, WIDTH)
+            render(result, console)

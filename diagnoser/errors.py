@@ -1,0 +1,35 @@
+"""Errors a user can cause or meet, each carrying one sentence and the exit code the CLI uses.
+
+Exit codes (documented in README.md):
+  0  success
+  1  a limiter named in --fail-on was diagnosed
+  2  bad input: a missing, corrupt or unsupported file, a bad option value
+  3  a target or source is unavailable: no such process, no permission, endpoint down, no GPU where one is needed
+  130 interrupted before anything was captured
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAIL_ON = 1
+EXIT_INPUT = 2
+EXIT_UNAVAILABLE = 3
+EXIT_INTERRUPTED = 130
+
+
+class DiagnoserError(Exception):
+    """Base of errors shown to the user as one sentence; never a traceback."""
+
+    exit_code = EXIT_INPUT
+
+
+class InputError(DiagnoserError):
+    """The user gave something we cannot read or use."""
+
+    exit_code = EXIT_INPUT
+
+
+class SourceUnavailable(DiagnoserError):
+    """A process, GPU, endpoint or permission the command needs is not there."""
+
+    exit_code = EXIT_UNAVAILABLE

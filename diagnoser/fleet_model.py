@@ -1,0 +1,47 @@
+"""A fleet diagnosis: one Diagnosis per GPU over a window, with what is at stake. Produced by `diagnoser fleet`,
+rendered by the terminal, JSON and HTML renderers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnoser.diagnosis import Diagnosis
+
+
+@dataclass
+class FleetRow:
+    node: str
+    gpu: str  # index or MIG instance, as the exporter labels it
+    uuid: str
+    model_name: str  # GPU model name
+    diagnosis: Diagnosis
+    pod: str = ""
+    namespace: str = ""
+    container: str = ""
+    mig_profile: str = ""
+    # What is at stake, for sorting: idle or underused GPU-hours priced at usd_per_gpu_hour over the window,
+    # or the throughput the top fix predicts.
+    usd_per_hour_at_stake: float = 0.0
+    top_fix_gain: float | None = None
+    partial: bool = False  # some series had gaps or were missing
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FleetReport:
+    source: str  # Prometheus URL or exporter list
+    window_start: float
+    window_end: float
+    rows: list[FleetRow] = field(default_factory=list)
+    usd_per_gpu_hour: float | None = None
+    errors: list[str] = field(default_factory=list)  # partial data, timeouts: shown, never fatal
+    query_seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source, "window_start": self.window_start, "window_end": self.window_end,
+            "usd_per_gpu_hour": self.usd_per_gpu_hour, "errors": self.errors, "query_seconds": self.query_seconds,
+            "rows": [{**{k: v for k, v in r.__dict__.items() if k != "diagnosis"},
+                      "diagnosis": r.diagnosis.to_dict()} for r in self.rows],
+        }

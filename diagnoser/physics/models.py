@@ -1,0 +1,291 @@
+"""Model shapes: from a Hugging Face config.json, from a bundled config, or from a few numbers on the command line.
+
+Parameter counts are computed from the shape, matrix by matrix, rather than read from a model card, so that any
+config gives a count (Llama-2-7b comes to 6,738,415,616, its published size).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from diagnoser.capture import ModelInfo
+from diagnoser.errors import InputError
+from diagnoser.physics.precision import normalise_dtype
+
+# Bundled configs (diagnoser/data/models/<stem>.json) and the Hugging Face repository each was copied from.
+BUNDLED_SOURCES: dict[str, str] = {
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1",
+    "mixtral-8x7b-v0.1": "mistralai/Mixtral-8x7B-v0.1",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+}
+
+# Architectures with a gated MLP (gate, up, down: three matrices) whatever their activation is called.
+_GATED_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+    "phi3", "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "granite", "cohere", "internlm2", "yi",
+})
+_GATED_ACTS = frozenset({"silu", "swish", "swiglu"})
+# GPT-2 style: LayerNorm with bias, biases on every linear layer, learned position embeddings, 2-matrix MLP.
+_CLASSIC_TYPES = frozenset({"gpt2", "gpt_bigcode", "opt"})
+# Architectures with a bias on q, k and v only.
+_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
+
+
+def _first(cfg: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return None
+
+
+def _positive_int(cfg: dict[str, Any], label: str, *keys: str, required: bool = True) -> int | None:
+    value = _first(cfg, *keys)
+    if value is None:
+        if required:
+            raise InputError(f"{label} has no {keys[0]}; expected a Hugging Face config.json for a language model.")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(f"{label}: {keys[0]} must be a positive integer, not {value!r}.")
+    return value
+
+
+def _config_dtype(cfg: dict[str, Any]) -> str:
+    """Weight precision: a quantisation_config wins over torch_dtype (newer configs spell it "dtype")."""
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict):
+        method = str(quant.get("quant_method", "")).lower()
+        bits = quant.get("bits") or quant.get("w_bit")
+        if "fp8" in method:
+            return "fp8"
+        if bits in (4, 8):
+            return "int4" if bits == 4 else "int8"
+    raw = _first(cfg, "torch_dtype", "dtype")
+    if not isinstance(raw, str):
+        return ""
+    try:
+        return normalise_dtype(raw)
+    except InputError:
+        return ""  # e.g. float64: leave it to the user's --dtype
+
+
+class _Shape:
+    """The numbers of a config the parameter count needs, validated once."""
+
+    def __init__(self, cfg: dict[str, Any], label: str) -> None:
+        self.model_type = str(cfg.get("model_type", "")).lower()
+        self.hidden = _positive_int(cfg, label, "hidden_size", "n_embd", "d_model") or 0
+        self.layers = _positive_int(cfg, label, "num_hidden_layers", "n_layer", "num_layers") or 0
+        self.heads = _positive_int(cfg, label, "num_attention_heads", "n_head") or 0
+        self.vocab = _positive_int(cfg, label, "vocab_size") or 0
+        self.kv_heads = _positive_int(cfg, label, "num_key_value_heads", required=False) or self.heads
+        self.head_dim = _positive_int(cfg, label, "head_dim", required=False) or self.hidden // self.heads
+        self.intermediate = _positive_int(cfg, label, "intermediate_size", "n_inner", "ffn_dim", required=False)
+        self.intermediate = self.intermediate or 4 * self.hidden  # GPT-2's n_inner=null means 4 x hidden
+        self.classic = self.model_type in _CLASSIC_TYPES
+        act = str(_first(cfg, "hidden_act", "activation_function", "hidden_activation") or "").lower()
+        self.gated = not self.classic and (self.model_type in _GATED_TYPES or act in _GATED_ACTS)
+        self.qkv_bias = self.classic or bool(cfg.get("attention_bias")) or self.model_type in _QKV_BIAS_TYPES
+        self.o_bias = self.classic or bool(cfg.get("attention_bias"))
+        self.mlp_bias = self.classic or bool(cfg.get("mlp_bias"))
+        self.tied = bool(cfg.get("tie_word_embeddings", True))  # transformers' default is tied
+        self.positions = _positive_int(cfg, label, "max_position_embeddings", "n_positions", required=False)
+        self.experts = _positive_int(cfg, label, "num_local_experts", "num_experts", "n_routed_experts",
+                                     required=False) or 0
+        self.top_k = _positive_int(cfg, label, "num_experts_per_tok", required=False) or 0
+        if self.experts > 1 and not self.top_k:
+            raise InputError(f"{label} has {self.experts} experts but no num_experts_per_tok.")
+        self.expert_width = _positive_int(cfg, label, "moe_intermediate_size", required=False) or self.intermediate
+        shared_width = _positive_int(cfg, label, "shared_expert_intermediate_size", required=False)
+        n_shared = _positive_int(cfg, label, "n_shared_experts", required=False) or 0
+        self.shared_width = shared_width or n_shared * self.expert_width
+        self.dense_layers = _positive_int(cfg, label, "first_k_dense_replace", required=False) or 0
+        self.dense_layers = min(self.dense_layers, self.layers) if self.experts > 1 else self.layers
+
+    def mlp(self, width: int) -> int:
+        """One feed-forward block: 3 matrices for gated (SwiGLU) MLPs, 2 for GPT-2 style, plus biases."""
+        matrices = 3 if self.gated else 2
+        bias = (matrices - 1) * width + self.hidden if self.mlp_bias else 0
+        return matrices * self.hidden * width + bias
+
+    def attention(self) -> int:
+        q = self.hidden * self.heads * self.head_dim
+        kv = 2 * self.hidden * self.kv_heads * self.head_dim
+        o = self.heads * self.head_dim * self.hidden
+        bias = (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
+        return q + kv + o + bias + (self.hidden if self.o_bias else 0)
+
+    def norm(self) -> int:
+        return 2 * self.hidden if self.classic else self.hidden  # LayerNorm has a bias, RMSNorm does not
+
+    def embeddings(self) -> int:
+        tokens = self.vocab * self.hidden * (1 if self.tied else 2)  # input embedding, and lm_head unless tied
+        positions = (self.positions or 0) * self.hidden if self.classic else 0
+        return tokens + positions + self.norm()  # the final norm rides along
+
+    def counts(self) -> tuple[float, float]:
+        """(total, active per token) parameters."""
+        per_layer = self.attention() + 2 * self.norm()
+        dense_mlp = self.mlp(self.intermediate)
+        total = active = self.embeddings() + self.layers * per_layer + self.dense_layers * dense_mlp
+        moe_layers = self.layers - self.dense_layers
+        if moe_layers:
+            expert = self.mlp(self.expert_width)
+            shared = self.mlp(self.shared_width) if self.shared_width else 0
+            router = self.hidden * self.experts
+            total += moe_layers * (self.experts * expert + shared + router)
+            active += moe_layers * (self.top_k * expert + shared + router)
+        return float(total), float(active)
+
+
+def model_from_hf_dict(cfg: dict[str, Any], name: str = "", label: str = "the config") -> ModelInfo:
+    """A ModelInfo from a parsed config.json. Multimodal configs use their nested text_config."""
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    shape = _Shape(cfg, label)
+    params, active = shape.counts()
+    return ModelInfo(
+        name=name or str(cfg.get("_name_or_path") or ""),
+        params=params,
+        active_params=active,
+        layers=shape.layers,
+        hidden=shape.hidden,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        vocab=shape.vocab,
+        dtype=_config_dtype(cfg),
+        max_context=shape.positions,
+    )
+
+
+def _name_from_path(path: Path) -> str:
+    """A readable name for a config file: the repo of a Hugging Face cache path, else the folder's name."""
+    for part in reversed(path.parts):
+        if part.startswith("models--"):
+            return part.removeprefix("models--").replace("--", "/")
+    return path.parent.name or path.stem
+
+
+def load_hf_config(path: str | Path) -> ModelInfo:
+    """Read a Hugging Face config.json (or a folder holding one) into a ModelInfo with computed parameter counts.
+
+    Missing num_key_value_heads means multi-head attention (= heads); missing head_dim means hidden / heads.
+    MoE configs (num_local_experts or num_experts, with num_experts_per_tok) count every expert in `params` and
+    only the routed top-k (plus shared experts and the router) in `active_params`.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise InputError(f"no config file at {path}.")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}.") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{path} is not a JSON object; expected a Hugging Face config.json.")
+    name = str(cfg.get("_name_or_path") or "") or _name_from_path(path.resolve())
+    return model_from_hf_dict(cfg, name=name, label=str(path))
+
+
+def _bundled_dir() -> Path:
+    return Path(str(resources.files("diagnoser").joinpath("data", "models")))
+
+
+def bundled_models() -> list[str]:
+    """Names of the bundled configs, e.g. "llama-2-7b"."""
+    return sorted(p.stem for p in _bundled_dir().glob("*.json"))
+
+
+def _bundled_key(name: str) -> str | None:
+    """Match "Llama-2-7b", "meta-llama/Llama-2-7b-hf" or a unique prefix such as "mixtral-8x7b"."""
+    key = name.strip().lower().rsplit("/", 1)[-1].removesuffix("-hf")
+    names = bundled_models()
+    if key in names:
+        return key
+    prefixed = [n for n in names if n.startswith(key)]
+    return prefixed[0] if len(prefixed) == 1 else None
+
+
+def load_bundled_model(name: str) -> ModelInfo:
+    """A bundled config by name; unknown names raise InputError listing the bundled ones."""
+    key = _bundled_key(name)
+    if key is None:
+        raise InputError(f"no bundled model named '{name}'; bundled: {', '.join(bundled_models())}.")
+    model = load_hf_config(_bundled_dir() / f"{key}.json")
+    model.name = BUNDLED_SOURCES.get(key, key)
+    return model
+
+
+def resolve_model(spec: str) -> ModelInfo:
+    """`spec` is a config.json path, a folder holding one, or a bundled model's name."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return load_hf_config(path)
+    if _bundled_key(spec) is not None:
+        return load_bundled_model(spec)
+    if spec.endswith(".json") or "/" in spec or spec.startswith(("~", ".")):
+        raise InputError(f"no config file at {spec}.")
+    raise InputError(f"no config file or bundled model named '{spec}'; bundled: {', '.join(bundled_models())}.")
+
+
+_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def parse_param_count(text: str) -> float:
+    """"7e9", "7B", "70b", "500M", "1.5T" -> parameters."""
+    found = _COUNT.match(text)
+    value = float(found.group(1)) * _SUFFIX[found.group(2).lower()] if found else 0.0
+    if not math.isfinite(value) or value < 1:
+        raise InputError(f"cannot read '{text}' as a parameter count; write e.g. 7e9 or 7B.")
+    return value
+
+
+def model_from_params(
+    params: float,
+    *,
+    active_params: float | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    vocab: int | None = None,
+    dtype: str = "",
+    kv_dtype: str = "",
+    name: str = "",
+) -> ModelInfo:
+    """A ModelInfo from numbers given as flags. KV-cache figures need layers, kv_heads and head_dim (or hidden and
+    heads to derive head_dim; kv_heads defaults to heads)."""
+    if params < 1 or (active_params is not None and not 1 <= active_params <= params):
+        raise InputError("the parameter count must be at least 1, and active parameters at most the total.")
+    for label, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("KV heads", kv_heads),
+                         ("head size", head_dim), ("vocabulary", vocab)):
+        if value is not None and value < 1:
+            raise InputError(f"the {label} must be a positive integer, not {value}.")
+    if head_dim is None and hidden and heads:
+        head_dim = hidden // heads
+    return ModelInfo(
+        name=name or f"{params / 1e9:g}B-parameter model",
+        params=float(params),
+        active_params=float(active_params if active_params is not None else params),
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads or heads,
+        head_dim=head_dim,
+        vocab=vocab,
+        dtype=normalise_dtype(dtype) if dtype else "",
+        kv_dtype=normalise_dtype(kv_dtype) if kv_dtype else "",
+    )

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh machine (system packages, a venv with the CPU build of torch)
+# and runs the whole suite. Used by the README and by CI (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-test-deps.sh
+
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+# torch pinned: the CPU build is on local disk; an unpinned torch pulls several GB of CUDA wheels.
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,103 @@
+import gzip
+import json
+
+import pytest
+
+from diagnoser import capture as cap_mod
+from diagnoser.capture import CaptureError, ModelInfo, TraceSummary, Unavailable, load, save
+from tests.factories import make_capture
+
+
+def _full_capture():
+    cap = make_capture({"gpu.busy": [0.1, 0.5, 0.9], "server.waiting": [0, 2, 4]}, n=3,
+                       model=ModelInfo(name="m", params=7e9, layers=32, kv_heads=8, head_dim=128, dtype="bf16"),
+                       trace=TraceSummary(path="t.json", window_s=1.5, gpu_busy_frac=0.4,
+                                          idle_frac_by_cause={"host": 0.3}, kernel_share={"gemm": 0.7}))
+    cap.unavailable.append(Unavailable(source="gpm", what="gpu.dram_active", reason="not supported", hint="Hopper+"))
+    cap.notes.append("a note")
+    return cap
+
+
+def test_round_trip_keeps_everything(tmp_path):
+    cap = _full_capture()
+    path = save(cap, tmp_path / "c.dgc")
+    back = load(path)
+    assert back == cap
+    assert back.series[0].values == [0.1, 0.5, 0.9]
+    assert back.trace.idle_frac_by_cause == {"host": 0.3}
+
+
+def test_file_is_gzip_json_with_format_and_version(tmp_path):
+    path = save(_full_capture(), tmp_path / "c.dgc")
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    assert doc["format"] == "diagnoser-capture"
+    assert doc["version"] == cap_mod.FORMAT_VERSION
+    assert doc["capture"]["target"] == "test target"
+
+
+def test_plain_json_is_also_read(tmp_path):
+    raw = gzip.decompress(cap_mod.dumps(_full_capture()))
+    (tmp_path / "c.json").write_bytes(raw)
+    assert load(tmp_path / "c.json").target == "test target"
+
+
+def test_newer_version_is_rejected_with_one_sentence(tmp_path):
+    doc = json.loads(gzip.decompress(cap_mod.dumps(_full_capture())))
+    doc["version"] = cap_mod.FORMAT_VERSION + 1
+    (tmp_path / "new.dgc").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    with pytest.raises(CaptureError, match="newer than this diagnoser reads"):
+        load(tmp_path / "new.dgc")
+
+
+def test_older_version_is_migrated(tmp_path, monkeypatch):
+    # A version-0 file whose "target" was called "subject": the migration renames it.
+    doc = json.loads(gzip.decompress(cap_mod.dumps(_full_capture())))
+    doc["version"] = 0
+    doc["capture"]["subject"] = doc["capture"].pop("target")
+    (tmp_path / "old.dgc").write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+    def v0_to_v1(raw):
+        raw["target"] = raw.pop("subject")
+        return raw
+
+    monkeypatch.setitem(cap_mod._MIGRATIONS, 0, v0_to_v1)
+    assert load(tmp_path / "old.dgc").target == "test target"
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"\x1f\x8b\x08\x00garbage", "gzip stream is damaged"),
+    (b"{not json", "not a diagnoser capture"),
+    (json.dumps({"format": "other", "version": 1, "capture": {}}).encode(), "not a diagnoser capture"),
+    (json.dumps({"format": "diagnoser-capture", "version": 1, "capture": {"target": 3}}).encode(), "damaged capture"),
+])
+def test_corrupt_files_are_rejected(tmp_path, content, match):
+    (tmp_path / "bad.dgc").write_bytes(content)
+    with pytest.raises(CaptureError, match=match):
+        load(tmp_path / "bad.dgc")
+
+
+def test_truncated_capture_is_rejected(tmp_path):
+    data = cap_mod.dumps(_full_capture())
+    (tmp_path / "cut.dgc").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CaptureError):
+        load(tmp_path / "cut.dgc")
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(CaptureError, match="no capture file"):
+        load(tmp_path / "absent.dgc")
+    with pytest.raises(CaptureError, match="is a directory"):
+        load(tmp_path)
+
+
+def test_save_is_atomic_and_leaves_no_temp_files(tmp_path):
+    save(_full_capture(), tmp_path / "c.dgc")
+    save(_full_capture(), tmp_path / "c.dgc")
+    assert [p.name for p in tmp_path.iterdir()] == ["c.dgc"]
+
+
+def test_mark_unavailable_deduplicates():
+    cap = make_capture({})
+    cap.mark_unavailable("nvml", "gpu.*", "no GPU")
+    cap.mark_unavailable("nvml", "gpu.*", "no GPU")
+    assert len(cap.unavailable) == 1

@@ -1,0 +1,96 @@
+"""`diagnose` and `rules` through typer's runner, and the console script through a real subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from diagnoser.capture import save
+from diagnoser.cli.app import app
+from diagnoser.rules import RULES
+from tests.factories import make_capture
+
+runner = CliRunner()
+BW = {"gpu.busy": 0.97, "gpu.dram_active": 0.72, "gpu.tensor_active": 0.12, "server.waiting": 0}
+
+
+@pytest.fixture
+def bw_capture(tmp_path):
+    return save(make_capture(BW), tmp_path / "bw.dgc")
+
+
+def test_diagnose_prints_verdict_evidence_and_fixes(bw_capture):
+    result = runner.invoke(app, ["diagnose", str(bw_capture)])
+    assert result.exit_code == 0, result.output
+    assert "MEMORY-BANDWIDTH-LIMITED" in result.output
+    assert "gpu.dram_active mean = 72 %" in result.output
+    assert "Serve FP8 weights" in result.output
+
+
+def test_diagnose_json(bw_capture):
+    result = runner.invoke(app, ["diagnose", str(bw_capture), "--json"])
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    assert doc["verdict"] == "memory_bandwidth"
+    assert doc["findings"][0]["code"] == "BW001"
+
+
+@pytest.mark.parametrize("fail_on,code", [("memory_bandwidth", 1), ("vram,compute", 0), ("any", 1),
+                                          ("memory-bandwidth", 1)])
+def test_fail_on_exit_codes(bw_capture, fail_on, code):
+    assert runner.invoke(app, ["diagnose", str(bw_capture), "--fail-on", fail_on]).exit_code == code
+
+
+def test_fail_on_unknown_limiter_is_a_usage_error(bw_capture):
+    result = runner.invoke(app, ["diagnose", str(bw_capture), "--fail-on", "slowness"])
+    assert result.exit_code == 2
+    assert "unknown limiter" in result.output
+
+
+def test_rules_config_changes_the_verdict(bw_capture, tmp_path):
+    cfg = tmp_path / "r.toml"
+    cfg.write_text("[thresholds.BW001]\ndram_active_mean = 0.9\n")
+    result = runner.invoke(app, ["diagnose", str(bw_capture), "--rules-config", str(cfg), "--json"])
+    assert json.loads(result.output)["verdict"] != "memory_bandwidth"
+
+
+def test_diagnose_bad_files(tmp_path):
+    missing = runner.invoke(app, ["diagnose", str(tmp_path / "nope.dgc")])
+    assert missing.exit_code == 2 and "no capture file" in missing.output
+    junk = tmp_path / "junk.dgc"
+    junk.write_bytes(b"\x1f\x8b\x08\x00\x00")
+    bad = runner.invoke(app, ["diagnose", str(junk)])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_rules_lists_every_rule_and_prints_pages():
+    listing = runner.invoke(app, ["rules"])
+    assert listing.exit_code == 0
+    for code in RULES:
+        assert code in listing.output
+    page = runner.invoke(app, ["rules", "vram001"])
+    assert page.exit_code == 0
+    for heading in ("What it detects", "Why it limits throughput", "How to fix it", "Sources", "Thresholds"):
+        assert heading in page.output
+    doc = json.loads(runner.invoke(app, ["rules", "--json"]).output)
+    assert {r["code"] for r in doc} == set(RULES)
+    unknown = runner.invoke(app, ["rules", "ZZZ999"])
+    assert unknown.exit_code == 2 and "no rule" in unknown.output
+
+
+def test_console_script_in_a_real_subprocess(bw_capture):
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-m", "diagnoser", "diagnose", str(bw_capture), "--fail-on", "any"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1
+    assert "MEMORY-BANDWIDTH-LIMITED" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "diagnoser", "diagnose", "/nonexistent/x.dgc"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "diagnoser: no capture file at /nonexistent/x.dgc."
+    version = subprocess.run([sys.executable, "-m", "diagnoser", "--version"], capture_output=True, text=True,
+                             timeout=120)
+    assert version.stdout.startswith("diagnoser ")
