@@ -94,3 +94,20 @@ def test_console_script_in_a_real_subprocess(bw_capture):
     version = subprocess.run([sys.executable, "-m", "diagnoser", "--version"], capture_output=True, text=True,
                              timeout=120)
     assert version.stdout.startswith("diagnoser ")
+
+
+def test_docs_rules_md_is_up_to_date():
+    from pathlib import Path
+
+    from diagnoser.cli.rules import rules_markdown
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
+    assert doc.read_text() == rules_markdown() + "\n", "regenerate: diagnoser rules --markdown > docs/rules.md"
+
+
+def test_cli_start_does_not_import_torch():
+    # The agent on a GPU node must stay light: torch belongs to the hook, demo, calibration and tests only.
+    code = "import sys, diagnoser.cli.app; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

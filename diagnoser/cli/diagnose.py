@@ -22,9 +22,12 @@ def register(app: typer.Typer) -> None:
         fail_on: str = typer.Option("", "--fail-on", help=FAIL_ON_HELP),
         rules_config: Path | None = typer.Option(None, "--rules-config", help="TOML file overriding rule thresholds."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every fix, its basis and skipped rules."),
+        html: Path | None = typer.Option(None, "--html", help="Also write a self-contained HTML report to this file.",
+                                         dir_okay=False),
     ) -> None:
         """Diagnose a saved capture: verdict, evidence, ranked fixes."""
         wanted = parse_fail_on(fail_on)
         overrides = load_thresholds(rules_config) if rules_config else None
-        diagnosis = run_diagnosis(load(capture), overrides)
-        show(diagnosis, as_json=as_json, fail_on=wanted, verbose=verbose)
+        loaded = load(capture)
+        diagnosis = run_diagnosis(loaded, overrides)
+        show(diagnosis, as_json=as_json, fail_on=wanted, verbose=verbose, capture=loaded, html=html)

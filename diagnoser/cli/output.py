@@ -4,11 +4,14 @@ command that ends in a verdict (diagnose, attach, analyze, ...)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
+from diagnoser.capture import Capture
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis, Limiter
 from diagnoser.errors import EXIT_FAIL_ON, InputError
+from diagnoser.evidence import Evidence
 from diagnoser.reports.jsonout import dumps
 from diagnoser.reports.terminal import TerminalRenderer
 
@@ -28,7 +31,17 @@ def parse_fail_on(value: str | None) -> set[str]:
     return names
 
 
-def show(d: Diagnosis, *, as_json: bool, fail_on: set[str], verbose: bool = False) -> None:
+def show(d: Diagnosis, *, as_json: bool, fail_on: set[str], verbose: bool = False,
+         capture: Capture | None = None, html: Path | None = None, evidence: Evidence | None = None) -> None:
+    """Print the diagnosis (terminal or --json); with `html` also write the HTML report of `capture` there, first,
+    so the file exists whatever the exit code."""
+    if html is not None:
+        if capture is None:
+            raise InputError("--html needs the capture the diagnosis came from.")
+        from diagnoser.reports.html import write_html
+
+        written = write_html(d, capture, html, evidence)
+        typer.echo(f"diagnoser: wrote the HTML report to {written}", err=True)
     if as_json:
         sys.stdout.write(dumps(d) + "\n")
     else:

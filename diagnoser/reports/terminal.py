@@ -1,63 +1,210 @@
-"""The terminal verdict: rich panels that fit 80 columns, plain text when stdout is not a TTY."""
+"""The terminal verdict: a rich summary that fits 80 columns, and plain text (no colour, no control codes) when the
+output is not a terminal or colour is off.
+
+Order follows what a reader needs: the verdict and its confidence, the top fixes with their predicted gain, the
+evidence with each number's threshold and source, then what was missing. Wrapped lines keep their indent.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from typing import TextIO
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis
+from diagnoser.reports.redact import redact
 from diagnoser.units import gain
 
-_VERDICT_STYLE = {INCONCLUSIVE: "yellow"}
+MAX_WIDTH = 80
+TOP_FIXES = 3
+
+_VERDICT_STYLE = {
+    INCONCLUSIVE: "bold yellow", "errors": "bold red", "throttling": "bold red", "vram": "bold magenta",
+    "memory_bandwidth": "bold blue", "compute": "bold magenta", "batching": "bold yellow",
+    "host_launch": "bold yellow", "interconnect": "bold green", "idle": "bold",
+}
+_SOURCES = {"nvml": "NVML", "gpm": "GPM", "dcgm": "DCGM", "psutil": "psutil", "server": "server",
+            "trace": "trace", "physics": "physics", "user": "user"}
+
+
+def _is_tty(file: TextIO | None) -> bool:
+    stream = file if file is not None else sys.stdout
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 class TerminalRenderer:
-    def __init__(self, file: TextIO | None = None, width: int = 80, color: bool | None = None) -> None:
-        self.console = Console(file=file, width=width, no_color=color is False, force_terminal=color,
-                               highlight=False, soft_wrap=False)
+    """Renders a Diagnosis to a terminal (styled) or to a pipe or file (plain text), at most 80 columns wide."""
+
+    def __init__(self, file: TextIO | None = None, width: int | None = None, color: bool | None = None) -> None:
+        tty = _is_tty(file)
+        self.plain = color is False or (color is None and (not tty or "NO_COLOR" in os.environ))
+        if width is None:
+            width = min(MAX_WIDTH, shutil.get_terminal_size((MAX_WIDTH, 24)).columns) if tty else MAX_WIDTH
+        self.console = Console(
+            file=file, width=width, highlight=False, soft_wrap=False, emoji=False, markup=False,
+            force_terminal=False if self.plain else True if color else None,
+            color_system=None if self.plain else "auto", no_color=self.plain,
+        )
 
     def render(self, d: Diagnosis, *, verbose: bool = False) -> None:
-        c = self.console
-        label = d.limiter.label if d.limiter else INCONCLUSIVE
-        style = _VERDICT_STYLE.get(d.verdict, "bold red")
-        head = Text("Verdict: ", style="bold")
-        head.append(label.upper(), style=style)
-        head.append(f"  (confidence {d.confidence_label}, {d.confidence:.2f})")
-        c.print(head)
-        c.print(f"Target: {d.target}", markup=False)
-        c.print(d.headline, markup=False)
-        for note in d.notes:
-            c.print(Text(f"! {note}", style="yellow"))
-        if d.findings:
-            c.print(Text("\nEvidence", style="bold"))
-            for f in d.findings:
-                c.print(Text(f"  {f.code} {f.name} [{f.limiter.label}, strength {f.strength:.2f}]", style="bold"))
-                c.print(f"    {f.message}", markup=False)
-                for cit in f.citations:
-                    c.print(f"    - {cit.text()}", markup=False)
+        if not self.plain:
+            for block in self.blocks(d, verbose=verbose):
+                self.console.print(block)
+            return
+        # Plain text: rich pads table cells to the full width; a file or a pipe gets no trailing blanks.
+        with self.console.capture() as captured:
+            for block in self.blocks(d, verbose=verbose):
+                self.console.print(block)
+        text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+        self.console.file.write(text + "\n")
+
+    # --- the blocks, in reading order -----------------------------------------------------------------------
+
+    def blocks(self, d: Diagnosis, *, verbose: bool = False) -> list[RenderableType]:
+        out: list[RenderableType] = [self._verdict(d)]
         if d.fixes:
-            c.print(Text("\nFixes, by predicted gain", style="bold"))
-            for i, fix in enumerate(d.fixes[: 5 if not verbose else None], 1):
-                c.print(Text(f"  {i}. {fix.title} ({gain(fix.gain)}) [{fix.rule}]", style="green"))
-                c.print(f"     {fix.action}", markup=False)
-                if fix.basis and verbose:
-                    c.print(f"     basis: {fix.basis}", markup=False)
+            out.append(self._fixes(d, verbose))
+        if d.findings:
+            out.append(self._evidence(d))
         if d.to_collect:
-            c.print(Text("\nTo sharpen this verdict, collect", style="bold"))
-            for want in d.to_collect:
-                c.print(f"  - {want}", markup=False)
+            out.append(self._section("To sharpen this verdict, collect" if d.fixes else "To reach a verdict, collect",
+                                     self._bullets(d.to_collect)))
         if d.unavailable:
-            c.print(Text("\nUnavailable", style="bold"))
-            for u in d.unavailable:
-                hint = f" -> {u['hint']}" if u.get("hint") else ""
-                c.print(f"  - {u['source']}: {u['what']}: {u['reason']}{hint}", markup=False)
-        c.print(Text(f"\n{len(d.findings)} findings, {len(d.passed)} rules passed, {len(d.skipped)} skipped "
-                     "(diagnoser rules CODE explains each).", style="dim"))
+            out.append(self._section("Not available", self._unavailable(d)))
         if verbose and d.skipped:
-            table = Table("rule", "skipped because", box=None, show_header=True)
+            table = self._grid(("code", {"no_wrap": True}), ("reason", {}))
             for s in d.skipped:
-                table.add_row(s.code, s.reason)
-            c.print(table)
+                table.add_row(s.code, redact(s.reason))
+            out.append(self._section("Rules skipped for lack of signals", table))
+        out.append(self._footer(d, verbose))
+        return out
+
+    def _verdict(self, d: Diagnosis) -> RenderableType:
+        label = d.limiter.label if d.limiter else INCONCLUSIVE
+        head = Text("VERDICT ", style="bold")
+        head.append(label.upper(), style=_VERDICT_STYLE.get(d.verdict, "bold"))
+        head.append(f"   confidence {d.confidence_label} ({d.confidence:.2f})", style="dim" if not self.plain else "")
+        prefix = label.lower() + ": "
+        sentence = d.headline[len(prefix):] if d.headline.lower().startswith(prefix) else d.headline
+        sentence = sentence[:1].upper() + sentence[1:]
+        facts = self._grid(("key", {"no_wrap": True, "style": "dim"}), ("value", {}))
+        facts.add_row("target", redact(d.target))
+        gpu = self._gpu_line(d)
+        if gpu:
+            facts.add_row("GPU", gpu)
+        if d.secondary:
+            facts.add_row("also", ", ".join(s.replace("_", " ") for s in d.secondary))
+        parts: list[RenderableType] = [head, Text(redact(sentence)), Padding(facts, (0, 0, 0, 2))]
+        if d.notes:
+            notes = Table.grid(padding=(0, 1))
+            notes.add_column(no_wrap=True, style="yellow")
+            notes.add_column(ratio=1, style="yellow")
+            for note in d.notes:
+                notes.add_row("!", redact(note))
+            parts.append(notes)
+        if d.confidence_reasons and d.confidence < 0.7:
+            parts.append(Text("  confidence: " + "; ".join(d.confidence_reasons), style="dim"))
+        return Group(*parts)
+
+    @staticmethod
+    def _gpu_line(d: Diagnosis) -> str:
+        gpus = d.context.get("gpus") or []
+        if not gpus:
+            return ""
+        first = gpus[0]
+        text = str(first.get("name", ""))
+        if len(gpus) > 1:
+            text += f" (+{len(gpus) - 1} more)"
+        spec_name = d.context.get("gpu_spec")
+        if spec_name:
+            text += f", {spec_name} roofs ({d.context.get('roofs', 'spec sheet')})"
+        window = d.context.get("window_s")
+        if isinstance(window, (int, float)) and window > 0:
+            text += f", {window:.1f} s window"
+        return redact(text)
+
+    def _fixes(self, d: Diagnosis, verbose: bool) -> RenderableType:
+        shown = d.fixes if verbose else d.fixes[:TOP_FIXES]
+        table = Table.grid(padding=(0, 1))
+        table.add_column(no_wrap=True, justify="right", width=3)
+        table.add_column(ratio=1)
+        for i, fix in enumerate(shown, 1):
+            text = Text(fix.title, style="bold")
+            text.append("  ")
+            text.append(gain(fix.gain), style="green" if fix.gain else "dim")
+            text.append("\n" + redact(fix.action))
+            text.append(f" [{fix.rule}]", style="dim")
+            if verbose and fix.basis:
+                text.append(f"\nbasis: {redact(fix.basis)}", style="dim")
+            table.add_row(Text(f"{i}.", style="bold"), text)
+        parts: list[RenderableType] = [table]
+        title = "Top fixes, by expected gain" if not verbose else "Every fix, by expected gain"
+        more = len(d.fixes) - len(shown)
+        if more > 0:
+            parts.append(Text(f"  {more} more with --verbose.", style="dim"))
+        return self._section(title, Group(*parts))
+
+    def _evidence(self, d: Diagnosis) -> RenderableType:
+        parts: list[RenderableType] = []
+        for f in d.findings:
+            head = Text(f"{f.code} ", style="bold")
+            head.append(f.name)
+            head.append(f"  {f.limiter.label}, strength {f.strength:.2f}", style="dim")
+            parts.append(head)
+            parts.append(Padding(Text(redact(f.message)), (0, 0, 0, 2)))
+            if f.citations:
+                # One line per number, in Citation.text()'s form: "gpu.dram_active mean = 72 % (>= 50 %) [gpm]".
+                table = Table.grid(padding=(0, 1))
+                table.add_column(no_wrap=True)
+                table.add_column(ratio=1)
+                for c in f.citations:
+                    table.add_row("-", redact(c.text()))
+                parts.append(Padding(table, (0, 0, 0, 2)))
+        return self._section("Evidence", Group(*parts))
+
+    def _unavailable(self, d: Diagnosis) -> RenderableType:
+        table = self._grid(("source", {"no_wrap": True}), ("what", {"ratio": 1}))
+        for u in d.unavailable:
+            text = Text(f"{u.get('what', '')}: {redact(u.get('reason', ''))}")
+            if u.get("hint"):
+                text.append(f"\n-> {redact(u['hint'])}", style="dim")
+            table.add_row(_SOURCES.get(u.get("source", ""), u.get("source", "")), text)
+        return table
+
+    def _footer(self, d: Diagnosis, verbose: bool) -> RenderableType:
+        n = len(d.findings)
+        text = (f"{n} finding{'s' if n != 1 else ''}, {len(d.passed)} rules passed, {len(d.skipped)} skipped. "
+                "`diagnoser rules CODE` explains a rule")
+        text += "." if verbose else "; --verbose shows all fixes and skipped rules."
+        return Group(Text(""), Text(text, style="dim"))
+
+    # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _section(self, title: str, body: RenderableType) -> RenderableType:
+        return Group(Text(""), Text(title, style="bold underline" if not self.plain else ""),
+                     Padding(body, (0, 0, 0, 2)))
+
+    @staticmethod
+    def _bullets(items: list[str]) -> RenderableType:
+        table = Table.grid(padding=(0, 1))
+        table.add_column(no_wrap=True)
+        table.add_column(ratio=1)
+        for item in items:
+            table.add_row("-", redact(item))
+        return table
+
+    @staticmethod
+    def _grid(*columns: tuple[str, dict[str, object]]) -> Table:
+        table = Table.grid(padding=(0, 2))
+        for _, options in columns:
+            table.add_column(**options)  # type: ignore[arg-type]
+        return table

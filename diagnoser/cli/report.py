@@ -1,0 +1,37 @@
+"""`diagnoser report CAPTURE -o FILE`: the self-contained HTML report of a saved capture's diagnosis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from diagnoser.capture import load
+from diagnoser.cli.common import handles_errors
+from diagnoser.errors import InputError
+from diagnoser.reports.html import verdict_label, write_html
+from diagnoser.rules import diagnose as run_diagnosis
+from diagnoser.rules import load_thresholds
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    @handles_errors
+    def report_cmd(
+        capture: Path = typer.Argument(..., help="A capture file (.dgc) saved by attach, agent or analyze."),
+        output: Path | None = typer.Option(None, "--output", "-o", dir_okay=False,
+                                           help="Where to write the report (default: the capture's name with "
+                                           ".html)."),
+        rules_config: Path | None = typer.Option(None, "--rules-config", help="TOML file overriding rule thresholds."),
+    ) -> None:
+        """Write an HTML report to forward: verdict, fixes, charts, evidence, context. One file, works offline."""
+        target = output if output is not None else capture.with_suffix(".html")
+        if target.resolve() == capture.resolve():
+            raise InputError(f"the report would overwrite the capture {capture}; pass -o with another file name.")
+        overrides = load_thresholds(rules_config) if rules_config else None
+        loaded = load(capture)
+        diagnosis = run_diagnosis(loaded, overrides)
+        written = write_html(diagnosis, loaded, target)
+        typer.echo(f"diagnoser: {verdict_label(diagnosis)} (confidence {diagnosis.confidence_label}); "
+                   "report written to:", err=True)
+        typer.echo(str(written))

@@ -1,0 +1,399 @@
+"""The report's pictures: which charts a capture can support, drawn from its series, evidence and physics spec.
+
+Each figure says what it shows and where its numbers came from. A chart the capture cannot support is not drawn; the
+report lists it with the reason instead. Charts are ordered so that the one about the verdict comes first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from markupsafe import Markup
+
+from diagnoser import physics
+from diagnoser.capture import Capture, Series
+from diagnoser.diagnosis import Diagnosis, Finding
+from diagnoser.errors import DiagnoserError
+from diagnoser.evidence import Evidence
+from diagnoser.reports import svg
+from diagnoser.reports.svg import PALETTE, Band, HLine, Line, Mark, Roof, RoofPoint, Segment
+from diagnoser.units import fmt
+
+SOURCE_NAMES = {
+    "nvml": "NVML", "gpm": "NVML GPM", "dcgm": "DCGM", "psutil": "host (psutil)", "server": "server metrics",
+    "trace": "torch.profiler trace", "physics": "physics model", "user": "user input",
+}
+
+SIGNAL_LABELS = {
+    "gpu.busy": "GPU busy (kernel running)", "gpu.sm_active": "SM active", "gpu.tensor_active": "tensor pipes active",
+    "gpu.dram_active": "DRAM active", "gpu.mem_busy": "memory controller busy", "gpu.sm_occupancy": "SM occupancy",
+    "gpu.mem_used_bytes": "device memory used", "proc.gpu_mem_bytes": "held by the target process",
+    "gpu.sm_clock_frac": "SM clock / max", "gpu.power_w": "board power", "gpu.temp_c": "temperature",
+    "server.running": "running (batch)", "server.waiting": "waiting (queue)", "server.kv_usage": "KV cache used",
+    "server.gen_tokens_per_s": "generated tokens/s", "server.prompt_tokens_per_s": "prompt tokens/s",
+    "host.target_busiest_thread": "busiest server thread (of one core)", "host.cpu_frac": "whole host CPU",
+    "gpu.pcie_rx_bps": "PCIe to GPU", "gpu.pcie_tx_bps": "PCIe from GPU", "gpu.nvlink_rx_bps": "NVLink in",
+    "gpu.nvlink_tx_bps": "NVLink out",
+}
+
+IDLE_CAUSES = {
+    "host": ("host launch gaps", "#D55E00"),
+    "sync": ("host syncs", "#E69F00"),
+    "pageable_memcpy": ("pageable copies", "#CC79A7"),
+    "queue_dry": ("nothing queued", "#56B4E9"),
+    "kernel_overhead": ("kernel-to-kernel gaps", "#F0B37E"),
+}
+BUSY_COLOR, UNATTRIBUTED_COLOR = "#009E73", "#B8BEC4"
+
+KERNEL_CLASSES = {
+    "gemm": "GEMM (matmul)", "attention": "attention", "norm_elementwise": "norm / elementwise",
+    "reduction": "reduction", "comm": "communication (NCCL)", "memcpy": "memcpy", "memset": "memset",
+    "other": "other",
+}
+
+_POINT_STATS = ("mean", "p50", "p90", "p99", "min", "max", "value")
+
+
+@dataclass
+class Figure:
+    key: str
+    title: str
+    svg: Markup
+    caption: str
+    wide: bool = False
+
+
+@dataclass
+class NotDrawn:
+    title: str
+    why: str
+
+
+def source_name(source: str) -> str:
+    return " + ".join(SOURCE_NAMES.get(s, s) for s in source.split("+"))
+
+
+# --- time series ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Panel:
+    key: str
+    title: str
+    signals: tuple[str, ...]
+    unit: str
+    y_max: float | None = None
+
+
+_PANELS = (
+    _Panel("activity", "GPU activity over the window", ("gpu.busy", "gpu.sm_active", "gpu.tensor_active",
+                                                        "gpu.dram_active"), "ratio", 1.0),
+    _Panel("memory", "Device memory used", ("gpu.mem_used_bytes", "proc.gpu_mem_bytes"), "bytes"),
+    _Panel("kv", "KV cache use", ("server.kv_usage",), "ratio", 1.0),
+    _Panel("server", "Server: running batch and queue", ("server.running", "server.waiting"), "requests"),
+    _Panel("tokens", "Server throughput", ("server.gen_tokens_per_s", "server.prompt_tokens_per_s"), "tokens/s"),
+    _Panel("clocks", "SM clock (shaded: power or thermal throttling)", ("gpu.sm_clock_frac",), "ratio", 1.0),
+    _Panel("power", "Board power", ("gpu.power_w",), "W"),
+    _Panel("host", "Host CPU", ("host.target_busiest_thread", "host.cpu_frac"), "ratio", 1.0),
+    _Panel("links", "PCIe and NVLink traffic", ("gpu.pcie_rx_bps", "gpu.pcie_tx_bps", "gpu.nvlink_rx_bps",
+                                                "gpu.nvlink_tx_bps"), "B/s"),
+)
+
+_MAX_LINES = 8
+
+
+def _series_lines(capture: Capture, panel: _Panel) -> tuple[list[Line], list[str], dict[str, str]]:
+    members: list[tuple[str, Series]] = [(n, s) for n in panel.signals for s in capture.series_named(n) if s.values]
+    gpus = {s.labels.get("gpu", "") for _, s in members}
+    lines: list[Line] = []
+    sources: list[str] = []
+    color_of: dict[str, str] = {}
+    for i, (name, s) in enumerate(members[:_MAX_LINES]):
+        color = color_of.setdefault(name, PALETTE[len(color_of) % len(PALETTE)])
+        label = SIGNAL_LABELS.get(name, name)
+        if len(gpus) > 1:
+            label += f" (gpu {s.labels.get('gpu', '?')})"
+        same_name_before = sum(1 for n, _ in members[:i] if n == name)
+        lines.append(Line(label, s.times, s.values, color=color, dashed=same_name_before % 2 == 1))
+        sources.append(f"{name} from {source_name(s.source)}")
+    return lines, sorted(set(sources)), color_of
+
+
+def _threshold_lines(findings: Sequence[Finding], signals: Sequence[str], named: bool,
+                     scale: float = 1.0) -> list[HLine]:
+    """The thresholds the rules compared a statistic of these signals with, as reference lines; `named` puts the
+    signal in the label, for charts of several signals."""
+    codes: dict[tuple[str, str, str, float, str], list[str]] = {}
+    for f in findings:
+        for c in f.citations:
+            if c.signal not in signals or c.threshold is None or not c.op or c.stat not in _POINT_STATS:
+                continue
+            rules = codes.setdefault((c.signal, c.stat, c.op, c.threshold, c.unit), [])
+            if f.code not in rules:
+                rules.append(f.code)  # rules testing the same thing share one line
+    out = []
+    for (signal, stat, op, threshold, unit), rules in codes.items():
+        what = f"{SIGNAL_LABELS.get(signal, signal)} " if named else ""
+        out.append(HLine(threshold * scale,
+                         f"{', '.join(rules)}: {what}{stat} {svg.op_symbol(op)} {fmt(threshold, unit)}"))
+    return out
+
+
+def _throttle_bands(capture: Capture) -> list[Band]:
+    bands: list[Band] = []
+    for name, label in (("gpu.throttle.power", "power cap"), ("gpu.throttle.thermal", "thermal slowdown")):
+        for s in capture.series_named(name):
+            start = None
+            step = (s.times[-1] - s.times[0]) / max(1, len(s.times) - 1) if len(s.times) > 1 else 1.0
+            for t, v in zip(s.times, s.values):
+                if v >= 0.5 and start is None:
+                    start = t
+                elif v < 0.5 and start is not None:
+                    bands.append(Band(start, t, label))
+                    start = None
+            if start is not None:
+                bands.append(Band(start, s.times[-1] + step, label))
+    return bands
+
+
+def _memory_total(capture: Capture, ev: Evidence) -> float | None:
+    total = ev.get("gpu.mem_total_bytes")
+    return total.max if total is not None else None
+
+
+def time_series_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[list[Figure], list[NotDrawn]]:
+    figures, missing = [], []
+    for panel in _PANELS:
+        lines, sources, color_of = _series_lines(capture, panel)
+        if not lines:
+            if panel.key in ("activity", "memory", "server"):
+                missing.append(NotDrawn(panel.title, _why_absent(ev, panel.signals)))
+            continue
+        hlines = _threshold_lines(d.findings, panel.signals, named=len(color_of) > 1)
+        bands: list[Band] = []
+        notes: list[str] = []
+        y_max = panel.y_max
+        if panel.key == "memory":
+            total = _memory_total(capture, ev)
+            if total:
+                hlines.append(HLine(total, f"device total {fmt(total, 'bytes')}"))
+                y_max = total
+                hlines += _threshold_lines(d.findings, ("gpu.mem_used_frac",), named=False, scale=total)
+        if panel.key == "clocks":
+            bands = _throttle_bands(capture)
+            if bands:
+                notes.append("shaded: clock event reason power cap or thermal slowdown active")
+        if panel.key == "power":
+            limit = ev.get("gpu.power_limit_w")
+            value = limit.max if limit is not None else next((g.power_limit_w for g in capture.gpus
+                                                              if g.power_limit_w), None)
+            if value:
+                hlines.append(HLine(value, f"power limit {value:.0f} W"))
+        if panel.key == "links" and ev.gpu_spec is not None:
+            link = getattr(ev.gpu_spec, "pcie_bytes_per_s", None)
+            if link:
+                hlines.append(HLine(link, f"PCIe link {fmt(link, 'B/s')} (both directions)"))
+        if len([s for n in panel.signals for s in capture.series_named(n) if s.values]) > _MAX_LINES:
+            notes.append(f"first {_MAX_LINES} series shown")
+        chart = svg.time_series(panel.title, lines, unit=panel.unit, x_max=capture.duration_s, y_max=y_max,
+                                hlines=hlines, bands=bands)
+        caption = "Source: " + "; ".join(sources) + "."
+        if hlines:
+            caption += " Dashed lines: the thresholds the rules compared these signals with, and hardware limits."
+        if notes:
+            caption += " " + "; ".join(notes).capitalize() + "."
+        figures.append(Figure(panel.key, panel.title, chart, caption))
+    return figures, missing
+
+
+def _why_absent(ev: Evidence, names: Sequence[str]) -> str:
+    return f"needs {' or '.join(names[:2])} ({ev.why_missing(names[0])})"
+
+
+# --- time share and kernel classes ---------------------------------------------------------------------------
+
+def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
+    title = "Where the GPU's time went"
+    trace = capture.trace
+    if trace is not None and trace.gpu_busy_frac is not None:
+        segments = [Segment("busy", trace.gpu_busy_frac, BUSY_COLOR, "kernels or copies running")]
+        attributed = 0.0
+        for cause, frac in sorted(trace.idle_frac_by_cause.items(), key=lambda kv: -kv[1]):
+            label, color = IDLE_CAUSES.get(cause, (f"idle: {cause}", PALETTE[6]))
+            segments.append(Segment(f"idle: {label}", frac, color))
+            attributed += frac
+        rest = 1.0 - trace.gpu_busy_frac - attributed
+        if rest > 0.0005:
+            segments.append(Segment("idle: not attributed", rest, UNATTRIBUTED_COLOR))
+        window = f" of the {trace.window_s:.2f} s traced window" if trace.window_s else ""
+        chart = svg.stacked_bar(title, segments)
+        return Figure("timeline", title, chart, f"Share{window}, from the torch.profiler trace"
+                      + (f" ({trace.path})" if trace.path else "") + ": idle time split by what the GPU was waiting "
+                      "for.")
+    busy = ev.get("gpu.busy")
+    if busy is not None:
+        segments = [Segment("busy", busy.mean, BUSY_COLOR, "a kernel was running"),
+                    Segment("idle", max(0.0, 1.0 - busy.mean), UNATTRIBUTED_COLOR, "cause needs a trace")]
+        chart = svg.stacked_bar(title, segments)
+        return Figure("timeline", title, chart, f"Mean of gpu.busy from {source_name(busy.source)} over "
+                      f"{busy.n} samples. A torch.profiler trace (attach --trace 5) splits the idle time by cause.")
+    return NotDrawn(title, "needs gpu.busy or a torch.profiler trace: " + ev.why_missing("gpu.busy"))
+
+
+def kernel_figure(capture: Capture) -> Figure | NotDrawn:
+    title = "GPU busy time by kernel class"
+    trace = capture.trace
+    if trace is None or not trace.kernel_share:
+        return NotDrawn(title, "needs a torch.profiler trace (attach --trace 5 or analyze TRACE)")
+    items = [(KERNEL_CLASSES.get(k, k), v) for k, v in trace.kernel_share.items() if v > 0]
+    chart = svg.bar_chart(title, items)
+    caption = (f"Share of GPU busy time over {trace.kernel_count:,} kernels in the trace"
+               + (f" ({trace.path})" if trace.path else "") + ".")
+    return Figure("kernels", title, chart, caption)
+
+
+# --- roofline ------------------------------------------------------------------------------------------------
+
+def _weight_dtype(capture: Capture) -> str:
+    model = capture.model
+    try:
+        return physics.normalise_dtype(model.dtype) if model and model.dtype else "bf16"
+    except DiagnoserError:
+        return "bf16"
+
+
+def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
+    title = "Roofline: the workload against this GPU's roofs"
+    gspec = ev.gpu_spec
+    if gspec is None:
+        return NotDrawn(title, "the GPU is not in the physics table, so its roofs are unknown"
+                        if capture.gpus else "no GPU in this capture")
+    dtype = _weight_dtype(capture)
+    try:
+        compute = physics.compute_dtype(gspec, dtype)  # type: ignore[arg-type]
+    except DiagnoserError:
+        return NotDrawn(title, f"the {gspec.name} has no compute rate for {dtype}")  # type: ignore[attr-defined]
+    bandwidth = gspec.hbm_bytes_per_s  # type: ignore[attr-defined]
+    flops = gspec.flops  # type: ignore[attr-defined]
+    roofs = [Roof(f"{compute.upper()} dense", flops[compute], primary=True)]
+    if "fp8" in flops and compute != "fp8":
+        roofs.append(Roof("FP8 dense", flops["fp8"], primary=False))
+    points, sources = [], []
+    trace = capture.trace
+    if trace is not None:
+        intensity = trace.intensity_flop_per_byte
+        if intensity is None and trace.achieved_flops and trace.achieved_bytes_per_s:
+            intensity = trace.achieved_flops / trace.achieved_bytes_per_s
+        if intensity and intensity > 0:
+            points.append(RoofPoint("trace", intensity, trace.achieved_flops, color=PALETTE[5]))
+            sources.append("trace: time-weighted FLOP/byte of the ops with known shapes"
+                           + (", achieved FLOP/s over the window" if trace.achieved_flops else
+                              " (achieved FLOP/s not measured: drawn as a line)"))
+    tensor, dram = ev.get("gpu.tensor_active"), ev.get("gpu.dram_active")
+    if tensor is not None and dram is not None and tensor.mean > 0 and dram.mean > 0:
+        est_flops, est_bytes = tensor.mean * flops[compute], dram.mean * bandwidth
+        points.append(RoofPoint("counters (est.)", est_flops / est_bytes, est_flops, color=PALETTE[3]))
+        sources.append(f"counters: an estimate, tensor active {tensor.mean:.0%} x peak and DRAM active "
+                       f"{dram.mean:.0%} x bandwidth ({source_name(tensor.source)})")
+    if not points:
+        return NotDrawn(title, "no workload point: needs a trace with FLOP/byte intensity, or both tensor and DRAM "
+                        "activity counters (GPM on Hopper+, or DCGM profiling fields)")
+    measured = any(g.measured for g in capture.gpus)
+    chart = svg.roofline(title, bandwidth, roofs, points)
+    caption = (f"Roofs of the {gspec.name} ({'measured by diagnoser calibrate' if measured else gspec.source}): "  # type: ignore[attr-defined]
+               f"{fmt(bandwidth, 'B/s')} memory, {fmt(flops[compute], 'FLOP/s')} {compute.upper()} dense tensor "
+               f"peak; ridge {flops[compute] / bandwidth:.0f} FLOP/byte. Left of the ridge work waits on memory, "
+               f"right of it on math. Points: " + "; ".join(sources) + ".")
+    return Figure("roofline", title, chart, caption)
+
+
+# --- throughput against physics ------------------------------------------------------------------------------
+
+def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
+    title = "Generation throughput against its physical limits"
+    achieved = ev.get("server.gen_tokens_per_s")
+    ceiling = ev.get("theory.decode_ceiling_tokens_per_s")
+    model, gspec = capture.model, ev.gpu_spec
+    if ceiling is None or model is None or gspec is None:
+        why = []
+        if gspec is None:
+            why.append("a GPU in the physics table")
+        if model is None or not model.params:
+            why.append("the model's shape (--model)")
+        if ceiling is None and not why:
+            why.append("an observed batch (server.running or a trace)")
+        return NotDrawn(title, "needs " + " and ".join(why))
+    dtype = _weight_dtype(capture)
+    tp = max(1, model.tensor_parallel)
+    context_value = capture.serving.get("mean_context_tokens")
+    context = int(context_value) if isinstance(context_value, (int, float)) and context_value > 0 else 0
+    batch = _observed_batch(ev)
+    marks = []
+    try:
+        single = physics.decode_ceiling_tokens_per_s(model, gspec, batch=1, context=context, dtype=dtype, tp=tp)  # type: ignore[arg-type]
+        marks.append(Mark("one sequence (batch 1)", single, "what a single stream can reach"))
+    except DiagnoserError:
+        pass
+    marks.append(Mark(f"ceiling at the observed batch {batch:.1f}" if batch else "ceiling at the observed batch",
+                      ceiling.values[0], "each step reads the weights and KV cache at full bandwidth"))
+    ridge = ev.get("theory.ridge_batch")
+    if ridge is not None and math.isfinite(ridge.values[0]) and ridge.values[0] >= 1:
+        try:
+            top = physics.decode_ceiling_tokens_per_s(model, gspec, batch=ridge.values[0], context=context,  # type: ignore[arg-type]
+                                                      dtype=dtype, tp=tp)
+            marks.append(Mark(f"at the ridge batch {ridge.values[0]:.0f}", top, "where decode turns compute-bound"))
+        except DiagnoserError:
+            pass
+    chart = svg.throughput_bullet(title, achieved.mean if achieved is not None else None, marks)
+    eff = ev.get("theory.efficiency")
+    caption = (f"Decode ceilings for {model.name or 'the model'} ({dtype}, tensor parallel {tp}) on the "
+               f"{gspec.name}"  # type: ignore[attr-defined]
+               + (f" at a mean context of {context} tokens" if context else ", weights only (no context length "
+                  "known, so the ceilings are optimistic)") + ": "
+               + "; ".join(f"{i} = {m.detail}" for i, m in enumerate(sorted(marks, key=lambda m: m.value), 1))
+               + ". ")
+    if achieved is not None:
+        caption += f"Achieved: mean server.gen_tokens_per_s from {source_name(achieved.source)}"
+        caption += f", {eff.values[0]:.0%} of the ceiling at this batch." if eff is not None else "."
+    else:
+        caption += "Achieved tokens/s not measured (needs server metrics: attach with --port)."
+    return Figure("throughput", title, chart, caption)
+
+
+def _observed_batch(ev: Evidence) -> float | None:
+    for name in ("server.running", "server.batch_size", "trace.decode_batch"):
+        s = ev.get(name)
+        if s is not None and s.mean > 0:
+            return s.mean
+    return None
+
+
+# --- all of them, in the order a reader of this verdict needs ------------------------------------------------
+
+_ORDER = {
+    "memory_bandwidth": ("roofline", "activity", "throughput", "timeline", "kernels"),
+    "compute": ("roofline", "activity", "kernels", "timeline", "throughput"),
+    "vram": ("kv", "memory", "server", "throughput", "activity"),
+    "batching": ("server", "timeline", "activity", "throughput", "roofline"),
+    "host_launch": ("timeline", "host", "activity", "kernels"),
+    "throttling": ("clocks", "power", "activity"),
+    "interconnect": ("kernels", "links", "timeline", "activity"),
+    "idle": ("timeline", "activity", "server", "power"),
+    "errors": ("activity", "clocks", "power"),
+}
+_DEFAULT = ("activity", "timeline", "roofline", "throughput", "kernels", "server", "kv", "memory", "tokens",
+            "clocks", "power", "host", "links")
+
+
+def build_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[list[Figure], list[NotDrawn]]:
+    figures, missing = time_series_figures(capture, ev, d)
+    for built in (timeline_figure(capture, ev), kernel_figure(capture), roofline_figure(capture, ev),
+                  throughput_figure(capture, ev)):
+        if isinstance(built, Figure):
+            figures.append(built)
+        else:
+            missing.append(built)
+    order = list(_ORDER.get(d.verdict, ())) + [k for k in _DEFAULT if k not in _ORDER.get(d.verdict, ())]
+    figures.sort(key=lambda f: order.index(f.key) if f.key in order else len(order))
+    return figures, missing
