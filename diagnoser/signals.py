@@ -32,9 +32,11 @@ _SPECS = [
     SignalSpec("gpu.mem_total_bytes", "bytes", "Device memory in all."),
     SignalSpec("gpu.mem_used_frac", "ratio", "Device memory in use over total (derived when both are known)."),
     SignalSpec("proc.gpu_mem_bytes", "bytes", "Device memory held by the target process and its children."),
+    SignalSpec("proc.gpu_busy", "ratio", "SM utilisation of the target's own processes (NVML per-process samples)."),
     # clocks, power, throttling
     SignalSpec("gpu.sm_clock_frac", "ratio", "SM clock over its maximum."),
     SignalSpec("gpu.sm_clock_mhz", "MHz", "SM clock."),
+    SignalSpec("gpu.mem_clock_frac", "ratio", "Memory clock over its maximum."),
     SignalSpec("gpu.power_w", "W", "Board power."),
     SignalSpec("gpu.power_limit_w", "W", "Enforced power limit."),
     SignalSpec("gpu.temp_c", "C", "GPU temperature."),
@@ -56,6 +58,8 @@ _SPECS = [
     SignalSpec("host.cpu_frac", "ratio", "Whole-host CPU use over all cores."),
     SignalSpec("host.mem_used_frac", "ratio", "Host memory in use."),
     SignalSpec("host.target_rss_bytes", "bytes", "Resident memory of the target process tree."),
+    SignalSpec("host.target_threads", "threads", "Threads in the target process tree."),
+    SignalSpec("host.target_ctx_switches_per_s", "1/s", "Context switches of the target process tree per second."),
     # inference server
     SignalSpec("server.running", "requests", "Requests in the running batch."),
     SignalSpec("server.waiting", "requests", "Requests queued, waiting to be scheduled."),

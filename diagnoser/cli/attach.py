@@ -1,0 +1,193 @@
+"""`diagnoser attach PID | --port PORT`: observe a running server for a window, then give the verdict.
+
+No restart and no code change: NVML/GPM for the GPU, psutil for the host, the server's own /metrics. Ctrl-C ends the
+window early and still diagnoses (and saves, with --save) what was collected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from diagnoser.capture import Capture, ModelInfo, save
+from diagnoser.cli.common import handles_errors
+from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
+from diagnoser.collectors.base import DEFAULT_DURATION_S, DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from diagnoser.errors import DiagnoserError, InputError
+from diagnoser.units import fmt
+
+if TYPE_CHECKING:  # the collectors (NVML, psutil, HTTP) load when the command runs, not with every CLI call
+    from diagnoser.collectors.session import Progress
+    from diagnoser.collectors.target import AttachTarget
+
+
+class LiveView:
+    """The progress line on stderr: a rich live line on a terminal, nothing but one-off messages otherwise."""
+
+    def __init__(self, label: str) -> None:
+        self.console = Console(stderr=True, highlight=False)
+        self.label = label
+        self.live: Live | None = None
+        self.said_cpu_only = False
+
+    def __enter__(self) -> LiveView:
+        if self.console.is_terminal:
+            self.live = Live(_line(self.label), console=self.console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        else:
+            self.say(f"diagnoser: {self.label}")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def say(self, message: str) -> None:
+        self.console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    def __call__(self, p: Progress) -> None:
+        if p.cpu_only and not self.said_cpu_only:
+            self.said_cpu_only = True
+            reason = f" ({p.gpu_problem})" if p.gpu_problem else ""
+            self.say(f"diagnoser: no GPU visible{reason}; diagnosing host and server signals only.")
+        if self.live is not None:
+            self.live.update(_line(progress_line(p)))
+
+
+def _line(text: str) -> Text:
+    return Text(text, no_wrap=True, overflow="ellipsis")  # one line, cut to the terminal's width
+
+
+def progress_line(p: Progress) -> str:
+    """'4.2/10 s  GPU busy 63 %  ...' from the newest numbers; absent signals are left out, never shown as 0."""
+    v = p.latest
+    parts = [f"{min(p.elapsed_s, p.duration_s):4.1f}/{p.duration_s:g} s"]
+    for name, label, unit in (("gpu.busy", "GPU busy", "ratio"), ("gpu.sm_active", "SM", "ratio"),
+                              ("gpu.dram_active", "DRAM", "ratio"), ("gpu.mem_used_bytes", "mem", "bytes"),
+                              ("gpu.power_w", "power", "W"), ("host.target_cpu", "CPU", "cores"),
+                              ("host.target_busiest_thread", "top thread", "ratio"),
+                              ("server.running", "running", ""), ("server.waiting", "waiting", ""),
+                              ("server.kv_usage", "KV", "ratio"), ("server.gen_tokens_per_s", "gen", "tok/s")):
+        if name in v:
+            parts.append(f"{label} {fmt(v[name], unit)}")
+    return "  ".join(parts)
+
+
+def _trace_functions() -> tuple[Any, Any]:
+    """acquire_trace and analyze_trace from the tracing modules; InputError when this build lacks them."""
+    try:
+        tracing = importlib.import_module("diagnoser.tracing")
+        traces = importlib.import_module("diagnoser.traces")
+        return tracing.acquire_trace, traces.analyze_trace
+    except (ImportError, AttributeError):
+        raise InputError("--trace needs diagnoser.tracing and diagnoser.traces.analyze_trace, which this "
+                         "installation lacks.") from None
+
+
+def add_trace(capture: Capture, target: AttachTarget, seconds: float, out_dir: Path, view: LiveView) -> None:
+    """Take and analyse a torch.profiler trace after the counter window; a failure is recorded, not fatal."""
+    acquire, analyze = _trace_functions()
+    if target.pid is None:
+        capture.mark_unavailable("trace", "trace.*", "--trace needs a process to trace (give a PID or --port)")
+        return
+    server_url = target.metrics_url.rsplit("/metrics", 1)[0] if target.metrics_url else None
+    view.say(f"diagnoser: tracing pid {target.pid} for {seconds:g} s")
+    try:
+        path = acquire(target.pid, seconds, out_dir, server_url)
+        view.say(f"diagnoser: trace written to {path}")
+        capture.trace = analyze(path).summary
+    except DiagnoserError as exc:
+        capture.mark_unavailable("trace", "trace.*", str(exc).rstrip("."))
+        view.say(f"diagnoser: no trace: {exc}")
+    except Exception as exc:  # noqa: BLE001  (the counter window must survive a tracing failure)
+        capture.mark_unavailable("trace", "trace.*", f"tracing failed ({type(exc).__name__}: {exc})")
+        view.say(f"diagnoser: no trace: tracing failed ({type(exc).__name__}: {exc}).")
+
+
+def add_model(capture: Capture, model: ModelInfo | None, target: AttachTarget) -> None:
+    """The model's shape: from --model, else from a config.json the server's command line points at."""
+    from diagnoser.physics import load_hf_config
+
+    if model is not None:
+        capture.model = model
+        return
+    if target.model_config is not None:
+        try:
+            capture.model = load_hf_config(target.model_config)
+            capture.notes.append(f"Model shape read from {target.model_config} (the server's command line).")
+        except DiagnoserError as exc:
+            capture.notes.append(f"The server's model config could not be read ({exc}); give --model.")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("attach")
+    @handles_errors
+    def attach_cmd(
+        pid: int | None = typer.Argument(None, help="PID of the server; its child processes are included."),
+        port: int | None = typer.Option(None, "--port", help="Attach to the process listening on this TCP port "
+                                        "and read its /metrics."),
+        metrics_url: str | None = typer.Option(None, "--metrics-url", help="The server's Prometheus endpoint, "
+                                               "when it is not http://127.0.0.1:PORT/metrics."),
+        duration: float = typer.Option(DEFAULT_DURATION_S, "--duration", "-d", help="Seconds to observe."),
+        interval: float = typer.Option(DEFAULT_INTERVAL_S, "--interval", help="Seconds between GPU samples."),
+        save_to: Path | None = typer.Option(None, "--save", help="Write the capture to this file (.dgc).",
+                                            dir_okay=False),
+        as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
+        html: Path | None = typer.Option(None, "--html", help="Also write the HTML report to this file.",
+                                         dir_okay=False),
+        model: Path | None = typer.Option(None, "--model", help="The served model's config.json (or its folder)."),
+        trace: float | None = typer.Option(None, "--trace", help="After the window, take a torch.profiler trace "
+                                           "of this many seconds and add its analysis."),
+        fail_on: str = typer.Option("", "--fail-on", help=FAIL_ON_HELP),
+        rules_config: Path | None = typer.Option(None, "--rules-config", help="TOML file overriding thresholds."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every fix, its basis and skipped rules."),
+    ) -> None:
+        """Attach to a running inference server, observe it, and say what limits it."""
+        from diagnoser.collectors.session import Progress, collect
+        from diagnoser.collectors.target import resolve_target
+        from diagnoser.physics import load_hf_config
+        from diagnoser.rules import diagnose, load_thresholds
+
+        # Everything that can be wrong with the options fails before the window, not after it.
+        wanted = parse_fail_on(fail_on)
+        overrides = load_thresholds(rules_config) if rules_config else None
+        if trace is not None:
+            if not trace > 0:
+                raise InputError("--trace takes a positive number of seconds.")
+            _trace_functions()
+        if not duration > 0:
+            raise InputError(f"--duration must be positive, not {duration:g}.")
+        if not interval >= MIN_INTERVAL_S:
+            raise InputError(f"--interval must be at least {MIN_INTERVAL_S:g} s, not {interval:g}.")
+        user_model = load_hf_config(model) if model is not None else None
+        target = resolve_target(pid, port, metrics_url)
+        with LiveView(f"attaching to {target.description} for {duration:g} s (Ctrl-C ends early)") as view:
+            capture = collect(target, duration, interval, on_sample=view)
+        if capture.cpu_only and not view.said_cpu_only:  # a window too short for a progress report
+            view(Progress(capture.duration_s, duration, {}, True, _gpu_problem(capture)))
+        if capture.process is not None and capture.process.exited_at_s is not None:
+            view.say(f"diagnoser: pid {capture.process.pid} exited {capture.process.exited_at_s:.1f} s into the "
+                     "window; diagnosing what was captured until then.")
+        add_model(capture, user_model, target)
+        if save_to is not None:  # saved now, so that neither the trace nor a second Ctrl-C can lose the window
+            save(capture, save_to)
+        if trace is not None:
+            trace_dir = save_to.parent if save_to else Path(tempfile.mkdtemp(prefix="diagnoser-trace-"))
+            add_trace(capture, target, trace, trace_dir, view)
+            if save_to is not None:
+                save(capture, save_to)
+        if save_to is not None:
+            view.say(f"diagnoser: saved the capture to {save_to}")
+        show(diagnose(capture, overrides), as_json=as_json, fail_on=wanted, verbose=verbose, capture=capture,
+             html=html)
+
+
+def _gpu_problem(capture: Capture) -> str:
+    return next((u.reason for u in capture.unavailable if u.source == "nvml" and u.what == "gpu.*"), "")

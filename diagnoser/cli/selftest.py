@@ -1,0 +1,113 @@
+"""`diagnoser selftest`: run workloads with known limiters here, diagnose each, compare (docs/calibrate.md)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from diagnoser.cli.common import handles_errors, print_json
+from diagnoser.errors import EXIT_FAIL_ON, InputError
+from diagnoser.selftest.harness import SelftestReport, resolve_device, run_selftest, scenario_names
+from diagnoser.selftest.record import record_fixtures
+from diagnoser.units import fmt
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def render(report: SelftestReport, console: Console) -> None:
+    if report.cpu_run:
+        console.print("Self-test on the CPU (toy size).", markup=False)
+    else:
+        console.print(f"Self-test on {report.gpu_name or 'GPU 0'} (driver {report.driver or 'unknown'}), roofs: "
+                      f"{report.roofs or 'n/a'}.", markup=False)
+    for note in report.notes:
+        console.print(f"! {note}", style="yellow", markup=False)
+    table = Table("scenario", "expected", "got", "confidence", "tokens/s", "ceiling", "of ceiling", "",
+                  box=None, show_header=True)
+    for r in report.results:
+        mark = "" if r.passed is None else ("ok" if r.passed else "WRONG")
+        share = (f"{r.measured_tokens_per_s / r.ceiling_tokens_per_s:.0%}"
+                 if r.measured_tokens_per_s and r.ceiling_tokens_per_s else "")
+        rate = _rate(r.measured_tokens_per_s) + (" prompt" if r.rate == "prompt" and r.measured_tokens_per_s else "")
+        ran = not (r.error or r.skipped)
+        ceiling = (_rate(r.ceiling_tokens_per_s) if r.ceiling_tokens_per_s
+                   else "n/a (CPU)" if r.cpu_run and ran else "")
+        table.add_row(r.scenario, " or ".join(r.expected), r.shown_verdict, f"{r.confidence:.2f}" if ran else "",
+                      rate if ran else "", ceiling, share, mark)
+    console.print(table)
+    for r in report.results:
+        if r.error:
+            console.print(f"  {r.scenario}: error: {r.error}", style="red", markup=False)
+        elif r.skipped:
+            console.print(f"  {r.scenario}: skipped: {r.skipped}", style="dim", markup=False)
+        elif r.trace:
+            console.print(f"  {r.scenario}: {r.trace}", style="dim", markup=False)
+    if report.checks:
+        console.print("Physics checks", style="bold")
+        checks = Table("check", "predicted", "measured", "", "note", box=None, show_header=True)
+        for c in report.checks:
+            unit = "" if c.unit == "x" else c.unit
+            shown = [("n/a" if v is None else (f"{v:.2f}x" if c.unit == "x" else fmt(v, unit)))
+                     for v in (c.predicted, c.measured)]
+            checks.add_row(c.name, *shown, "" if c.ok is None else ("ok" if c.ok else "OFF"), c.note)
+        console.print(checks)
+    console.print(f"Captures and workload logs in {report.out_dir} (diagnoser diagnose FILE.dgc shows each verdict).",
+                  markup=False, style="dim")
+    if report.failed and not report.cpu_run:
+        console.print(f"Self-test FAILED: {'; '.join(report.failed)}", style="bold red", markup=False)
+    elif report.failed:
+        console.print(f"Harness FAILED on the CPU: {'; '.join(report.failed)}", style="bold red", markup=False)
+    elif report.cpu_run:
+        console.print("Harness OK on the CPU. Run on a GPU for verdicts that count.", markup=False)
+    else:
+        console.print("Self-test passed: every verdict as expected and the physics agrees.", style="bold green",
+                      markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("selftest")
+    @handles_errors
+    def selftest_cmd(
+        scenarios: str = typer.Option("", "--scenarios", help="Comma-separated scenarios (default: all): "
+                                      "decode-b1, decode-b16, prefill, launch, kv-full, host-bound, throttled."),
+        device: str = typer.Option("auto", "--device", help="auto, cuda or cpu (toy size: tests the harness, "
+                                   "never a GPU verdict)."),
+        size: str = typer.Option("auto", "--size", help="auto (1-3B-parameter model sized to the GPU) or toy."),
+        window: float | None = typer.Option(None, "--window", help="Seconds of counters per scenario (default 8 on "
+                                            "a GPU, 3 on the CPU)."),
+        trace: float | None = typer.Option(None, "--trace", help="Seconds of torch.profiler trace inside each window "
+                                           "(0: none; default 2 on a GPU, 0.5 on the CPU)."),
+        out: Path | None = typer.Option(None, "--out", help="Folder for captures and workload logs (default: a new "
+                                        "temporary folder)."),
+        record: Path | None = typer.Option(None, "--record", help="Also add each capture with its expected verdict "
+                                           "to this GPU fixture folder (tests/fixtures/gpu); GPU runs only."),
+        force: bool = typer.Option(False, "--force", help="Run even if another process uses the GPU."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    ) -> None:
+        """Run workloads whose limiter is known (bandwidth, compute, batching/launch, VRAM, host) under attach, and
+        check each verdict and the physics on this machine. Exit 1 if any verdict or physics check is off."""
+        names = scenario_names(scenarios)
+        resolved = resolve_device(device.strip().lower())
+        if record is not None and resolved == "cpu":
+            raise InputError("--record keeps GPU recordings only; a CPU run is not a GPU fixture.")
+        out_dir = out or Path(tempfile.mkdtemp(prefix="diagnoser-selftest-"))
+        err = Console(file=sys.stderr, no_color=True, highlight=False)
+        report, captures = run_selftest(names, device=resolved, size=size.strip().lower(), window_s=window,
+                                        trace_s=trace, out_dir=out_dir, force=force,
+                                        progress=None if as_json else (lambda m: err.print(m, markup=False)))
+        if record is not None:
+            written = record_fixtures(report, captures, record, command=" ".join(["diagnoser", *sys.argv[1:]]))
+            report.notes.append(f"Recorded {len(written)} capture(s) in {record}.")
+        if as_json:
+            print_json(report.to_dict())
+        else:
+            render(report, Console(file=sys.stdout, width=140, no_color=not sys.stdout.isatty(), highlight=False))
+        if report.failed:
+            raise typer.Exit(EXIT_FAIL_ON)

@@ -1,0 +1,337 @@
+"""What to attach to: a PID (and its children), the process listening on a port, and the server's /metrics URL.
+
+`resolve_target` checks everything a window needs before it starts, so that a wrong PID, a port with nothing on
+it or an endpoint that returns garbage fail at once with one sentence (SourceUnavailable or InputError), rather than
+after ten seconds of sampling nothing.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shlex
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from diagnoser.collectors.server_metrics import FETCH_TIMEOUT_S, MetricsError, probe
+from diagnoser.errors import InputError, SourceUnavailable
+
+# Markers in a command line that name the serving engine, checked in order.
+_CMDLINE_KINDS = (
+    ("diagnoser.demo.server", "demo"),
+    ("vllm", "vllm"),
+    ("sglang", "sglang"),
+    ("text-generation-launcher", "tgi"),
+    ("text-generation-router", "tgi"),
+    ("text_generation_server", "tgi"),
+    ("tritonserver", "triton"),
+)
+TRITON_METRICS_PORT = 8002
+MAX_PROBED_PORTS = 8
+
+# Serving flags worth knowing for the diagnosis: flag -> key in Capture.serving.
+_SERVING_FLAGS = {
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--max-model-len": "max_model_len",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--tp-size": "tensor_parallel_size",
+    "--tp": "tensor_parallel_size",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--mem-fraction-static": "mem_fraction_static",
+    "--max-running-requests": "max_running_requests",
+    "--max-batch-total-tokens": "max_batch_total_tokens",
+    "--kv-tokens": "kv_cache_tokens",
+    "--dtype": "dtype",
+}
+_BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--disable-cuda-graph": "disable_cuda_graph"}
+_MODEL_FLAGS = ("--model", "--model-path", "--model-id")
+
+
+@dataclass
+class AttachTarget:
+    pid: int | None = None
+    port: int | None = None
+    metrics_url: str | None = None
+    server_kind: str = "unknown"
+    description: str = ""
+    # Why no server metrics will be read (empty when a metrics URL was found).
+    metrics_problem: str = ""
+    # A local Hugging Face config.json the server's command line points at, if any.
+    model_config: Path | None = None
+    serving: dict[str, Any] = field(default_factory=dict)
+    cmdline: list[str] = field(default_factory=list)
+
+
+def resolve_target(pid: int | None = None, port: int | None = None, metrics_url: str | None = None,
+                   *, probe_timeout: float = FETCH_TIMEOUT_S) -> AttachTarget:
+    if pid is None and port is None and metrics_url is None:
+        raise InputError("say what to attach to: a PID, --port PORT or --metrics-url URL.")
+    if pid is not None and pid <= 0:
+        raise InputError(f"{pid} is not a process ID.")
+    if port is not None and not 0 < port < 65536:
+        raise InputError(f"{port} is not a TCP port (1-65535).")
+    if metrics_url is not None:
+        _check_url(metrics_url)
+    target = AttachTarget(pid=pid, port=port, metrics_url=metrics_url)
+    host = "127.0.0.1"
+    if port is not None and pid is None:
+        target.pid, host = find_listener(port)
+    elif port is not None:
+        host = _listen_host(port) or host
+    if target.pid is not None:
+        proc = check_process(target.pid)
+        target.cmdline = _cmdline(proc)
+        target.server_kind = kind_from_cmdline(target.cmdline) or "unknown"
+        target.serving = serving_from_cmdline(target.cmdline)
+        target.model_config = model_config_from_cmdline(target.cmdline, _cwd(proc))
+    if metrics_url is not None:
+        kind, _ = probe(metrics_url, probe_timeout)  # garbage or unreachable: the user named it, so fail now
+        target.server_kind = _better_kind(kind, target.server_kind)
+    else:
+        _discover_metrics(target, host, probe_timeout)
+    target.description = describe(target)
+    return target
+
+
+def _check_url(url: str) -> None:
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise InputError(f"--metrics-url must be an http(s) URL such as http://127.0.0.1:8000/metrics, not {url!r}.")
+
+
+def _better_kind(from_metrics: str | None, from_cmdline: str) -> str:
+    if from_metrics and (from_cmdline == "unknown" or from_metrics == "demo"):
+        return from_metrics
+    return from_cmdline if from_cmdline != "unknown" else (from_metrics or "unknown")
+
+
+def check_process(pid: int) -> psutil.Process:
+    """The target process, or one sentence on why it cannot be observed."""
+    try:
+        proc = psutil.Process(pid)
+        status = proc.status()
+    except psutil.NoSuchProcess:
+        raise SourceUnavailable(f"no process with PID {pid} is running.") from None
+    except psutil.AccessDenied:
+        raise SourceUnavailable(f"process {pid} cannot be read: permission denied (hidepid?); run diagnoser "
+                                "as root.") from None
+    if status == psutil.STATUS_ZOMBIE:
+        raise SourceUnavailable(f"process {pid} has already exited (it is a zombie waiting for its parent).")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise SourceUnavailable(f"no process with PID {pid} is running.") from None
+    except PermissionError:
+        owner = _owner(proc)
+        raise SourceUnavailable(
+            f"process {pid} ({_name(proc)}) belongs to {owner}, and diagnoser runs as {_me()}: run diagnoser as "
+            f"{owner} or as root to attach to it.") from None
+    return proc
+
+
+def _owner(proc: psutil.Process) -> str:
+    try:
+        return proc.username()
+    except (psutil.Error, KeyError):
+        try:
+            return f"uid {proc.uids().real}"
+        except psutil.Error:
+            return "another user"
+
+
+def _me() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return proc.name()
+    except psutil.Error:
+        return "?"
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _cwd(proc: psutil.Process) -> Path | None:
+    try:
+        return Path(proc.cwd())
+    except (psutil.Error, OSError):
+        return None
+
+
+def find_listener(port: int) -> tuple[int, str]:
+    """(PID, host to reach it on) of the process listening on a TCP port."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        raise SourceUnavailable(f"cannot list sockets to find who listens on port {port}: permission denied; "
+                                "give the PID instead.") from None
+    listening = [c for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
+    if not listening:
+        raise SourceUnavailable(f"nothing is listening on TCP port {port} on this machine.")
+    pids = {c.pid for c in listening if c.pid}
+    if not pids:
+        raise SourceUnavailable(f"a process of another user listens on port {port}, so diagnoser cannot tell "
+                                "which: run diagnoser as that user or as root, or give the PID.")
+    # Several listeners (SO_REUSEPORT workers): attach to the topmost, whose tree holds the others.
+    pid = min(pids, key=lambda p: (_depth_in(p, pids), p))
+    return pid, _reach_host(listening[0].laddr.ip)
+
+
+def _depth_in(pid: int, pids: set[int]) -> int:
+    try:
+        return sum(1 for parent in psutil.Process(pid).parents() if parent.pid in pids)
+    except psutil.Error:
+        return 0
+
+
+def _listen_host(port: int) -> str | None:
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+                return _reach_host(c.laddr.ip)
+    except psutil.Error:
+        return None
+    return None
+
+
+def _reach_host(ip: str) -> str:
+    if ip in ("", "0.0.0.0", "::", "::ffff:0.0.0.0"):
+        return "127.0.0.1"
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def listening_ports(pid: int) -> list[tuple[int, str]]:
+    """(port, host) of every TCP socket the process tree listens on."""
+    found: dict[int, str] = {}
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp") if hasattr(proc, "net_connections") else proc.connections("tcp")
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN and c.laddr:
+                found.setdefault(c.laddr.port, _reach_host(c.laddr.ip))
+    return sorted(found.items())
+
+
+def _discover_metrics(target: AttachTarget, host: str, timeout: float) -> None:
+    """Find the server's /metrics: on --port (or Triton's metrics port), else on any port the tree listens on."""
+    candidates: list[str] = []
+    if target.port is not None:
+        candidates.append(f"http://{host}:{target.port}/metrics")
+        if target.server_kind == "triton" and target.port != TRITON_METRICS_PORT:
+            candidates.append(f"http://{host}:{TRITON_METRICS_PORT}/metrics")
+    elif target.pid is not None:
+        ports = listening_ports(target.pid)[:MAX_PROBED_PORTS]
+        candidates.extend(f"http://{h}:{p}/metrics" for p, h in ports)
+        if not ports:
+            target.metrics_problem = (f"process {target.pid} listens on no TCP port, so no server metrics were found "
+                                      "(give --port or --metrics-url)")
+            return
+    problems: list[str] = []
+    for url in candidates:
+        try:
+            kind, _ = probe(url, timeout)
+        except MetricsError as exc:
+            problems.append(str(exc).rstrip("."))
+            continue
+        if kind is None:
+            problems.append(f"{url} serves metrics of no known inference server")
+            continue
+        target.metrics_url = url
+        target.server_kind = _better_kind(kind, target.server_kind)
+        return
+    target.metrics_problem = "no server metrics: " + "; ".join(problems[:3]) if problems else "no server metrics found"
+
+
+def kind_from_cmdline(cmdline: list[str]) -> str | None:
+    joined = " ".join(cmdline).lower()
+    for marker, kind in _CMDLINE_KINDS:
+        if marker in joined:
+            return kind
+    return None
+
+
+def serving_from_cmdline(cmdline: list[str]) -> dict[str, Any]:
+    """Serving limits given on the command line (--max-num-seqs 256 or --max-num-seqs=256)."""
+    out: dict[str, Any] = {}
+    args = list(cmdline)
+    for i, arg in enumerate(args):
+        flag, _, inline = arg.partition("=")
+        if flag in _BOOL_FLAGS:
+            out[_BOOL_FLAGS[flag]] = True
+            continue
+        key = _SERVING_FLAGS.get(flag)
+        if key is None:
+            continue
+        value = inline if inline else (args[i + 1] if i + 1 < len(args) else "")
+        if value and not value.startswith("-"):
+            out[key] = _number(value)
+    return out
+
+
+def _number(value: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            continue
+    return value
+
+
+def model_config_from_cmdline(cmdline: list[str], cwd: Path | None) -> Path | None:
+    """A local config.json the server was started with (`vllm serve /models/x`, --model, --model-path, --model-id)."""
+    candidates: list[str] = []
+    for i, arg in enumerate(cmdline):
+        flag, _, inline = arg.partition("=")
+        if flag in _MODEL_FLAGS:
+            candidates.append(inline or (cmdline[i + 1] if i + 1 < len(cmdline) else ""))
+        if arg == "serve" and i + 1 < len(cmdline) and not cmdline[i + 1].startswith("-"):
+            candidates.append(cmdline[i + 1])
+    for candidate in candidates:
+        if not candidate:
+            continue
+        path = Path(candidate).expanduser()
+        if not path.is_absolute() and cwd is not None:
+            path = cwd / path
+        try:
+            if (path / "config.json").is_file():
+                return path / "config.json"
+        except OSError:
+            continue
+    return None
+
+
+def describe(target: AttachTarget) -> str:
+    parts = []
+    if target.pid is not None:
+        short = " ".join(shlex.quote(a) for a in target.cmdline[:6])
+        if len(short) > 70:
+            short = short[:67] + "..."
+        parts.append(f"pid {target.pid} ({short})" if short else f"pid {target.pid}")
+    if target.metrics_url:
+        parts.append(f"{target.server_kind} metrics at {target.metrics_url}")
+    elif target.port is not None:
+        parts.append(f"port {target.port}")
+    return ", ".join(parts) or "nothing"
