@@ -140,6 +140,9 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     attention_frac: float | None = None
     skipped: list[str] = msgspec.field(default_factory=list)  # what the analysis could not read
     extra: dict[str, float] = msgspec.field(default_factory=dict)
+    # Precision most of the costed op time ran at (fp32, tf32, bf16, fp16, fp8); "" when unknown. The ridge point
+    # is read at this precision when the capture has no model dtype.
+    dtype: str = ""
 
 
 class Capture(msgspec.Struct, kw_only=True):

@@ -237,6 +237,8 @@ def _derive_theory(capture: Capture, ev: Evidence) -> None:
     ev.gpu_spec = gspec
     model = capture.model
     dtype = physics.normalise_dtype(model.dtype) if model and model.dtype else "bf16"
+    if not (model and model.dtype) and capture.trace is not None and capture.trace.dtype:
+        dtype = physics.normalise_dtype(capture.trace.dtype)  # the precision the traced ops ran at
     ev.add(Signal("theory.ridge_flop_per_byte", "FLOP/B", ("physics",), (physics.ridge_point(gspec, dtype),)))
     if "gpu.mem_total_bytes" not in ev:
         ev.add(Signal("gpu.mem_total_bytes", "bytes", ("physics",), (float(gspec.memory_bytes),)))

@@ -1,0 +1,302 @@
+"""Time `diagnoser analyze` against HolisticTraceAnalysis (HTA) on the same traces, in the same run.
+
+For every trace this runs, each in a fresh process whose peak RSS is read with wait4():
+  diagnoser-cli   `diagnoser analyze TRACE --json` (the command users run: trace analysis + diagnosis)
+  diagnoser-lib   `python -m diagnoser.traces TRACE` (the analysis alone, no CLI imports)
+  decode-stream   typed msgspec decode of every event, chunk by chunk (the floor for a streaming analysis)
+  decode-whole    typed msgspec decode of the whole file in one call (a "bare typed decode")
+  hta             HTA 0.5.x: TraceAnalysis(...) + temporal, kernel-type and idle-time breakdowns
+                  (include_last_profiler_step=True, so both tools see the same steps)
+and prints wall-time and peak-RSS ratios, plus the numbers both tools report (idle share, kernel-type shares,
+host-wait share of idle) side by side.
+
+Large traces are made by repeating a real trace in time (`--make-big COPIES`): every non-metadata event is copied
+with its timestamps shifted by the trace's span and its correlation ids, External ids, flow ids and
+ProfilerStep numbers offset, so the result is a valid, longer trace of the same workload.
+
+HTA is installed in its own venv, never in the project's: python3 -m venv benchmarks/.venv-hta &&
+benchmarks/.venv-hta/bin/pip install HolisticTraceAnalysis. Results go to benchmarks/out/traces/ (git-ignored)
+and are summarised in benchmarks/TRACES.md. Not part of the test suite.
+
+    python benchmarks/trace_vs_hta.py                       # the fixtures in ../shared/fixtures/kineto
+    python benchmarks/trace_vs_hta.py --make-big 80         # plus a ~700 MB trace made from the DDP fixture
+    python benchmarks/trace_vs_hta.py --traces a.json.gz --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "kineto"
+OUT = ROOT / "benchmarks" / "out" / "traces"
+HTA_PYTHON = ROOT / "benchmarks" / ".venv-hta" / "bin" / "python"
+BIG_SOURCE = "a100_ddp_2rank_nccl_rank0.json.gz"
+
+_HTA_SCRIPT = r"""
+import json, logging, os, sys, tempfile, time, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+path = os.path.abspath(sys.argv[1])
+d = tempfile.mkdtemp()
+os.symlink(path, os.path.join(d, os.path.basename(path)))
+from hta.trace_analysis import TraceAnalysis
+t0 = time.perf_counter()
+ta = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)
+load_s = time.perf_counter() - t0
+tb = ta.get_temporal_breakdown(visualize=False)
+types, per_kernel = ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
+idle = ta.get_idle_time_breakdown(visualize=False)[0]
+summed = per_kernel.groupby("kernel_type")["sum (us)"].sum().to_dict()
+idle_by = idle.groupby("idle_category")["idle_time"].sum().to_dict()
+print(json.dumps({
+    "load_s": load_s,
+    "idle_pct": float(tb["idle_time_pctg"].iloc[0]),
+    "kernel_time_us": float(tb["kernel_time(us)"].iloc[0]),
+    "type_pct": {r["kernel_type"]: float(r["percentage"]) for _, r in types.iterrows()},
+    "type_summed_us": {k: float(v) for k, v in summed.items()},
+    "idle_by_category_us": {k: float(v) for k, v in idle_by.items()},
+}))
+"""
+
+_DECODE_WHOLE = "import sys; from diagnoser.traces.decode import decode_whole; print(len(decode_whole(sys.argv[1])))"
+_DECODE_STREAM = ("import sys; from diagnoser.traces.decode import iter_event_chunks\n"
+                  "tf, chunks = iter_event_chunks(sys.argv[1])\n"
+                  "print(sum(len(c) for c in chunks))")
+
+
+def run_measured(cmd: list[str], timeout: float) -> dict[str, Any]:
+    """Run a command; wall time, peak RSS (wait4) and stdout."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT)
+        deadline = t0 + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return {"wall_s": wall, "rss_mb": usage.ru_maxrss / 1024, "user_s": usage.ru_utime, "sys_s": usage.ru_stime,
+                "rc": proc.returncode,
+                "stdout": out.read().decode(errors="replace"), "stderr": err.read().decode(errors="replace")[-2000:]}
+
+
+def make_big(source: Path, copies: int, dest: Path) -> Path:
+    """Repeat a real trace `copies` times back to back (see the module docstring)."""
+    out = dest / f"{source.name.split('.')[0]}_x{copies}.json"
+    if out.exists():
+        return out
+    data = json.loads(gzip.decompress(source.read_bytes()) if source.suffix == ".gz" else source.read_bytes())
+    events = data.pop("traceEvents")
+    meta = [e for e in events if e.get("ph") == "M"]
+    body = [e for e in events if e.get("ph") != "M" and e.get("cat") != "Trace"]
+    timed = [e for e in body if isinstance(e.get("ts"), (int, float))]
+    t0 = min(e["ts"] for e in timed)
+    span = max(e["ts"] + e.get("dur", 0) for e in timed) - t0
+    args = [e.get("args", {}) for e in body]
+    corr_step = max((a.get("correlation", 0) for a in args), default=0) + 1
+    ext_step = max((a.get("External id", 0) for a in args), default=0) + 1
+    flow_step = max((e["id"] for e in body if isinstance(e.get("id"), int)), default=0) + 1
+    steps = [int(m.group(1)) for e in body if (m := re.match(r"ProfilerStep#(\d+)", e.get("name", "")))]
+    step_step = (max(steps) - min(steps) + 1) if steps else 0
+    tmp = out.with_suffix(".part")
+    with open(tmp, "w") as f:
+        f.write("{\n")
+        for k, v in data.items():
+            f.write(f'  {json.dumps(k)}: {json.dumps(v)},\n')
+        f.write('  "traceEvents": [\n')
+        f.write(",\n".join("  " + json.dumps(e) for e in meta))
+        for c in range(copies):
+            for e in body:
+                e = dict(e)
+                if "ts" in e:
+                    e["ts"] = e["ts"] + c * span
+                if "args" in e:
+                    a = dict(e["args"])
+                    if "correlation" in a:
+                        a["correlation"] += c * corr_step
+                    if "External id" in a:
+                        a["External id"] += c * ext_step
+                    e["args"] = a
+                if isinstance(e.get("id"), int):
+                    e["id"] += c * flow_step
+                m = re.match(r"ProfilerStep#(\d+)", e.get("name", ""))
+                if m:
+                    e["name"] = f"ProfilerStep#{int(m.group(1)) + c * step_step}"
+                f.write(",\n  " + json.dumps(e))
+        trace_span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+                      "tid": "PyTorch Profiler", "ts": t0, "dur": span * copies, "args": {"Op count": 0}}
+        f.write(",\n  " + json.dumps(trace_span) + "\n  ]\n}\n")
+    tmp.replace(out)
+    return out
+
+
+def ours_numbers(analysis: dict[str, Any]) -> dict[str, Any]:
+    """Our numbers in HTA's terms: idle %, summed time by HTA kernel type, host-wait share of idle."""
+    s = analysis["summary"]
+    k = analysis.get("kernels", {}).get("time_us_by_class", {})
+    total = sum(k.values()) or 1.0
+    comm = k.get("comm", 0.0)
+    mem = k.get("memcpy", 0.0) + k.get("memset", 0.0)
+    idle = s.get("idle_frac_by_cause") or {}
+    idle_total = sum(idle.values()) or 1.0
+    return {
+        "window_us": analysis["window_us"][1] - analysis["window_us"][0],
+        "idle_pct": 100 * (1 - s["gpu_busy_frac"]) if s.get("gpu_busy_frac") is not None else None,
+        "type_pct": {"COMPUTATION": 100 * (total - comm - mem) / total, "COMMUNICATION": 100 * comm / total,
+                     "MEMORY": 100 * mem / total},
+        "host_wait_pct_of_idle": 100 * idle.get("host", 0.0) / idle_total,
+        "kernel_wait_pct_of_idle": 100 * idle.get("kernel_overhead", 0.0) / idle_total,
+    }
+
+
+def hta_numbers(h: dict[str, Any]) -> dict[str, Any]:
+    summed = h["type_summed_us"]
+    total = sum(summed.values()) or 1.0
+    idle = h["idle_by_category_us"]
+    idle_total = sum(idle.values()) or 1.0
+    return {
+        "window_us": h["kernel_time_us"],
+        "idle_pct": h["idle_pct"],
+        "type_pct": {t: 100 * summed.get(t, 0.0) / total for t in ("COMPUTATION", "COMMUNICATION", "MEMORY")},
+        "host_wait_pct_of_idle": 100 * idle.get("host_wait", 0.0) / idle_total,
+        "kernel_wait_pct_of_idle": 100 * idle.get("kernel_wait", 0.0) / idle_total,
+    }
+
+
+def bench_trace(path: Path, repeat: int, skip_hta: bool, timeout: float) -> dict[str, Any]:
+    diagnoser = str(Path(sys.executable).with_name("diagnoser"))
+    tools = {
+        "diagnoser-cli": [diagnoser, "analyze", str(path), "--json"],
+        "diagnoser-lib": [sys.executable, "-m", "diagnoser.traces", str(path)],
+        "decode-stream": [sys.executable, "-c", _DECODE_STREAM, str(path)],
+        "decode-whole": [sys.executable, "-c", _DECODE_WHOLE, str(path)],
+    }
+    if not skip_hta:
+        tools["hta"] = [str(HTA_PYTHON), "-c", _HTA_SCRIPT, str(path)]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in tools}
+    for _ in range(repeat):
+        for name, cmd in tools.items():  # interleaved, so a burst of load hits every tool alike
+            r = run_measured(cmd, timeout)
+            if r["rc"] != 0:
+                print(f"  {name} failed (rc {r['rc']}): {r['stderr'][-300:]}", file=sys.stderr)
+            runs[name].append(r)
+    result: dict[str, Any] = {"trace": str(path), "bytes": path.stat().st_size, "tools": {}}
+    for name, rs in runs.items():
+        ok = [r for r in rs if r["rc"] == 0]
+        if not ok:
+            result["tools"][name] = {"failed": rs[-1]["stderr"][-500:]}
+            continue
+        result["tools"][name] = {"wall_s": statistics.median(r["wall_s"] for r in ok),
+                                 "rss_mb": statistics.median(r["rss_mb"] for r in ok),
+                                 "user_s": statistics.median(r["user_s"] for r in ok),
+                                 "cpu_s": statistics.median(r["user_s"] + r["sys_s"] for r in ok), "runs": len(ok)}
+    lib = [r for r in runs["diagnoser-lib"] if r["rc"] == 0]
+    if lib:
+        result["ours"] = ours_numbers(json.loads(lib[-1]["stdout"]))
+    hta = [r for r in runs.get("hta", []) if r["rc"] == 0]
+    if hta:
+        result["hta"] = hta_numbers(json.loads(hta[-1]["stdout"].strip().splitlines()[-1]))
+    return result
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    lines = ["Wall time (s) and peak RSS; in brackets, CPU time (user+sys, s), steadier on a shared machine.", "",
+             "| trace | MB | diagnoser analyze | lib | decode-stream | decode-whole | HTA | HTA/analyze "
+             "| analyze/decode-whole | analyze RSS MB | HTA RSS MB | RSS analyze/HTA |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        t = r["tools"]
+
+        def g(name: str, key: str) -> float | None:
+            return t.get(name, {}).get(key)
+
+        rss, hrss = g("diagnoser-cli", "rss_mb"), g("hta", "rss_mb")
+
+        def f(x: float | None, fmt: str = "{:.2f}") -> str:
+            return "-" if x is None else fmt.format(x)
+
+        def both(name: str) -> str:
+            return f"{f(g(name, 'wall_s'))} ({f(g(name, 'cpu_s'))})"
+
+        def ratio(a: str, b: str, fmt: str) -> str:
+            wa, wb, ca, cb = g(a, "wall_s"), g(b, "wall_s"), g(a, "cpu_s"), g(b, "cpu_s")
+            return f"{f(wa / wb if wa and wb else None, fmt)} ({f(ca / cb if ca and cb else None, fmt)})"
+
+        lines.append(f"| {Path(r['trace']).name} | {r['bytes'] / 1e6:.1f} | {both('diagnoser-cli')} | "
+                     f"{both('diagnoser-lib')} | {both('decode-stream')} | {both('decode-whole')} | {both('hta')} | "
+                     f"{ratio('hta', 'diagnoser-cli', '{:.1f}x')} | {ratio('diagnoser-cli', 'decode-whole', '{:.2f}x')} "
+                     f"| {f(rss, '{:.0f}')} | {f(hrss, '{:.0f}')} | {f(rss / hrss if rss and hrss else None, '{:.2f}')} |")
+    lines += ["", "| trace | tool | window ms | idle % | COMPUTATION % | COMMUNICATION % | MEMORY % "
+              "| host-wait % of idle | kernel-wait % of idle |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for tool in ("ours", "hta"):
+            n = r.get(tool)
+            if not n:
+                continue
+            tp = n["type_pct"]
+            idle = "-" if n["idle_pct"] is None else f"{n['idle_pct']:.2f}"
+            lines.append(f"| {Path(r['trace']).name} | {tool} | {n['window_us'] / 1e3:.1f} | {idle} | "
+                         f"{tp['COMPUTATION']:.2f} | {tp['COMMUNICATION']:.2f} | {tp['MEMORY']:.2f} | "
+                         f"{n['host_wait_pct_of_idle']:.1f} | {n['kernel_wait_pct_of_idle']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", nargs="*", type=Path, help="traces to run (default: the kineto fixtures)")
+    ap.add_argument("--make-big", type=int, nargs="*", default=[], metavar="COPIES",
+                    help=f"also make and run traces of {BIG_SOURCE} repeated COPIES times")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per tool per trace (median reported)")
+    ap.add_argument("--big-repeat", type=int, default=1, help="runs per tool on traces over 100 MB")
+    ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    args = ap.parse_args(argv)
+    if not args.skip_hta and not HTA_PYTHON.exists():
+        print(f"HTA venv missing: python3 -m venv {HTA_PYTHON.parents[1]} && {HTA_PYTHON.parent}/pip install "
+              "HolisticTraceAnalysis (or pass --skip-hta)", file=sys.stderr)
+        return 2
+    traces = list(args.traces or sorted(FIXTURES.glob("*.json.gz")))
+    OUT.mkdir(parents=True, exist_ok=True)
+    for copies in args.make_big:
+        traces.append(make_big(FIXTURES / BIG_SOURCE, copies, OUT))
+    if not traces:
+        print("no traces: pass --traces, or put the fixtures in ../shared/fixtures/kineto", file=sys.stderr)
+        return 2
+    results = []
+    for path in traces:
+        repeat = args.big_repeat if path.stat().st_size > 100e6 else args.repeat
+        print(f"{path.name} ({path.stat().st_size / 1e6:.1f} MB) x{repeat} ...", file=sys.stderr, flush=True)
+        results.append(bench_trace(path, repeat, args.skip_hta, args.timeout))
+    machine = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+               "date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_at_end": os.getloadavg()}
+    (OUT / "results.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1))
+    print(f"machine: {machine}\n")
+    print(report(results))
+    shutil.rmtree(OUT / "tmp", ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

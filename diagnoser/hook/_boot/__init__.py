@@ -1,0 +1,1 @@
+"""The directory `python -m diagnoser.hook` puts on PYTHONPATH (holds sitecustomize.py)."""

@@ -1,0 +1,437 @@
+"""`analyze_trace(path)`: one pass over a trace file (or a folder of per-rank files) into a TraceAnalysis, whose
+`.summary` is the TraceSummary a Capture carries, and `capture_from_trace` to diagnose a trace on its own.
+
+The analysed window:
+- a live capture by diagnoser's hook (metadata `diagnoser_window`): the profiler's own span, because idle time at
+  its edges is real idle time of the server;
+- otherwise, with ProfilerStep annotations: from the first step's start to the end of the last step or of the last
+  GPU op launched inside a step, whichever is later. The last step is kept (HolisticTraceAnalysis drops it);
+- otherwise the span of GPU activity (first GPU op start to last GPU op end), which leaves out setup before the
+  first kernel and teardown after the last; a CPU-only trace uses the profiler span or all events.
+`window="trace" | "gpu" | "steps"` forces one of these.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from operator import add
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diagnoser.capture import Capture, GpuInfo, ModelInfo, TraceSummary, new_capture
+from diagnoser.traces.classify import ATTENTION, COMM, KERNEL_CLASSES
+from diagnoser.traces.decode import DecodeStats, TraceError
+from diagnoser.traces.kernels import KernelStats, comm_overlap_us, kernel_stats
+from diagnoser.traces.ops import LaunchIndex, OpsSummary, build_launch_index, cost_ops
+from diagnoser.traces.phases import Phases, find_phases
+from diagnoser.traces.tables import Tables, collect
+from diagnoser.traces.timeline import (
+    IDLE_CAUSES,
+    DeviceTimeline,
+    HostActivity,
+    Launches,
+    build_timeline,
+    device_order,
+)
+
+WINDOWS = ("auto", "trace", "gpu", "steps")
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+LIVE_WINDOW_KEY = "diagnoser_window"
+
+
+@dataclass
+class DeviceInfo:
+    index: int
+    name: str
+    memory_bytes: int | None = None
+    sms: int | None = None
+    capability: str = ""
+
+
+@dataclass
+class TraceAnalysis:
+    """Everything the analysis found in one trace (or, for a folder, the ranks and their combination)."""
+
+    path: Path
+    summary: TraceSummary
+    window: tuple[float, float] = (0.0, 0.0)  # trace µs
+    window_policy: str = ""
+    devices: list[DeviceInfo] = field(default_factory=list)  # from deviceProperties
+    timelines: list[DeviceTimeline] = field(default_factory=list)
+    kernels: KernelStats | None = None
+    comm_us: float = 0.0
+    comm_overlapped_us: float = 0.0
+    ops: OpsSummary | None = None
+    phases: Phases | None = None
+    decode: DecodeStats | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    base_time_ns: int | None = None
+    metadata_keys: list[str] = field(default_factory=list)
+    ranks: list[TraceAnalysis] = field(default_factory=list)  # per-file analyses of a folder
+    ridge_flop_per_byte: float | None = None
+    gpu_spec: str | None = None
+
+    @property
+    def skipped(self) -> list[str]:
+        return self.summary.skipped
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able view for `diagnoser analyze --json`."""
+        import msgspec
+
+        d: dict[str, Any] = {
+            "path": str(self.path),
+            "summary": msgspec.to_builtins(self.summary),
+            "window_us": [self.window[0], self.window[1]],
+            "window_policy": self.window_policy,
+            "devices": [vars(dev) for dev in self.devices],
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "ridge_flop_per_byte": self.ridge_flop_per_byte,
+            "gpu_spec": self.gpu_spec,
+            "timelines": [{
+                "device": tl.device, "busy_frac": tl.busy_frac, "ops": tl.ops,
+                "idle_frac_by_cause": {c: tl.idle_frac(c) for c in IDLE_CAUSES},
+                "gaps_by_cause": tl.gaps_by_cause,
+                "busy_us_by_stream": {str(k): v for k, v in tl.busy_us_by_stream.items()},
+                "longest_gaps": [{"start_us": g.start - self.window[0], "length_us": g.length, "cause": g.cause}
+                                 for g in tl.longest_gaps],
+            } for tl in self.timelines],
+        }
+        if self.kernels is not None:
+            k = self.kernels
+            d["kernels"] = {
+                "time_us_by_class": k.time_us_by_class, "count_by_class": k.count_by_class,
+                "memcpy_us_by_direction": k.memcpy_us_by_direction,
+                "memcpy_bytes_by_direction": k.memcpy_bytes_by_direction,
+                "top": [{"name": n, "class": c, "time_us": us, "count": cnt} for n, c, us, cnt in k.top_kernels],
+                "graph_launches": k.graph_launches, "graph_kernels": k.graph_kernels,
+                "launched": k.launched, "short_kernels": k.short_kernels, "unlaunched": k.unlaunched,
+                "comm_us": self.comm_us, "comm_overlapped_us": self.comm_overlapped_us,
+            }
+        if self.ops is not None:
+            d["ops"] = self.ops.to_dict()
+        if self.phases is not None:
+            d["phases"] = self.phases.to_dict()
+        if self.decode is not None:
+            d["decode"] = {"bytes_in": self.decode.bytes_in, "bytes_json": self.decode.bytes_json,
+                           "events": self.decode.events, "bad_events": self.decode.bad_events,
+                           "dropped_bytes": self.decode.dropped_bytes, "truncated": self.decode.truncated}
+        if self.ranks:
+            d["ranks"] = [r.to_dict() for r in self.ranks]
+        return d
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The trace files in a folder (one per rank), sorted by name."""
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    if not files:
+        raise TraceError(f"{path} holds no trace files (*.json or *.json.gz).")
+    return files
+
+
+def analyze_trace(path: str | Path, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:
+    """Analyse a Kineto/Chrome trace (plain or gzip) or a folder of per-rank traces.
+
+    `gpu_name` overrides the GPU named in deviceProperties for the ridge point (e.g. when the trace lacks them).
+    Raises TraceError (an InputError, exit 2) when nothing usable can be read; a partly readable trace gives a
+    partial analysis whose summary.skipped says what was left out.
+    """
+    if window not in WINDOWS:
+        raise TraceError(f"unknown window '{window}'; use one of {', '.join(WINDOWS)}.")
+    path = Path(path)
+    if path.is_dir():
+        ranks = [analyze_file(p, window=window, gpu_name=gpu_name) for p in trace_files(path)]
+        return _combine(path, ranks)
+    if not path.exists():
+        raise TraceError(f"no trace file at {path}.")
+    return analyze_file(path, window=window, gpu_name=gpu_name)
+
+
+def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:
+    t = collect(path)
+    if t.stats.events == 0:
+        if t.stats.truncated:
+            raise TraceError(f"{path} is cut short before its first complete event; nothing to analyse.")
+        raise TraceError(f"{path} is a trace with no events.")
+    return analyze_tables(t, window=window, gpu_name=gpu_name)
+
+
+def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:  # noqa: C901
+    skipped: list[str] = list(t.stats.notes)
+    if t.stats.bad_events:
+        skipped.append(f"{t.stats.bad_events} events with fields of an unexpected type were skipped")
+    if t.missing_fields:
+        skipped.append(f"{t.missing_fields} complete events without a start or duration were skipped")
+    launches = Launches(t)
+    order = device_order(t)
+    win, policy = _window(t, window, launches, skipped)
+    devices = _devices(t.metadata)
+    summary = TraceSummary(path=str(t.path), window_s=max(0.0, (win[1] - win[0]) / 1e6))
+    analysis = TraceAnalysis(path=t.path, summary=summary, window=win, window_policy=policy, devices=devices,
+                             decode=t.stats, metadata_keys=sorted(t.metadata))
+    _distributed(analysis, t.metadata)
+    base = t.metadata.get("baseTimeNanoseconds")
+    analysis.base_time_ns = base if isinstance(base, int) else None
+
+    g_ts, g_dur = t.g_ts, t.g_dur
+    w0, w1 = win
+    in_window = {dev: [i for i in idx if g_ts[i] < w1 and g_ts[i] + g_dur[i] > w0] for dev, idx in order.items()}
+    selected = [i for idx in in_window.values() for i in idx]
+    if not t.g_ts:
+        skipped.append("no GPU events (kernels, copies): a CPU-only trace, so the GPU timeline, idle causes and "
+                       "kernel shares are not measured")
+    elif not selected:
+        skipped.append("no GPU events inside the analysed window")
+    if t.g_ts and not t.r_ts:
+        skipped.append("no CUDA runtime/driver events: idle gaps cannot be told apart by launch time")
+    host = HostActivity(t)
+    for dev in sorted(in_window):
+        idx = in_window[dev]
+        if idx:
+            analysis.timelines.append(build_timeline(t, dev, idx, win, launches, host))
+            comm, overlapped = comm_overlap_us(t, idx, win)
+            analysis.comm_us += comm
+            analysis.comm_overlapped_us += overlapped
+    if selected:
+        analysis.kernels = kernel_stats(t, selected, launches)
+    index: LaunchIndex | None = build_launch_index(t, launches, selected) if t.costed and selected else None
+    if t.costed:
+        analysis.ops = cost_ops(t, index, win)
+        if analysis.ops.uncosted:
+            skipped.append(f"{analysis.ops.uncosted} matmul/conv/attention ops had incomplete shapes and were not "
+                           "costed")
+    elif t.counts["cpu_op"] and not t.shapes_seen:
+        skipped.append("no recorded shapes (record_shapes=False): FLOPs, intensity and serving phases are not "
+                       "derived")
+    if analysis.ops is not None and analysis.ops.runs:
+        steps_in_window = [s for s in t.steps if s[1] + s[2] > win[0] and s[1] < win[1]]
+        analysis.phases = find_phases(analysis.ops, steps_in_window, index, win)
+    _ridge(analysis, gpu_name, skipped)
+    _fill_summary(analysis, t, skipped)
+    return analysis
+
+
+def _window(t: Tables, policy: str, launches: Launches, skipped: list[str]) -> tuple[tuple[float, float], str]:
+    gpu_span = None
+    if t.g_ts:
+        gpu_span = (min(t.g_ts), max(map(add, t.g_ts, t.g_dur)))
+    trace_span = None
+    if t.trace_spans:
+        trace_span = (min(s for s, _ in t.trace_spans), max(e for _, e in t.trace_spans))
+    elif t.cpu_first < t.cpu_last or gpu_span:
+        lo = min(t.cpu_first, gpu_span[0] if gpu_span else math.inf)
+        hi = max(t.cpu_last, gpu_span[1] if gpu_span else -math.inf)
+        trace_span = (lo, hi)
+    steps_span = _steps_span(t, launches, trace_span) if t.steps else None
+    if policy == "auto":
+        if LIVE_WINDOW_KEY in t.metadata and trace_span:
+            return trace_span, "profiler window (live capture)"
+        if steps_span:
+            return steps_span, f"ProfilerSteps ({len(t.steps)}, last one kept)"
+        if gpu_span:
+            return gpu_span, "GPU activity span (no ProfilerStep annotations)"
+        if trace_span:
+            return trace_span, "trace span (no GPU events)"
+    chosen = {"trace": trace_span, "gpu": gpu_span, "steps": steps_span}.get(policy)
+    if chosen is not None:
+        return chosen, {"trace": "profiler window", "gpu": "GPU activity span", "steps": "ProfilerSteps"}[policy]
+    fallback = steps_span or gpu_span or trace_span
+    if fallback is None:
+        raise TraceError(f"{t.path} has no timed events to analyse.")
+    skipped.append(f"window '{policy}' is not available in this trace; used the default window instead")
+    return _window(t, "auto", launches, [])
+
+
+def _steps_span(t: Tables, launches: Launches, trace_span: tuple[float, float] | None) -> tuple[float, float]:
+    start = min(s[1] for s in t.steps)
+    end = max(s[1] + s[2] for s in t.steps)
+    if trace_span is not None:
+        # A step still open when the profiler stopped is written with a bogus end far past the profiler window.
+        start, end = max(start, trace_span[0]), min(end, trace_span[1])
+    # GPU work launched inside the last step may finish after the step's CPU span closes: keep it.
+    r_ts, g_ts, g_dur = t.r_ts, t.g_ts, t.g_dur
+    later = [i for i, e in enumerate(map(add, g_ts, g_dur)) if e > end]  # few: only these can extend the window
+    last_gpu_end = max((g_ts[i] + g_dur[i] for i in later
+                        if (li := launches.of_gpu[i]) is not None and start <= r_ts[li] <= end), default=end)
+    return start, max(end, last_gpu_end)
+
+
+def _devices(meta: dict[str, Any]) -> list[DeviceInfo]:
+    out = []
+    props = meta.get("deviceProperties")
+    if isinstance(props, list):
+        for p in props:
+            if isinstance(p, dict) and isinstance(p.get("name"), str):
+                mem = p.get("totalGlobalMem")
+                major, minor = p.get("computeMajor"), p.get("computeMinor")
+                out.append(DeviceInfo(
+                    index=p["id"] if isinstance(p.get("id"), int) else len(out), name=p["name"],
+                    memory_bytes=mem if isinstance(mem, int) else None,
+                    sms=p.get("numSms") if isinstance(p.get("numSms"), int) else None,
+                    capability=f"{major}.{minor}" if isinstance(major, int) and isinstance(minor, int) else ""))
+    return out
+
+
+def _distributed(analysis: TraceAnalysis, meta: dict[str, Any]) -> None:
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict):
+        rank, world = info.get("rank"), info.get("world_size")
+        analysis.rank = rank if isinstance(rank, int) else None
+        analysis.world_size = world if isinstance(world, int) else None
+
+
+def _ridge(analysis: TraceAnalysis, gpu_name: str | None, skipped: list[str]) -> None:
+    """Place the intensity against the GPU's ridge point, from the physics table."""
+    from diagnoser import physics
+    from diagnoser.errors import InputError
+
+    used = {tl.device for tl in analysis.timelines}
+    devices = [d for d in analysis.devices if d.index in used] or analysis.devices
+    spec = None
+    if gpu_name:
+        spec = physics.get_gpu(gpu_name)
+    elif devices:
+        spec = physics.match_gpu(devices[0].name, devices[0].memory_bytes)
+        if spec is None:
+            skipped.append(f"GPU '{devices[0].name}' is not in the physics table: no ridge point")
+    if spec is None:
+        return
+    analysis.gpu_spec = spec.name
+    dtype = analysis.ops.dtype if analysis.ops is not None and analysis.ops.dtype else "bf16"
+    try:
+        analysis.ridge_flop_per_byte = physics.ridge_point(spec, dtype)
+    except InputError as exc:
+        skipped.append(f"no ridge point: {exc}")
+
+
+def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
+    s = a.summary
+    s.devices = [tl.device for tl in a.timelines]
+    if a.timelines:
+        n = len(a.timelines)
+        s.gpu_busy_frac = sum(tl.busy_frac for tl in a.timelines) / n
+        s.idle_frac_by_cause = {c: sum(tl.idle_frac(c) for tl in a.timelines) / n for c in IDLE_CAUSES}
+        unattributed = sum(tl.unattributed_launch_us for tl in a.timelines)
+        if unattributed > 0:
+            skipped.append(f"{unattributed / 1e3:.1f} ms of idle time precede GPU ops whose launch call is not in "
+                           "the trace; it was attributed by host activity alone")
+    k = a.kernels
+    if k is not None and k.total_us > 0:
+        s.kernel_share = k.shares()
+        s.kernel_count = k.kernels
+        s.cuda_graph_launches = k.graph_launches
+        if k.launched:
+            s.short_kernel_frac = k.short_kernels / k.launched
+            s.launch_call_us_p50 = statistics.median(k.launch_call_us)
+            s.launch_delay_us_p50 = statistics.median(k.launch_delay_us)
+        s.extra["comm_exposed_frac"] = ((a.comm_us - a.comm_overlapped_us) / (a.summary.window_s * 1e6 * len(
+            a.timelines))) if a.comm_us and a.summary.window_s > 0 else 0.0
+        s.extra["graph_kernel_frac"] = k.graph_kernels / k.kernels if k.kernels else 0.0
+    ops = a.ops
+    if ops is not None and ops.runs:
+        s.intensity_flop_per_byte = ops.intensity
+        s.dtype = ops.dtype or ""
+        if s.window_s > 0:
+            s.achieved_flops = ops.total_flops / s.window_s
+            s.achieved_bytes_per_s = ops.total_bytes / s.window_s
+        s.extra["costed_ops"] = float(len(ops.runs))
+        if a.ridge_flop_per_byte:
+            s.extra["ridge_flop_per_byte"] = a.ridge_flop_per_byte
+            below = sum(r.time_us for r in ops.runs if r.cost.intensity < a.ridge_flop_per_byte)
+            if ops.weighted_time_us > 0:
+                s.extra["time_frac_below_ridge"] = below / ops.weighted_time_us
+    ph = a.phases
+    if ph is not None:
+        s.decode_batch = ph.decode_batch
+        s.prefill_frac = ph.prefill_frac
+        s.attention_frac = ph.attention_frac
+        if ph.context_growth is not None:
+            (kv0, f0), (kv1, f1) = ph.context_growth
+            s.extra.update({"context_first": float(kv0), "context_last": float(kv1),
+                            "attention_frac_first": f0, "attention_frac_last": f1})
+    if s.attention_frac is None and k is not None and k.total_us > 0:
+        s.attention_frac = k.time_us_by_class[ATTENTION] / k.total_us
+    s.skipped = skipped
+
+
+def _combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
+    """A folder of per-rank traces: fractions are averaged over ranks, counts summed, shares weighted by GPU time."""
+    first = ranks[0]
+    s = TraceSummary(path=str(path), window_s=max(r.summary.window_s for r in ranks))
+    with_gpu = [r for r in ranks if r.summary.gpu_busy_frac is not None]
+    s.devices = sorted({d for r in ranks for d in r.summary.devices})
+    if with_gpu:
+        s.gpu_busy_frac = statistics.fmean(r.summary.gpu_busy_frac for r in with_gpu)  # type: ignore[misc]
+        s.idle_frac_by_cause = {c: statistics.fmean(r.summary.idle_frac_by_cause.get(c, 0.0) for r in with_gpu)
+                                for c in IDLE_CAUSES}
+    totals = {c: 0.0 for c in KERNEL_CLASSES}
+    for r in ranks:
+        if r.kernels is not None:
+            for c, us in r.kernels.time_us_by_class.items():
+                totals[c] += us
+    grand = sum(totals.values())
+    if grand > 0:
+        s.kernel_share = {c: v / grand for c, v in totals.items()}
+    s.kernel_count = sum(r.summary.kernel_count for r in ranks)
+    s.cuda_graph_launches = sum(r.summary.cuda_graph_launches for r in ranks)
+    for name in ("short_kernel_frac", "launch_call_us_p50", "launch_delay_us_p50", "intensity_flop_per_byte",
+                 "decode_batch", "prefill_frac", "attention_frac"):
+        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
+        if values:
+            setattr(s, name, statistics.fmean(values))
+    for name in ("achieved_flops", "achieved_bytes_per_s"):
+        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
+        if values:
+            setattr(s, name, sum(values))
+    s.skipped = [f"{r.path.name}: {note}" for r in ranks for note in r.summary.skipped]
+    s.extra["ranks"] = float(len(ranks))
+    if grand > 0:
+        s.extra["comm_share_max_rank"] = max((r.summary.kernel_share.get(COMM, 0.0) for r in ranks), default=0.0)
+    combined = TraceAnalysis(path=path, summary=s, window=first.window, window_policy=first.window_policy,
+                             devices=first.devices, ranks=ranks, ridge_flop_per_byte=first.ridge_flop_per_byte,
+                             gpu_spec=first.gpu_spec, world_size=first.world_size)
+    return combined
+
+
+def capture_from_trace(analysis: TraceAnalysis, *, model: ModelInfo | None = None,
+                       gpu_name: str | None = None) -> Capture:
+    """A Capture holding only what the trace says: target 'trace <file>', the GPUs from deviceProperties (or
+    `gpu_name`), trace=summary. Counter series are absent and marked unavailable, so rules that need them are
+    reported as skipped with that reason."""
+    from diagnoser import physics
+
+    if analysis.base_time_ns:
+        started = analysis.base_time_ns / 1e9 + analysis.window[0] / 1e6  # ts are µs after baseTimeNanoseconds
+    elif analysis.window[0] > 1e15:
+        started = analysis.window[0] / 1e6  # older traces: ts are Unix µs
+    else:
+        started = analysis.path.stat().st_mtime if analysis.path.exists() else 0.0
+    cap = new_capture(f"trace {analysis.path}", started_at=started, duration_s=analysis.summary.window_s)
+    used = set(analysis.summary.devices)
+    devices = [d for d in analysis.devices if d.index in used] or analysis.devices[:1]
+    if gpu_name:
+        spec = physics.get_gpu(gpu_name)
+        cap.gpus.append(GpuInfo(index=devices[0].index if devices else 0, name=spec.name,
+                                memory_total_bytes=spec.memory_bytes, spec_name=spec.key))
+    else:
+        for d in devices:
+            spec = physics.match_gpu(d.name, d.memory_bytes)
+            cap.gpus.append(GpuInfo(index=d.index, name=d.name, memory_total_bytes=d.memory_bytes,
+                                    cuda_capability=d.capability, spec_name=spec.key if spec else None))
+    cap.trace = analysis.summary
+    cap.model = model
+    cap.cpu_only = not analysis.summary.devices
+    reason = "not sampled: the capture was built from a trace file alone"
+    cap.mark_unavailable("trace", "gpu.*", reason, "attach to the live server for NVML/GPM counters")
+    cap.mark_unavailable("trace", "host.*", reason, "attach to the live server for host CPU use")
+    cap.mark_unavailable("trace", "server.*", reason, "attach with --port to read the server's /metrics")
+    cap.notes.append(f"From trace {analysis.path.name}: window {analysis.summary.window_s * 1e3:.1f} ms "
+                     f"({analysis.window_policy}).")
+    for note in analysis.summary.skipped:
+        cap.notes.append(f"Trace analysis: {note}.")
+    return cap
+

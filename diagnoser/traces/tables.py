@@ -1,0 +1,353 @@
+"""The events the analysis needs, held as columns (typed arrays) rather than millions of objects.
+
+`collect(path)` streams the trace once. For each event it keeps a handful of numbers: GPU work (kernels, copies,
+memsets) with device, stream, start, duration, name id and correlation; the runtime/driver calls that launch or
+wait; host activity intervals per thread (to tell a busy host from an idle one); profiler steps; and, for ops
+whose FLOPs can be derived, their shapes. Names are interned to small integers. Everything else is dropped as
+soon as its chunk is processed.
+"""
+
+from __future__ import annotations
+
+import gc
+from array import array
+from collections import Counter
+from itertools import compress
+from operator import add, attrgetter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from diagnoser.traces.classify import (
+    COPY_CALLS,
+    GRAPH_LAUNCHES,
+    HOST_SYNC_KINDS,
+    KERNEL_LAUNCHES,
+    STEP_PREFIX,
+    STREAM_WAIT_KIND,
+    SYNC_CALLS,
+    runtime_kind,
+)
+from diagnoser.traces.decode import CHUNK_BYTES, Cat, DecodeStats, Event, Ph, iter_event_chunks
+from diagnoser.traces.flops import COSTED_OPS
+
+GPU_KERNEL = 0
+GPU_MEMCPY = 1
+GPU_MEMSET = 2
+
+_GPU_CATS = {Cat.KERNEL: GPU_KERNEL, Cat.KERNEL_OLD: GPU_KERNEL, Cat.GPU_MEMCPY: GPU_MEMCPY,
+             Cat.MEMCPY_OLD: GPU_MEMCPY, Cat.GPU_MEMSET: GPU_MEMSET, Cat.MEMSET_OLD: GPU_MEMSET}
+_RUNTIME_CATS = {Cat.CUDA_RUNTIME, Cat.CUDA_DRIVER, Cat.RUNTIME_OLD, Cat.DRIVER_OLD}
+_OTHER_HOST_CATS = {Cat.PYTHON_FUNCTION, Cat.OPERATOR, Cat.OPERATOR_OLD}
+_REST_CATS = _OTHER_HOST_CATS | {Cat.USER_ANNOTATION, Cat.CUDA_SYNC, Cat.TRACE}
+_CAT_OF = attrgetter("cat")
+_TS = attrgetter("ts")
+_DUR = attrgetter("dur")
+_TID = attrgetter("tid")
+_NAME = attrgetter("name")
+_DEVICE = attrgetter("args.device")
+_STREAM = attrgetter("args.stream")
+_CORR = attrgetter("args.correlation")
+_NBYTES = attrgetter("args.nbytes")
+_GRAPH = attrgetter("args.graph_id")
+
+
+@dataclass
+class CostedOp:
+    """An op whose FLOPs can be derived; shapes kept as raw JSON until needed."""
+
+    name: str
+    tid: int
+    ts: float
+    dur: float
+    external_id: int | None
+    dims: bytes
+    types: bytes
+    concrete: bytes
+
+
+@dataclass
+class Tables:
+    """Columns of the events the analysis reads. Times are trace microseconds (floats keep nanoseconds)."""
+
+    names: list[str] = field(default_factory=list)
+    name_ids: dict[str, int] = field(default_factory=dict)
+    tids: dict[Any, int] = field(default_factory=dict)  # thread id (int or str) -> small int
+    # GPU work
+    g_dev: array = field(default_factory=lambda: array("i"))
+    g_stream: array = field(default_factory=lambda: array("q"))
+    g_kind: array = field(default_factory=lambda: array("b"))
+    g_ts: array = field(default_factory=lambda: array("d"))
+    g_dur: array = field(default_factory=lambda: array("d"))
+    g_name: array = field(default_factory=lambda: array("i"))
+    g_corr: array = field(default_factory=lambda: array("q"))
+    g_bytes: array = field(default_factory=lambda: array("q"))
+    g_graph: array = field(default_factory=lambda: array("q"))  # "graph id" arg, -1 when absent
+    # runtime/driver calls that launch, copy, replay a graph or wait (others are only host activity)
+    r_kind: array = field(default_factory=lambda: array("b"))
+    r_ts: array = field(default_factory=lambda: array("d"))
+    r_dur: array = field(default_factory=lambda: array("d"))
+    r_tid: array = field(default_factory=lambda: array("q"))
+    r_name: array = field(default_factory=lambda: array("i"))
+    r_corr: array = field(default_factory=lambda: array("q"))
+    # cuda_sync activity records on the GPU rows
+    s_dev: array = field(default_factory=lambda: array("i"))
+    s_host: array = field(default_factory=lambda: array("b"))  # 1: mirrors a host wait; 0: stream-wait-event
+    s_ts: array = field(default_factory=lambda: array("d"))
+    s_dur: array = field(default_factory=lambda: array("d"))
+    # host activity: any CPU-side event (op, runtime call, annotation, Python frame), in file order
+    h_tid: array = field(default_factory=lambda: array("q"))
+    h_ts: array = field(default_factory=lambda: array("d"))
+    h_end: array = field(default_factory=lambda: array("d"))
+    costed: list[CostedOp] = field(default_factory=list)
+    steps: list[tuple[str, float, float, int]] = field(default_factory=list)  # (name, ts, dur, tid)
+    trace_spans: list[tuple[float, float]] = field(default_factory=list)  # the profiler's own window(s)
+    cpu_first: float = float("inf")
+    cpu_last: float = float("-inf")
+    counts: Counter[str] = field(default_factory=Counter)  # events seen: cpu_op, runtime, gpu, events (all)
+    missing_fields: int = 0  # complete events without ts/dur (skipped)
+    shapes_seen: bool = False  # ops carry "Input Dims" (the profiler ran with record_shapes=True)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    path: Path = Path()
+
+    def tid(self, tid: object) -> int:
+        """Thread ids are ints in Kineto traces; anything else gets a stable negative stand-in."""
+        if isinstance(tid, int):
+            return tid
+        key = self.tids.get(tid)
+        if key is None:
+            key = self.tids[tid] = -1 - len(self.tids)
+        return key
+
+    def name_id(self, name: str) -> int:
+        nid = self.name_ids.get(name)  # (a bound method call per event; still cheaper than storing the str)
+        if nid is None:
+            nid = self.name_ids[name] = len(self.names)
+            self.names.append(name)
+        return nid
+
+
+def _int_or(value: object, default: int) -> int:
+    return value if isinstance(value, int) else default
+
+
+def collect(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES) -> Tables:
+    """Stream a trace file into Tables (one pass, bounded memory)."""
+    path = Path(path)
+    tf, chunks = iter_event_chunks(path, chunk_bytes=chunk_bytes)
+    t = Tables(path=path)
+    # Nothing built here forms reference cycles; collecting during the pass only costs time.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for events in chunks:
+            _ingest(t, events)
+    finally:
+        if was_enabled:
+            gc.enable()
+    t.metadata = tf.metadata
+    t.stats = tf.stats
+    if t.h_ts:
+        t.cpu_first = min(t.h_ts)
+        t.cpu_last = max(t.h_end)
+    return t
+
+
+def _ingest(t: Tables, events: list[Event]) -> None:
+    """Sort a chunk's events by category (one identity test each), then extract columns in batches.
+
+    Each batch has a fast path that assumes well-formed Kineto events (complete 'X' events, int thread ids, args
+    present) and a per-event slow path taken only for a chunk where that assumption fails. List comprehensions
+    and array.fromlist are the fastest way CPython offers to move a field of many objects into a column."""
+    cpu_ops: list[Event] = []
+    runtime: list[Event] = []
+    gpu: list[Event] = []
+    rest: list[Event] = []
+    cpu_op, ac2g = Cat.CPU_OP, Cat.AC2G
+    gpu_cats, runtime_cats, rest_cats = _GPU_CATS, _RUNTIME_CATS, _REST_CATS
+    for e in events:
+        c = e.cat
+        if c is cpu_op:
+            cpu_ops.append(e)
+        elif c is ac2g:
+            continue
+        elif c in runtime_cats:
+            runtime.append(e)
+        elif c in gpu_cats:
+            gpu.append(e)
+        elif c in rest_cats:
+            rest.append(e)
+    counts = t.counts
+    counts["cpu_op"] += len(cpu_ops)
+    counts["runtime"] += len(runtime)
+    counts["gpu"] += len(gpu)
+    counts["events"] += len(events)
+    if cpu_ops:
+        if not t.shapes_seen:
+            t.shapes_seen = any(e.args is not None and bool(e.args.input_dims) for e in cpu_ops[:64])
+        cpu_ops = _host_activity(t, cpu_ops)
+        costed = COSTED_OPS
+        for e in [e for e in cpu_ops if e.name in costed]:
+            args = e.args
+            if args is not None and args.input_dims:
+                t.costed.append(CostedOp(e.name, t.tid(e.tid), e.ts, e.dur, args.external_id,  # type: ignore[arg-type]
+                                         bytes(args.input_dims), bytes(args.input_type), bytes(args.concrete)))
+    if runtime:
+        runtime = _host_activity(t, runtime)
+        get_kind = _RUNTIME_KIND_GET
+        kinds = [get_kind(e.name) for e in runtime]
+        _runtime_calls(t, list(compress(runtime, kinds)), list(filter(None, kinds)))
+    if gpu:
+        _gpu_work(t, gpu)
+    for e in rest:
+        _other(t, e)
+
+
+def _truncate(n: int, *columns: array) -> None:
+    for col in columns:
+        del col[n:]
+
+
+def _is_complete(e: Event) -> bool:
+    return e.ph is Ph.X and e.ts is not None and e.dur is not None
+
+
+def _host_activity(t: Tables, events: list[Event]) -> list[Event]:
+    """Record the events as host activity of their threads; return the complete ones."""
+    n0 = len(t.h_ts)
+    try:
+        ts = [e.ts for e in events]
+        te = list(map(add, ts, [e.dur for e in events]))  # TypeError on a missing start or duration
+        t.h_tid.fromlist([e.tid for e in events])  # TypeError on a thread id that is not an int
+        t.h_ts.fromlist(ts)  # type: ignore[arg-type]
+        t.h_end.fromlist(te)
+        return events
+    except TypeError:
+        _truncate(n0, t.h_tid, t.h_ts, t.h_end)
+    complete = [e for e in events if _is_complete(e)]
+    t.missing_fields += sum(1 for e in events if e.ph is Ph.X) - len(complete)
+    for e in complete:
+        t.h_tid.append(t.tid(e.tid))
+        t.h_ts.append(e.ts)  # type: ignore[arg-type]
+        t.h_end.append(e.ts + e.dur)  # type: ignore[operator]
+    return complete
+
+
+def _name_ids(t: Tables, events: list[Event]) -> list[int]:
+    """Interned ids of the events' names (a dict lookup each; new names are rare)."""
+    get = t.name_ids.get
+    ids = [get(e.name) for e in events]
+    if None in ids:
+        ids = [t.name_id(e.name) if i is None else i for e, i in zip(events, ids)]
+    return ids  # type: ignore[return-value]
+
+
+def _runtime_calls(t: Tables, calls: list[Event], kinds: list[int]) -> None:
+    n0 = len(t.r_ts)
+    try:
+        t.r_ts.fromlist([e.ts for e in calls])  # type: ignore[misc]
+        t.r_dur.fromlist([e.dur for e in calls])  # type: ignore[misc]
+        t.r_tid.fromlist([e.tid for e in calls])  # type: ignore[misc]
+        t.r_corr.fromlist([e.args.correlation for e in calls])  # type: ignore[union-attr,misc]
+    except (TypeError, AttributeError):
+        _truncate(n0, t.r_ts, t.r_dur, t.r_tid, t.r_corr)
+        for e in calls:
+            args = e.args
+            t.r_ts.append(e.ts)  # type: ignore[arg-type]
+            t.r_dur.append(e.dur)  # type: ignore[arg-type]
+            t.r_tid.append(t.tid(e.tid))
+            t.r_corr.append(args.correlation if args is not None and args.correlation is not None else -1)
+    t.r_kind.fromlist(kinds)
+    t.r_name.fromlist(_name_ids(t, calls))
+
+
+def _gpu_work(t: Tables, events: list[Event]) -> None:
+    n0 = len(t.g_ts)
+    try:
+        t.g_ts.fromlist([e.ts for e in events])  # type: ignore[misc]
+        t.g_dur.fromlist([e.dur for e in events])  # type: ignore[misc]
+        args = [e.args for e in events]
+        t.g_dev.fromlist([a.device for a in args])  # type: ignore[union-attr,misc]
+        t.g_stream.fromlist([a.stream for a in args])  # type: ignore[union-attr,misc]
+        t.g_corr.fromlist([a.correlation for a in args])  # type: ignore[union-attr,misc]
+    except (TypeError, AttributeError):  # incomplete events or args without device/stream/correlation
+        _truncate(n0, t.g_ts, t.g_dur, t.g_dev, t.g_stream, t.g_corr)
+        _gpu_work_slowly(t, events)
+        return
+    kinds = _GPU_CATS
+    t.g_kind.fromlist([kinds[e.cat] for e in events])
+    t.g_name.fromlist(_name_ids(t, events))
+    nbytes = [a.nbytes for a in args]  # type: ignore[union-attr]
+    t.g_bytes.fromlist([-1 if b is None else b for b in nbytes] if nbytes.count(None) != len(nbytes)
+                       else [-1] * len(nbytes))
+    graphs = [a.graph_id for a in args]  # type: ignore[union-attr]
+    t.g_graph.fromlist([-1 if g is None else g for g in graphs] if graphs.count(None) != len(graphs)
+                       else [-1] * len(graphs))
+
+
+def _gpu_work_slowly(t: Tables, events: list[Event]) -> None:
+    for e in events:
+        if not _is_complete(e):
+            t.missing_fields += e.ph is Ph.X
+            continue
+        args = e.args
+        if args is None:
+            args = _NO_ARGS
+        dev = args.device
+        if dev is None:
+            dev = _int_or(e.pid, 0)
+        stream = args.stream
+        if stream is None:
+            stream = _int_or(e.tid, 0)
+        t.g_dev.append(dev)
+        t.g_stream.append(stream)
+        t.g_kind.append(_GPU_CATS[e.cat])
+        t.g_ts.append(e.ts)  # type: ignore[arg-type]
+        t.g_dur.append(e.dur)  # type: ignore[arg-type]
+        t.g_name.append(t.name_id(e.name))
+        t.g_corr.append(args.correlation if args.correlation is not None else -1)
+        t.g_bytes.append(args.nbytes if args.nbytes is not None else -1)
+        t.g_graph.append(args.graph_id if args.graph_id is not None else -1)
+
+
+def _other(t: Tables, e: Event) -> None:
+    if not _is_complete(e):
+        t.missing_fields += e.ph is Ph.X
+        return
+    ts, dur = e.ts, e.dur
+    assert ts is not None and dur is not None
+    c = e.cat
+    if c is Cat.USER_ANNOTATION and e.name.startswith(STEP_PREFIX):
+        t.steps.append((e.name, ts, dur, t.tid(e.tid)))
+    elif c is Cat.USER_ANNOTATION or c in _OTHER_HOST_CATS:
+        t.h_tid.append(t.tid(e.tid))
+        t.h_ts.append(ts)
+        t.h_end.append(ts + dur)
+    elif c is Cat.CUDA_SYNC:
+        args = e.args or _NO_ARGS
+        kind = args.sync_kind or e.name
+        if kind in HOST_SYNC_KINDS or kind == STREAM_WAIT_KIND:
+            t.s_dev.append(args.device if args.device is not None else _int_or(e.pid, 0))
+            t.s_host.append(1 if kind in HOST_SYNC_KINDS else 0)
+            t.s_ts.append(ts)
+            t.s_dur.append(dur)
+    elif c is Cat.TRACE:
+        t.trace_spans.append((ts, ts + dur))
+
+
+_RUNTIME_KIND_GET = {n: runtime_kind(n) for n in (KERNEL_LAUNCHES | GRAPH_LAUNCHES | COPY_CALLS | SYNC_CALLS)}.get
+
+
+class _NoArgs(msgspec.Struct):
+    stream: int | None = None
+    correlation: int | None = None
+    device: int | None = None
+    nbytes: int | None = None
+    graph_id: int | None = None
+    sync_kind: str | None = None
+
+
+_NO_ARGS: Any = _NoArgs()

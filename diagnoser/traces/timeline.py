@@ -1,0 +1,305 @@
+"""The GPU timeline: busy and idle time per device and stream over the analysed window, and why each idle gap
+happened.
+
+Busy time is the union of kernel, memcpy and memset intervals over all streams of a device. `cuda_sync` records
+and CPU ops that carry a `stream` arg are not GPU work and never enter the union (HolisticTraceAnalysis pitfall
+P1). Idle is the rest of the window, cut into gaps between busy runs; each gap gets one cause:
+
+- pageable_memcpy: the gap follows a host-to-device copy from pageable memory while the host was still in that
+  copy or in the synchronisation after it, or precedes one whose copy call (host-side staging) covers most of the
+  gap;
+- sync: the host was blocked in a synchronisation (cudaStreamSynchronize, cudaDeviceSynchronize, a blocking copy,
+  `.item()`/`.cpu()`, which copy device-to-host and wait) when the GPU ran out of work, or the next op was queued
+  but waited on another stream's event;
+- kernel_overhead: the next op was already queued when the GPU went idle and the gap is short
+  (<= KERNEL_OVERHEAD_US): the GPU's own kernel-to-kernel turnaround;
+- host: the next op's launch call began after the GPU went idle (the host had not launched yet) while the host
+  was doing something (CPU ops or runtime calls of any of its threads cover >= HOST_BUSY_FRAC of the gap, or the
+  gap is shorter than QUEUE_DRY_MIN_US);
+- queue_dry: the host launched nothing and did nothing: there was no work to give.
+
+Times are microseconds as in the trace; results are fractions of the window.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate, repeat
+from operator import gt
+
+from diagnoser.traces.classify import LAUNCH_KIND_SYNC, is_pageable_copy
+from diagnoser.traces.tables import Tables
+
+IDLE_CAUSES = ("host", "sync", "pageable_memcpy", "queue_dry", "kernel_overhead")
+# HolisticTraceAnalysis' consecutive_kernel_delay is 30 (µs, although its docs say ns; pitfall P2). Same here, so
+# the kernel-to-kernel share is comparable.
+KERNEL_OVERHEAD_US = 30.0
+# A late launch after a gap this short is the host's pace, whatever the host-activity records say.
+QUEUE_DRY_MIN_US = 1000.0
+# Share of a gap the launching thread must be busy for the gap to count as host-bound rather than queue-dry.
+HOST_BUSY_FRAC = 0.2
+# A host sync ending this close before the GPU went idle still explains the gap (clock skew CPU/GPU).
+SYNC_SLACK_US = 2.0
+
+
+@dataclass
+class Gap:
+    start: float
+    end: float
+    cause: str
+
+    @property
+    def length(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class DeviceTimeline:
+    device: int
+    window: tuple[float, float]
+    busy_us: float = 0.0
+    idle_us_by_cause: dict[str, float] = field(default_factory=lambda: dict.fromkeys(IDLE_CAUSES, 0.0))
+    gaps_by_cause: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IDLE_CAUSES, 0))
+    busy_us_by_stream: dict[int, float] = field(default_factory=dict)
+    ops: int = 0
+    longest_gaps: list[Gap] = field(default_factory=list)
+    unattributed_launch_us: float = 0.0  # idle before ops whose launch call is not in the trace
+
+    @property
+    def window_us(self) -> float:
+        return self.window[1] - self.window[0]
+
+    @property
+    def busy_frac(self) -> float:
+        return self.busy_us / self.window_us if self.window_us > 0 else 0.0
+
+    def idle_frac(self, cause: str) -> float:
+        return self.idle_us_by_cause[cause] / self.window_us if self.window_us > 0 else 0.0
+
+
+class HostActivity:
+    """'How busy was the host process between a and b', from its host events (CPU ops, runtime calls,
+    annotations) on any thread.
+
+    Any thread counts: a process whose launching thread waits while another thread works is busy, not out of work.
+    The busy time of a set of intervals (the time at least one is open) depends only on the sorted starts and the
+    sorted ends, each sorted on its own (a fast sort of floats, no key function); a query sweeps the starts and
+    ends inside the gap, counting open intervals, and stops as soon as the answer is known. Built on first use."""
+
+    def __init__(self, t: Tables) -> None:
+        self._t = t
+        self._sorted: tuple[list[float], list[float]] | None = None
+
+    def _events(self) -> tuple[list[float], list[float]]:
+        if self._sorted is None:
+            starts, ends = self._t.h_ts.tolist(), self._t.h_end.tolist()
+            starts.sort()
+            ends.sort()
+            self._sorted = (starts, ends)
+        return self._sorted
+
+    def busy_at_least(self, a: float, b: float, frac: float) -> bool:
+        """Whether host events were open for at least `frac` of [a, b]."""
+        if b <= a:
+            return False
+        starts, ends = self._events()
+        need = frac * (b - a)
+        i, j = bisect_right(starts, a), bisect_right(ends, a)
+        open_now = i - j  # intervals started and not yet ended at a
+        n_s, n_e = len(starts), len(ends)
+        t = a
+        busy = 0.0
+        while busy < need:
+            ns = starts[i] if i < n_s else b
+            ne = ends[j] if j < n_e else b
+            nxt = ns if ns < ne else ne
+            if nxt > b:
+                nxt = b
+            if open_now > 0:
+                busy += nxt - t
+            if nxt >= b:
+                break
+            t = nxt
+            if ns <= ne:
+                open_now += 1
+                i += 1
+            else:
+                open_now -= 1
+                j += 1
+        return busy >= need
+
+
+class Launches:
+    """Launch/copy/sync calls indexed by correlation id, and host sync intervals sorted by start."""
+
+    def __init__(self, t: Tables) -> None:
+        self.t = t
+        # later duplicates of a correlation id win, as with a dict built in a loop
+        self.by_corr: dict[int, int] = dict(zip(t.r_corr, range(len(t.r_corr))))
+        self.by_corr.pop(-1, None)
+        sync_idx = [i for i, k in enumerate(t.r_kind) if k == LAUNCH_KIND_SYNC]
+        sync_idx.sort(key=t.r_ts.__getitem__)
+        self.sync_start = [t.r_ts[i] for i in sync_idx]
+        self.sync_end_max = list(accumulate((t.r_ts[i] + t.r_dur[i] for i in sync_idx), max))
+        # per GPU op: the index of its launch call, or None when the trace has none
+        self.of_gpu: list[int | None] = list(map(self.by_corr.get, t.g_corr))
+
+    def host_sync_open(self, x: float, slack: float = SYNC_SLACK_US) -> bool:
+        """Whether some host sync call had started by x and not yet returned (within slack)."""
+        if not self.sync_start:
+            return False
+        i = bisect_right(self.sync_start, x)
+        return i > 0 and self.sync_end_max[i - 1] >= x - slack
+
+
+def device_order(t: Tables) -> dict[int, list[int]]:
+    """GPU op indices per device, sorted by start time."""
+    devices = set(t.g_dev)
+    if len(devices) == 1:
+        by_dev = {next(iter(devices)): list(range(len(t.g_dev)))}
+    else:
+        by_dev = {d: [i for i, x in enumerate(t.g_dev) if x == d] for d in devices}
+    for idx in by_dev.values():
+        starts = [t.g_ts[i] for i in idx]
+        if any(map(gt, starts, starts[1:])):
+            idx.sort(key=t.g_ts.__getitem__)
+    return by_dev
+
+
+def _gpu_sync_intervals(t: Tables, device: int) -> tuple[list[float], list[float], list[float], list[float]]:
+    """cuda_sync records on this device: host-wait ones and stream-wait-event ones, as sorted (start, end)."""
+    host, wait = [], []
+    for dev, is_host, ts, dur in zip(t.s_dev, t.s_host, t.s_ts, t.s_dur):
+        if dev == device:
+            (host if is_host else wait).append((ts, ts + dur))
+    host.sort()
+    wait.sort()
+    return [a for a, _ in host], _running_max([b for _, b in host]), [a for a, _ in wait], [b for _, b in wait]
+
+
+def _running_max(values: Sequence[float]) -> list[float]:
+    out, m = [], float("-inf")
+    for v in values:
+        m = max(m, v)
+        out.append(m)
+    return out
+
+
+def _open_at(starts: list[float], ends_max: list[float], x: float, slack: float) -> bool:
+    i = bisect_right(starts, x)
+    return i > 0 and ends_max[i - 1] >= x - slack
+
+
+def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float, float], launches: Launches,
+                   host: HostActivity, keep_longest: int = 5) -> DeviceTimeline:
+    """Busy/idle of one device over `window`, with every idle gap attributed to a cause."""
+    w0, w1 = window
+    tl = DeviceTimeline(device=device, window=window)
+    g_ts, g_dur, g_name = t.g_ts, t.g_dur, t.g_name
+    r_ts, r_dur = t.r_ts, t.r_dur
+    of_gpu = launches.of_gpu
+    gs_start, gs_end_max, gw_start, gw_end = _gpu_sync_intervals(t, device)
+    gw_end_max = _running_max(gw_end)
+    pageable_htod = {nid for nid, name in enumerate(t.names) if is_pageable_copy(name) and "HtoD" in name}
+    to_host = {nid for nid, name in enumerate(t.names) if name.startswith("Memcpy") and "DtoH" in name}
+
+    # Sweep the ops in start order: the union of their intervals is the busy time; what lies between is a gap,
+    # remembered with the op that ends it (next) and the one that ended last before it (prev).
+    starts = [g_ts[i] for i in order]
+    ends = [s + g_dur[i] for s, i in zip(starts, order)]
+    g_stream = t.g_stream
+    gaps: list[tuple[float, float, int | None, int | None]] = []
+    streams: dict[int, float] = {}
+    busy = 0.0
+    cur_end = w0
+    prev_op: int | None = None
+    n = 0
+    for s, e, i in zip(starts, ends, order):
+        if e <= w0 or s >= w1:
+            continue
+        n += 1
+        if s < w0:
+            s = w0
+        if e > w1:
+            e = w1
+        st = g_stream[i]
+        streams[st] = streams.get(st, 0.0) + (e - s)
+        if s > cur_end:
+            gaps.append((cur_end, s, i, prev_op))
+            busy += e - s
+            cur_end = e
+            prev_op = i
+        elif e > cur_end:
+            busy += e - cur_end
+            cur_end = e
+            prev_op = i
+    if cur_end < w1:
+        gaps.append((cur_end, w1, None, prev_op))
+    tl.ops = n
+    tl.busy_us = busy
+    tl.busy_us_by_stream = streams
+
+    def call_open(op: int, x: float) -> bool:
+        call = of_gpu[op]
+        return call is not None and r_ts[call] + r_dur[call] >= x - SYNC_SLACK_US
+
+    # Whether a host sync was open when each gap began, for all gaps at once (C-level bisects).
+    g0s = [g[0] for g in gaps]
+    host_sync = _open_flags(launches.sync_start, launches.sync_end_max, g0s)
+    if gs_start:
+        host_sync = [x or y for x, y in zip(host_sync, _open_flags(gs_start, gs_end_max, g0s))]
+
+    def cause(g0: float, g1: float, nxt: int | None, prev: int | None, sync_open: bool) -> str:
+        # A host-to-device copy from pageable memory drains the stream and blocks the host (the driver stages
+        # it; PyTorch then synchronises): the idle around it is the copy's, fixed by pinned memory.
+        if pageable_htod:
+            if prev is not None and g_name[prev] in pageable_htod and (sync_open or call_open(prev, g0)):
+                return "pageable_memcpy"
+            if nxt is not None and g_name[nxt] in pageable_htod:
+                call = of_gpu[nxt]
+                if call is not None and r_ts[call] <= g0 + (g1 - g0) / 2:
+                    return "pageable_memcpy"
+        if sync_open or (prev is not None and g_name[prev] in to_host and call_open(prev, g0)):
+            # the host was blocked (a sync, or a blocking device-to-host copy such as .item()'s) when the GPU ran
+            # dry. (A launch call that outlasts its short kernel is launch overhead, not a wait: not here.)
+            return "sync"
+        launch = of_gpu[nxt] if nxt is not None else None
+        if launch is not None and r_ts[launch] <= g0:
+            # queued before the GPU went idle: its own turnaround, or a wait on another stream
+            if g1 - g0 <= KERNEL_OVERHEAD_US:
+                return "kernel_overhead"
+            if gw_start and _open_at(gw_start, gw_end_max, g1, SYNC_SLACK_US):
+                return "sync"
+            return "kernel_overhead"
+        if launch is None and nxt is not None:
+            tl.unattributed_launch_us += g1 - g0  # no launch record: judged by host activity alone
+        if g1 - g0 < QUEUE_DRY_MIN_US:
+            return "host"
+        return "host" if host.busy_at_least(g0, g1, HOST_BUSY_FRAC) else "queue_dry"
+
+    idle = tl.idle_us_by_cause
+    counts = tl.gaps_by_cause
+    longest: list[tuple[float, float, float, str]] = []
+    for (g0, g1, nxt, prev), sync_open in zip(gaps, host_sync):
+        c = cause(g0, g1, nxt, prev, sync_open)
+        length = g1 - g0
+        idle[c] += length
+        counts[c] += 1
+        if len(longest) < keep_longest:
+            heapq.heappush(longest, (length, g0, g1, c))
+        elif length > longest[0][0]:
+            heapq.heapreplace(longest, (length, g0, g1, c))
+    tl.longest_gaps = [Gap(g0, g1, c) for _, g0, g1, c in sorted(longest, reverse=True)]
+    return tl
+
+
+def _open_flags(starts: list[float], ends_max: list[float], xs: list[float]) -> list[bool]:
+    """For each x: whether an interval (sorted starts, running max of ends) had started by x and not ended
+    before x - slack."""
+    if not starts:
+        return [False] * len(xs)
+    idx = list(map(bisect_right, repeat(starts), xs))
+    return [i > 0 and ends_max[i - 1] >= x - SYNC_SLACK_US for i, x in zip(idx, xs)]

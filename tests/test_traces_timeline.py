@@ -1,0 +1,217 @@
+"""Idle-gap attribution, one cause at a time, on small traces written here in Kineto's format, plus kernel roles,
+CUDA-graph replays and launch statistics. Times are microseconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diagnoser.traces import analyze_trace
+from diagnoser.traces.analysis import TraceAnalysis
+from diagnoser.traces.classify import kernel_class, memcpy_direction
+
+HOST_TID = 100
+
+
+def kernel(ts: float, dur: float, corr: int, name: str = "void gemm_kernel<float>()", stream: int = 7,
+           cat: str = "kernel", **args: Any) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"device": 0, "stream": stream, "correlation": corr, **args}}
+
+
+def call(name: str, ts: float, dur: float, corr: int, cat: str = "cuda_runtime", tid: int = HOST_TID) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"correlation": corr}}
+
+
+def op(name: str, ts: float, dur: float, tid: int = HOST_TID) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+
+def analyze(tmp_path: Path, events: list[dict], window: str = "gpu") -> TraceAnalysis:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return analyze_trace(path, window=window)
+
+
+def causes(a: TraceAnalysis) -> dict[str, int]:
+    (tl,) = a.timelines
+    return {c: n for c, n in tl.gaps_by_cause.items() if n}
+
+
+def test_host_not_launched_yet(tmp_path: Path) -> None:
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), kernel(10, 10, 1),
+        op("aten::mm", 18, 30),  # the host is busy building the next op
+        call("cudaLaunchKernel", 40, 5, 2), kernel(50, 10, 2),
+    ])
+    assert causes(a) == {"host": 1}
+    assert a.summary.idle_frac_by_cause["host"] == pytest.approx(30 / 50)
+    assert a.summary.gpu_busy_frac == pytest.approx(20 / 50)
+
+
+def test_kernel_to_kernel_overhead_when_the_next_kernel_was_queued(tmp_path: Path) -> None:
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), call("cudaLaunchKernel", 6, 5, 2),
+        kernel(10, 10, 1), kernel(24, 10, 2),
+    ])
+    assert causes(a) == {"kernel_overhead": 1}
+    assert a.summary.idle_frac_by_cause["kernel_overhead"] == pytest.approx(4 / 24)
+
+
+def test_host_synchronisation(tmp_path: Path) -> None:
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), kernel(10, 100, 1),
+        call("cudaStreamSynchronize", 20, 92, 9),  # the host waits for the kernel, wakes up at 112
+        op("aten::item", 112, 40),
+        call("cudaLaunchKernel", 160, 5, 2), kernel(170, 10, 2),
+    ])
+    assert causes(a) == {"sync": 1}
+    assert a.summary.idle_frac_by_cause["sync"] == pytest.approx(60 / 170)
+
+
+def test_item_style_device_to_host_copy_is_a_sync(tmp_path: Path) -> None:
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), kernel(10, 50, 1),
+        call("cudaMemcpyAsync", 20, 45, 2), kernel(60, 2, 2, name="Memcpy DtoH (Device -> Pageable)",
+                                                   cat="gpu_memcpy", bytes=4),
+        call("cudaStreamSynchronize", 65, 0.5, 3),
+        call("cudaLaunchKernel", 300, 5, 4), kernel(310, 10, 4),
+    ])
+    assert causes(a) == {"sync": 1}
+
+
+def test_copy_from_pageable_memory(tmp_path: Path) -> None:
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), kernel(10, 10, 1),
+        # the copy call stages the pageable buffer on the host before the DMA can start
+        call("cudaMemcpyAsync", 15, 80, 2),
+        kernel(90, 5, 2, name="Memcpy HtoD (Pageable -> Device)", cat="gpu_memcpy", bytes=1 << 20),
+        call("cudaStreamSynchronize", 95, 2, 3),
+        call("cudaLaunchKernel", 130, 5, 4), kernel(140, 10, 4),
+    ])
+    assert causes(a) == {"pageable_memcpy": 2}
+    assert a.summary.idle_frac_by_cause["pageable_memcpy"] == pytest.approx((70 + 45) / 140)
+
+
+def test_queue_dry_when_the_host_did_nothing(tmp_path: Path) -> None:
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), kernel(10, 10, 1),
+        # 50 ms with no event on the launching thread: no request arrived
+        op("aten::linear", 50_000, 20), call("cudaLaunchKernel", 50_010, 5, 2), kernel(50_020, 10, 2),
+    ])
+    assert causes(a) == {"queue_dry": 1}
+
+
+def test_long_gap_with_a_busy_host_is_host(tmp_path: Path) -> None:
+    busy = [op("aten::index", 20 + 100 * i, 80) for i in range(500)]
+    a = analyze(tmp_path, [call("cudaLaunchKernel", 0, 5, 1), kernel(10, 10, 1), *busy,
+                           call("cudaLaunchKernel", 50_010, 5, 2), kernel(50_020, 10, 2)])
+    assert causes(a) == {"host": 1}
+
+
+def test_queued_kernel_waiting_on_another_stream_is_a_sync(tmp_path: Path) -> None:
+    wait = {"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 8, "ts": 15, "dur": 190,
+            "args": {"device": 0, "stream": 8, "correlation": 7, "cuda_sync_kind": "Stream Wait Event",
+                     "wait_on_stream": 7}}
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), call("cudaLaunchKernel", 6, 5, 2),
+        kernel(10, 10, 1), wait, kernel(200, 10, 2, stream=8),
+    ])
+    assert causes(a) == {"sync": 1}
+    # the cuda_sync record itself is not GPU work
+    assert a.summary.gpu_busy_frac == pytest.approx(20 / 200)
+
+
+def test_overlapping_streams_are_one_busy_union(tmp_path: Path) -> None:
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 1, 1), call("cudaLaunchKernel", 1, 1, 2), call("cudaLaunchKernel", 2, 1, 3),
+        kernel(10, 50, 1, stream=7), kernel(30, 50, 2, stream=8), kernel(100, 10, 3, stream=7),
+    ])
+    (tl,) = a.timelines
+    assert tl.busy_us == pytest.approx(70 + 10)
+    assert tl.busy_us_by_stream == {7: 60, 8: 50}
+    assert a.summary.kernel_share["gemm"] == 1.0
+
+
+def test_profiler_window_edges_are_idle_in_a_live_capture(tmp_path: Path) -> None:
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps({"diagnoser_window": {"seconds": 0.001}, "traceEvents": [
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
+         "ts": 0, "dur": 1000, "args": {}},
+        call("cudaLaunchKernel", 500, 5, 1), kernel(510, 100, 1),
+    ]}))
+    a = analyze_trace(path)
+    assert a.window == (0, 1000) and "live capture" in a.window_policy
+    assert a.summary.gpu_busy_frac == pytest.approx(0.1)
+    assert sum(a.summary.idle_frac_by_cause.values()) == pytest.approx(0.9)
+
+
+def test_cuda_graph_replays_are_recognised_and_their_kernels_attributed(tmp_path: Path) -> None:
+    events = [call("cudaGraphLaunch", 0, 8, 1)]
+    events += [kernel(10 + 5 * i, 4, 1, name=n) for i, n in enumerate(
+        ["nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_TNT", "void vllm::rms_norm_kernel<c10::BFloat16, 8, 4>()",
+         "void flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, cutlass::bfloat16_t>>()",
+         "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"])]
+    events += [call("cuLaunchKernelEx", 40, 20, 2, cat="cuda_driver"), kernel(70, 2, 2, name="triton_red_fused_0")]
+    a = analyze(tmp_path, events)
+    k = a.kernels
+    assert k is not None
+    assert a.summary.cuda_graph_launches == 1 and k.graph_kernels == 4
+    assert k.launched == 1 and k.short_kernels == 1  # the Triton kernel ran 2 µs after a 20 µs launch
+    assert a.summary.short_kernel_frac == 1.0 and a.summary.launch_call_us_p50 == 20
+    assert k.count_by_class == {"gemm": 1, "attention": 1, "norm_elementwise": 1, "reduction": 1, "comm": 1,
+                                "memcpy": 0, "memset": 0, "other": 0}
+    assert a.summary.extra["graph_kernel_frac"] == pytest.approx(4 / 5)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel",
+     "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>()", "gemm"),
+    ("triton_tem_fused_mm_0", "gemm"),
+    ("fused_moe_kernel", "gemm"),
+    ("void marlin::Marlin<256, 4, 16, 4, 4, 8>()", "gemm"),
+    ("void vllm::paged_attention_v2_kernel<__nv_bfloat16, 128, 16, 128, 512>()", "attention"),
+    ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>()", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),
+    ("BatchDecodeWithPagedKVCacheKernel", "attention"),
+    ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16>()", "attention"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "comm"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "comm"),
+    ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>()", "comm"),
+    ("void vllm::rms_norm_kernel<c10::BFloat16, 8, 4>()", "norm_elementwise"),
+    ("void vllm::act_and_mul_kernel<c10::BFloat16, &vllm::silu_kernel<c10::BFloat16>, true>()", "norm_elementwise"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>()", "norm_elementwise"),
+    ("triton_poi_fused_add_cos_sin_0", "norm_elementwise"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>()",
+     "reduction"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>()", "reduction"),
+    ("triton_per_fused__softmax_0", "reduction"),
+    ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 32, true, 1, true>()", "norm_elementwise"),
+    ("some_unknown_kernel", "other"),
+])
+def test_kernel_roles(name: str, expected: str) -> None:
+    assert kernel_class(name) == expected
+
+
+def test_copy_directions() -> None:
+    assert memcpy_direction("Memcpy HtoD (Pageable -> Device)") == "HtoD"
+    assert memcpy_direction("Memcpy DtoH (Device -> Pinned)") == "DtoH"
+    assert memcpy_direction("Memcpy DtoD (Device -> Device)") == "DtoD"
+    assert memcpy_direction("Memcpy PtoP (Device -> Device)") == "PtoP"
+
+
+def test_each_device_has_its_own_timeline(tmp_path: Path) -> None:
+    dev1 = kernel(0, 50, 2)
+    dev1["pid"] = 1
+    dev1["args"]["device"] = 1
+    a = analyze(tmp_path, [call("cudaLaunchKernel", -10, 5, 1), kernel(0, 100, 1),
+                           call("cudaLaunchKernel", -5, 5, 2), dev1])
+    assert [tl.device for tl in a.timelines] == [0, 1]
+    assert [tl.busy_frac for tl in a.timelines] == [1.0, 0.5]
+    assert a.summary.devices == [0, 1] and a.summary.gpu_busy_frac == pytest.approx(0.75)
