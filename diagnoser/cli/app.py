@@ -16,9 +16,22 @@ from diagnoser import __version__
 from diagnoser.errors import EXIT_INTERRUPTED, DiagnoserError
 
 COMMAND_MODULES = (
+    "attach",
+    "demo",
+    "gpus",
+    "doctor",
     "diagnose",
+    "analyze",
+    "trace",
     "rules",
     "theory",
+    "calibrate",
+    "selftest",
+    "report",
+    "dcgm",
+    "fleet",
+    "agent",
+    "history",
 )
 
 app = typer.Typer(

@@ -1,0 +1,183 @@
+"""Reading a dcgm-exporter endpoint live: one scrape (`ExporterScraper`) and a collector that samples it over a
+window (`DcgmExporterCollector`, with the start/sample/stop protocol of collectors/base.py so attach can run it beside
+NVML). Failures become one sentence (SourceUnavailable); what was read before a failure stays in the capture."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from diagnoser.capture import Capture
+from diagnoser.collectors.dcgm import (
+    FIELDS_BY_KEY,
+    GpuIdentity,
+    GpuKey,
+    GpuSelector,
+    GpuWindow,
+    Scrape,
+    add_gpu_window,
+    drop_mig_parents,
+    inherit_device_fields,
+    mark_missing,
+    parent_key,
+    parse_exporter_text,
+    select_gpus,
+)
+from diagnoser.errors import InputError, SourceUnavailable
+
+
+class ExporterScraper:
+    """Reads one dcgm-exporter endpoint (http://node:9400/metrics); failures become one sentence."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise InputError(f"--dcgm-exporter wants an http(s) URL such as http://node:9400/metrics, not '{url}'.")
+        self.url = url
+        self.timeout_s = timeout_s
+
+    def scrape(self) -> Scrape:
+        at = time.time()
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as response:  # noqa: S310 (user's URL)
+                body = response.read()
+        except urllib.error.HTTPError as exc:
+            raise SourceUnavailable(f"dcgm-exporter at {self.url} answered HTTP {exc.code} ({exc.reason}).") from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, (socket.timeout, TimeoutError)):
+                raise SourceUnavailable(f"dcgm-exporter at {self.url} did not answer within {self.timeout_s:g} s.") \
+                    from None
+            raise SourceUnavailable(f"dcgm-exporter at {self.url} is unreachable ({_reason_text(reason)}).") from None
+        except (socket.timeout, TimeoutError):
+            raise SourceUnavailable(f"dcgm-exporter at {self.url} did not answer within {self.timeout_s:g} s.") from None
+        except OSError as exc:
+            raise SourceUnavailable(f"dcgm-exporter at {self.url} is unreachable ({_reason_text(exc)}).") from None
+        scrape = parse_exporter_text(body.decode("utf-8", errors="replace"), at, origin=f"dcgm-exporter at {self.url}")
+        if not scrape.metric_names:
+            raise SourceUnavailable(f"{self.url} serves no DCGM_* metrics: is it a dcgm-exporter endpoint?")
+        return scrape
+
+
+def _reason_text(reason: object) -> str:
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror.lower()
+    return str(reason)
+
+
+class DcgmExporterCollector:
+    """Samples a dcgm-exporter endpoint into a capture; follows the collectors' start/sample/stop protocol, so the
+    attach session can drive it beside NVML.
+
+    dcgm-exporter refreshes its values every collect interval (-c, 30 s by default) and serves the same numbers in
+    between: a reading identical to the previous one is the same DCGM sample and is not recorded twice.
+    """
+
+    name = "dcgm"
+
+    def __init__(self, url: str, selector: GpuSelector | None = None, *, period_s: float = 1.0,
+                 timeout_s: float = 5.0, scraper: ExporterScraper | None = None) -> None:
+        self.scraper = scraper or ExporterScraper(url, timeout_s)
+        self.selector = selector or GpuSelector()
+        self.period_s = period_s
+        self.capture: Capture | None = None
+        self.targets: list[GpuIdentity] = []
+        self.windows: dict[GpuKey, GpuWindow] = {}
+        self._previous: dict[GpuKey, tuple[float, dict[str, float]]] = {}
+        self._last_recorded: dict[GpuKey, dict[str, float]] = {}
+        self._fields_seen: set[str] = set()
+        self._readings = 0
+        self._recorded = 0
+        self._failures = 0
+        self._stopped_at: float | None = None
+        self._stop_reason = ""
+        self._newest: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._written = False
+
+    def start(self, capture: Capture) -> None:
+        """First reading: picks the target GPU(s); errors here (unreachable, no such GPU) are the user's to fix."""
+        self.capture = capture
+        first = self.scraper.scrape()
+        self.targets = select_gpus(drop_mig_parents(first.gpus.values()), self.selector)
+        self.windows = {g.key: GpuWindow(g) for g in self.targets}
+        self._ingest(first, max(0.0, first.at - capture.started_at))
+
+    def sample(self, t: float) -> None:
+        if self._stopped_at is not None:
+            return
+        try:
+            scrape = self.scraper.scrape()
+        except SourceUnavailable as exc:
+            self._failures += 1
+            if self._failures >= 2:  # one lost reading is noise; two in a row is an exporter gone
+                self._stopped_at, self._stop_reason = t, str(exc)
+            return
+        self._failures = 0
+        self._ingest(scrape, t)
+
+    def _ingest(self, scrape: Scrape, t: float) -> None:
+        with self._lock:
+            self._readings += 1
+            self._fields_seen |= scrape.fields_seen
+            for key, gw in self.windows.items():
+                values = scrape.values.get(key)
+                if values is None:
+                    continue
+                if key[1]:
+                    values = inherit_device_fields(values, scrape.values.get(parent_key(key)))
+                if key in scrape.gpus:
+                    gw.identity.merge(scrape.gpus[key])
+                if self._last_recorded.get(key) == values:
+                    continue  # the exporter has not refreshed since the last reading
+                self._last_recorded[key] = dict(values)
+                self._recorded += 1
+                previous = self._previous.get(key)
+                self._previous[key] = (t, values)
+                for f_key, value in values.items():
+                    f = FIELDS_BY_KEY[f_key]
+                    if f.reduce in ("rate", "increase"):
+                        if previous is None or f_key not in previous[1] or t <= previous[0]:
+                            continue
+                        delta = value - previous[1][f_key]
+                        if delta < 0:
+                            continue  # counter reset (exporter or driver restart)
+                        value = delta / (t - previous[0]) if f.reduce == "rate" else delta
+                    gw.add(f_key, t, value * f.scale)
+                    if f.signal:
+                        self._newest[f.signal] = value * f.scale
+
+    @property
+    def gone(self) -> bool:
+        """The exporter stopped answering; further samples are skipped."""
+        return self._stopped_at is not None
+
+    def stop(self, t: float) -> None:
+        """Write the series into the capture, with notes on what the window lacked (once)."""
+        capture = self.capture
+        if capture is None or self._written:
+            return
+        self._written = True
+        produced: set[str] = set()
+        for gw in self.windows.values():
+            produced |= set(add_gpu_window(capture, gw))
+        mig = any(g.mig_id for g in self.targets)
+        mark_missing(capture, produced, fields_in_source=self._fields_seen, mig=mig)
+        if self._stopped_at is not None:
+            capture.notes.append(f"dcgm-exporter stopped answering {self._stopped_at:.1f} s into the window "
+                                 f"({self._stop_reason}); the DCGM series cover the time before.")
+        distinct = self._recorded // max(1, len(self.windows))
+        if self._readings >= 4 and distinct <= self._readings // 2:
+            capture.notes.append(
+                f"dcgm-exporter refreshed its values {distinct} times in {self._readings} readings: its collect "
+                "interval (-c, 30 s by default) is longer than the sampling period. Run it with -c 1000 for short "
+                "windows, or read a longer window from Prometheus (--prometheus --since 30m).")
+
+    def latest(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._newest)
+
+
+__all__ = ["ExporterScraper", "DcgmExporterCollector"]

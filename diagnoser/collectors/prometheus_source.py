@@ -1,0 +1,667 @@
+"""DCGM counters from the Prometheus that scrapes dcgm-exporter, over the attach window or a past one.
+
+Prometheus does the reduction: each field is one range query that averages (or rates) every GPU's samples per step
+server-side (`avg_over_time(F[R])` at step S = window / points, R = max(S, 2 scrape intervals)), so the answer holds
+`points` numbers per GPU and field however long the window: the mean of the step values is the window mean, and
+their spread stands in for the samples' spread. There is no `avg by (...)` in the queries: for 10,000 GPUs the
+grouping costs Prometheus as much again as the query; the series of one GPU (one per pod sharing it) are merged here.
+A discovery query first lists the GPUs with their labels and sample counts (the scrape interval), and one
+label-values call says which metric names exist, so absent fields cost no query.
+
+Queries go through prometheus-api-client with a timeout on both sides (HTTP and Prometheus's own `timeout`
+parameter). A failed field query marks that field unavailable and the result partial; only a failed discovery (or
+no DCGM data at all) is fatal.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import threading
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from diagnoser.capture import Capture
+from diagnoser.collectors.dcgm import (
+    DEVICE_LEVEL_FIELDS,
+    FIELDS,
+    FIELDS_BY_KEY,
+    IDENTITY_LABELS,
+    DcgmField,
+    GpuIdentity,
+    GpuKey,
+    GpuSelector,
+    GpuWindow,
+    add_gpu_window,
+    describe_target,
+    drop_mig_parents,
+    identity_from_labels,
+    mark_missing,
+    parent_key,
+    select_gpus,
+    uses_exported_pod_labels,
+)
+from diagnoser.errors import InputError, SourceUnavailable
+
+# --- windows ---------------------------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str, *, option: str = "duration") -> float:
+    """'90s', '30m', '1h30m', '2d' or plain seconds -> seconds."""
+    raw = text.strip().lower()
+    try:
+        value = float(raw)
+    except ValueError:
+        parts = _DURATION.findall(raw)
+        if not parts or "".join(n + u for n, u in parts) != raw:
+            raise InputError(f"{option} '{text}' is not a duration such as 90s, 30m, 1h30m or 2d.") from None
+        value = sum(float(n) * _UNIT_S[u] for n, u in parts)
+    if value <= 0:
+        raise InputError(f"{option} must be positive, not '{text}'.")
+    return value
+
+
+def parse_time(text: str, *, option: str = "time", now: float | None = None) -> float:
+    """A moment: unix seconds, ISO 8601 ('2026-11-21T03:00', '...Z', '+02:00'; no zone = UTC), 'now', or
+    'now-2h' / '-2h' / '2h ago'."""
+    now = time.time() if now is None else now
+    raw = text.strip()
+    low = raw.lower()
+    if low == "now":
+        return now
+    relative = re.fullmatch(r"(?:now\s*)?-\s*(\S+)|(\S+)\s+ago", low)
+    if relative:
+        return now - parse_duration(relative.group(1) or relative.group(2), option=option)
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    iso = raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw
+    try:
+        moment = datetime.fromisoformat(iso)
+    except ValueError:
+        raise InputError(f"{option} '{text}' is not a time: use ISO 8601 (2026-11-21T03:00Z), unix seconds, "
+                         "or now-2h.") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float  # unix seconds
+    end: float
+
+    @property
+    def length_s(self) -> float:
+        return self.end - self.start
+
+    def describe(self) -> str:
+        fmt = "%Y-%m-%d %H:%M:%S"
+        a = datetime.fromtimestamp(self.start, timezone.utc).strftime(fmt)
+        b = datetime.fromtimestamp(self.end, timezone.utc).strftime(fmt)
+        return f"{a} to {b} UTC ({_human_s(self.length_s)})"
+
+
+def _human_s(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def resolve_window(*, since: str | None = None, start: str | None = None, end: str | None = None,
+                   at: str | None = None, default_s: float = 3600.0, now: float | None = None) -> Window:
+    """--since D (a window of length D ending now, or ending at --at), or --start/--end (--end defaults to now)."""
+    now = time.time() if now is None else now
+    if start is not None and since is not None:
+        raise InputError("give either --since or --start/--end, not both.")
+    if start is not None and at is not None:
+        raise InputError("--at sets the end of a --since window; with --start use --end.")
+    if start is not None:
+        w_start = parse_time(start, option="--start", now=now)
+        w_end = parse_time(end, option="--end", now=now) if end is not None else now
+    else:
+        if end is not None:
+            raise InputError("--end needs --start (or use --at with --since).")
+        w_end = parse_time(at, option="--at", now=now) if at is not None else now
+        w_start = w_end - (parse_duration(since, option="--since") if since is not None else default_s)
+    if w_end <= w_start:
+        raise InputError("the window ends before it starts.")
+    if w_start > now:
+        raise InputError("the window lies in the future.")
+    return Window(w_start, min(w_end, now))
+
+
+# --- the client ------------------------------------------------------------------------------------------------------
+
+
+class PromError(SourceUnavailable):
+    """A Prometheus query that failed; `kind` is unreachable, timeout, rejected or not_prometheus."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class PromClient:
+    """prometheus-api-client's PrometheusConnect with timeouts, few retries, and errors as one sentence.
+
+    One PrometheusConnect (one HTTP session) per thread, so field queries can run in parallel.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise InputError(f"--prometheus wants an http(s) URL such as http://prometheus:9090, not '{url}'.")
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self.queries = 0
+
+    def _connect(self):  # type: ignore[no-untyped-def]
+        pc = getattr(self._local, "pc", None)
+        if pc is None:
+            from prometheus_api_client import PrometheusConnect
+            from urllib3.util import Retry
+
+            # Retry a refused connection briefly (a restarting Prometheus); never retry a slow query.
+            retry = Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.2, raise_on_status=False)
+            pc = PrometheusConnect(url=self.url, retry=retry, timeout=self.timeout_s, session=_msgspec_session())
+            self._local.pc = pc
+        return pc
+
+    def _params(self) -> dict[str, str]:
+        return {"timeout": f"{max(1, int(self.timeout_s))}s"}
+
+    def instant(self, query: str, at: float) -> list[dict]:
+        return self._call(lambda pc: pc.custom_query(query, params={**self._params(), "time": f"{at:.3f}"},
+                                                     timeout=self.timeout_s))
+
+    def label_values(self, label: str, start: float, end: float) -> list[str]:
+        return self._call(lambda pc: pc.get_label_values(label, params={"start": f"{start:.3f}", "end": f"{end:.3f}"}))
+
+    def range(self, query: str, start: float, end: float, step_s: float) -> list[dict]:
+        def call(pc):  # type: ignore[no-untyped-def]
+            return pc.custom_query_range(query, datetime.fromtimestamp(start, timezone.utc),
+                                         datetime.fromtimestamp(end, timezone.utc), f"{step_s:.3f}",
+                                         params=self._params(), timeout=self.timeout_s)
+        return self._call(call)
+
+    def _timeout_message(self) -> str:
+        return (f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s (raise --timeout or shorten "
+                "the window).")
+
+    def _call(self, fn: Callable) -> list[dict]:  # type: ignore[type-arg]
+        import requests
+        from prometheus_api_client.exceptions import PrometheusApiClientException
+
+        self.queries += 1
+        try:
+            result = fn(self._connect())
+        except requests.exceptions.Timeout:
+            raise PromError(self._timeout_message(), "timeout") from None
+        except requests.exceptions.ConnectionError as exc:
+            if "timed out" in str(exc).lower():  # a read timeout after retries arrives as a ConnectionError
+                raise PromError(self._timeout_message(), "timeout") from None
+            raise PromError(f"Prometheus at {self.url} is unreachable ({_connection_reason(exc)}).",
+                            "unreachable") from None
+        except requests.exceptions.RequestException as exc:
+            raise PromError(f"Prometheus at {self.url} failed: {exc}.", "unreachable") from None
+        except PrometheusApiClientException as exc:
+            status, detail = _api_error(str(exc))
+            if status == 503 or "timeout" in detail.lower() or "timed out" in detail.lower():
+                raise PromError(f"Prometheus at {self.url} gave up on the query ({detail}).", "timeout") from None
+            if status in (400, 422) or detail.startswith(("bad_data", "execution")):
+                raise PromError(f"Prometheus at {self.url} rejected the query: {detail}.", "rejected") from None
+            raise PromError(f"Prometheus at {self.url} answered HTTP {status}: {detail}.", "not_prometheus") from None
+        except (ValueError, KeyError, TypeError):
+            # 200 but not Prometheus's JSON envelope: some other web server.
+            raise PromError(f"{self.url} does not answer like a Prometheus server (no JSON query API).",
+                            "not_prometheus") from None
+        if not isinstance(result, list):
+            raise PromError(f"{self.url} returned a {type(result).__name__} where Prometheus returns a list of series.",
+                            "not_prometheus")
+        return result
+
+
+def _msgspec_session():  # type: ignore[no-untyped-def]
+    """A requests session whose responses decode JSON with msgspec: prometheus-api-client calls `.json()` on a
+    10 MB answer per field at 10,000 GPUs, and the stdlib parser takes several times longer."""
+    import requests
+
+    class Session(requests.Session):
+        def request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            response = super().request(*args, **kwargs)
+            response.json = lambda **_: _decode_json(response.content)  # type: ignore[method-assign]
+            return response
+
+    return Session()
+
+
+def _decode_json(content: bytes) -> object:
+    import msgspec
+
+    try:
+        return msgspec.json.decode(content)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+
+
+def _connection_reason(exc: Exception) -> str:
+    text = str(exc)
+    for marker in ("Connection refused", "Name or service not known", "No route to host", "Connection reset",
+                   "Remote end closed connection", "timed out", "Temporary failure in name resolution"):
+        if marker.lower() in text.lower():
+            return marker.lower()
+    return "connection failed"
+
+
+def _api_error(message: str) -> tuple[int, str]:
+    """prometheus-api-client's 'HTTP Status Code 422 (b'{...}')' -> (422, Prometheus's own error text)."""
+    found = re.match(r"HTTP Status Code (\d+) \((.*)\)\s*$", message, re.S)
+    if not found:
+        return 0, message
+    status = int(found.group(1))
+    body = found.group(2)
+    try:
+        raw = ast.literal_eval(body)
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    except (ValueError, SyntaxError):
+        text = body
+    try:
+        doc = json.loads(text)
+        detail = f"{doc.get('errorType', '')}: {doc.get('error', '')}".strip(": ")
+    except (ValueError, AttributeError):
+        # Not Prometheus's JSON error: keep a short plain-text reason, never an HTML page.
+        flat = " ".join(text.split())
+        detail = "not a Prometheus query API" if not flat or flat.startswith("<") else flat[:200]
+    return status, " ".join(detail.split())
+
+
+# --- the query plan ---------------------------------------------------------------------------------------------------
+
+BY = "UUID, uuid, GPU_I_ID"
+# The discovery anchor: a field every dcgm-exporter configuration exports, MIG instances included.
+ANCHORS = ("fb_used", "gr_engine_active", "gpu_util")
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(1, int(math.ceil(seconds * 1000)))}ms"
+
+
+def _selector(matchers: str, name: str) -> str:
+    return f"{name}{{{matchers}}}" if matchers else name
+
+
+_FUNCTIONS = {"avg": "avg_over_time", "rate": "rate", "increase": "increase", "max": "max_over_time",
+              "last": "last_over_time"}
+WHOLE_WINDOW = ("max", "last")  # reduces answered by one instant query over the window
+
+
+def field_query(f: DcgmField, name: str, lookback_s: float, matchers: str = "", unless: Sequence[str] = ()) -> str:
+    """One metric name of a field, reducing the samples of the last lookback_s (per step, or over the window).
+
+    No aggregation: grouping 10,000 series by label at every step costs Prometheus about as much again as
+    the query itself; the duplicates (one series per pod sharing a GPU) are merged here instead. `unless` names
+    metrics whose GPUs are left out (those have a better field).
+    """
+    query = f"{_FUNCTIONS[f.reduce]}({_selector(matchers, name)}[{_duration(lookback_s)}])"
+    if unless:
+        inner = ", ".join(x for x in (f'__name__=~"{"|".join(unless)}"', matchers) if x)
+        query += f" unless on ({BY}) {{{inner}}}"
+    return query
+
+
+def discovery_query(f: DcgmField, window_s: float, matchers: str = "") -> str:
+    """Every label set of the anchor field over the window, with its number of samples (an instant query)."""
+    labels = ", ".join(IDENTITY_LABELS)
+    return " or ".join(f"max by ({labels}) (count_over_time({_selector(matchers, name)}[{_duration(window_s)}]))"
+                       for name in f.names)
+
+
+def _key_of(metric: dict[str, str]) -> GpuKey:
+    return (metric.get("UUID") or metric.get("uuid") or "", metric.get("GPU_I_ID", ""))
+
+
+@dataclass
+class WindowData:
+    """Every GPU's step values over one window, as Prometheus aggregated them."""
+
+    window: Window
+    step_s: float
+    lookback_s: float
+    grid_start: float  # time of the first step (its value covers the lookback before it)
+    n_steps: int
+    gpus: dict[GpuKey, GpuIdentity] = field(default_factory=dict)
+    values: dict[str, dict[GpuKey, array]] = field(default_factory=dict)  # field -> GPU -> value per step (NaN: none)
+    samples: dict[GpuKey, float] = field(default_factory=dict)  # samples of the anchor field in the window
+    scrape_interval_s: float | None = None
+    fields_present: set[str] = field(default_factory=set)
+    failed: dict[str, str] = field(default_factory=dict)  # field key -> why its query failed
+    _grid: list[float] | None = field(default=None, repr=False)
+    errors: list[str] = field(default_factory=list)  # failures: shown as errors, results partial
+    notes: list[str] = field(default_factory=list)  # how the data was read
+    query_seconds: float = 0.0
+
+    def step_time(self, i: int) -> float:
+        return self.grid_start + i * self.step_s
+
+    def grid_times(self) -> list[float]:
+        """Each step's time in seconds since the window start (cached: every GPU shares the grid)."""
+        if self._grid is None or len(self._grid) != self.n_steps:
+            offset = self.grid_start - self.window.start
+            self._grid = [round(offset + i * self.step_s, 3) for i in range(self.n_steps)]
+        return self._grid
+
+    def gpu_window(self, key: GpuKey) -> GpuWindow:
+        """One GPU's fields as times since the window start and values; a MIG instance inherits device fields."""
+        gw = GpuWindow(self.gpus[key])
+        grid = self.grid_times()
+        for f_key, per_gpu in self.values.items():
+            steps = per_gpu.get(key)
+            if steps is None and key[1] and f_key in DEVICE_LEVEL_FIELDS:
+                steps = per_gpu.get(parent_key(key))
+            if steps is None:
+                continue
+            scale = FIELDS_BY_KEY[f_key].scale
+            if not math.isnan(math.fsum(steps)):  # every step has a value: the common case, kept cheap
+                times, values = list(grid), steps.tolist()
+            else:
+                kept = [i for i, v in enumerate(steps) if not math.isnan(v)]
+                times, values = [grid[i] for i in kept], [steps[i] for i in kept]
+            if scale != 1.0:
+                values = [v * scale for v in values]
+            if values:
+                gw.fields[f_key] = (times, values)
+        return gw
+
+    def present_steps(self, key: GpuKey) -> list[int]:
+        """Steps at which any per-step field had a sample for this GPU (or, for device fields, its MIG parent)."""
+        present: set[int] = set()
+        for f_key, per_gpu in self.values.items():
+            if FIELDS_BY_KEY[f_key].reduce in WHOLE_WINDOW:
+                continue  # one value for the whole window, placed at the last step: says nothing of gaps
+            steps = per_gpu.get(key)
+            if steps is None and key[1] and f_key in DEVICE_LEVEL_FIELDS:
+                steps = per_gpu.get(parent_key(key))
+            if steps is None:
+                continue
+            if not math.isnan(math.fsum(steps)):
+                return list(range(self.n_steps))
+            present.update(i for i, v in enumerate(steps) if not math.isnan(v))
+        return sorted(present)
+
+    def gaps(self, key: GpuKey) -> str | None:
+        """A sentence on missing stretches of this GPU's series (gaps, reporting stopped or started late).
+
+        Each step averages the last `lookback_s` (at least two scrape intervals), so a step without a value means
+        the series really had no sample for that long, not one late scrape.
+        """
+        present = self.present_steps(key)
+        if len(present) == self.n_steps:
+            return None
+        if not present:
+            return "no samples of the queried fields in the window"
+        step = self.step_s
+        problems = []
+        first, last = present[0], present[-1]
+        if first > 0:
+            problems.append(f"no data for the first {_human_s(self.step_time(first) - self.window.start - step)}")
+        holes = [(b - a - 1) * step for a, b in zip(present, present[1:]) if b - a > 1]
+        if holes:
+            problems.append(f"{len(holes)} gap{'s' if len(holes) > 1 else ''} (longest {_human_s(max(holes))})")
+        if last < self.n_steps - 1:
+            at = datetime.fromtimestamp(self.step_time(last), timezone.utc).strftime("%H:%M:%S")
+            problems.append(f"no data after {at} UTC (exporter or GPU gone for the last "
+                            f"{_human_s(self.window.end - self.step_time(last))})")
+        return "; ".join(problems)
+
+
+def _values_by_step(result: list[dict], start: float, step_s: float, n_steps: int) -> dict[GpuKey, array]:
+    """Series -> per GPU one value per step; several series of one GPU (pods sharing it, a pod replaced during
+    the window) are averaged where they overlap."""
+    sums: dict[GpuKey, array] = {}
+    counts: dict[GpuKey, array] = {}
+    full: dict[GpuKey, array] = {}
+    for series in result:
+        key = _key_of(series.get("metric", {}))
+        if not key[0]:
+            continue
+        points = series.get("values", ())
+        if len(points) == n_steps and key not in full and key not in sums and float(points[0][0]) == start:
+            # The common case: one series with every step, on the grid. NaN and infinities cannot come from the
+            # reductions used here except as "no samples", which Prometheus leaves out rather than sends.
+            full[key] = array("d", [float(v) for _, v in points])
+            continue
+        if key in full:  # a second series of this GPU: fold the first into the general path
+            first = full.pop(key)
+            sums[key] = array("d", (0.0 if math.isnan(v) else v for v in first))
+            counts[key] = array("d", (0.0 if math.isnan(v) else 1.0 for v in first))
+        total = sums.get(key)
+        if total is None:
+            total = sums[key] = array("d", [0.0]) * n_steps
+            counts[key] = array("d", [0.0]) * n_steps
+        count = counts[key]
+        for ts, text in points:
+            i = int(round((float(ts) - start) / step_s))
+            if 0 <= i < n_steps:
+                value = float(text)
+                if not math.isnan(value) and not math.isinf(value):
+                    total[i] += value
+                    count[i] += 1
+    out: dict[GpuKey, array] = full
+    for key, total in sums.items():
+        count = counts[key]
+        out[key] = array("d", (t / c if c else math.nan for t, c in zip(total, count)))
+    return out
+
+
+def _merge_into(mine: dict[GpuKey, array], more: dict[GpuKey, array]) -> None:
+    """Fill the steps a field still lacks from another of its metric names (legacy, then DCGM 4.6)."""
+    for key, steps in more.items():
+        have = mine.get(key)
+        if have is None:
+            mine[key] = steps
+            continue
+        for i, v in enumerate(steps):
+            if math.isnan(have[i]) and not math.isnan(v):
+                have[i] = v
+
+
+class WindowQuery:
+    """Runs the plan for one window: discovery, then one range query per field (in parallel)."""
+
+    def __init__(self, client: PromClient, window: Window, *, points: int = 30, workers: int = 4,
+                 fields: Sequence[DcgmField] | None = None) -> None:
+        if window.length_s < 2:
+            raise InputError("the window is too short to read from Prometheus (under 2 s).")
+        self.client = client
+        self.window = window
+        self.points = max(2, points)
+        self.workers = max(1, workers)
+        self.fields = list(fields) if fields is not None else [f for f in FIELDS if f.fleet]
+
+    def discover(self, matchers: str = "") -> WindowData:
+        """The GPUs with samples in the window, their labels, and the scrape interval (from the samples counted)."""
+        result: list[dict] = []
+        for key in ANCHORS:
+            result = self.client.instant(discovery_query(FIELDS_BY_KEY[key], self.window.length_s, matchers),
+                                         self.window.end)
+            if result:
+                break
+        if not result:
+            raise SourceUnavailable(
+                f"Prometheus at {self.client.url} has no DCGM series from {self.window.describe()} "
+                "(no DCGM_FI_DEV_FB_USED, GR_ENGINE_ACTIVE or GPU_UTIL samples): is dcgm-exporter scraped, and is "
+                "the window right?")
+        exported = uses_exported_pod_labels(s.get("metric", {}) for s in result)
+        step = self.window.length_s / self.points
+        data = WindowData(self.window, step, step, self.window.start + step, self.points)
+        no_uuid = 0
+        for series in result:
+            metric = series.get("metric", {})
+            ident = identity_from_labels(metric, exported_pods=exported)
+            if ident is None or not _key_of(metric)[0]:
+                no_uuid += 1
+                continue
+            known = data.gpus.get(ident.key)
+            if known is None:
+                data.gpus[ident.key] = ident
+            else:
+                known.merge(ident)
+            try:
+                count = float(series["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            data.samples[ident.key] = max(count, data.samples.get(ident.key, 0.0))
+        if no_uuid:
+            data.errors.append(f"{no_uuid} series without a UUID label were ignored.")
+        if not data.gpus:
+            raise SourceUnavailable(f"Prometheus at {self.client.url} has DCGM series but none with a GPU UUID label.")
+        most = max(data.samples.values(), default=0.0)
+        # The GPUs that reported all along had the most samples: their spacing is the scrape interval.
+        data.scrape_interval_s = self.window.length_s / most if most >= 2 else None
+        return data
+
+    def read_fields(self, data: WindowData, matchers: str = "", keys: set[GpuKey] | None = None) -> WindowData:
+        """Query each field at step max(window/points, scrape interval); fills data in place.
+
+        Only metric names Prometheus has are queried (one cheap label-values call tells which): a field none of
+        whose names exist is known to be absent without a query.
+        """
+        t0 = time.perf_counter()
+        interval = data.scrape_interval_s or 0.0
+        # Whole seconds: prometheus-api-client sends start and end rounded to the second, so an integer grid
+        # comes back exactly where it was asked for.
+        step = float(max(1, round(max(self.window.length_s / self.points, interval))))
+        n_steps = max(1, int(self.window.length_s // step))
+        data.step_s, data.n_steps = step, n_steps
+        data.grid_start = math.floor(self.window.end) - (n_steps - 1) * step
+        grid_end = data.grid_start + (n_steps - 1) * step
+        data.lookback_s = max(step, 2 * interval)
+        if data.lookback_s > step:
+            data.notes.append(f"Prometheus scraped these GPUs every ~{interval:.3g} s: each point averages the "
+                              f"last {data.lookback_s:.3g} s.")
+        try:
+            existing: set[str] | None = set(self.client.label_values("__name__", self.window.start, self.window.end))
+        except PromError:
+            existing = None  # older or proxied Prometheus: ask for every name
+        jobs = [(f, name, matchers) for f in self.fields for name in f.names if existing is None or name in existing]
+        allowed = None if keys is None else set(keys) | {parent_key(k) for k in keys}
+        # A constant needs only its latest value: a short lookback reads a fraction of the samples.
+        last_lookback = min(self.window.length_s, max(300.0, 4 * interval))
+
+        def run(job: tuple[DcgmField, str, str]) -> tuple[DcgmField, dict[GpuKey, array] | None, str]:
+            f, name, where = job
+            better = FIELDS_BY_KEY[f.fallback_for].names if f.fallback_for else ()
+            unless = [n for n in better if existing is None or n in existing]
+            try:
+                if f.reduce in WHOLE_WINDOW:  # one value per GPU, placed at the last step
+                    lookback = last_lookback if f.reduce == "last" else self.window.length_s
+                    result = self.client.instant(field_query(f, name, lookback, where, unless), grid_end)
+                    for series in result:
+                        series["values"] = [series.get("value", [grid_end, "NaN"])]
+                else:
+                    query = field_query(f, name, data.lookback_s, where, unless)
+                    result = self.client.range(query, data.grid_start, grid_end + 0.001, step)
+            except PromError as exc:
+                return f, None, str(exc)
+            values = _values_by_step(result, data.grid_start, step, n_steps)
+            del result  # the parsed JSON is the bulky part; drop it before the next query lands
+            if allowed is not None:
+                values = {k: v for k, v in values.items() if k in allowed}
+            return f, values, ""
+
+        def collect(batch: list[tuple[DcgmField, str, str]]) -> None:
+            if not batch:
+                return
+            with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(batch)))) as pool:
+                for f, values, error in pool.map(run, batch):
+                    if values is None:
+                        data.failed.setdefault(f.key, error)
+                        continue
+                    if values:
+                        _merge_into(data.values.setdefault(f.key, {}), values)
+                        data.fields_present.add(f.key)
+
+        collect([j for j in jobs if not j[0].fallback_for])
+        # Fallbacks (GPU_UTIL) only for the GPUs their better field left without data: usually none, and then the
+        # query, which would scan every GPU's series to send nothing back, is not made.
+        candidates = set(keys) if keys is not None else {g.key for g in drop_mig_parents(data.gpus.values())}
+        second = []
+        for f, name, where in (j for j in jobs if j[0].fallback_for):
+            lacking = candidates - set(data.values.get(f.fallback_for or "", {}))
+            if not lacking:
+                continue
+            uuids = sorted({k[0] for k in lacking})
+            if len(uuids) <= 200:
+                label = data.gpus[next(iter(lacking))].uuid_label if next(iter(lacking)) in data.gpus else "UUID"
+                where = ", ".join(x for x in (where, f'{label}=~"{"|".join(_regex_escape(u) for u in uuids)}"') if x)
+            second.append((f, name, where))
+        collect(second)
+        if data.failed:
+            names = ", ".join(FIELDS_BY_KEY[k].name for k in data.failed)
+            first = next(iter(data.failed.values()))
+            data.errors.append(f"{len(data.failed)} of {len({j[0].key for j in jobs})} field queries failed "
+                               f"({names}): {first}")
+        data.query_seconds += time.perf_counter() - t0
+        return data
+
+
+def _regex_escape(value: str) -> str:
+    return re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", value).replace('"', '\\"')
+
+
+def matchers_for(gpus: Sequence[GpuIdentity]) -> str:
+    """Label matchers that narrow the field queries to these GPUs (and their MIG parents); exact filtering follows."""
+    labels = {g.uuid_label for g in gpus}
+    if len(labels) != 1:
+        return ""
+    uuids = sorted({g.uuid for g in gpus})
+    return f'{labels.pop()}=~"{"|".join(_regex_escape(u) for u in uuids)}"'
+
+
+# --- one target -------------------------------------------------------------------------------------------------------
+
+
+def collect_target(capture: Capture, client: PromClient, window: Window, selector: GpuSelector, *,
+                   points: int = 60) -> list[GpuIdentity]:
+    """Fill `capture` with the selected GPU(s)' DCGM series over `window`; returns the GPUs."""
+    query = WindowQuery(client, window, points=points, fields=FIELDS)
+    data = query.discover()
+    candidates = drop_mig_parents(data.gpus.values())
+    targets = select_gpus(candidates, selector)
+    wanted = {g.key for g in targets}
+    query.read_fields(data, matchers_for(targets), keys=wanted)
+    if not any(k in per_gpu for per_gpu in data.values.values() for k in wanted):
+        reason = next(iter(data.failed.values()), "no field had data for it")
+        raise SourceUnavailable(f"Prometheus listed {describe_target(targets)} but returned no counters for it: "
+                                f"{reason}")
+    fill_capture(capture, data, targets)
+    return targets
+
+
+def fill_capture(capture: Capture, data: WindowData, targets: Sequence[GpuIdentity]) -> None:
+    produced: set[str] = set()
+    for g in targets:
+        produced |= set(add_gpu_window(capture, data.gpu_window(g.key)))
+        gaps = data.gaps(g.key)
+        if gaps:
+            capture.notes.append(f"DCGM series of {g.describe()} are partial: {gaps}.")
+    mark_missing(capture, produced, fields_in_source=data.fields_present, failed=data.failed,
+                 mig=any(g.mig_id for g in targets))
+    capture.notes.extend(e for e in data.errors + data.notes if e not in capture.notes)
+
+
+__all__ = ["PromClient", "PromError", "Window", "WindowData", "WindowQuery", "collect_target", "fill_capture",
+           "field_query", "parse_duration", "parse_time", "resolve_window", "matchers_for"]

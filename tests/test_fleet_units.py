@@ -1,0 +1,127 @@
+"""The fleet's arithmetic without a Prometheus: prices, what is at stake per verdict (from real engine diagnoses),
+grouping, and rows built from step values, serially and in forked processes alike."""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import pytest
+
+from diagnoser.collectors.dcgm import GpuIdentity
+from diagnoser.collectors.prometheus_source import Window, WindowData
+from diagnoser.errors import InputError
+from diagnoser.fleet import build_rows, diagnosis_dict, dumps_json, gpu_price, group_rows, report_dict, stake_fraction
+from diagnoser.fleet_model import FleetReport
+from diagnoser.rules import diagnose
+from tests.factories import make_capture
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_prices_from_the_table_mig_slices_and_overrides() -> None:
+    assert gpu_price(H100) == pytest.approx(6.9)
+    assert gpu_price(H100, "3g.40gb") == pytest.approx(6.9 * 3 / 7)
+    assert gpu_price("NVIDIA A100-SXM4-80GB") == pytest.approx(4.1)
+    assert gpu_price("Tesla T4") == pytest.approx(0.53)
+    assert gpu_price(H100, "1g.10gb", override=2.0) == pytest.approx(2 / 7)
+    assert gpu_price("NVIDIA RTX 2000 Ada Generation") is None
+    assert gpu_price("NVIDIA A30", "1g.6gb") is None  # not in the physics table: unknown, never a guess
+    assert gpu_price("NVIDIA A30", "1g.6gb", override=1.0) == pytest.approx(0.25)  # A30 has 4 slices
+
+
+def test_stake_follows_the_verdict() -> None:
+    idle = diagnose(make_capture({"gpu.busy": 0.03}))
+    assert idle.verdict == "idle" and stake_fraction(idle, 0.03) == 1.0
+    batching = diagnose(make_capture({"gpu.busy": 0.3}))
+    assert batching.verdict == "batching" and stake_fraction(batching, 0.3) == pytest.approx(0.7)
+    compute = diagnose(make_capture({"gpu.busy": 0.97, "gpu.tensor_active": 0.8, "gpu.dram_active": 0.3}))
+    assert compute.verdict == "compute"
+    gain = next(f.gain for f in compute.fixes if f.gain is not None)  # FP8 over BF16 peak on an H100: 2x
+    assert stake_fraction(compute, 0.97) == pytest.approx(1 - 1 / gain) and gain == pytest.approx(2.0, rel=1e-3)
+    errors = diagnose(make_capture({"gpu.busy": 0.6, "gpu.xid_errors": 1.0}))
+    assert errors.verdict == "errors" and stake_fraction(errors, 0.6) == 1.0
+    nothing = diagnose(make_capture({}))
+    assert nothing.verdict == "inconclusive" and stake_fraction(nothing, None) == 0.0
+
+
+def _window_data(n_gpus: int) -> WindowData:
+    """Step values as Prometheus would return them: GPU i idle if i is even, else memory-bound; plus one MIG GPU."""
+    w = Window(1_700_000_000.0, 1_700_003_600.0)
+    data = WindowData(w, 120.0, 120.0, w.start + 120, 30)
+    data.fields_present = {"gr_engine_active", "tensor_active", "dram_active", "fb_used", "fb_free", "power"}
+
+    def put(field: str, key: tuple[str, str], value: float) -> None:
+        steps = array("d", [value + 0.01 * math.sin(i) for i in range(30)])
+        data.values.setdefault(field, {})[key] = steps
+
+    for i in range(n_gpus):
+        key = (f"GPU-{i:04d}", "")
+        data.gpus[key] = GpuIdentity(key=key, index=i % 8, model=H100, node=f"node-{i // 8}",
+                                     pods=[(f"ns-{i % 2}", f"pod-{i}")])
+        put("gr_engine_active", key, 0.03 if i % 2 == 0 else 0.95)
+        put("dram_active", key, 0.02 if i % 2 == 0 else 0.75)
+        put("tensor_active", key, 0.0 if i % 2 == 0 else 0.2)
+        put("fb_used", key, 20000)
+        put("fb_free", key, 61559)
+    parent, instance = ("GPU-mig", ""), ("GPU-mig", "1")
+    data.gpus[parent] = GpuIdentity(key=parent, index=0, model=H100, node="node-mig")
+    data.gpus[instance] = GpuIdentity(key=instance, index=0, model=H100, node="node-mig", mig_id="1",
+                                      mig_profile="3g.40gb", pods=[("ns-0", "mig-pod")])
+    put("gr_engine_active", instance, 0.02)
+    put("power", parent, 300.0)  # a board field: the instance inherits it
+    return data
+
+
+def test_rows_from_step_values_serial_and_forked_agree() -> None:
+    data = _window_data(40)
+    serial = build_rows(data, processes=1)
+    forked = build_rows(data, processes=2)
+    assert len(serial) == 41  # 40 GPUs and the MIG instance; the MIG board is no row
+    assert [(r.uuid, r.gpu, r.diagnosis.verdict, r.usd_per_hour_at_stake) for r in serial] == \
+        [(r.uuid, r.gpu, r.diagnosis.verdict, r.usd_per_hour_at_stake) for r in forked]
+    verdicts = {r.uuid: r.diagnosis.verdict for r in serial}
+    assert verdicts["GPU-0000"] == "idle" and verdicts["GPU-0001"] == "memory_bandwidth"
+    mig = next(r for r in serial if r.mig_profile)
+    assert mig.gpu == "0/1" and mig.diagnosis.verdict == "idle" and mig.pod == "mig-pod"
+    assert mig.usd_per_gpu_hour == pytest.approx(6.9 * 3 / 7)
+    assert serial[0].frac_at_stake == 1.0 and not any(r.partial for r in serial)
+
+
+def test_gaps_mark_rows_partial() -> None:
+    data = _window_data(2)
+    steps = data.values["gr_engine_active"][("GPU-0000", "")]
+    for i in range(20, 30):
+        steps[i] = math.nan  # the exporter went away two thirds in
+    for field in ("dram_active", "tensor_active", "fb_used", "fb_free"):
+        for i in range(20, 30):
+            data.values[field][("GPU-0000", "")][i] = math.nan
+    rows = {r.uuid: r for r in build_rows(data, processes=1)}
+    gone = rows["GPU-0000"]
+    assert gone.partial and "no data after" in gone.notes[0] and gone.diagnosis.verdict == "idle"
+    assert not rows["GPU-0001"].partial
+
+
+def test_groups() -> None:
+    rows = build_rows(_window_data(16), processes=1)
+    by_node = group_rows(rows, "node")
+    assert [g.name for g in by_node][:2] in (["node-0", "node-1"], ["node-1", "node-0"])
+    assert sum(len(g.rows) for g in by_node) == len(rows)
+    by_ns = {g.name: g for g in group_rows(rows, "namespace")}
+    assert by_ns["ns-0"].verdicts["idle"] == 9  # eight even GPUs and the MIG instance
+    assert by_ns["ns-0"].to_dict()["gpus"] == 9
+    with pytest.raises(InputError, match="--group-by must be one of"):
+        group_rows(rows, "rack")
+
+
+def test_fast_json_is_the_models_own_dict() -> None:
+    rows = build_rows(_window_data(6), processes=1)
+    extra = diagnose(make_capture({"gpu.busy": 0.97, "gpu.tensor_active": 0.8, "gpu.dram_active": 0.3}))
+    for d in [r.diagnosis for r in rows] + [extra, diagnose(make_capture({}))]:
+        assert diagnosis_dict(d) == d.to_dict()
+    report = FleetReport(source="http://p:9090", window_start=1.0, window_end=2.0, rows=rows, errors=["e"])
+    assert report_dict(report) == report.to_dict()
+    assert report_dict(report, limit=2)["rows"] == report.to_dict()["rows"][:2]
+    import json
+
+    assert json.loads(dumps_json(report_dict(report))) == json.loads(json.dumps(report.to_dict()))
