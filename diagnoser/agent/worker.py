@@ -132,7 +132,7 @@ def collect_window(target: Any, job: dict[str, Any], stop: threading.Event) -> t
     if sources.dcgm_exporter or sources.prometheus:
         selector = _dcgm_selector(target, capture)
     if sources.dcgm_exporter and selector is not None:
-        from diagnoser.collectors.dcgm import DcgmExporterCollector
+        from diagnoser.collectors.dcgm_exporter import DcgmExporterCollector
 
         collectors.append(DcgmExporterCollector(sources.dcgm_exporter, selector,
                                                 period_s=max(1.0, job["interval_s"])))
