@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import msgspec
 
 from diagnoser.errors import InputError
+from diagnoser.fileio import write_atomic
 
 FORMAT_NAME = "diagnoser-capture"
 # Bump when a change is not backward compatible; add a migration in _MIGRATIONS from the old version.
@@ -246,15 +246,8 @@ def _gunzip_bounded(data: bytes) -> bytes:
 def save(capture: Capture, path: str | Path) -> Path:
     """Write atomically: a crash mid-write leaves the old file (or none), never half a capture."""
     path = Path(path)
-    data = dumps(capture)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, dumps(capture), mode=0o600)
     except OSError as exc:
         raise CaptureError(f"cannot write capture to {path}: {exc.strerror or exc}.") from None
     return path

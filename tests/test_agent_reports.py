@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.agent.reports import RunReports, target_slug, write_atomic
+from diagnoser.agent.reports import RunReports, target_slug
+from diagnoser.fileio import write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,8 @@ def test_rotation_keeps_the_newest(tmp_path: Path) -> None:
 # Builds report folders in a loop and prints each finished folder; killed at random moments.
 _WRITER = r"""
 import os, sys, time
-from diagnoser.agent.reports import RunReports, write_atomic
+from diagnoser.agent.reports import RunReports
+from diagnoser.fileio import write_atomic
 reports = RunReports(sys.argv[1], keep=1000)
 i = 0
 while True:

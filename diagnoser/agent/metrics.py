@@ -34,7 +34,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from diagnoser import __version__
 from diagnoser.agent.history import OK, RunRecord
-from diagnoser.agent.reports import write_atomic
+from diagnoser.fileio import write_atomic
 from diagnoser.diagnosis import INCONCLUSIVE, Limiter
 from diagnoser.errors import InputError, SourceUnavailable
 

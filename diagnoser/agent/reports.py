@@ -11,6 +11,7 @@ Rotation removes the oldest complete folders beyond `keep` and any `.partial-*` 
 
 from __future__ import annotations
 
+
 import os
 import re
 import shutil
@@ -28,23 +29,6 @@ def target_slug(target: str) -> str:
     """A folder name for a target name: path separators and odd characters become '-'."""
     slug = re.sub(r"[^A-Za-z0-9_.@-]+", "-", target).strip("-.")
     return slug[:120] or "target"
-
-
-def write_atomic(path: Path, data: bytes) -> Path:
-    """Write to a temporary file beside `path`, fsync, rename: readers see the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _fsync_dir(path: Path) -> None:

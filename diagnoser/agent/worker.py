@@ -31,7 +31,8 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: _STOP.set())
 
 from diagnoser.agent.config import SourcesConfig, TargetSpec  # noqa: E402
-from diagnoser.agent.reports import RunReports, write_atomic  # noqa: E402
+from diagnoser.agent.reports import RunReports  # noqa: E402
+from diagnoser.fileio import write_atomic  # noqa: E402
 from diagnoser.capture import Capture, save  # noqa: E402
 from diagnoser.errors import EXIT_INPUT, EXIT_UNAVAILABLE, DiagnoserError, SourceUnavailable  # noqa: E402
 

@@ -8,8 +8,9 @@ returned there: a CPU calibration (`diagnoser calibrate --device cpu`) is stored
 
 from __future__ import annotations
 
+from diagnoser.fileio import write_atomic
+
 import os
-import tempfile
 from pathlib import Path
 
 import msgspec
@@ -133,22 +134,6 @@ def save_result(result: CalibrationResult, path: str | Path | None = None) -> Pa
     except OSError as exc:
         raise InputError(f"cannot write the calibration store {path}: {exc.strerror or exc}.") from None
     return path
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path` and rename it over `path`: readers see the old file or the new one,
-    never half of one. Raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def find(device_name: str, driver: str, path: str | Path | None = None) -> CalibrationResult | None:

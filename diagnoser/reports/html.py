@@ -8,12 +8,12 @@ could neither run a script nor fetch anything.
 
 from __future__ import annotations
 
+from diagnoser.fileio import write_atomic
+
 import base64
 import hashlib
-import os
 import shlex
 import statistics
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -275,23 +275,10 @@ def render_html(diagnosis: Diagnosis, capture: Capture, evidence: Evidence | Non
 
 def _atomic_write(text: str, path: str | Path) -> Path:
     """A crash mid-write leaves the old file (or none), never half a report."""
-    path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        return write_atomic(path, text.encode("utf-8"))
     except OSError as exc:
         raise InputError(f"cannot write the report to {path}: {exc.strerror or exc}.") from None
-    return path
 
 
 def write_html(diagnosis: Diagnosis, capture: Capture, path: str | Path, evidence: Evidence | None = None) -> Path:

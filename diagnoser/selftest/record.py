@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diagnoser.calibration.store import write_atomic
+from diagnoser.fileio import write_atomic
 from diagnoser.capture import Capture
 from diagnoser.errors import InputError
 from diagnoser.evidence import build_evidence

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from diagnoser.calibration.store import write_atomic
+from diagnoser.fileio import write_atomic
 from diagnoser.selftest.scenarios import SCENARIOS, Plan, kv_slots_to_fill, plan
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so the histograms read the same.
