@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import os
 import time
 import zlib
@@ -47,8 +48,18 @@ class Series(msgspec.Struct, kw_only=True):
     labels: dict[str, str] = msgspec.field(default_factory=dict)
 
     def add(self, t: float, value: float) -> None:
+        # A counter that returns NaN or inf (GPM's first interval on an H100 does) read nothing: no point.
+        if not math.isfinite(value):
+            return
         self.times.append(t)
         self.values.append(value)
+
+    def drop_non_finite(self) -> None:
+        """Remove points that are not numbers; JSON has no NaN, so they would make the file unreadable."""
+        if all(math.isfinite(v) for v in self.values):
+            return
+        kept = [(t, v) for t, v in zip(self.times, self.values, strict=True) if math.isfinite(v)]
+        self.times, self.values = [t for t, _ in kept], [v for _, v in kept]
 
 
 class Unavailable(msgspec.Struct, kw_only=True):
@@ -197,6 +208,8 @@ _MIGRATIONS: dict[int, Any] = {}  # version -> function(dict) -> dict of version
 
 
 def dumps(capture: Capture) -> bytes:
+    for series in capture.series:  # series built directly (DCGM answers, tests) bypass Series.add's check
+        series.drop_non_finite()
     body = msgspec.json.encode({"format": FORMAT_NAME, "version": FORMAT_VERSION, "capture": capture})
     return gzip.compress(body, compresslevel=6, mtime=0)
 
@@ -220,13 +233,27 @@ def loads(data: bytes, *, origin: str = "capture") -> Capture:
         )
     try:
         if env.version == FORMAT_VERSION:
-            return msgspec.json.decode(env.capture, type=Capture)
+            try:
+                return msgspec.json.decode(env.capture, type=Capture)
+            except msgspec.ValidationError:
+                pass  # retried below, on the generic path that can repair what earlier writers got wrong
         raw = msgspec.json.decode(env.capture)
         for v in range(env.version, FORMAT_VERSION):
             raw = _MIGRATIONS[v](raw)
-        return msgspec.convert(raw, type=Capture)
-    except (msgspec.ValidationError, msgspec.DecodeError, KeyError) as exc:
+        return msgspec.convert(_drop_null_points(raw), type=Capture)
+    except (msgspec.ValidationError, msgspec.DecodeError, KeyError, TypeError) as exc:
         raise CaptureError(f"{origin} is a damaged capture (version {env.version}): {exc}.") from None
+
+
+def _drop_null_points(raw: Any) -> Any:
+    """diagnoser 0.1.0 wrote a counter's NaN (GPM's first interval on Hopper) as JSON null; such a point is no
+    reading, so it is dropped and the rest of the capture is kept."""
+    for series in raw.get("series", []) if isinstance(raw, dict) else []:
+        values, times = series.get("values"), series.get("times")
+        if isinstance(values, list) and isinstance(times, list) and None in values and len(values) == len(times):
+            kept = [(t, v) for t, v in zip(times, values, strict=True) if v is not None]
+            series["times"], series["values"] = [t for t, _ in kept], [v for _, v in kept]
+    return raw
 
 
 # A capture is megabytes at most; refuse a gzip bomb rather than filling memory.

@@ -15,6 +15,7 @@ EXIT_FAIL_ON = 1
 EXIT_INPUT = 2
 EXIT_UNAVAILABLE = 3
 EXIT_INTERRUPTED = 130
+EXIT_INTERNAL = 70  # a bug in diagnoser itself (EX_SOFTWARE)
 
 
 class DiagnoserError(Exception):

@@ -256,6 +256,14 @@ def _derive_theory(capture: Capture, ev: Evidence) -> None:
     gen = ev.get("server.gen_tokens_per_s")
     if gen is not None and ceiling > 0:
         ev.add(Signal("theory.efficiency", "ratio", ("server", "physics"), (gen.mean / ceiling,)))
+        # Which phase the GPU's time must go to: a second's generated tokens at the decode ceiling against a second's
+        # prompt tokens at the prefill bound (compute, or one weight read for a short prompt).
+        prompt = ev.get("server.prompt_tokens_per_s")
+        decode_s = gen.mean / ceiling
+        prefill_s = (physics.prefill_time_s(model, gspec, max(1, round(prompt.mean)), dtype, tp)
+                     if prompt is not None and prompt.mean > 0 else 0.0)
+        if decode_s + prefill_s > 0:
+            ev.add(Signal("theory.decode_share", "ratio", ("server", "physics"), (decode_s / (decode_s + prefill_s),)))
 
 
 def _observed_batch(ev: Evidence) -> float | None:

@@ -97,6 +97,7 @@ _SPECS = [
     SignalSpec("theory.ridge_batch", "sequences", "Decode batch at which intensity reaches the ridge."),
     SignalSpec("theory.weight_bytes", "bytes", "Bytes of the model's weights."),
     SignalSpec("theory.efficiency", "ratio", "Achieved generation tokens/s over the decode ceiling."),
+    SignalSpec("theory.decode_share", "ratio", "Decode's share of the least GPU time the served tokens need (decode at its ceiling vs prefill at the tensor peak)."),
     # energy and cost (derived from measured rates and power)
     SignalSpec("energy.tokens_per_joule", "tokens/J", "Generated tokens per joule of GPU board energy."),
     SignalSpec("energy.usd_per_million_tokens", "USD", "GPU cost per million generated tokens at the given $/GPU-hour."),

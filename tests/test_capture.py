@@ -101,3 +101,30 @@ def test_mark_unavailable_deduplicates():
     cap.mark_unavailable("nvml", "gpu.*", "no GPU")
     cap.mark_unavailable("nvml", "gpu.*", "no GPU")
     assert len(cap.unavailable) == 1
+
+
+def test_non_finite_readings_are_no_reading_and_files_stay_readable(tmp_path):
+    # GPM's first DRAM interval on an H100 read NaN; JSON has no NaN, so it once made the capture unreadable.
+    c = make_capture({"gpu.busy": 0.9})
+    series = cap_mod.Series(name="gpu.dram_active", unit="ratio", source="gpm")
+    for t, v in ((0.0, float("nan")), (0.2, 0.24), (0.4, float("inf")), (0.6, 0.26)):
+        series.add(t, v)
+    assert series.times == [0.2, 0.6] and series.values == [0.24, 0.26]
+    built = cap_mod.Series(name="gpu.sm_active", unit="ratio", source="dcgm", times=[0.0, 1.0],
+                           values=[float("nan"), 0.5])  # built directly, bypassing add()
+    c.series += [series, built]
+    path = save(c, tmp_path / "nan.dgc")
+    back = {s.name: s for s in load(path).series}
+    assert back["gpu.dram_active"].values == [0.24, 0.26]
+    assert back["gpu.sm_active"].times == [1.0] and back["gpu.sm_active"].values == [0.5]
+
+
+def test_null_points_written_by_0_1_0_are_dropped_on_load(tmp_path):
+    c = make_capture({"gpu.busy": 0.9, "gpu.dram_active": 0.3}, n=3)
+    raw = json.loads(gzip.decompress(cap_mod.dumps(c)))
+    dram = next(s for s in raw["capture"]["series"] if s["name"] == "gpu.dram_active")
+    dram["values"][0] = None
+    path = tmp_path / "old.dgc"
+    path.write_bytes(gzip.compress(json.dumps(raw).encode()))
+    back = next(s for s in load(path).series if s.name == "gpu.dram_active")
+    assert back.values == [0.3, 0.3] and len(back.times) == 2

@@ -111,3 +111,25 @@ def test_cli_start_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_an_unexpected_error_is_one_sentence_not_a_traceback(tmp_path, monkeypatch, capsys):
+    # A bug of ours must still end in one sentence and its own exit code (70), never a traceback.
+    import diagnoser.cli.diagnose as diagnose_cli
+    from diagnoser.cli.app import main
+    from tests.factories import make_capture
+    from diagnoser.capture import save
+
+    path = save(make_capture({"gpu.busy": 0.5}), tmp_path / "c.dgc")
+
+    def broken(*_a, **_k):
+        raise TypeError("unsupported format string passed to NoneType.__format__")
+
+    monkeypatch.setattr(diagnose_cli, "run_diagnosis", broken)
+    monkeypatch.delenv("DIAGNOSER_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["diagnose", str(path)])
+    assert exit_info.value.code == 70
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("diagnoser: internal error (TypeError: unsupported format string") and "\n" not in err
+    assert "Traceback" not in err

@@ -25,6 +25,17 @@ CASES = {
         dict(signals={"gpu.busy": 0.95, "server.running": 1, "server.waiting": 0, "server.gen_tokens_per_s": 200},
              model=llama_7b()),
         Limiter.MEMORY_BANDWIDTH, "BW002"),
+    # An H100 batch-1 decode as recorded (tests/fixtures/gpu): a third of its ceiling, DRAM well under 50 %.
+    "bandwidth-small-batch-decode-regime": (
+        dict(signals={"gpu.busy": 0.997, "gpu.sm_active": 0.27, "gpu.dram_active": 0.29, "gpu.tensor_active": 0.009,
+                      "server.running": 1, "server.waiting": 0, "server.gen_tokens_per_s": 20,
+                      "server.prompt_tokens_per_s": 5},
+             model=llama_7b()),
+        Limiter.MEMORY_BANDWIDTH, "BW004"),
+    "batching-busy-but-underfilled-no-model": (
+        dict(signals={"gpu.busy": 0.998, "gpu.sm_active": 0.27, "gpu.dram_active": 0.29, "gpu.tensor_active": 0.009,
+                      "server.running": 1, "server.waiting": 0}),
+        Limiter.BATCHING, "BAT004"),
     "compute-prefill": (
         dict(signals={"gpu.busy": 0.99, "gpu.sm_active": 0.95, "gpu.tensor_active": 0.78, "gpu.dram_active": 0.35,
                       "server.running": 64, "server.waiting": 0, "server.kv_usage": 0.5}),
@@ -139,3 +150,27 @@ def test_memory_full_alone_is_weak():
     vram = next(f for f in d.findings if f.code == "VRAM003")
     assert vram.strength < 0.5
     assert d.confidence_label == "low"  # preallocation looks the same: never a confident VRAM verdict
+
+
+def test_small_batch_decode_names_the_gap_to_the_floor():
+    d = diagnose(make_capture(**CASES["bandwidth-small-batch-decode-regime"][0]))
+    titles = {f.title: f for f in d.fixes}
+    gap = titles["Close the gap to the bandwidth floor"]
+    assert gap.gain is not None and gap.gain > 1.5  # far below the ceiling: tuned kernels would gain a lot
+    assert any(f.title == "Batch more sequences per step" and f.gain and f.gain > 5 for f in d.fixes)
+
+
+def test_small_batch_decode_stands_back_for_prefill_and_for_an_idle_gpu():
+    prefill = make_capture(signals={"gpu.busy": 0.99, "gpu.tensor_active": 0.2, "server.running": 4,
+                                    "server.waiting": 0, "server.gen_tokens_per_s": 40,
+                                    "server.prompt_tokens_per_s": 80000}, model=llama_7b())
+    assert "BW004" not in {f.code for f in diagnose(prefill).findings}
+    idle = make_capture(signals={"gpu.busy": 0.4, "server.running": 1, "server.waiting": 0,
+                                 "server.gen_tokens_per_s": 10}, model=llama_7b())
+    assert "BW004" not in {f.code for f in diagnose(idle).findings}
+
+
+def test_underfilled_gpu_stands_back_when_tensor_pipes_work():
+    busy_math = make_capture(signals={"gpu.busy": 0.99, "gpu.sm_active": 0.45, "gpu.dram_active": 0.3,
+                                      "gpu.tensor_active": 0.4})
+    assert "BAT004" not in {f.code for f in diagnose(busy_math).findings}

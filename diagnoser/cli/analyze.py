@@ -128,9 +128,12 @@ def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list 
     if ops is not None and ops.runs:
         ridge = f", ridge {a.ridge_flop_per_byte:.0f} FLOP/B on {a.gpu_spec} at {ops.dtype}" \
             if a.ridge_flop_per_byte else ""
-        out.append(f"FLOPs: {len(ops.runs)} matmul/conv/attention ops, {ops.total_flops / 1e9:.3g} GFLOP, "
-                   f"{ops.total_bytes / 1e6:.3g} MB; intensity {s.intensity_flop_per_byte:.1f} FLOP/B "
-                   f"(time-weighted, {ops.time_basis} time){ridge}")
+        intensity = (f"intensity {s.intensity_flop_per_byte:.1f} FLOP/B (time-weighted, {ops.time_basis} time){ridge}"
+                     if s.intensity_flop_per_byte is not None else "intensity left out (see skipped)")
+        covered = s.extra.get("costed_gpu_frac")
+        share = f" launching {covered:.0%} of the GEMM/attention kernel time" if covered is not None else ""
+        out.append(f"FLOPs: {len(ops.runs)} matmul/conv/attention ops{share}, {ops.total_flops / 1e9:.3g} GFLOP, "
+                   f"{ops.total_bytes / 1e6:.3g} MB; {intensity}")
         below = s.extra.get("time_frac_below_ridge")
         if below is not None:
             out.append(f"  {below:.0%} of that time is in ops below the ridge point (memory-bound)")
@@ -139,7 +142,9 @@ def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list 
             out.append(f"  {name:<40} {int(agg['count']):>6}x  {agg['flops'] / 1e9:10.3g} GFLOP  {ai:8.1f} FLOP/B  "
                        f"{_us(agg['time_us'])}")
     ph = a.phases
-    if ph is not None and ph.steps:
+    if ph is not None and ph.steps and s.prefill_frac is None and s.decode_batch is None and ph.prefill_frac is not None:
+        out.append(f"Phases: left out ({len(ph.steps)} shaped steps seen, too little of the GPU time; see skipped)")
+    elif ph is not None and ph.steps:
         n_dec = sum(1 for st in ph.steps if st.phase == "decode")
         n_pre = sum(1 for st in ph.steps if st.phase == "prefill")
         line = f"Phases ({ph.source}): {len(ph.steps)} steps, {n_pre} prefill-like, {n_dec} decode-like"

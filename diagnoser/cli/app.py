@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 
 import typer
 
 from diagnoser import __version__
-from diagnoser.errors import EXIT_INTERRUPTED, DiagnoserError
+from diagnoser.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, DiagnoserError
 
 COMMAND_MODULES = (
     "attach",
@@ -78,6 +79,16 @@ def main(argv: list[str] | None = None) -> None:
         # Output piped into `head` and closed: not an error worth a traceback.
         sys.stderr.close()
         raise SystemExit(0) from None
+    except Exception as exc:  # a bug of ours: one sentence, and the traceback only when asked for
+        if os.environ.get("DIAGNOSER_DEBUG"):
+            raise
+        where = exc.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        at = f" at {Path(where.tb_frame.f_code.co_filename).name}:{where.tb_lineno}" if where is not None else ""
+        fail(f"internal error ({type(exc).__name__}: {exc}{at}); this is a bug in diagnoser: please report it with "
+             "the command line (DIAGNOSER_DEBUG=1 shows the traceback). Files already written are kept.",
+             EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

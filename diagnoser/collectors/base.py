@@ -7,6 +7,7 @@ collector's own period is due, `stop(t)` once at the end of the window (t = seco
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from diagnoser.capture import Capture, Series
@@ -53,8 +54,11 @@ class SeriesBook:
         return found
 
     def add(self, name: str, t: float, value: float, labels: dict[str, str] | None = None) -> None:
-        self.series(name, labels).add(round(t, 4), float(value))
-        self.newest[name] = float(value)
+        value = float(value)
+        if not math.isfinite(value):
+            return  # no reading: the series keeps its gap and `newest` its last real value
+        self.series(name, labels).add(round(t, 4), value)
+        self.newest[name] = value
 
     def has(self, name: str) -> bool:
         return any(key[0] == name and s.values for key, s in self._index.items())

@@ -134,6 +134,57 @@ def gpu_busy_under_half(c: Check) -> Finding | None:
 
 
 @rule(
+    code="BAT004",
+    name="busy-gpu-underfilled",
+    limiter=Limiter.BATCHING,
+    summary="The GPU always has a kernel running, but its SMs, DRAM and tensor pipes are mostly unused: each step's "
+    "kernels are too small to fill it.",
+    requires=("gpu.busy", "gpu.sm_active", "gpu.dram_active"),
+    uses=("gpu.tensor_active", "server.running", "theory.ridge_batch"),
+    thresholds={
+        "busy_min": Threshold(0.80, "GPU busy fraction (a kernel running) at or above which the GPU looks busy"),
+        "sm_max": Threshold(0.50, "SM activity below which most SMs idle while kernels run"),
+        "dram_max": Threshold(0.50, "DRAM activity below which the memory interface is not what limits"),
+        "tensor_max": Threshold(0.30, "tensor activity below which the math units are not what limits"),
+    },
+    page=Page(
+        detects="NVML says a kernel runs at least 80 % of the time while GPM/DCGM say SMs are active under 50 %, DRAM "
+        "under 50 % and the tensor pipes under 30 %. It stands back when the model's shape is known and the batch is "
+        "far below the ridge batch: BW004 then names the same case from the physics.",
+        why="'GPU utilisation' only says that some kernel was running. Small kernels (a batch-1 GEMV, a norm over one "
+        "token) occupy a few SMs and move little data, so a GPU can be '100 % busy' at a quarter of its capacity. "
+        "Measured on an H100: a batch-1 decode of a 2.4B model read 99.8 % busy, 27 % SM active, 29 % DRAM active, "
+        "1 % tensor active; batch 16 on the same GPU gave 12.3x the tokens/s.",
+        fixes="Put more sequences in each step (more concurrent requests, vLLM --max-num-seqs); give --model so that "
+        "diagnoser can compute the bandwidth floor and the gain of each batch size.",
+        sources="Seed 004 (the utilisation trap: nvidia-smi's utilisation is time-busy, not capacity); DCGM docs "
+        "(SM_ACTIVE and DRAM_ACTIVE as capacity measures); Nsight Compute SOL 60 %.",
+    ),
+)
+def busy_gpu_underfilled(c: Check) -> Finding | None:
+    busy, sm, dram = c.sig("gpu.busy"), c.sig("gpu.sm_active"), c.sig("gpu.dram_active")
+    assert busy is not None and sm is not None and dram is not None
+    rb, batch = c.sig("theory.ridge_batch"), observed_batch(c.ev)
+    if rb is not None and batch is not None and batch < 0.5 * rb.values[0]:
+        return None  # the physics knows this case better (BW004)
+    if busy.mean < c.t["busy_min"] or sm.mean >= c.t["sm_max"] or dram.mean >= c.t["dram_max"]:
+        return None
+    tensor = c.sig("gpu.tensor_active")
+    if tensor is not None and tensor.mean >= c.t["tensor_max"]:
+        return None
+    c.cite(busy, "mean", ">=", c.t["busy_min"])
+    c.cite(sm, "mean", "<", c.t["sm_max"])
+    c.cite(dram, "mean", "<", c.t["dram_max"])
+    if tensor is not None:
+        c.cite(tensor, "mean", "<", c.t["tensor_max"])
+    _batching_fixes(c, None)
+    at = f" at {batch:.1f} sequences per step" if batch is not None else ""
+    return c.finding(0.55, f"A kernel runs {busy.mean:.0%} of the time, but SMs are active {sm.mean:.0%} and DRAM "
+                     f"{dram.mean:.0%}{at}: the kernels are too small to fill this GPU, so more work per step "
+                     "costs little extra time.")
+
+
+@rule(
     code="IDLE001",
     name="gpu-mostly-idle",
     limiter=Limiter.IDLE,

@@ -132,6 +132,88 @@ def intensity_below_ridge(c: Check) -> Finding | None:
                      f"({ridge.values[0]:.0f}): they are memory-bound.")
 
 
+# What tuned decode paths reach at small batch (fused norms and attention, CUDA graphs): the target of the "close the
+# gap to the floor" fix.
+REACHABLE_EFFICIENCY = 0.70
+
+
+@rule(
+    code="BW004",
+    name="small-batch-decode",
+    limiter=Limiter.MEMORY_BANDWIDTH,
+    summary="The GPU is kept busy decoding at a batch far below the ridge batch: the regime memory bandwidth bounds.",
+    requires=("theory.decode_share", "theory.ridge_batch", "gpu.busy|trace.gpu_idle_frac"),
+    uses=("theory.efficiency", "gpu.tensor_active", "trace.prefill_frac"),
+    thresholds={
+        "decode_share": Threshold(0.5, "decode's share of the least GPU time the served tokens need"),
+        "batch_over_ridge": Threshold(0.5, "observed batch below this fraction of the ridge batch counts as small"),
+        "busy_min": Threshold(0.70, "GPU busy fraction at or above which the GPU, not the host, sets the pace"),
+        "tensor_max": Threshold(0.50, "tensor activity below which the math units are not what limits"),
+        "efficiency_gap": Threshold(0.50, "efficiency below which the gap to the bandwidth floor is named as a fix"),
+    },
+    page=Page(
+        detects="Generation dominates the GPU's work (by the least time its tokens need), the running batch is below "
+        "half the ridge batch, the GPU is busy at least 70 % of the time and the tensor pipes are under 50 %. "
+        "Unlike BW001/BW002 it needs no DRAM counter and no particular efficiency: it names the regime, and when "
+        "the decode reaches less than half its bandwidth ceiling it also names the gap.",
+        why="Decode reads every weight once per step, so t_token >= weight_bytes / HBM bandwidth; at a batch far "
+        "below the ridge the arithmetic intensity (about the batch, in FLOP per byte, for 16-bit weights) cannot "
+        "reach the ridge point, so bandwidth, not math, bounds the step. A real decode often reaches only 30-60 % "
+        "of that bound: small unfused kernels (norms, casts, softmax) and kernel-to-kernel gaps add time that reads "
+        "no weights (measured on an H100: a 2.4B model at batch 1 ran at 31 % of its ceiling, 41 % of GPU time "
+        "outside the GEMMs). Both are fixed by reading fewer bytes per token, not by a faster GPU's math.",
+        fixes=_BW_FIXES + " When the decode is far from its ceiling, fuse the small kernels between the GEMMs "
+        "(torch.compile, fused RMSNorm and FlashAttention/FlashInfer decode kernels) and replay the step as a CUDA "
+        "graph.",
+        sources="Seed physics: t_token >= weight_bytes / HBM_bandwidth, ideal batch ~ ridge x (total/active params); "
+        "roofline model (Williams et al. 2009); nsys 50 % busy / XProf 70 % thresholds for 'the GPU is the "
+        "bottleneck'.",
+    ),
+)
+def small_batch_decode(c: Check) -> Finding | None:
+    share, rb = c.sig("theory.decode_share"), c.sig("theory.ridge_batch")
+    assert share is not None and rb is not None
+    batch = observed_batch(c.ev)
+    if batch is None or share.values[0] < c.t["decode_share"] or batch >= c.t["batch_over_ridge"] * rb.values[0]:
+        return None
+    busy, idle = c.sig("gpu.busy"), c.sig("trace.gpu_idle_frac")
+    busy_frac = busy.mean if busy is not None else 1.0 - idle.values[0]  # type: ignore[union-attr]
+    if busy_frac < c.t["busy_min"]:
+        return None
+    tensor = c.sig("gpu.tensor_active")
+    if tensor is not None and tensor.mean >= c.t["tensor_max"]:
+        return None
+    prefill = c.sig("trace.prefill_frac")
+    if prefill is not None and prefill.values[0] > 1.0 - c.t["decode_share"]:
+        return None  # the trace saw mostly prefill steps, whatever the counters' rates say
+    c.cite(share, "value", ">=", c.t["decode_share"])
+    c.cite(rb, "value")
+    if busy is not None:
+        c.cite(busy, "mean", ">=", c.t["busy_min"])
+    elif idle is not None:
+        c.cite(idle, "value")
+    if tensor is not None:
+        c.cite(tensor, "mean", "<", c.t["tensor_max"])
+    _bandwidth_fixes(c)
+    eff = c.sig("theory.efficiency")
+    tail = ""
+    if eff is not None:
+        c.cite(eff, "value")
+        tail = f" It reaches {eff.values[0]:.0%} of that ceiling."
+        if eff.values[0] < c.t["efficiency_gap"]:
+            c.fix("Close the gap to the bandwidth floor", "Fuse the small kernels between the GEMMs (torch.compile, "
+                  "fused RMSNorm, FlashAttention/FlashInfer decode kernels), replay the decode step as a CUDA graph, "
+                  "or serve with an engine whose decode path is tuned (vLLM, SGLang, TensorRT-LLM).",
+                  REACHABLE_EFFICIENCY / max(eff.values[0], 0.05),
+                  f"from {eff.values[0]:.0%} to {REACHABLE_EFFICIENCY:.0%} of the bandwidth ceiling, what tuned "
+                  "decode paths reach at small batch")
+    # Weaker than BW002 (which also measured the floor being reached): the regime alone, up to 0.65.
+    strength = 0.5 + 0.15 * (1.0 - batch / (c.t["batch_over_ridge"] * rb.values[0]))
+    return c.finding(strength, f"Decode at batch {batch:.1f}, far below the ridge batch {rb.values[0]:.0f}, keeps the "
+                     f"GPU {busy_frac:.0%} busy: each step reads every weight for a few tokens, so memory bandwidth "
+                     f"bounds it.{tail}")
+
+
 def _compute_fixes(c: Check) -> None:
     gpu = c.ev.gpu_spec
     fp8 = getattr(gpu, "flops", {}).get("fp8") if gpu is not None else None

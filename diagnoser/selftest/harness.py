@@ -163,7 +163,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 class _TraceWindow:
-    """A trace of the workload taken during the counter window, on a side thread (acquire_trace blocks)."""
+    """A trace of the workload taken right after the counter window, on a side thread so that a trace that never
+    finishes is bounded by join's timeout (acquire_trace blocks)."""
 
     def __init__(self, pid: int, seconds: float, out_dir: Path) -> None:
         self.summary: TraceSummary | None = None
@@ -227,12 +228,13 @@ def observe(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: 
             target = resolve_target(pid=proc.pid, metrics_url=info["metrics_url"])
         except DiagnoserError as exc:
             raise ScenarioFailed(f"cannot attach to the workload: {exc}") from None
-        tracer = None
+        capture = collect(target, duration_s=window_s, interval_s=interval_s, gpu=device == "cuda")
+        # The trace comes after the counter window, as with `attach --trace`: the profiler pauses the process when it
+        # starts and while it exports (1.7 s for 0.3 s of a 2.4B decode on an H100), which inside the window would
+        # read as an idle GPU and a silent /metrics.
         if trace_s > 0 and info.get("trace_hook"):
             tracer = _TraceWindow(proc.pid, trace_s, out_dir)
             tracer.start()
-        capture = collect(target, duration_s=window_s, interval_s=interval_s, gpu=device == "cuda")
-        if tracer is not None:
             tracer.join(timeout=max(30.0, 10 * trace_s))
             capture.trace = tracer.summary
             if tracer.status:
@@ -304,7 +306,7 @@ def run_scenario(scn: Scenario, *, device: str, size: str, window_s: float, trac
     result.batch = float(info.get("batch") or 1)
     result.context = context
     result.model = info["model"]
-    result.stats = stats
+    result.stats = {**stats, "torch": info.get("torch", "")}  # the workload reports its torch when ready
     result.rate = "prompt" if plan.get("mode") == "prefill" else "generated"
     result.measured_tokens_per_s = _measured_rate(ev, plan.get("mode", "decode"), stats)
     if device != "cpu":

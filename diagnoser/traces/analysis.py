@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnoser.capture import Capture, GpuInfo, ModelInfo, TraceSummary, new_capture
-from diagnoser.traces.classify import ATTENTION, COMM, KERNEL_CLASSES
+from diagnoser.traces.classify import ATTENTION, COMM, GEMM, KERNEL_CLASSES
 from diagnoser.traces.decode import DecodeStats, TraceError
 from diagnoser.traces.kernels import KernelStats, comm_overlap_us, kernel_stats
 from diagnoser.traces.ops import LaunchIndex, OpsSummary, build_launch_index, cost_ops
@@ -308,6 +308,24 @@ def _ridge(analysis: TraceAnalysis, gpu_name: str | None, skipped: list[str]) ->
         skipped.append(f"no ridge point: {exc}")
 
 
+# Op-derived numbers (intensity, phases) stand for the trace only when the costed ops launched at least this share of
+# the GEMM and attention kernel time. On an H100, a CUDA-graph decode's only shaped ops were the eager prefills of new
+# requests, a sliver of the GEMM time, which made a batch-1 decode look 99 % prefill at 107 FLOP/byte.
+MIN_COSTED_COVERAGE = 0.5
+
+
+def _costed_coverage(a: TraceAnalysis) -> float | None:
+    """Share of the GEMM and attention kernel time that costed ops launched (norms and elementwise kernels are never
+    costed, so they are not counted against it); None for CPU-only traces or without both numbers."""
+    ops, k = a.ops, a.kernels
+    if ops is None or k is None or ops.time_basis != "gpu":
+        return None
+    costable = k.time_us_by_class.get(GEMM, 0.0) + k.time_us_by_class.get(ATTENTION, 0.0)
+    if costable <= 0:
+        return None
+    return min(1.0, ops.weighted_time_us / costable)
+
+
 def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
     s = a.summary
     s.devices = [tl.device for tl in a.timelines]
@@ -332,7 +350,19 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
             a.timelines))) if a.comm_us and a.summary.window_s > 0 else 0.0
         s.extra["graph_kernel_frac"] = k.graph_kernels / k.kernels if k.kernels else 0.0
     ops = a.ops
-    if ops is not None and ops.runs:
+    coverage = _costed_coverage(a)
+    if coverage is not None:
+        s.extra["costed_gpu_frac"] = coverage
+    partial = coverage is not None and coverage < MIN_COSTED_COVERAGE
+    if partial:
+        assert coverage is not None
+        graphs = a.kernels is not None and a.kernels.graph_kernels > 0
+        why = ("the rest ran inside CUDA graph replays, whose kernels carry no op shapes" if graphs
+               else "the rest was launched outside any op with recorded shapes")
+        skipped.append(f"only {coverage:.0%} of the GEMM and attention kernel time was launched by ops with recorded "
+                       f"shapes ({why}): intensity and serving phases would describe the minority, so they are "
+                       "left out")
+    if ops is not None and ops.runs and not partial:
         s.intensity_flop_per_byte = ops.intensity
         s.dtype = ops.dtype or ""
         if s.window_s > 0:
@@ -345,7 +375,7 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
             if ops.weighted_time_us > 0:
                 s.extra["time_frac_below_ridge"] = below / ops.weighted_time_us
     ph = a.phases
-    if ph is not None:
+    if ph is not None and not partial:
         s.decode_batch = ph.decode_batch
         s.prefill_frac = ph.prefill_frac
         s.attention_frac = ph.attention_frac
