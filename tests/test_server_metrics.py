@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -307,3 +308,47 @@ def test_demo_server_endpoint_maps_to_every_vllm_signal_it_has(demo_server):
     assert values(capture, "server.ttft_p50_s")[0] <= values(capture, "server.ttft_p99_s")[0]
     assert capture.unavailable == []
     assert proc.poll() is None
+
+
+TRICKLE_SERVER = r"""
+import socket, threading, time
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0))
+srv.listen(16)
+print(srv.getsockname()[1], flush=True)
+def serve(conn):
+    try:
+        while True:  # keep-alive: answer every request on this connection the same slow way
+            if not conn.recv(65536):
+                return
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10000000\r\n\r\n")
+            while True:
+                conn.sendall(b"#")
+                time.sleep(0.2)
+    except OSError:
+        pass
+while True:
+    conn, _ = srv.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
+
+
+def test_an_endpoint_that_trickles_is_cut_off_by_one_deadline():
+    # Each byte arrives well inside the socket timeout, so only a deadline on the whole answer ends the read; without
+    # it `diagnoser attach --port` hung on such a server.
+    from diagnoser.collectors.server_metrics import Fetcher, fetch_metrics
+
+    server = subprocess.Popen([sys.executable, "-c", TRICKLE_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}/metrics"
+        with ThreadPoolExecutor(1) as pool:
+            for call in (lambda: fetch_metrics(url, timeout=1.0), lambda: Fetcher(url, timeout=1.0).get(),
+                         lambda: probe(url, timeout=1.0)):
+                # A generous bound on a hang, not a speed check: without the deadline these never return.
+                with pytest.raises(MetricsError, match=r"did not finish answering within 1 s"):
+                    pool.submit(call).result(timeout=120)
+    finally:
+        server.kill()
+        server.wait()

@@ -15,11 +15,13 @@ from __future__ import annotations
 import http.client
 import math
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -157,12 +159,35 @@ _PREFIX_KIND = (("diagnoser_demo_info", "demo"), ("vllm:", "vllm"), ("sglang:", 
 
 # --- fetching and parsing -----------------------------------------------------------------------------------
 
+class _Deadline(Exception):
+    """The whole answer took longer than the timeout (a server that trickles bytes never trips a socket timeout)."""
+
+
+def _read_body(response: Any, deadline: float) -> bytes:
+    """The body, up to MAX_BODY_BYTES + 1 bytes, read in chunks so that the whole read is bounded by `deadline`."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_BODY_BYTES:
+        if time.monotonic() > deadline:
+            raise _Deadline
+        chunk = response.read1(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def fetch_metrics(url: str, timeout: float = FETCH_TIMEOUT_S) -> str:
-    """GET a /metrics page; every failure becomes one sentence."""
+    """GET a /metrics page within `timeout` seconds in all (connect, headers and body); every failure becomes one
+    sentence."""
     request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4", "User-Agent": "diagnoser"})
+    deadline = time.monotonic() + timeout
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read(MAX_BODY_BYTES + 1)
+            body = _read_body(response, deadline)
+    except _Deadline:
+        raise MetricsError(f"{url} did not finish answering within {timeout:g} s.") from None
     except urllib.error.HTTPError as exc:
         raise MetricsError(f"{url} answered HTTP {exc.code} ({exc.reason}).") from None
     except urllib.error.URLError as exc:
@@ -197,6 +222,9 @@ class Fetcher:
         for _ in range(2):  # a server may close an idle keep-alive connection: retry once on a fresh one
             try:
                 return self._get()
+            except _Deadline:
+                self.close()
+                raise MetricsError(f"{self.url} did not finish answering within {self.timeout:g} s.") from None
             except (TimeoutError, socket.timeout):
                 self.close()
                 raise MetricsError(f"{self.url} did not answer within {self.timeout:g} s.") from None
@@ -210,8 +238,9 @@ class Fetcher:
             self._conn = cls(self._host, self._port, timeout=self.timeout)
         self._conn.request("GET", self._path, headers={"Accept": "text/plain;version=0.0.4",
                                                        "User-Agent": "diagnoser"})
+        deadline = time.monotonic() + self.timeout
         response = self._conn.getresponse()
-        body = response.read(MAX_BODY_BYTES + 1)
+        body = _read_body(response, deadline)
         if response.status != 200 or len(body) > MAX_BODY_BYTES or response.will_close:
             self.close()
         if response.status != 200 or len(body) > MAX_BODY_BYTES:
