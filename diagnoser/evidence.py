@@ -151,10 +151,16 @@ def _pooled(series: Iterable[Series]) -> Iterator[Signal]:
         if s.values:
             groups[s.name].append(s)
     for name, members in groups.items():
-        values = tuple(v for s in members for v in s.values if not math.isnan(v))
+        if len(members) == 1 and not any(map(math.isnan, members[0].values)):  # the common case: one clean series
+            values, times = tuple(members[0].values), tuple(members[0].times)
+        elif not any(any(map(math.isnan, s.values)) for s in members):
+            values = tuple(v for s in members for v in s.values)
+            times = tuple(t for s in members for t in s.times)
+        else:
+            values = tuple(v for s in members for v in s.values if not math.isnan(v))
+            times = tuple(t for s in members for t, v in zip(s.times, s.values) if not math.isnan(v))
         if not values:
             continue
-        times = tuple(t for s in members for t, v in zip(s.times, s.values) if not math.isnan(v))
         sources = tuple(sorted({s.source for s in members}))
         yield Signal(name, members[0].unit or spec(name).unit, sources, values, times)
 
