@@ -20,32 +20,11 @@ from diagnoser.agent.history import ERROR, OK, TIMEOUT
 from diagnoser.agent.worker import discover_servers, find_by_match, pod_of
 from diagnoser.collectors import nvml_seam
 from diagnoser.errors import SourceUnavailable
+from tests.reference import TRICKLE_SERVER
 from tests.test_agent_loop import ENV, AgentProcess, DemoServer, agent_cmd, free_port, metric, rows, scrape, wait_until
 
 # Serves HTTP headers promising a big body, then trickles it a byte at a time: every read returns before the
 # socket timeout, so a client without an overall deadline waits forever. A hung server, as seen from outside.
-TRICKLE = r"""
-import socket, sys, threading, time
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", 0))
-srv.listen(16)
-print(srv.getsockname()[1], flush=True)
-def serve(conn):
-    try:
-        conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10000000\r\n\r\n")
-        while True:
-            conn.sendall(b"#")
-            time.sleep(0.5)
-    except OSError:
-        pass
-while True:
-    conn, _ = srv.accept()
-    threading.Thread(target=serve, args=(conn,), daemon=True).start()
-"""
-
-
 def workers_of(agent_pid: int) -> list[psutil.Process]:
     """Live worker processes started by one agent (other agents on this machine are not ours to count)."""
     found = []
@@ -68,7 +47,7 @@ def test_exits_hangs_and_down_sources_are_recorded_and_the_loop_goes_on(tmp_path
     # CUDA_VISIBLE_DEVICES tells the DCGM source which GPU a server uses when NVML cannot (no GPU here).
     steady = DemoServer(kv_tokens=2048, env={"CUDA_VISIBLE_DEVICES": "0"})
     leaving = DemoServer(kv_tokens=2048, env={"CUDA_VISIBLE_DEVICES": "0"})
-    trickle = subprocess.Popen([sys.executable, "-c", TRICKLE], stdout=subprocess.PIPE, text=True)
+    trickle = subprocess.Popen([sys.executable, "-c", TRICKLE_SERVER], stdout=subprocess.PIPE, text=True)
     assert trickle.stdout is not None
     hung_port = int(trickle.stdout.readline())
     db, port = tmp_path / "history.db", free_port()

@@ -20,6 +20,7 @@ from diagnoser.capture import load
 from diagnoser.rules import diagnose
 from diagnoser.traces import analyze_trace, capture_from_trace
 from diagnoser.traces.analysis import TraceAnalysis
+from tests.reference import union_us
 
 TRACES = Path(__file__).resolve().parent / "fixtures" / "gpu" / "traces"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -27,20 +28,6 @@ GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 def _events(name: str) -> list[dict[str, Any]]:
     return json.loads(gzip.decompress((TRACES / name).read_bytes()))["traceEvents"]
-
-
-def _busy_us(events: list[dict[str, Any]]) -> float:
-    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
-                   if e.get("ph") == "X" and e.get("cat") in GPU_CATS)
-    total, start, end = 0.0, None, None
-    for s, e in spans:
-        if end is None or s > end:
-            if end is not None:
-                total += end - start  # type: ignore[operator]
-            start, end = s, e
-        else:
-            end = max(end, e)
-    return total + (end - start if end is not None else 0.0)  # type: ignore[operator]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +46,9 @@ def test_counts_and_busy_match_the_raw_json(analyses, name):
     s = analyses[name].summary
     assert s.kernel_count == sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "kernel")
     assert s.cuda_graph_launches == sum(1 for e in events if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch")
-    assert s.gpu_busy_frac == pytest.approx(_busy_us(events) / (s.window_s * 1e6), abs=0.01)
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
+             if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    assert s.gpu_busy_frac == pytest.approx(union_us(spans) / (s.window_s * 1e6), abs=0.01)
     assert [d.name for d in analyses[name].devices] == ["NVIDIA H100 80GB HBM3"]
 
 

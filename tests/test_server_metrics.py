@@ -29,6 +29,7 @@ from diagnoser.collectors.server_metrics import (
 )
 from diagnoser.collectors.session import Sampler, run_sampler
 from diagnoser.demo.loadgen import run_load
+from tests.reference import TRICKLE_SERVER
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 VLLM_DOC = FIXTURES / "serving" / "vllm_docs_metrics_example_excerpt.txt"
@@ -308,30 +309,6 @@ def test_demo_server_endpoint_maps_to_every_vllm_signal_it_has(demo_server):
     assert values(capture, "server.ttft_p50_s")[0] <= values(capture, "server.ttft_p99_s")[0]
     assert capture.unavailable == []
     assert proc.poll() is None
-
-
-TRICKLE_SERVER = r"""
-import socket, threading, time
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", 0))
-srv.listen(16)
-print(srv.getsockname()[1], flush=True)
-def serve(conn):
-    try:
-        while True:  # keep-alive: answer every request on this connection the same slow way
-            if not conn.recv(65536):
-                return
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10000000\r\n\r\n")
-            while True:
-                conn.sendall(b"#")
-                time.sleep(0.2)
-    except OSError:
-        pass
-while True:
-    conn, _ = srv.accept()
-    threading.Thread(target=serve, args=(conn,), daemon=True).start()
-"""
 
 
 def test_an_endpoint_that_trickles_is_cut_off_by_one_deadline():

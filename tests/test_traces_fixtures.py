@@ -14,6 +14,7 @@ import pytest
 from diagnoser.rules import diagnose
 from diagnoser.traces import analyze_trace, capture_from_trace
 from diagnoser.traces.analysis import TraceAnalysis
+from tests.reference import union_us
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kineto"
 ALEXNET = FIXTURES / "a100_alexnet_forward.json.gz"
@@ -27,20 +28,6 @@ GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 def _events(path: Path) -> list[dict[str, Any]]:
     return json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
-
-
-def _union_us(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s  # type: ignore[operator]
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s  # type: ignore[operator]
-    return total
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +53,8 @@ def test_alexnet_busy_time_is_the_union_of_gpu_work_without_cuda_sync(alexnet: T
     lo, hi = min(s for s, _ in gpu), max(e for _, e in gpu)
     assert alexnet.window == (lo, hi)  # no ProfilerStep: the span of GPU activity
     (tl,) = alexnet.timelines
-    assert tl.busy_us == pytest.approx(_union_us(gpu, lo, hi), abs=1e-6)
-    assert tl.busy_us < _union_us(gpu + syncs, lo, hi)  # what HTA's temporal breakdown counts (pitfall P1)
+    assert tl.busy_us == pytest.approx(union_us(gpu, lo, hi), abs=1e-6)
+    assert tl.busy_us < union_us(gpu + syncs, lo, hi)  # what HTA's temporal breakdown counts (pitfall P1)
     # HTA 0.5.0 reports 99.49 % idle on this trace; it is right here
     assert 1 - alexnet.summary.gpu_busy_frac == pytest.approx(0.9949, abs=0.0005)  # type: ignore[operator]
 
