@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ import pytest
 from diagnoser.capture import Capture, load
 from diagnoser.rules import diagnose
 from diagnoser.collectors.server_metrics import MetricsError, probe
+from diagnoser.demo.loadgen import run_load
 
 PY = sys.executable
 CLI = [PY, "-m", "diagnoser"]
@@ -212,10 +214,24 @@ def test_trace_of_a_hooked_server_is_analysed_into_the_capture(tmp_path):
         found = re.search(r"ready on http://127\.0\.0\.1:(\d+)", proc.stdout.readline())
         assert found
         saved = tmp_path / "traced.dgc"
-        result = attach("--port", found.group(1), "--duration", "1", "--trace", "1", "--save", str(saved))
+        url = f"http://127.0.0.1:{found.group(1)}"
+        load_stop = threading.Event()
+        clients = threading.Thread(target=run_load, kwargs=dict(url=url, concurrency=4, duration_s=600.0,
+                                                                 stop=load_stop), daemon=True)
+        clients.start()  # tokens flow in the window and while tracing, so the trace's cost can be measured
+        try:
+            result = attach("--port", found.group(1), "--duration", "2", "--trace", "1", "--save", str(saved))
+        finally:
+            load_stop.set()
+            clients.join(60)
         assert result.returncode == 0, result.stderr
         capture = load(saved)
         assert capture.trace is not None and capture.trace.window_s > 0
         assert not [u for u in capture.unavailable if u.source == "trace"]
+        assert "Open it in Perfetto" in result.stderr
+        spent = capture.serving["trace_cost"]
+        assert spent["before"]["gen_tokens"] > 0 and spent["during"]["gen_tokens"] >= 0
+        assert "gen_tokens" in spent["loss"] and spent["pauses_ms"]  # the hook reports its pauses
+        assert "While tracing" in result.stderr and "generated tokens/s" in result.stderr
     finally:
         stop(proc)

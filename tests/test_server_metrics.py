@@ -329,3 +329,35 @@ def test_an_endpoint_that_trickles_is_cut_off_by_one_deadline():
     finally:
         server.kill()
         server.wait()
+
+
+def test_trace_cost_compares_the_rate_while_tracing_with_the_window_before(endpoint):
+    from diagnoser.tracing.cost import measure
+
+    endpoint.body = vllm_text(prompt=1000, gen=5000, steps=100, ttft={"+Inf": 1})
+
+    def trace() -> str:  # the server keeps serving while it is traced: its counters move on
+        endpoint.body = vllm_text(prompt=1100, gen=5300, steps=110, ttft={"+Inf": 1})
+        return "trace.json"
+
+    result, spent = measure(trace, endpoint.url, {"gen_tokens": 400.0, "prompt_tokens": 100.0})
+    assert result == "trace.json"
+    assert spent.during["gen_tokens"] == pytest.approx(300 / spent.seconds)
+    assert spent.during["prompt_tokens"] == pytest.approx(100 / spent.seconds)
+    assert spent.loss("gen_tokens") == pytest.approx(1 - spent.during["gen_tokens"] / 400.0)
+    assert spent.headline_rate() == "gen_tokens"
+    assert "generated tokens/s" in spent.sentence() and "in the window before" in spent.sentence()
+    assert spent.to_dict()["loss"]["gen_tokens"] == spent.loss("gen_tokens")
+
+
+def test_trace_cost_says_why_it_could_not_compare(endpoint):
+    from diagnoser.tracing.cost import measure
+
+    _, no_url = measure(lambda: None, None, {"gen_tokens": 10.0})
+    assert no_url.loss("gen_tokens") is None and "no /metrics" in no_url.sentence()
+    refused = f"http://127.0.0.1:{_free_port()}/metrics"
+    _, down = measure(lambda: None, refused, {"gen_tokens": 10.0})
+    assert "connection refused" in down.why_not and "not measured" in down.sentence()
+    endpoint.body = vllm_text(prompt=1, gen=1, steps=1, ttft={"+Inf": 1})
+    _, idle = measure(lambda: None, endpoint.url, {})
+    assert idle.loss("gen_tokens") is None and "served nothing in the window before" in idle.sentence()

@@ -6,7 +6,6 @@ window early and still diagnoses (and saves, with --save) what was collected.
 
 from __future__ import annotations
 
-import importlib
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,29 +79,30 @@ def progress_line(p: Progress) -> str:
     return "  ".join(parts)
 
 
-def _trace_functions() -> tuple[Any, Any]:
-    """acquire_trace and analyze_trace from the tracing modules; InputError when this build lacks them."""
-    try:
-        tracing = importlib.import_module("diagnoser.tracing")
-        traces = importlib.import_module("diagnoser.traces")
-        return tracing.acquire_trace, traces.analyze_trace
-    except (ImportError, AttributeError):
-        raise InputError("--trace needs diagnoser.tracing and diagnoser.traces.analyze_trace, which this "
-                         "installation lacks.") from None
-
-
 def add_trace(capture: Capture, target: AttachTarget, seconds: float, out_dir: Path, view: LiveView) -> None:
-    """Take and analyse a torch.profiler trace after the counter window; a failure is recorded, not fatal."""
-    acquire, analyze = _trace_functions()
+    """Take and analyse a torch.profiler trace after the counter window, and measure what it cost the server's
+    throughput; a failure is recorded, not fatal."""
+    from diagnoser.traces import analyze_trace
+    from diagnoser.tracing import cost
+    from diagnoser.tracing.acquire import acquire_trace_detailed, perfetto_hint
+
     if target.pid is None:
         capture.mark_unavailable("trace", "trace.*", "--trace needs a process to trace (give a PID or --port)")
         return
     server_url = target.metrics_url.rsplit("/metrics", 1)[0] if target.metrics_url else None
+    means = {s.name: sum(s.values) / len(s.values) for s in capture.series
+             if s.name.startswith("server.") and s.values}
     view.say(f"diagnoser: tracing pid {target.pid} for {seconds:g} s")
     try:
-        path = acquire(target.pid, seconds, out_dir, server_url)
-        view.say(f"diagnoser: trace written to {path}")
-        capture.trace = analyze(path).summary
+        acquired, spent = cost.measure(lambda: acquire_trace_detailed(target.pid, seconds, out_dir, server_url),
+                                       target.metrics_url, cost.window_rates(means))
+        spent.pauses_ms = acquired.pauses_ms()
+        view.say(f"diagnoser: trace written to {acquired.path} (via {acquired.method})")
+        view.say(f"diagnoser: {perfetto_hint(acquired.path)}")
+        view.say(f"diagnoser: {spent.sentence()}")
+        capture.notes.append(spent.sentence())
+        capture.serving["trace_cost"] = spent.to_dict()
+        capture.trace = analyze_trace(acquired.path).summary
     except DiagnoserError as exc:
         capture.mark_unavailable("trace", "trace.*", str(exc).rstrip("."))
         view.say(f"diagnoser: no trace: {exc}")
@@ -161,7 +161,6 @@ def register(app: typer.Typer) -> None:
         if trace is not None:
             if not trace > 0:
                 raise InputError("--trace takes a positive number of seconds.")
-            _trace_functions()
         if not duration > 0:
             raise InputError(f"--duration must be positive, not {duration:g}.")
         if not interval >= MIN_INTERVAL_S:

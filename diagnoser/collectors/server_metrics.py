@@ -285,6 +285,23 @@ def probe(url: str, timeout: float = FETCH_TIMEOUT_S) -> tuple[str | None, Sampl
     return detect_kind(samples), samples
 
 
+def served_totals(url: str, timeout: float = FETCH_TIMEOUT_S) -> dict[str, float]:
+    """The server's cumulative counters now: generated and prompt tokens and finished requests, for the kinds of
+    server this module knows ("gen_tokens", "prompt_tokens", "requests"; those the server lacks are left out)."""
+    kind, samples = probe(url, timeout)
+    mapping = SERVER_MAPS.get(kind) if kind else None
+    if mapping is None:
+        raise MetricsError(f"{url} is not a server whose token counters diagnoser knows.")
+    out: dict[str, float] = {}
+    for key, signal in (("gen_tokens", "server.gen_tokens_per_s"), ("prompt_tokens", "server.prompt_tokens_per_s"),
+                        ("requests", "server.requests_per_s")):
+        names = mapping.rates.get(signal)
+        value = _total(samples, names) if names else None
+        if value is not None:
+            out[key] = value
+    return out
+
+
 def _total(samples: Samples, names: tuple[str, ...], *, mean: bool = False) -> float | None:
     for name in names:
         found = samples.get(name)
