@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
     @handles_errors
     def trace_cmd(
         pid: int = typer.Argument(..., help="The server's process id (its children are traced too)."),
-        seconds: float = typer.Option(5.0, "--seconds", "-s", help="Length of the profiler window."),
+        seconds: float = typer.Option(2.0, "--seconds", "-s", help="Length of the profiler window (a CUDA-graph decode "
+                                      "on an H100 writes about 230 MB of trace per second)."),
         out: Path = typer.Option(Path("."), "--out", "-o", help="Folder to save the trace in."),
         url: str | None = typer.Option(None, "--url", help="The server's base URL, to use vLLM/SGLang's own "
                                        "/start_profile and /stop_profile endpoints."),
