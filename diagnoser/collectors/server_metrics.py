@@ -159,8 +159,13 @@ _PREFIX_KIND = (("diagnoser_demo_info", "demo"), ("vllm:", "vllm"), ("sglang:", 
 
 # --- fetching and parsing -----------------------------------------------------------------------------------
 
+# The whole answer may take this many times the socket timeout: a loaded server that streams a big page slowly still
+# gets read, one that trickles bytes forever (never tripping a socket timeout) is cut off.
+ANSWER_DEADLINE_FACTOR = 5
+
+
 class _Deadline(Exception):
-    """The whole answer took longer than the timeout (a server that trickles bytes never trips a socket timeout)."""
+    """The whole answer took longer than its deadline."""
 
 
 def _read_body(response: Any, deadline: float) -> bytes:
@@ -179,15 +184,15 @@ def _read_body(response: Any, deadline: float) -> bytes:
 
 
 def fetch_metrics(url: str, timeout: float = FETCH_TIMEOUT_S) -> str:
-    """GET a /metrics page within `timeout` seconds in all (connect, headers and body); every failure becomes one
-    sentence."""
+    """GET a /metrics page: `timeout` bounds each wait on the socket, ANSWER_DEADLINE_FACTOR x `timeout` the whole
+    answer; every failure becomes one sentence."""
     request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4", "User-Agent": "diagnoser"})
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * ANSWER_DEADLINE_FACTOR
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body = _read_body(response, deadline)
     except _Deadline:
-        raise MetricsError(f"{url} did not finish answering within {timeout:g} s.") from None
+        raise MetricsError(f"{url} did not finish answering within {timeout * ANSWER_DEADLINE_FACTOR:g} s.") from None
     except urllib.error.HTTPError as exc:
         raise MetricsError(f"{url} answered HTTP {exc.code} ({exc.reason}).") from None
     except urllib.error.URLError as exc:
@@ -224,7 +229,8 @@ class Fetcher:
                 return self._get()
             except _Deadline:
                 self.close()
-                raise MetricsError(f"{self.url} did not finish answering within {self.timeout:g} s.") from None
+                raise MetricsError(f"{self.url} did not finish answering within "
+                                   f"{self.timeout * ANSWER_DEADLINE_FACTOR:g} s.") from None
             except (TimeoutError, socket.timeout):
                 self.close()
                 raise MetricsError(f"{self.url} did not answer within {self.timeout:g} s.") from None
@@ -238,7 +244,7 @@ class Fetcher:
             self._conn = cls(self._host, self._port, timeout=self.timeout)
         self._conn.request("GET", self._path, headers={"Accept": "text/plain;version=0.0.4",
                                                        "User-Agent": "diagnoser"})
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.timeout * ANSWER_DEADLINE_FACTOR
         response = self._conn.getresponse()
         body = _read_body(response, deadline)
         if response.status != 200 or len(body) > MAX_BODY_BYTES or response.will_close:
