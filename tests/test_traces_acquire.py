@@ -218,8 +218,10 @@ def test_forked_worker_is_hooked_and_traced_with_its_parent(tmp_path: Path, monk
     script = tmp_path / "forking.py"
     script.write_text(FORKING_SERVER)
     pids_file = tmp_path / "pids"
+    # Its own process group: SIGKILL of the parent alone would leave the forked worker running (a daemon child is
+    # only ended by the parent's exit handlers).
     proc = subprocess.Popen([sys.executable, str(script), str(pids_file)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not (pids_file.exists() and pids_file.read_text()):
@@ -236,5 +238,8 @@ def test_forked_worker_is_hooked_and_traced_with_its_parent(tmp_path: Path, monk
         assert {int(r.path.name.split("-")[1]) for r in a.ranks} == {parent, child}
         assert all(r.ops is not None for r in a.ranks)
     finally:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.wait()

@@ -96,14 +96,25 @@ class Rule:
         missing = self.missing(ev)
         if not missing:
             return None
-        parts = []
-        for req in missing:
-            first = req.split("|")[0]
-            parts.append(f"{req.replace('|', ' or ')} ({ev.why_missing(first)})")
-        return "needs " + "; ".join(parts)
+        # The sentence depends only on what is missing and on the capture's unavailable list, which a fleet's GPUs
+        # mostly share: built once per distinct case (and then one string object, which pickles once per chunk).
+        key = (self.code, tuple(missing), ev.absent_key())
+        reason = _SKIP_REASONS.get(key)
+        if reason is None:
+            parts = []
+            for req in missing:
+                first = req.split("|")[0]
+                parts.append(f"{req.replace('|', ' or ')} ({ev.why_missing(first)})")
+            reason = "needs " + "; ".join(parts)
+            if len(_SKIP_REASONS) >= _SKIP_REASONS_MAX:
+                _SKIP_REASONS.clear()
+            _SKIP_REASONS[key] = reason
+        return reason
 
 
 RULES: dict[str, Rule] = {}
+_SKIP_REASONS: dict[tuple[str, tuple[str, ...], tuple[tuple[str, str, str], ...]], str] = {}
+_SKIP_REASONS_MAX = 4096
 _ALTERNATIVES: dict[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]] = {}
 
 
