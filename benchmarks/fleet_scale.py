@@ -89,7 +89,7 @@ def _verdicts(doc: dict) -> dict[str, int]:
 def run_fleet_once(prom: PrometheusServer, window_args: list[str], workdir: Path) -> dict:
     out = workdir / f"measure-{time.monotonic_ns()}.json"
     cmd = [sys.executable, __file__, "_measure", str(out), "--", "fleet", "--prometheus", prom.url, *window_args,
-           "--json", "--timeout", "120", "--points", str(POINTS)]
+           "--json", "--timeout", "120", *(["--points", str(POINTS)] if POINTS else [])]
     before = prometheus_cpu_s(prom)
     subprocess.run(cmd, check=True, cwd=REPO, timeout=600)
     result = json.loads(out.read_text())
@@ -231,7 +231,8 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=150.0, help="live mode: window (s) filled before measuring")
     ap.add_argument("--keep-data", type=Path, default=None, help="backfill mode: keep (and reuse) the generated "
                     "TSDB blocks under this directory; 10,000 GPUs take minutes and ~6 GB of OpenMetrics to make")
-    ap.add_argument("--points", type=int, default=30, help="values per GPU and field (diagnoser fleet --points)")
+    ap.add_argument("--points", type=int, default=0, help="values per GPU and field (diagnoser fleet --points; "
+                    "0: the fleet's own default)")
     args = ap.parse_args()
     global POINTS
     POINTS = args.points
@@ -249,7 +250,7 @@ def main() -> None:
             results.append(result)
             print(json.dumps(result), file=sys.stderr, flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    out = OUT / f"fleet_scale-{args.mode}-{args.points}pts.json"
+    out = OUT / f"fleet_scale-{args.mode}-{args.points or 'default'}pts.json"
     out.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
                                "results": results}, indent=2))
     print_table(results)

@@ -137,7 +137,8 @@ def register(app: typer.Typer) -> None:
         limit: int = typer.Option(None, "--limit", min=1, help="Show only the N rows with most at stake (terminal "
                                   f"default {DEFAULT_TERMINAL_ROWS}; --json default all)."),
         timeout: float = typer.Option(30.0, "--timeout", min=1.0, help="Seconds each Prometheus query may take."),
-        points: int = typer.Option(30, "--points", min=5, max=300, help="Values per GPU and field over the window."),
+        points: int = typer.Option(None, "--points", min=5, max=300, help="Values per GPU and field over the window "
+                                   "(default 30; 10 beyond 2,000 GPUs, where reading them is most of the time)."),
         fail_on: str = typer.Option("", "--fail-on", help="Exit 1 when any GPU's verdict is one of these "
                                     "(comma-separated limiters, inconclusive, or 'any')."),
         rules_config: Path = typer.Option(None, "--rules-config", help="TOML file overriding rule thresholds."),
