@@ -100,6 +100,14 @@ class Evidence:
     def get(self, name: str) -> Signal | None:
         return self.signals.get(name)
 
+    def observed_batch(self) -> float | None:
+        """Sequences per step: the server's running count, its batch size, or the trace's decode batch."""
+        for name in ("server.running", "server.batch_size", "trace.decode_batch"):
+            s = self.signals.get(name)
+            if s is not None and s.mean > 0:
+                return s.mean
+        return None
+
     def __getitem__(self, name: str) -> Signal:
         return self.signals[name]
 
@@ -261,7 +269,7 @@ def _derive_theory(capture: Capture, ev: Evidence) -> None:
     tp = max(1, model.tensor_parallel)
     ev.add(Signal("theory.weight_bytes", "bytes", ("physics",), (physics.weight_bytes(model, dtype) / tp,)))
     ev.add(Signal("theory.ridge_batch", "sequences", ("physics",), (physics.ridge_batch(model, gspec, dtype),)))
-    batch = _observed_batch(ev)
+    batch = ev.observed_batch()
     context = _observed_context(capture)
     if batch is None:
         return
@@ -278,14 +286,6 @@ def _derive_theory(capture: Capture, ev: Evidence) -> None:
                      if prompt is not None and prompt.mean > 0 else 0.0)
         if decode_s + prefill_s > 0:
             ev.add(Signal("theory.decode_share", "ratio", ("server", "physics"), (decode_s / (decode_s + prefill_s),)))
-
-
-def _observed_batch(ev: Evidence) -> float | None:
-    for name in ("server.running", "server.batch_size", "trace.decode_batch"):
-        s = ev.get(name)
-        if s is not None and s.mean > 0:
-            return s.mean
-    return None
 
 
 def _observed_context(capture: Capture) -> int:

@@ -328,7 +328,7 @@ def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     tp = max(1, model.tensor_parallel)
     context_value = capture.serving.get("mean_context_tokens")
     context = int(context_value) if isinstance(context_value, (int, float)) and context_value > 0 else 0
-    batch = _observed_batch(ev)
+    batch = ev.observed_batch()
     marks = []
     try:
         single = physics.decode_ceiling_tokens_per_s(model, gspec, batch=1, context=context, dtype=dtype, tp=tp)  # type: ignore[arg-type]
@@ -359,14 +359,6 @@ def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     else:
         caption += "Achieved tokens/s not measured (needs server metrics: attach with --port)."
     return Figure("throughput", title, chart, caption)
-
-
-def _observed_batch(ev: Evidence) -> float | None:
-    for name in ("server.running", "server.batch_size", "trace.decode_batch"):
-        s = ev.get(name)
-        if s is not None and s.mean > 0:
-            return s.mean
-    return None
 
 
 # --- all of them, in the order a reader of this verdict needs ------------------------------------------------

@@ -7,11 +7,7 @@ from diagnoser.evidence import Evidence
 
 
 def observed_batch(ev: Evidence) -> float | None:
-    for name in ("server.running", "server.batch_size", "trace.decode_batch"):
-        s = ev.get(name)
-        if s is not None and s.mean > 0:
-            return s.mean
-    return None
+    return ev.observed_batch()
 
 
 def _model_and_gpu(ev: Evidence):  # type: ignore[no-untyped-def]
