@@ -236,8 +236,29 @@ def test_recorded_fixtures_manifest_round_trip(tmp_path):
     assert entry["expected"] == ["memory_bandwidth"] and entry["gpu"] == "NVIDIA H100 80GB HBM3"
     assert entry["observed"]["tokens_per_s"] == 420.0 and entry["observed"]["gpu.dram_active"] == 0.75
     assert load(folder / entry["capture"]).gpus[0].name == "NVIDIA H100 80GB HBM3"
+    assert entry["trace"] == ""  # no trace was taken for this one
     record_fixtures(report, [capture], folder, command="again")  # re-recording replaces, never duplicates
     assert len(load_manifest(folder)) == 1
+
+
+def test_recording_keeps_a_short_window_of_the_scenario_trace(tmp_path):
+    # A real H100 trace window stands in for the 2 s trace the scenario took: recording cuts 30 ms out of it.
+    from diagnoser.capture import save
+    from diagnoser.traces import analyze_trace
+
+    capture = make_capture({"gpu.busy": 0.95, "server.running": 1}, model=llama_7b())
+    result = _gpu_result("decode-b1", 420.0, 600.0)
+    result.verdict, result.passed = "memory_bandwidth", True
+    result.capture_path = str(save(capture, tmp_path / "decode-b1.dgc"))
+    result.trace_path = str(Path(__file__).parent / "fixtures" / "gpu" / "traces" / "h100-decode-b1-30ms.json.gz")
+    report = SelftestReport(device="cuda", gpu_name="NVIDIA H100 80GB HBM3", results=[result])
+    record_fixtures(report, [capture], tmp_path / "fx", command="x")
+    (entry,) = load_manifest(tmp_path / "fx")
+    kept = tmp_path / "fx" / entry["trace"]
+    assert entry["trace"] == "traces/nvidia-h100-80gb-hbm3-decode-b1-30ms.json.gz" and kept.is_file()
+    summary = analyze_trace(kept).summary
+    assert 0 < summary.window_s <= 0.03 + 0.003  # 30 ms, plus the launches kept from just before it
+    assert summary.kernel_count > 1000 and summary.cuda_graph_launches >= 1
 
 
 def test_selftest_refuses_a_busy_gpu(tmp_path):

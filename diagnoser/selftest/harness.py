@@ -68,6 +68,7 @@ class ScenarioResult:
     skipped: str = ""
     error: str = ""
     trace: str = ""
+    trace_path: str = ""  # the full trace taken after the window, when there is one
     capture_path: str = ""
     model: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
@@ -169,6 +170,7 @@ class _TraceWindow:
     def __init__(self, pid: int, seconds: float, out_dir: Path) -> None:
         self.summary: TraceSummary | None = None
         self.status = ""
+        self.path: Path | None = None
         self._thread = threading.Thread(target=self._run, args=(pid, seconds, out_dir), daemon=True)
 
     def start(self) -> None:
@@ -188,6 +190,7 @@ class _TraceWindow:
             return
         try:
             path = acquire_trace(pid, seconds, out_dir)
+            self.path = Path(path)
             self.summary = analyze_trace(path).summary
             self.status = f"trace of {seconds:g} s: {Path(path).name}"
         except DiagnoserError as exc:
@@ -237,6 +240,8 @@ def observe(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: 
             tracer.start()
             tracer.join(timeout=max(30.0, 10 * trace_s))
             capture.trace = tracer.summary
+            if tracer.summary is not None and tracer.path is not None:
+                info["trace_path"] = str(tracer.path)
             if tracer.status:
                 capture.notes.append(f"selftest {tracer.status}")
         elif trace_s > 0:
@@ -312,6 +317,7 @@ def run_scenario(scn: Scenario, *, device: str, size: str, window_s: float, trac
     if device != "cpu":
         spec = _spec(capture.gpus[0] if capture.gpus else None)
         result.ceiling_tokens_per_s = ceiling_tokens_per_s(model, spec, plan, result.batch, context)
+    result.trace_path = str(info.get("trace_path") or "")
     result.trace = next((n.removeprefix("selftest ") for n in capture.notes if n.startswith("selftest trace")
                          or n.startswith("selftest: no trace")), "")
     path = out_dir / f"{scn.name}.dgc"

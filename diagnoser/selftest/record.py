@@ -20,8 +20,11 @@ from diagnoser.capture import Capture
 from diagnoser.errors import InputError
 from diagnoser.evidence import build_evidence
 from diagnoser.selftest.harness import SelftestReport
+from diagnoser.traces.decode import TraceError
+from diagnoser.traces.trim import trim_trace
 
 MANIFEST = "manifest.json"
+TRACES = "traces"  # trimmed trace windows, beside the captures
 FORMAT_NAME = "diagnoser-gpu-fixtures"
 FORMAT_VERSION = 1
 # Observed numbers kept beside each fixture, as window means.
@@ -56,6 +59,18 @@ def _observed(capture: Capture) -> dict[str, float]:
     return {name: round(ev[name].mean, 4) for name in _OBSERVED if name in ev}
 
 
+def _keep_trace_window(src: str, dst: Path) -> str:
+    """A 30 ms window of the scenario's trace (the whole one is hundreds of MB), as a path relative to the fixture
+    folder; "" when there is no trace or it cannot be cut."""
+    if not src or not Path(src).is_file():
+        return ""
+    try:
+        trim_trace(Path(src), dst, window_ms=30.0)
+    except TraceError:
+        return ""
+    return f"{TRACES}/{dst.name}"
+
+
 def record_fixtures(report: SelftestReport, captures: list[Capture | None], folder: Path, *,
                     command: str) -> list[Path]:
     """Copy each scenario's capture into `folder` and add (or replace) its manifest entry. GPU runs only."""
@@ -71,6 +86,7 @@ def record_fixtures(report: SelftestReport, captures: list[Capture | None], fold
         name = f"{gpu}-{result.scenario}.dgc"
         shutil.copyfile(result.capture_path, folder / name)
         written.append(folder / name)
+        trace = _keep_trace_window(result.trace_path, folder / TRACES / f"{gpu}-{result.scenario}-30ms.json.gz")
         fixtures[name] = {
             "capture": name,
             "scenario": result.scenario,
@@ -83,6 +99,7 @@ def record_fixtures(report: SelftestReport, captures: list[Capture | None], fold
             "torch": str(result.stats.get("torch") or ""),
             "model": result.model.get("name", ""),
             "command": command,
+            "trace": trace,
             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "observed": {"tokens_per_s": result.measured_tokens_per_s, "ceiling_tokens_per_s":
                          result.ceiling_tokens_per_s, "rate": result.rate, **_observed(capture)},

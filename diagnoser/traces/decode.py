@@ -506,6 +506,15 @@ class _Whole(msgspec.Struct):
     traceEvents: list[Event] = msgspec.field(default_factory=list)
 
 
+def read_json_bytes(path: str | Path) -> bytes:
+    """A whole trace's JSON (plain or gzip, with the reader's bomb guard); TraceError when it is cut short."""
+    stats = DecodeStats()
+    data = b"".join(_open_stream(Path(path), stats))
+    if stats.truncated:
+        raise TraceError(f"{path} is cut short ({'; '.join(stats.notes)}).")
+    return data
+
+
 def decode_whole(path: str | Path) -> list[Event]:
     """Bare typed decode of a whole trace in one call (the benchmark's reference; needs the file in memory)."""
     data = Path(path).read_bytes()
@@ -515,4 +524,4 @@ def decode_whole(path: str | Path) -> list[Event]:
 
 
 __all__ = ["Args", "Cat", "DecodeStats", "Event", "Ph", "TraceError", "TraceFile", "decode_whole",
-           "iter_event_chunks"]
+           "iter_event_chunks", "read_json_bytes"]
