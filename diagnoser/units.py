@@ -1,8 +1,11 @@
-"""Formatting numbers with their units for people (terminal and HTML alike)."""
+"""Numbers with their units, for people: formatting them (terminal and HTML alike) and reading durations."""
 
 from __future__ import annotations
 
 import math
+import re
+
+from diagnoser.errors import InputError
 
 _BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 _SI = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
@@ -40,3 +43,28 @@ def gain(multiplier: float | None) -> str:
     if multiplier >= 1.995:
         return f"up to {multiplier:.1f}x"
     return f"up to +{(multiplier - 1) * 100:.0f} %"
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(value: str | int | float, what: str = "duration", *, positive: bool = False) -> float:
+    """Seconds from '90s', '15m', '1h30m', '500ms', '2d', '1w' or a bare number of seconds (spaces ignored); one
+    sentence naming `what` otherwise. Zero is allowed unless `positive`."""
+    if isinstance(value, bool):
+        raise InputError(f"{what} must be a duration such as 90s, 15m, 1h30m or 2d, not {value!r}.")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = value.strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _DURATION_PART.findall(text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                raise InputError(f"{what} must be a duration such as 90s, 15m, 1h30m or 2d, not '{value}'.") from None
+            seconds = sum(float(n) * _SECONDS[u] for n, u in parts)
+    if seconds != seconds or seconds < 0 or (positive and seconds == 0):
+        raise InputError(f"{what} must be {'positive' if positive else 'zero or more'}, not '{value}'.")
+    return seconds

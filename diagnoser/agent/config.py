@@ -15,35 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from diagnoser.errors import InputError
+from diagnoser.units import parse_duration
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.:@/-]{1,120}$")
-
-
-def parse_duration(value: str | int | float, what: str = "duration") -> float:
-    """Seconds from '15m', '1h30m', '500ms', '30d' or a bare number of seconds."""
-    if isinstance(value, bool):
-        raise InputError(f"{what} must be a duration such as 10s, 15m or 30d, not {value!r}.")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        text = value.strip().lower().replace(" ", "")
-        try:
-            seconds = float(text)
-        except ValueError:
-            parts = _DURATION_PART.findall(text)
-            if not parts or "".join(n + u for n, u in parts) != text:
-                raise InputError(f"{what} must be a duration such as 10s, 15m or 30d, not '{value}'.") from None
-            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    if seconds < 0 or seconds != seconds:
-        raise InputError(f"{what} must not be negative.")
-    return seconds
 
 
 def parse_fraction(value: str | int | float, what: str = "jitter") -> float:

@@ -31,6 +31,7 @@ from diagnoser.agent.metrics import AgentMetrics, MetricsServer, write_textfile
 from diagnoser.agent.notify import EventLog, Webhook, is_change
 from diagnoser.agent.reports import RunReports
 from diagnoser.agent.worker import build_job
+from diagnoser.collectors.process import pid_alive
 from diagnoser.errors import DiagnoserError, InputError
 
 STOP_GRACE_S = 3.0  # after SIGTERM, how long workers get to store what they captured
@@ -109,7 +110,7 @@ class Agent:
         parent = self.cfg.db_path.parent
         for old in parent.glob(_WORK_PREFIX + "*"):
             pid = old.name[len(_WORK_PREFIX):].split("-")[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
         try:
             return Path(tempfile.mkdtemp(prefix=f"{_WORK_PREFIX}{os.getpid()}-", dir=parent))
@@ -353,16 +354,6 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tail(path: Path, limit: int = 400) -> str:

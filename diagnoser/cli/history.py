@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
         db: Path = typer.Option(None, "--db", help="History store (default: where the agent keeps it)."),
     ) -> None:
         """Show how each target's verdict changed over time (from `diagnoser agent`'s history)."""
-        from diagnoser.agent.config import parse_duration, state_dir
+        from diagnoser.agent.config import state_dir
+        from diagnoser.units import parse_duration
         from diagnoser.agent.history import HistoryStore, outcome, segments
 
         window = parse_duration(since, "--since")

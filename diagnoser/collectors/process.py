@@ -15,6 +15,18 @@ import psutil
 from diagnoser.capture import ProcessInfo
 
 TREE_REFRESH_S = 5.0
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists (one we may not signal counts: it exists)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
 ZOMBIE_CHECK_S = 0.5
 
 

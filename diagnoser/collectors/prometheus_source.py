@@ -47,27 +47,14 @@ from diagnoser.collectors.dcgm import (
     select_gpus,
     uses_exported_pod_labels,
 )
+from diagnoser import units
 from diagnoser.errors import InputError, SourceUnavailable
 
 # --- windows ---------------------------------------------------------------------------------------------------------
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def parse_duration(text: str, *, option: str = "duration") -> float:
-    """'90s', '30m', '1h30m', '2d' or plain seconds -> seconds."""
-    raw = text.strip().lower()
-    try:
-        value = float(raw)
-    except ValueError:
-        parts = _DURATION.findall(raw)
-        if not parts or "".join(n + u for n, u in parts) != raw:
-            raise InputError(f"{option} '{text}' is not a duration such as 90s, 30m, 1h30m or 2d.") from None
-        value = sum(float(n) * _UNIT_S[u] for n, u in parts)
-    if value <= 0:
-        raise InputError(f"{option} must be positive, not '{text}'.")
-    return value
+    """A window length: a positive duration ('90s', '30m', '1h30m', '2d' or seconds)."""
+    return units.parse_duration(text, option, positive=True)
 
 
 def parse_time(text: str, *, option: str = "time", now: float | None = None) -> float:

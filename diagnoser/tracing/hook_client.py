@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diagnoser.collectors.process import pid_alive
 from diagnoser.errors import SourceUnavailable
 from diagnoser.tracing import protocol
 
@@ -103,7 +104,7 @@ def trace_hooked(procs: list[HookedProcess], seconds: float, out_dir: Path,
                 _remove(protocol.status_path(pid, rid, base[pid]))
                 del pending[pid]
                 continue
-            if not _alive(pid):
+            if not pid_alive(pid):
                 statuses.append({"pid": pid, "state": "error", "message": "the process exited during the trace"})
                 del pending[pid]
             elif pid not in accepted and now - t0 > ack_timeout:
@@ -120,16 +121,6 @@ def trace_hooked(procs: list[HookedProcess], seconds: float, out_dir: Path,
         time.sleep(0.05)
     paths = [Path(s["path"]) for s in statuses if s.get("state") == "done" and s.get("path")]
     return paths, statuses
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(path: Path) -> None:
