@@ -182,7 +182,8 @@ def build_rows(data: WindowData, *, usd_per_gpu_hour: float | None = None, thres
 
 
 # Values per GPU and field: enough for a p90 over the window; beyond LARGE_FLEET_GPUS fewer, because decoding the
-# answers is then most of the run (10,000 GPUs, quiet 2-core VM: 16.6 s at 30 points, 11.4 s at 10; benchmarks/FLEET.md).
+# answers is then most of the run (10,000 GPUs on a quiet 2-core VM: 16.6 s at 30 points, 11.4 s at 10;
+# benchmarks/FLEET.md).
 DEFAULT_POINTS = 30
 LARGE_FLEET_POINTS = 10
 LARGE_FLEET_GPUS = 2000

@@ -142,7 +142,8 @@ def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list 
             out.append(f"  {name:<40} {int(agg['count']):>6}x  {agg['flops'] / 1e9:10.3g} GFLOP  {ai:8.1f} FLOP/B  "
                        f"{_us(agg['time_us'])}")
     ph = a.phases
-    if ph is not None and ph.steps and s.prefill_frac is None and s.decode_batch is None and ph.prefill_frac is not None:
+    left_out = s.prefill_frac is None and s.decode_batch is None and ph is not None and ph.prefill_frac is not None
+    if ph is not None and ph.steps and left_out:
         out.append(f"Phases: left out ({len(ph.steps)} shaped steps seen, too little of the GPU time; see skipped)")
     elif ph is not None and ph.steps:
         n_dec = sum(1 for st in ph.steps if st.phase == "decode")

@@ -82,8 +82,8 @@ def register(app: typer.Typer) -> None:
         size: str = typer.Option("auto", "--size", help="auto (1-3B-parameter model sized to the GPU) or toy."),
         window: float | None = typer.Option(None, "--window", help="Seconds of counters per scenario (default 8 on "
                                             "a GPU, 3 on the CPU)."),
-        trace: float | None = typer.Option(None, "--trace", help="Seconds of torch.profiler trace right after each window "
-                                           "(0: none; default 2 on a GPU, 0.5 on the CPU)."),
+        trace: float | None = typer.Option(None, "--trace", help="Seconds of torch.profiler trace right after each "
+                                           "window (0: none; default 2 on a GPU, 0.5 on the CPU)."),
         out: Path | None = typer.Option(None, "--out", help="Folder for captures and workload logs (default: a new "
                                         "temporary folder)."),
         record: Path | None = typer.Option(None, "--record", help="Also add each capture with its expected verdict "
