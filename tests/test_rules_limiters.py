@@ -174,3 +174,17 @@ def test_underfilled_gpu_stands_back_when_tensor_pipes_work():
     busy_math = make_capture(signals={"gpu.busy": 0.99, "gpu.sm_active": 0.45, "gpu.dram_active": 0.3,
                                       "gpu.tensor_active": 0.4})
     assert "BAT004" not in {f.code for f in diagnose(busy_math).findings}
+
+
+def test_preemptions_with_a_queue_mean_the_kv_cache_ran_out_whatever_its_sampled_p90():
+    # The demo server on a loaded CPU: usage read at 1 Hz swings as sequences are preempted and re-admitted, so its
+    # p90 (0.88) misses the moments it was full; the preemption counter does not.
+    capture = make_capture({"server.kv_usage": [0.84, 0.91, 0.78, 0.83, 0.67], "server.waiting": [10, 11, 9, 10, 11],
+                            "server.running": [6, 5, 6, 6, 4], "server.preemptions_per_s": [1.0, 1.0, 2.0, 1.0]},
+                           gpu=None, n=5)
+    d = diagnose(capture)
+    assert d.verdict == "vram" and d.findings[0].code == "VRAM001", d.headline
+    assert "runs out" in d.findings[0].message
+    calm = make_capture({"server.kv_usage": [0.84, 0.91, 0.78, 0.83, 0.67], "server.waiting": [10, 11, 9, 10, 11],
+                         "server.running": [6, 5, 6, 6, 4], "server.preemptions_per_s": [0.0] * 4}, gpu=None, n=5)
+    assert "VRAM001" not in {f.code for f in diagnose(calm).findings}  # a queue alone, cache not full: not VRAM
