@@ -239,8 +239,10 @@ def test_loop_serves_metrics_keeps_history_and_stops_on_sigterm(demo: DemoServer
     agent = AgentProcess("--every", "1s", "--jitter", "0", "--window", "1s", "--targets", f"demo={demo.port}",
                          "--db", str(db), "--metrics-port", str(port), "--keep-reports", "2")
     try:
-        wait_until(lambda: (metric(scrape(port), "diagnoser_runs_total", target="demo") or 0) >= 3, 120,
-                   "three runs counted on the metrics endpoint")
+        # A cycle is counted when it ends, after its runs: wait for both counters.
+        wait_until(lambda: (metric(scrape(port), "diagnoser_runs_total", target="demo") or 0) >= 3
+                   and (metric(scrape(port), "diagnoser_agent_cycles_total") or 0) >= 3, 120,
+                   "three runs and three cycles counted on the metrics endpoint")
         samples = scrape(port)
         assert metric(samples, "diagnoser_last_run_ok", target="demo") == 1.0
         assert sum(metric(samples, "diagnoser_verdict", target="demo", limiter=v) or 0 for v in VERDICTS) == 1.0
