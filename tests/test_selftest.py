@@ -28,6 +28,7 @@ from diagnoser.selftest.harness import (
     SelftestReport,
     batch_gain_check,
     efficiency_check,
+    quantisation_gain_check,
     run_selftest,
     scenario_names,
 )
@@ -49,11 +50,11 @@ def _run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[st
 def test_harness_end_to_end_on_cpu(tmp_path):
     """Real workload processes, attached to and diagnosed through the library call the CLI makes."""
     out = tmp_path / "run"
-    report, captures = run_selftest(["decode-b1", "kv-full", "prefill"], device="cpu", window_s=3.0, trace_s=0.0,
-                                    out_dir=out)
+    report, captures = run_selftest(["decode-b1", "kv-full", "prefill", "decode-fp8"], device="cpu", window_s=3.0,
+                                    trace_s=0.0, out_dir=out)
     assert report.cpu_run and report.failed == []
     results = {r.scenario: r for r in report.results}
-    assert list(results) == ["decode-b1", "kv-full", "prefill"]
+    assert list(results) == ["decode-b1", "kv-full", "prefill", "decode-fp8"]
     for (name, r), capture in zip(results.items(), captures, strict=True):
         assert r.error == "" and r.skipped == "", (name, r)
         # Never passed off as a GPU result: no pass/fail, and the verdict says so.
@@ -75,7 +76,10 @@ def test_harness_end_to_end_on_cpu(tmp_path):
     ev = build_evidence(load(results["decode-b1"].capture_path))
     assert ev["server.kv_usage"].max < 0.5 and ev["server.waiting"].max == 0
     assert results["prefill"].rate == "prompt"
-    assert {c.name.split(":")[0] for c in report.checks} == {"decode-b1", "prefill"}
+    # FP8 weights through torch._scaled_mm on the CPU: the model says so, the KV cache keeps the activations' dtype.
+    fp8 = load(results["decode-fp8"].capture_path).model
+    assert fp8 is not None and (fp8.dtype, fp8.kv_dtype) == ("fp8", "fp32")
+    assert {c.name.split(":")[0] for c in report.checks} == {"decode-b1", "prefill", "FP8 weights"}
     assert all(c.ok is None and "CPU run" in c.note for c in report.checks)
 
     doc = json.loads(json.dumps(report.to_dict()))
@@ -139,11 +143,32 @@ def test_shape_parameter_counts_match_the_model():
     from diagnoser.selftest.model import Decoder
 
     for shape in SHAPES.values():
-        model = Decoder(shape, device="meta")
-        assert sum(p.numel() for p in model.parameters()) == shape.params()
+        for fp8 in (False, True):
+            model = Decoder(shape, device="meta", fp8=fp8)
+            assert sum(p.numel() for p in model.parameters()) == shape.params()
 
 
-def test_decode_steps_agree_with_a_full_prefill():
+def test_fp8_plan_and_weights():
+    import torch
+
+    from diagnoser.selftest.model import FP8, Decoder
+
+    p = plan("decode-fp8", device="cuda", free_bytes=75 * GIB)
+    assert (p.weights, p.weight_dtype, p.dtype, p.batch, p.graph) == ("fp8", "fp8", "bf16", 1, True)
+    assert p.shape == plan("decode-b1", device="cuda", free_bytes=75 * GIB).shape  # the same model, other bytes
+    torch.manual_seed(0)
+    model = Decoder(SHAPES["toy"], fp8=True)
+    layer = model.blocks()[0]
+    stored = layer.gate.weight
+    assert stored.dtype == FP8 and 0.5 < stored.float().std() < 1.5  # N(0, 1) over the scale: e4m3's sweet range
+    # Each layer's seven matrices take one byte per weight; norms, embeddings and the head keep the model's dtype.
+    fp8_bytes = sum(p.numel() for p in model.parameters() if p.dtype == FP8)
+    s = SHAPES["toy"]
+    assert fp8_bytes == s.params() - 2 * s.vocab * s.hidden - s.hidden - s.layers * 2 * s.hidden
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_decode_steps_agree_with_a_full_prefill(fp8):
     """The static KV cache is right: decoding token by token picks what a fresh prefill of the whole sequence picks."""
     import torch
 
@@ -152,7 +177,7 @@ def test_decode_steps_agree_with_a_full_prefill():
     torch.set_num_threads(1)
     torch.manual_seed(0)
     shape = SHAPES["toy"]
-    model = Decoder(shape)
+    model = Decoder(shape, fp8=fp8)
     pool = KvCache.allocate(shape, slots=5, max_ctx=32, device="cpu", dtype=torch.float32)
     runner = DecodeRunner(model, pool.first(3), graph=False)
     prompts = torch.randint(0, shape.vocab, (3, 6))
@@ -204,6 +229,42 @@ def test_batch_gain_check_against_what_if():
     assert off.ok is False and off.measured == pytest.approx(predicted * lo * 0.8)
     assert batch_gain_check(b1, None, spec).ok is None
     assert batch_gain_check(b1, _gpu_result("decode-b16", 900.0, None, batch=16), None).ok is None
+
+
+def test_quantisation_gain_check():
+    # decode-b1 at 40 % of a 1000 tok/s ceiling (2.5 ms a token, floor 1 ms); FP8 halves the floor to 0.5 ms. If
+    # the 1.5 ms beyond the floor stays, the step becomes 2.0 ms: 1.25x, not the ceilings' 2x.
+    base, quantised = _gpu_result("decode-b1", 400.0, 1000.0), _gpu_result("decode-fp8", 500.0, 2000.0)
+    check = quantisation_gain_check(base, quantised)
+    assert check.ok is True and check.predicted == pytest.approx(1.25) and check.measured == pytest.approx(1.25)
+    assert "ceilings' ratio is 2.00x" in check.note
+    lo = BATCH_GAIN_AGREEMENT[0]
+    slow = quantisation_gain_check(base, _gpu_result("decode-fp8", 400.0 * 1.25 * lo * 0.9, 2000.0))
+    assert slow.ok is False
+    # A step at its floor gains the whole ratio; one measured above its ceiling cannot be predicted from.
+    assert quantisation_gain_check(_gpu_result("decode-b1", 1000.0, 1000.0),
+                                   _gpu_result("decode-fp8", 1900.0, 2000.0)).predicted == pytest.approx(2.0)
+    assert quantisation_gain_check(_gpu_result("decode-b1", 2500.0, 1000.0),
+                                   _gpu_result("decode-fp8", 2600.0, 2000.0)).ok is None
+    assert quantisation_gain_check(base, None).ok is None
+    skipped = _gpu_result("decode-fp8", 0.0, None)
+    skipped.skipped = "needs FP8 tensor cores"
+    assert quantisation_gain_check(base, skipped).note == "needs decode-b1 and decode-fp8"
+
+
+def test_a_scenario_the_device_cannot_run_is_skipped(tmp_path, monkeypatch):
+    """The workload says so in its ready file (FP8 weights on a GPU older than Ada) and exits; the report skips it."""
+    from diagnoser.selftest import harness
+
+    script = ("import json, os, sys; p = sys.argv[sys.argv.index('--ready-file') + 1]; "
+              "json.dump({'pid': os.getpid(), 'scenario': 'decode-fp8', 'skipped': 'needs FP8 tensor cores "
+              "(compute capability 8.9 or newer: Ada, Hopper, Blackwell); this GPU is 8.0'}, open(p, 'w'))")
+    monkeypatch.setattr(harness, "_workload_command",
+                        lambda name, **kw: [sys.executable, "-c", script, "--ready-file", str(kw["ready"])])
+    report, captures = run_selftest(["decode-fp8"], device="cpu", window_s=1.0, trace_s=0.0, out_dir=tmp_path)
+    (result,) = report.results
+    assert result.skipped.startswith("needs FP8 tensor cores") and result.error == "" and captures == [None]
+    assert report.failed == [] and result.shown_verdict == "skipped"
 
 
 def test_report_failures_count_only_gpu_verdicts():

@@ -130,6 +130,10 @@ class ScenarioFailed(Exception):
     """A scenario workload could not be run or observed; the message is one sentence."""
 
 
+class ScenarioSkipped(Exception):
+    """The workload found that this device cannot run the scenario (FP8 weights on a GPU without FP8 units)."""
+
+
 # --- one scenario ----------------------------------------------------------------------------------------------
 
 def _tail(path: Path, lines: int = 6) -> str:
@@ -227,6 +231,8 @@ def observe(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: 
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_child_env(device))
     try:
         info = _wait_ready(proc, ready, log, READY_TIMEOUT_S[device])
+        if info.get("skipped"):
+            raise ScenarioSkipped(str(info["skipped"]))
         try:
             target = resolve_target(pid=proc.pid, metrics_url=info["metrics_url"])
         except DiagnoserError as exc:
@@ -287,6 +293,9 @@ def run_scenario(scn: Scenario, *, device: str, size: str, window_s: float, trac
     try:
         capture, info, stats = observe(scn, device=device, size=size, window_s=window_s, trace_s=trace_s,
                                        out_dir=out_dir)
+    except ScenarioSkipped as exc:
+        result.skipped = str(exc)
+        return result, None, None
     except (ScenarioFailed, DiagnoserError) as exc:
         result.error = str(exc)
         return result, None, None
@@ -372,6 +381,36 @@ def batch_gain_check(small: ScenarioResult | None, large: ScenarioResult | None,
                         f"{BATCH_GAIN_AGREEMENT[1]:.2f})")
 
 
+def quantisation_gain_check(base: ScenarioResult | None, quantised: ScenarioResult | None) -> PhysicsCheck:
+    """The measured gain of FP8 weights at batch 1 against two predictions from the same ceilings: the ceilings'
+    ratio (every byte of the step halves, as if the step ran at its floor) and the realised gain when the step's
+    time beyond its floor stays (norms, casts, softmax, gaps: t_new = t_measured - (floor_bf16 - floor_fp8)).
+    The check is against the realised one: a decode far from its floor cannot gain the whole ratio."""
+    label = "FP8 weights: predicted vs measured gain"
+    runs = [r for r in (base, quantised) if r is not None and not r.error and not r.skipped]
+    if len(runs) < 2 or base is None or quantised is None:
+        return PhysicsCheck(label, None, None, "x", None, "needs decode-b1 and decode-fp8")
+    measured = (quantised.measured_tokens_per_s / base.measured_tokens_per_s
+                if quantised.measured_tokens_per_s and base.measured_tokens_per_s else None)
+    if base.cpu_run:
+        return PhysicsCheck(label, None, measured, "x", None, "CPU run: no GPU roofs to predict from")
+    if measured is None or not base.ceiling_tokens_per_s or not quantised.ceiling_tokens_per_s:
+        return PhysicsCheck(label, None, measured, "x", None, "GPU not in the physics table or tokens/s not measured")
+    assert base.measured_tokens_per_s is not None
+    step = (base.batch or 1) / base.measured_tokens_per_s
+    saved = (base.batch or 1) / base.ceiling_tokens_per_s - (quantised.batch or 1) / quantised.ceiling_tokens_per_s
+    ceiling_gain = quantised.ceiling_tokens_per_s / base.ceiling_tokens_per_s
+    if saved >= step:
+        return PhysicsCheck(label, ceiling_gain, measured, "x", None,
+                            "decode-b1 ran at or above its ceiling: the realised gain is not defined")
+    predicted = step / (step - saved)
+    agreement = measured / predicted
+    return PhysicsCheck(label, predicted, measured, "x", _within(agreement, BATCH_GAIN_AGREEMENT),
+                        f"measured/predicted {agreement:.2f} (expected {BATCH_GAIN_AGREEMENT[0]:.2f} to "
+                        f"{BATCH_GAIN_AGREEMENT[1]:.2f}); the ceilings' ratio is {ceiling_gain:.2f}x, reached only "
+                        "by a step at its floor")
+
+
 def physics_checks(results: list[ScenarioResult], spec: Any) -> list[PhysicsCheck]:
     by_name = {r.scenario: r for r in results}
     checks = []
@@ -379,6 +418,8 @@ def physics_checks(results: list[ScenarioResult], spec: Any) -> list[PhysicsChec
         checks.append(efficiency_check("decode-b1", by_name["decode-b1"], DECODE_EFFICIENCY))
     if "decode-b1" in by_name and "decode-b16" in by_name:
         checks.append(batch_gain_check(by_name["decode-b1"], by_name["decode-b16"], spec))
+    if "decode-b1" in by_name and "decode-fp8" in by_name:
+        checks.append(quantisation_gain_check(by_name["decode-b1"], by_name["decode-fp8"]))
     if "prefill" in by_name:
         checks.append(efficiency_check("prefill", by_name["prefill"], PREFILL_EFFICIENCY))
     return checks

@@ -22,28 +22,61 @@ from torch.nn import functional as F
 from diagnoser.selftest.scenarios import Shape
 
 
+FP8 = torch.float8_e4m3fn
+
+
+class Fp8Linear(nn.Module):
+    """A bias-free linear layer with FP8 (e4m3) weights and activations and one scale per tensor, run by
+    torch._scaled_mm on FP8 tensor cores: each step reads one byte per weight, as vLLM's --quantization fp8 does.
+
+    The weight is stored as w / scale with scale = 1 / sqrt(in_features), so the stored values are about N(0, 1),
+    well inside e4m3's range. The input must already be FP8 (see `Layer.act`): a layer's q, k and v projections share
+    one cast of their input, as they would share a fused norm-and-quantise kernel. Activations are cast with a static
+    scale of 1 (vLLM's static activation scheme); the inputs here are normalised or small, far below e4m3's 448."""
+
+    def __init__(self, in_features: int, out_features: int, out_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=FP8))
+        self.register_buffer("scale", torch.tensor(1.0 / math.sqrt(in_features), dtype=torch.float32))
+        self.register_buffer("one", torch.tensor(1.0, dtype=torch.float32))
+        self.out_dtype = out_dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        # _scaled_mm wants the second operand column-major: the [out, in] weight transposed is exactly that.
+        y = torch._scaled_mm(x.reshape(-1, x.shape[-1]), self.weight.t(), scale_a=self.one, scale_b=self.scale,
+                             out_dtype=self.out_dtype)
+        return y.reshape(*lead, y.shape[-1])
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
 
 
 class Layer(nn.Module):
-    def __init__(self, s: Shape, dtype: torch.dtype) -> None:
+    def __init__(self, s: Shape, dtype: torch.dtype, fp8: bool = False) -> None:
         super().__init__()
         q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        self.fp8 = fp8
+
+        def linear(n_in: int, n_out: int) -> nn.Module:
+            return Fp8Linear(n_in, n_out, dtype) if fp8 else nn.Linear(n_in, n_out, bias=False, dtype=dtype)
+
         self.norm1 = nn.Parameter(torch.ones(s.hidden, dtype=dtype))
-        self.wq = nn.Linear(s.hidden, q, bias=False, dtype=dtype)
-        self.wk = nn.Linear(s.hidden, kv, bias=False, dtype=dtype)
-        self.wv = nn.Linear(s.hidden, kv, bias=False, dtype=dtype)
-        self.wo = nn.Linear(q, s.hidden, bias=False, dtype=dtype)
+        self.wq, self.wk, self.wv, self.wo = linear(s.hidden, q), linear(s.hidden, kv), linear(s.hidden, kv), \
+            linear(q, s.hidden)
         self.norm2 = nn.Parameter(torch.ones(s.hidden, dtype=dtype))
-        self.gate = nn.Linear(s.hidden, s.intermediate, bias=False, dtype=dtype)
-        self.up = nn.Linear(s.hidden, s.intermediate, bias=False, dtype=dtype)
-        self.down = nn.Linear(s.intermediate, s.hidden, bias=False, dtype=dtype)
+        self.gate, self.up = linear(s.hidden, s.intermediate), linear(s.hidden, s.intermediate)
+        self.down = linear(s.intermediate, s.hidden)
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        """A linear layer's input in the weights' precision: one cast, shared by the layers that read it."""
+        return x.to(FP8) if self.fp8 else x
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        h = _rms_norm(x, self.norm2)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+        h = self.act(_rms_norm(x, self.norm2))
+        return x + self.down(self.act(F.silu(self.gate(h)) * self.up(h)))
 
 
 class KvCache:
@@ -68,14 +101,18 @@ class KvCache:
 
 
 class Decoder(nn.Module):
-    def __init__(self, s: Shape, device: Any = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+    """`dtype` is the precision of activations, norms, embeddings, the head and the KV cache; `fp8` stores the
+    attention and MLP weights in FP8 (the head stays in `dtype`, as FP8 checkpoints keep lm_head)."""
+
+    def __init__(self, s: Shape, device: Any = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 fp8: bool = False) -> None:
         super().__init__()
         self.s = s
         # Build on the meta device and materialise on the target in its dtype, so a 3B model never passes through
         # host memory or FP32.
         with torch.device("meta"):
             self.embed = nn.Embedding(s.vocab, s.hidden, dtype=dtype)
-            self.layers = nn.ModuleList(Layer(s, dtype) for _ in range(s.layers))
+            self.layers = nn.ModuleList(Layer(s, dtype, fp8) for _ in range(s.layers))
             self.norm = nn.Parameter(torch.ones(s.hidden, dtype=dtype))
             self.head = nn.Linear(s.hidden, s.vocab, bias=False, dtype=dtype)
         self.device = torch.device(device)
@@ -88,8 +125,14 @@ class Decoder(nn.Module):
                 for p in self.parameters():
                     if p.dim() == 1:
                         p.fill_(1.0)  # norm weights
+                    elif p.dtype == FP8:  # stored over its scale 1/sqrt(in): N(0, 1) (see Fp8Linear)
+                        p.copy_(torch.empty(p.shape, device=device, dtype=dtype).normal_(generator=gen).to(FP8))
                     else:
                         p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+                for m in self.modules():  # buffers were left empty by to_empty
+                    if isinstance(m, Fp8Linear):
+                        m.scale.fill_(1.0 / math.sqrt(m.weight.shape[1]))
+                        m.one.fill_(1.0)
         self.eval()
         self.dtype = dtype
 
@@ -108,7 +151,7 @@ class Decoder(nn.Module):
         index = torch.tensor(slots, device=self.device) if cache is not None and slots is not None else None
         x = self.embed(tokens)
         for i, layer in enumerate(self.blocks()):
-            h = _rms_norm(x, layer.norm1)
+            h = layer.act(_rms_norm(x, layer.norm1))
             q = layer.wq(h).view(b, n, s.heads, s.head_dim).transpose(1, 2)
             k = layer.wk(h).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
             v = layer.wv(h).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
@@ -118,7 +161,7 @@ class Decoder(nn.Module):
             if group > 1:
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + layer.wo(a.transpose(1, 2).reshape(b, n, s.heads * s.head_dim))
+            x = x + layer.wo(layer.act(a.transpose(1, 2).reshape(b, n, s.heads * s.head_dim)))
             x = layer.mlp(x)
         return self.head(_rms_norm(x[:, -1], self.norm)).argmax(-1)
 
@@ -135,7 +178,7 @@ class Decoder(nn.Module):
         hidden_mask = ~visible.view(b, 1, 1, cache.max_ctx)
         x = self.embed(tokens)[:, None, :]
         for i, layer in enumerate(self.blocks()):
-            h = _rms_norm(x, layer.norm1)
+            h = layer.act(_rms_norm(x, layer.norm1))
             q = layer.wq(h).view(b, s.kv_heads, group, s.head_dim)
             cache.k[i].scatter_(2, where, layer.wk(h).view(b, s.kv_heads, 1, s.head_dim))
             cache.v[i].scatter_(2, where, layer.wv(h).view(b, s.kv_heads, 1, s.head_dim))
@@ -143,7 +186,7 @@ class Decoder(nn.Module):
             scores = torch.matmul(q, cache.k[i].transpose(-1, -2)) * scale
             probs = torch.softmax(scores.float().masked_fill(hidden_mask, -math.inf), dim=-1).to(x.dtype)
             a = torch.matmul(probs, cache.v[i])
-            x = x + layer.wo(a.reshape(b, 1, s.heads * s.head_dim))
+            x = x + layer.wo(layer.act(a.reshape(b, 1, s.heads * s.head_dim)))
             x = layer.mlp(x)
         return self.head(_rms_norm(x[:, 0], self.norm)).argmax(-1)
 

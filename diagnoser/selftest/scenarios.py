@@ -38,10 +38,10 @@ class Shape:
     def kv_bytes_per_token(self, element_bytes: int) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
 
-    def model_info(self, dtype: str, max_context: int) -> ModelInfo:
+    def model_info(self, dtype: str, max_context: int, kv_dtype: str = "") -> ModelInfo:
         return ModelInfo(name=self.name, params=float(self.params()), active_params=float(self.params()),
                          layers=self.layers, hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
-                         head_dim=self.head_dim, vocab=self.vocab, dtype=dtype, kv_dtype=dtype,
+                         head_dim=self.head_dim, vocab=self.vocab, dtype=dtype, kv_dtype=kv_dtype or dtype,
                          max_context=max_context)
 
 
@@ -77,6 +77,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("decode-b16", ("memory_bandwidth",), "decode at batch 16, CUDA graphs",
              "16 tokens per weight read is still far below the ridge batch (hundreds on H100): bandwidth-bound, "
              "and about 16x the tokens/s of batch 1 (the batch-gain physics check)"),
+    Scenario("decode-fp8", ("memory_bandwidth",), "decode at batch 1 with FP8 weights, CUDA graphs",
+             "FP8 weights halve the bytes each step reads, but batch 1 stays far below the ridge point: still "
+             "bandwidth-bound, faster than decode-b1 (the quantisation-gain physics check)"),
     Scenario("prefill", ("compute",), "long prefill (4 x 2048 tokens)",
              "thousands of tokens per weight read put every GEMM far above the ridge: the tensor cores set the pace"),
     Scenario("launch", ("batching", "host_launch"), "tiny model at batch 1, eager, host work between steps",
@@ -91,7 +94,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "compute-bound as well, so either may lead, but throttling must be found", gpu_only=True,
              required_finding="throttling"),
 )}
-DEFAULT_ORDER = ("decode-b1", "decode-b16", "prefill", "launch", "kv-full", "host-bound", "throttled")
+DEFAULT_ORDER = ("decode-b1", "decode-b16", "decode-fp8", "prefill", "launch", "kv-full", "host-bound", "throttled")
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ class Plan:
 
     scenario: str
     shape: Shape
-    dtype: str  # "bf16" on a GPU, "fp32" on the CPU
+    dtype: str  # "bf16" on a GPU, "fp32" on the CPU: activations, KV cache, embeddings, head
     mode: str  # "decode" or "prefill"
     batch: int = 1  # decode: most sequences per step (the scheduler's limit, like vLLM --max-num-seqs)
     kv_slots: int = 16  # decode: sequences the KV pool holds; usage = running sequences / kv_slots
@@ -113,6 +116,11 @@ class Plan:
     host_work: float = 0.0  # Python work after each step, as a multiple of the measured step time
     sync_every_step: bool = False  # read the new tokens back each step, as a server that streams them does
     fill_memory: float = 0.0  # decode: size the KV pool to this fraction of free device memory, batch = pool
+    weights: str = ""  # "fp8": attention and MLP weights in FP8 (needs FP8 tensor cores on a GPU); "": as dtype
+
+    @property
+    def weight_dtype(self) -> str:
+        return self.weights or self.dtype
 
 
 def big_shape(free_bytes: int | None) -> Shape:
@@ -132,6 +140,8 @@ def plan(name: str, *, device: str, size: str = "auto", free_bytes: int | None =
         return base
     if name == "decode-b16":
         return replace(base, batch=16, kv_slots=64, clients=16)
+    if name == "decode-fp8":
+        return replace(base, weights="fp8")
     if name in ("prefill", "throttled"):
         return replace(base, mode="prefill", clients=base.prefill_batch)
     if name == "launch":

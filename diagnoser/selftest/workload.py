@@ -41,6 +41,8 @@ ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16
 KV_FULL_RESERVE_BYTES = 3 << 30
 # Steps a CUDA decode loop may run ahead of the GPU before it waits: the counters stay honest, the GPU stays fed.
 MAX_STEPS_AHEAD = 2
+# torch._scaled_mm's FP8 GEMMs run on Ada (8.9) and newer.
+FP8_MIN_CAPABILITY = (8, 9)
 
 
 class Metrics:
@@ -255,6 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     p = plan(args.scenario, device=device, size=args.size, free_bytes=free)
     if device == "cuda" and p.graph and not hasattr(torch.cuda, "CUDAGraph"):
         p = replace(p, graph=False)
+    if p.weights == "fp8" and device == "cuda" and torch.cuda.get_device_capability() < FP8_MIN_CAPABILITY:
+        major, minor = torch.cuda.get_device_capability()
+        why = (f"needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); this GPU is "
+               f"{major}.{minor}")
+        if args.ready_file is not None:
+            _write_json(args.ready_file, {"pid": os.getpid(), "scenario": p.scenario, "skipped": why})
+        print(f"selftest workload: {p.scenario} {why}.", file=sys.stderr)
+        return 0
     from diagnoser.selftest.model import Decoder
 
     metrics = Metrics(p.shape.name, kv_cache=p.mode == "decode")
@@ -264,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, w.stop)
     signal.signal(signal.SIGINT, w.stop)
     hooked = _install_trace_hook()
-    model = Decoder(p.shape, device=device, dtype=_dtype(torch, p.dtype))
+    model = Decoder(p.shape, device=device, dtype=_dtype(torch, p.dtype), fp8=p.weights == "fp8")
     context = p.max_ctx if p.mode == "decode" else p.prefill_len
 
     def ready() -> None:
@@ -276,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             "scenario": p.scenario, "device": device,
             "gpu_name": torch.cuda.get_device_name() if device == "cuda" else "",
             "torch": str(torch.__version__), "trace_hook": hooked,
-            "model": msgspec.to_builtins(p.shape.model_info(p.dtype, context)),
+            "model": msgspec.to_builtins(p.shape.model_info(p.weight_dtype, context, kv_dtype=p.dtype)),
             "plan": {k: v for k, v in asdict(p).items() if k != "shape"},
             # KV tokens each decode step reads per sequence: the whole static slot.
             "context_read": p.max_ctx if p.mode == "decode" else 0,
