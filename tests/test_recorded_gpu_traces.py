@@ -112,3 +112,16 @@ def test_recorded_decode_capture_carries_real_gpm_counters():
     capture = load(TRACES.parent / "nvidia-h100-80gb-hbm3-decode-b1.dgc")
     names = {s.name for s in capture.series if s.source == "gpm" and s.values}
     assert {"gpu.sm_active", "gpu.dram_active", "gpu.tensor_active"} <= names
+
+
+def test_fp8_decode_trades_gemm_time_for_casts(analyses):
+    # FP8 weights shortened the GEMMs, but each layer now casts its activations to FP8 (four unfused kernels a
+    # layer): the elementwise share grew and the step gained 1.12x, not the ceilings' 1.97x.
+    bf16 = analyses["h100-decode-b1-30ms.json.gz"].summary
+    fp8 = analyses["h100-decode-fp8-30ms.json.gz"].summary
+    assert fp8.cuda_graph_launches >= 5
+    assert fp8.kernel_share["gemm"] < bf16.kernel_share["gemm"] - 0.05
+    assert fp8.kernel_share["norm_elementwise"] > bf16.kernel_share["norm_elementwise"] + 0.05
+    names = {e.get("name", "") for e in _events("h100-decode-fp8-30ms.json.gz") if e.get("cat") == "kernel"}
+    assert any("float8_copy" in n for n in names)  # the activation casts
+    assert any(n.startswith("nvjet") and "qq" in n for n in names)  # cuBLAS's FP8 (e4m3 x e4m3) GEMV kernels

@@ -160,6 +160,43 @@ def test_small_batch_decode_names_the_gap_to_the_floor():
     assert any(f.title == "Batch more sequences per step" and f.gain and f.gain > 5 for f in d.fixes)
 
 
+def test_fp8_fix_counts_the_time_beyond_the_floor():
+    """FP8 weights shorten only the weight reads: a step far from its floor gains 1 / (1 - e + e / ratio)."""
+    from diagnoser.evidence import build_evidence
+    from diagnoser.physics import decode_ceiling_tokens_per_s, get_gpu
+
+    model = llama_7b()
+    ceiling = decode_ceiling_tokens_per_s(model, get_gpu("h100-sxm"), batch=1, context=1024)
+    ratio = decode_ceiling_tokens_per_s(model, get_gpu("h100-sxm"), batch=1, context=1024, dtype="fp8") / ceiling
+    assert 1.8 < ratio < 2.0
+    for efficiency in (0.25, 0.9):
+        capture = make_capture(**{**CASES["bandwidth-small-batch-decode-regime"][0],
+                                  "signals": {**CASES["bandwidth-small-batch-decode-regime"][0]["signals"],
+                                              "server.gen_tokens_per_s": efficiency * ceiling,
+                                              "server.prompt_tokens_per_s": 0.0}},
+                               serving={"mean_context_tokens": 1024})
+        assert build_evidence(capture)["theory.efficiency"].values[0] == pytest.approx(efficiency)
+        (fix,) = [f for f in diagnose(capture).fixes if f.title == "Serve FP8 weights"]
+        assert fix.gain == pytest.approx(1 / (1 - efficiency + efficiency / ratio), rel=1e-3), fix.basis
+        assert f"runs at {efficiency:.0%} of its ceiling" in fix.basis
+    # Without a measured rate the fix can only quote the ceilings' ratio.
+    bare = make_capture(signals={"gpu.busy": 0.97, "gpu.dram_active": 0.72, "gpu.tensor_active": 0.12,
+                                 "server.running": 1, "server.waiting": 0}, model=model,
+                        serving={"mean_context_tokens": 1024})
+    (fix,) = [f for f in diagnose(bare).fixes if f.title == "Serve FP8 weights"]
+    assert fix.gain == pytest.approx(ratio, rel=1e-3) and "at the floor" not in fix.basis
+
+
+def test_quantised_weights_are_offered_int4_not_fp8_again():
+    signals = {"gpu.busy": 0.97, "gpu.dram_active": 0.72, "gpu.tensor_active": 0.12, "server.running": 1,
+               "server.waiting": 0}
+    for dtype, offered in (("fp8", "Serve INT4 weights"), ("int8", "Serve INT4 weights"), ("int4", None)):
+        model = ModelInfo(name="7b", params=7e9, layers=32, kv_heads=8, head_dim=128, dtype=dtype)
+        titles = {f.title for f in diagnose(make_capture(signals, model=model)).fixes}
+        assert "Serve FP8 weights" not in titles, dtype
+        assert (offered in titles) if offered else not any(t.startswith("Serve INT4") for t in titles), dtype
+
+
 def test_small_batch_decode_stands_back_for_prefill_and_for_an_idle_gpu():
     prefill = make_capture(signals={"gpu.busy": 0.99, "gpu.tensor_active": 0.2, "server.running": 4,
                                     "server.waiting": 0, "server.gen_tokens_per_s": 40,

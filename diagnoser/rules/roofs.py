@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from diagnoser import physics
 from diagnoser.diagnosis import Finding, Limiter
 from diagnoser.rules.base import Check, Page, Threshold, rule
-from diagnoser.rules.gains import batch_gain, dtype_gain, observed_batch, ridge_batch
+from diagnoser.rules.gains import batch_gain, dtype_gain, observed_batch, ridge_batch, weights_dtype
 
 _BW_FIXES = "Quantise the weights (FP8 halves the bytes each decode step reads, INT4 quarters them); raise the " \
     "batch toward the ridge batch so each weight read serves more tokens; store the KV cache in FP8 for long " \
@@ -12,10 +13,18 @@ _BW_FIXES = "Quantise the weights (FP8 halves the bytes each decode step reads, 
 
 
 def _bandwidth_fixes(c: Check) -> None:
-    gain, basis = dtype_gain(c.ev, "fp8")
-    c.fix("Serve FP8 weights", "Use an FP8 checkpoint or on-the-fly FP8 quantisation (vLLM --quantization fp8): "
-          "each decode step reads half the bytes.", gain if gain is not None else None,
-          basis if gain is not None else "weight bytes halve from BF16; the gain approaches 2x at small batch")
+    dtype = weights_dtype(c.ev)
+    # Fewer bytes per weight: FP8 from 16-bit weights, INT4 from FP8/INT8 ones; nothing below INT4.
+    if not dtype or physics.bytes_per_element(dtype) > 1:
+        gain, basis = dtype_gain(c.ev, "fp8")
+        c.fix("Serve FP8 weights", "Use an FP8 checkpoint or on-the-fly FP8 quantisation (vLLM --quantization fp8): "
+              "each decode step reads half the bytes.", gain,
+              basis if gain is not None else "weight bytes halve from BF16; the gain approaches 2x at small batch "
+              "only where the step runs near its bandwidth floor")
+    elif physics.bytes_per_element(dtype) > 0.5:
+        gain, basis = dtype_gain(c.ev, "int4")
+        c.fix("Serve INT4 weights", f"The weights are already {dtype}: an INT4 checkpoint (AWQ or GPTQ, Marlin "
+              "kernels in vLLM) halves the bytes each decode step reads again.", gain, basis)
     rb, batch = ridge_batch(c.ev), observed_batch(c.ev)
     if rb is not None and batch is not None and batch < rb / 2:
         gain, basis = batch_gain(c.ev, target=rb / 2)
