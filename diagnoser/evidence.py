@@ -177,7 +177,7 @@ def _pooled(series: Iterable[Series]) -> Iterator[Signal]:
             times = tuple(t for s in members for t, v in zip(s.times, s.values) if not math.isnan(v))
         if not values:
             continue
-        sources = tuple(sorted({s.source for s in members}))
+        sources = (members[0].source,) if len(members) == 1 else tuple(sorted({s.source for s in members}))
         yield Signal(name, members[0].unit or spec(name).unit, sources, values, times)
 
 

@@ -150,6 +150,7 @@ _ROWS_DECODER = msgspec.msgpack.Decoder(list[FleetRow])
 
 # Below this many GPUs a second process costs more (fork, pickling the rows back) than it saves.
 PARALLEL_MIN_GPUS = 2000
+CHUNKS_PER_WORKER = 4
 
 
 def build_rows(data: WindowData, *, usd_per_gpu_hour: float | None = None, thresholds: Thresholds | None = None,
@@ -165,12 +166,14 @@ def build_rows(data: WindowData, *, usd_per_gpu_hour: float | None = None, thres
         processes = min(4, os.cpu_count() or 1) if len(idents) >= PARALLEL_MIN_GPUS else 1
     rows: list[FleetRow] | None = None
     if processes > 1 and "fork" in multiprocessing.get_all_start_methods():
-        size = -(-len(idents) // processes)
+        # Chunks several times smaller than a worker's share: this process decodes the rows of the first chunks
+        # while the workers diagnose the next, instead of all of them after the last.
+        size = max(100, -(-len(idents) // (processes * CHUNKS_PER_WORKER)))
         chunks = [(i, min(i + size, len(idents))) for i in range(0, len(idents), size)]
         _SHARED = (data, idents, usd_per_gpu_hour, thresholds)
         try:
-            with multiprocessing.get_context("fork").Pool(len(chunks)) as pool:
-                rows = [row for blob in pool.map(_rows_of_chunk, chunks) for row in _ROWS_DECODER.decode(blob)]
+            with multiprocessing.get_context("fork").Pool(processes) as pool:
+                rows = [row for blob in pool.imap(_rows_of_chunk, chunks) for row in _ROWS_DECODER.decode(blob)]
         except OSError:
             rows = None  # no processes to be had (limits): do it here
         finally:

@@ -133,3 +133,39 @@ def test_large_fleets_read_fewer_values_per_gpu_unless_asked() -> None:
     assert points_for(100, None) == points_for(LARGE_FLEET_GPUS, None) == DEFAULT_POINTS
     assert points_for(LARGE_FLEET_GPUS + 1, None) == LARGE_FLEET_POINTS < DEFAULT_POINTS
     assert points_for(10_000, 60) == 60 and points_for(10, 5) == 5  # what the user asked for always wins
+
+
+def test_field_answers_decode_straight_into_keys_and_floats() -> None:
+    """The typed decode of a field query keeps only the key labels, turns value strings into floats, and falls
+    back to the generic decode for what it refuses ("+Inf", an error body), with the same result."""
+    from diagnoser.collectors.prometheus_source import KeyedSeries, _decode_json, _values_by_step
+
+    body = (b'{"status":"success","data":{"resultType":"matrix","result":['
+            b'{"metric":{"Hostname":"n1","UUID":"GPU-a","pod":"p1","modelName":"H100"},'
+            b'"values":[[100,"0.5"],[160,"0.7"],[220,"NaN"]]},'
+            b'{"metric":{"hostname":"n1","uuid":"GPU-a","pod":"p2"},"values":[[160,"0.9"]]},'
+            b'{"metric":{"UUID":"GPU-b","GPU_I_ID":"3"},"values":[[100,"1"],[160,"2"],[220,"3"]]},'
+            b'{"metric":{"Hostname":"n2"},"values":[[100,"1"]]}]}}')
+    answer = _decode_json(body, keyed=True)
+    assert isinstance(answer, dict)
+    series = answer["data"]["result"]
+    assert all(isinstance(s, KeyedSeries) for s in series)
+    assert series[0].metric.UUID == "GPU-a" and series[0].values[1] == (160.0, 0.7)
+    steps = _values_by_step(series, 100.0, 60.0, 3)
+    assert set(steps) == {("GPU-a", ""), ("GPU-b", "3")}  # the series without a UUID is dropped
+    a = steps[("GPU-a", "")]
+    assert a[0] == 0.5 and a[1] == pytest.approx(0.8) and math.isnan(a[2])  # two pods of one GPU averaged
+    assert list(steps[("GPU-b", "3")]) == [1.0, 2.0, 3.0]
+
+    inf = body.replace(b'"0.9"', b'"+Inf"')
+    generic = _decode_json(inf, keyed=True)
+    assert isinstance(generic, dict) and isinstance(generic["data"]["result"][0], dict)
+    fallback = [KeyedSeries.from_dict(s) for s in generic["data"]["result"]]
+    assert fallback[1].values == [(160.0, math.inf)]
+    # An infinity is no reading: the step keeps the other pod's value alone.
+    assert _values_by_step(fallback, 100.0, 60.0, 3)[("GPU-a", "")][1] == pytest.approx(0.7)
+    error = b'{"status":"error","errorType":"bad_data","error":"parse error"}'
+    assert _decode_json(error, keyed=True) == {"status": "error", "errorType": "bad_data", "error": "parse error"}
+    instant = _decode_json(b'{"status":"success","data":{"resultType":"vector","result":['
+                           b'{"metric":{"UUID":"GPU-a"},"value":[220,"7"]}]}}', keyed=True)
+    assert isinstance(instant, dict) and instant["data"]["result"][0].points == [(220.0, 7.0)]

@@ -539,8 +539,9 @@ def gpu_info(identity: GpuIdentity, window: GpuWindow | None = None) -> GpuInfo:
 
 
 def _series(signal: str, labels: dict[str, str], times: list[float], values: list[float]) -> Series:
-    return Series(name=signal, unit=spec(signal).unit, source=SOURCE, labels=dict(labels), times=list(times),
-                  values=list(values))
+    """A series that owns `times` and `values`: callers pass lists made for it (GpuWindow makes them per GPU)."""
+    return Series(name=signal, unit=spec(signal).unit, source=SOURCE, labels=dict(labels), times=times,
+                  values=values)
 
 
 def add_gpu_window(capture: Capture, window: GpuWindow) -> list[str]:
@@ -601,7 +602,7 @@ def _derived(capture: Capture, window: GpuWindow, labels: dict[str, str]) -> lis
     max_clock = window.last("max_sm_clock") or capture.gpus[-1].max_sm_clock_mhz
     clock = window.fields.get("sm_clock")
     if max_clock and clock:
-        capture.series.append(_series("gpu.sm_clock_frac", labels, clock[0], [v / max_clock for v in clock[1]]))
+        capture.series.append(_series("gpu.sm_clock_frac", labels, list(clock[0]), [v / max_clock for v in clock[1]]))
         produced.append("gpu.sm_clock_frac")
     return produced
 

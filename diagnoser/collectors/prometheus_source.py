@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import msgspec
+
 from diagnoser.capture import Capture
 from diagnoser.collectors.dcgm import (
     DEVICE_LEVEL_FIELDS,
@@ -163,7 +165,8 @@ class PromClient:
 
             # Retry a refused connection briefly (a restarting Prometheus); never retry a slow query.
             retry = Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.2, raise_on_status=False)
-            pc = PrometheusConnect(url=self.url, retry=retry, timeout=self.timeout_s, session=_msgspec_session())
+            session = self._local.session = _msgspec_session()
+            pc = PrometheusConnect(url=self.url, retry=retry, timeout=self.timeout_s, session=session)
             self._local.pc = pc
         return pc
 
@@ -183,6 +186,24 @@ class PromClient:
                                          datetime.fromtimestamp(end, timezone.utc), f"{step_s:.3f}",
                                          params=self._params(), timeout=self.timeout_s)
         return self._call(call)
+
+    def range_points(self, query: str, start: float, end: float, step_s: float) -> list[KeyedSeries]:
+        """A range query whose answer is decoded straight into GPU keys and float points (see KeyedSeries)."""
+        return self._keyed(lambda: self.range(query, start, end, step_s))
+
+    def instant_points(self, query: str, at: float) -> list[KeyedSeries]:
+        """An instant query decoded like range_points: each series has one point."""
+        return self._keyed(lambda: self.instant(query, at))
+
+    def _keyed(self, fn: Callable[[], list]) -> list[KeyedSeries]:  # type: ignore[type-arg]
+        self._connect()
+        session = self._local.session
+        session.keyed = True
+        try:
+            result = fn()
+        finally:
+            session.keyed = False
+        return [s if isinstance(s, KeyedSeries) else KeyedSeries.from_dict(s) for s in result]
 
     def _timeout_message(self) -> str:
         return (f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s (raise --timeout or shorten "
@@ -221,25 +242,83 @@ class PromClient:
         return result
 
 
+class _Labels(msgspec.Struct):
+    """The labels that key a GPU; msgspec skips the others (a dozen per series) without building them."""
+
+    UUID: str = ""
+    uuid: str = ""
+    GPU_I_ID: str = ""
+
+
+class KeyedSeries(msgspec.Struct):
+    """One series of a field query's answer: its GPU key's labels and its points as (time, value) floats.
+    `value` is an instant query's single point."""
+
+    metric: _Labels = msgspec.field(default_factory=_Labels)
+    values: list[tuple[float, float]] = msgspec.field(default_factory=list)
+    value: tuple[float, float] | None = None
+
+    @property
+    def points(self) -> list[tuple[float, float]]:
+        return self.values if self.value is None else [self.value]
+
+    @classmethod
+    def from_dict(cls, series: dict) -> KeyedSeries:
+        """From generically decoded JSON (the fallback when the typed decode refuses an answer)."""
+        m = series.get("metric") or {}
+        value = series.get("value")
+        return cls(_Labels(m.get("UUID", ""), m.get("uuid", ""), m.get("GPU_I_ID", "")),
+                   [(float(t), float(v)) for t, v in series.get("values") or ()],
+                   (float(value[0]), float(value[1])) if value else None)
+
+
+class _KeyedData(msgspec.Struct):
+    resultType: str = ""
+    result: list[KeyedSeries] = msgspec.field(default_factory=list)
+
+
+class _KeyedAnswer(msgspec.Struct):
+    status: str = ""
+    data: _KeyedData | None = None
+
+
+# Typed and lax: values arrive as strings ("0.31") and become floats in C; labels other than the key are skipped.
+# A field query's answer is 5-10 MB at 10,000 GPUs; decoding it into dicts of a dozen labels per series cost
+# 4-5x more than this (benchmarks/FLEET.md).
+_KEYED_DECODER = msgspec.json.Decoder(_KeyedAnswer, strict=False)
+_ANY_DECODER = msgspec.json.Decoder()
+
+
 def _msgspec_session():  # type: ignore[no-untyped-def]
     """A requests session whose responses decode JSON with msgspec: prometheus-api-client calls `.json()` on a
-    10 MB answer per field at 10,000 GPUs, and the stdlib parser takes several times longer."""
+    10 MB answer per field at 10,000 GPUs, and the stdlib parser takes several times longer. With `keyed` set,
+    a query answer is decoded into KeyedSeries."""
     import requests
 
     class Session(requests.Session):
+        keyed = False
+
         def request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             response = super().request(*args, **kwargs)
-            response.json = lambda **_: _decode_json(response.content)  # type: ignore[method-assign]
+            keyed = self.keyed
+            response.json = lambda **_: _decode_json(response.content, keyed)  # type: ignore[method-assign]
             return response
 
     return Session()
 
 
-def _decode_json(content: bytes) -> object:
-    import msgspec
-
+def _decode_json(content: bytes, keyed: bool = False) -> object:
+    if keyed:
+        try:
+            answer = _KEYED_DECODER.decode(content)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass  # "+Inf", an error body, another server: the generic decode below sees what it is
+        else:
+            if answer.status == "success" and answer.data is not None:
+                return {"status": answer.status, "data": {"resultType": answer.data.resultType,
+                                                          "result": answer.data.result}}
     try:
-        return msgspec.json.decode(content)
+        return _ANY_DECODER.decode(content)
     except msgspec.DecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
 
@@ -414,21 +493,22 @@ class WindowData:
         return "; ".join(problems)
 
 
-def _values_by_step(result: list[dict], start: float, step_s: float, n_steps: int) -> dict[GpuKey, array]:
+def _values_by_step(result: list[KeyedSeries], start: float, step_s: float, n_steps: int) -> dict[GpuKey, array]:
     """Series -> per GPU one value per step; several series of one GPU (pods sharing it, a pod replaced during
     the window) are averaged where they overlap."""
     sums: dict[GpuKey, array] = {}
     counts: dict[GpuKey, array] = {}
     full: dict[GpuKey, array] = {}
     for series in result:
-        key = _key_of(series.get("metric", {}))
+        labels = series.metric
+        key = (labels.UUID or labels.uuid, labels.GPU_I_ID)
         if not key[0]:
             continue
-        points = series.get("values", ())
-        if len(points) == n_steps and key not in full and key not in sums and float(points[0][0]) == start:
+        points = series.points
+        if len(points) == n_steps and key not in full and key not in sums and points[0][0] == start:
             # The common case: one series with every step, on the grid. NaN and infinities cannot come from the
             # reductions used here except as "no samples", which Prometheus leaves out rather than sends.
-            full[key] = array("d", [float(v) for _, v in points])
+            full[key] = array("d", [v for _, v in points])
             continue
         if key in full:  # a second series of this GPU: fold the first into the general path
             first = full.pop(key)
@@ -439,10 +519,9 @@ def _values_by_step(result: list[dict], start: float, step_s: float, n_steps: in
             total = sums[key] = array("d", [0.0]) * n_steps
             counts[key] = array("d", [0.0]) * n_steps
         count = counts[key]
-        for ts, text in points:
-            i = int(round((float(ts) - start) / step_s))
+        for ts, value in points:
+            i = int(round((ts - start) / step_s))
             if 0 <= i < n_steps:
-                value = float(text)
                 if not math.isnan(value) and not math.isinf(value):
                     total[i] += value
                     count[i] += 1
@@ -555,12 +634,12 @@ class WindowQuery:
             try:
                 if f.reduce in WHOLE_WINDOW:  # one value per GPU, placed at the last step
                     lookback = last_lookback if f.reduce == "last" else self.window.length_s
-                    result = self.client.instant(field_query(f, name, lookback, where, unless), grid_end)
+                    result = self.client.instant_points(field_query(f, name, lookback, where, unless), grid_end)
                     for series in result:
-                        series["values"] = [series.get("value", [grid_end, "NaN"])]
+                        series.value = (grid_end, series.value[1] if series.value else math.nan)
                 else:
                     query = field_query(f, name, data.lookback_s, where, unless)
-                    result = self.client.range(query, data.grid_start, grid_end + 0.001, step)
+                    result = self.client.range_points(query, data.grid_start, grid_end + 0.001, step)
             except PromError as exc:
                 return f, None, str(exc)
             values = _values_by_step(result, data.grid_start, step, n_steps)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from diagnoser.capture import Capture
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis, Finding, Fix, Limiter, Skipped
@@ -71,21 +72,45 @@ def load_thresholds(path: str | Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def _thresholds_for(rule: Rule, overrides: Thresholds | None) -> dict[str, float]:
-    values = {name: t.value for name, t in rule.thresholds.items()}
+# Each rule's default thresholds, built once: a fleet run checks every rule for every GPU. Read-only (a mapping
+# proxy), since every check shares it.
+_DEFAULT_THRESHOLDS: dict[str, Mapping[str, float]] = {}
+
+
+def _thresholds_for(rule: Rule, overrides: Thresholds | None) -> Mapping[str, float]:
     if overrides and rule.code in overrides:
-        values.update(overrides[rule.code])
-    return values
+        return {**{name: t.value for name, t in rule.thresholds.items()}, **overrides[rule.code]}
+    found = _DEFAULT_THRESHOLDS.get(rule.code)
+    if found is None:
+        found = _DEFAULT_THRESHOLDS[rule.code] = MappingProxyType({n: t.value for n, t in rule.thresholds.items()})
+    return found
+
+
+# Which rules run and why the others are skipped depends only on the signals present and on what the capture says
+# is unavailable; a fleet's GPUs mostly share both, so the plan is made once per distinct case.
+_PLANS: dict[tuple[frozenset[str], tuple[tuple[str, str, str], ...]], tuple[tuple[Rule, Skipped | None], ...]] = {}
+_PLANS_MAX = 1024
+
+
+def _plan(ev: Evidence) -> tuple[tuple[Rule, Skipped | None], ...]:
+    key = (frozenset(ev.signals), ev.absent_key())
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = tuple((rule, Skipped(rule.code, reason) if (reason := rule.skip_reason(ev)) else None)
+                     for rule in RULES.values())
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def run_rules(ev: Evidence, overrides: Thresholds | None = None) -> tuple[list[Finding], list[Skipped], list[str]]:
     findings: list[Finding] = []
     skipped: list[Skipped] = []
     passed: list[str] = []
-    for rule in RULES.values():
-        reason = rule.skip_reason(ev)
-        if reason:
-            skipped.append(Skipped(rule.code, reason))
+    for rule, skip in _plan(ev):
+        if skip is not None:
+            skipped.append(skip)
             continue
         result = rule.predicate(Check(rule, ev, _thresholds_for(rule, overrides)))
         if result is None:
@@ -189,7 +214,7 @@ def _context(capture: Capture, ev: Evidence) -> dict[str, object]:
                   "memory_total_bytes": g.memory_total_bytes, "mig": g.mig_instance or None} for g in capture.gpus],
     }
     if ev.gpu_spec is not None:
-        ctx["gpu_spec"] = getattr(ev.gpu_spec, "name", str(ev.gpu_spec))
+        ctx["gpu_spec"] = ev.gpu_spec.name
         ctx["roofs"] = "measured (diagnoser calibrate)" if any(g.measured for g in capture.gpus) else "spec sheet"
     if capture.model is not None:
         ctx["model"] = capture.model.name or "unnamed"
