@@ -169,3 +169,27 @@ def test_field_answers_decode_straight_into_keys_and_floats() -> None:
     instant = _decode_json(b'{"status":"success","data":{"resultType":"vector","result":['
                            b'{"metric":{"UUID":"GPU-a"},"value":[220,"7"]}]}}', keyed=True)
     assert isinstance(instant, dict) and instant["data"]["result"][0].points == [(220.0, 7.0)]
+
+
+def test_gc_is_paused_for_the_run_and_restored() -> None:
+    import gc
+
+    from diagnoser.fleet import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner one restores what it found: paused
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("a failed query")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()

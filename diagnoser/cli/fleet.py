@@ -16,7 +16,16 @@ from diagnoser.cli.output import parse_fail_on
 from diagnoser.collectors.prometheus_source import PromClient, resolve_window
 from diagnoser.diagnosis import INCONCLUSIVE
 from diagnoser.errors import EXIT_FAIL_ON, InputError
-from diagnoser.fleet import GROUPINGS, PRICE_SOURCE, FleetGroup, dumps_json, group_rows, report_dict, run_fleet
+from diagnoser.fleet import (
+    GROUPINGS,
+    PRICE_SOURCE,
+    FleetGroup,
+    dumps_json,
+    gc_paused,
+    group_rows,
+    report_dict,
+    run_fleet,
+)
 from diagnoser.fleet_model import FleetReport, FleetRow
 from diagnoser.physics import match_gpu
 from diagnoser.rules import load_thresholds
@@ -165,14 +174,16 @@ def register(app: typer.Typer) -> None:
         for error in report.errors:
             typer.echo(f"diagnoser: warning: {error}", err=True)
         if as_json:
-            doc = report_dict(report, limit)
-            doc["notes"] = notes
-            doc["timings"] = timings
-            doc["price_source"] = "--usd-per-gpu-hour" if usd_per_gpu_hour is not None else PRICE_SOURCE
-            if groups is not None:
-                doc["group_by"] = group_by
-                doc["groups"] = [g.to_dict() for g in groups]
-            data = dumps_json(doc) + b"\n"
+            with gc_paused():  # tens of MB of dicts that all live until printed (see diagnoser.fleet.gc_paused)
+                doc = report_dict(report, limit)
+                doc["notes"] = notes
+                doc["timings"] = timings
+                doc["price_source"] = "--usd-per-gpu-hour" if usd_per_gpu_hour is not None else PRICE_SOURCE
+                if groups is not None:
+                    doc["group_by"] = group_by
+                    doc["groups"] = [g.to_dict() for g in groups]
+                data = dumps_json(doc) + b"\n"
+                del doc
             binary = getattr(sys.stdout, "buffer", None)  # absent when stdout is a StringIO (tests, embedding)
             if binary is not None:
                 sys.stdout.flush()
