@@ -115,6 +115,8 @@ def test_record_refuses_cpu_runs_and_bad_options(tmp_path):
     proc = _run_cli("selftest", "--device", "cpu", "--record", str(tmp_path / "fx"), timeout=60)
     assert proc.returncode == 2 and "a CPU run is not a GPU fixture" in proc.stderr  # refused before running
     assert not (tmp_path / "fx").exists()
+    proc = _run_cli("selftest", "--device", "cpu", "--compile", "--record", str(tmp_path / "fx"), timeout=60)
+    assert proc.returncode == 2 and "run --compile without it" in proc.stderr and "Traceback" not in proc.stderr
     with pytest.raises(InputError, match="a CPU run is not a GPU recording"):
         record_fixtures(SelftestReport(device="cpu"), [], tmp_path, command="x")
 
@@ -191,6 +193,34 @@ def test_decode_steps_agree_with_a_full_prefill(fp8):
     for seq in sequences:
         assert int(model.prefill(torch.tensor([seq[:-1]]))[0]) == seq[-1]
     assert pool.k[:, 3:].abs().sum() == 0  # slots beyond the batch untouched
+
+
+@pytest.mark.slow
+def test_compiled_decode_picks_the_same_tokens():
+    """`selftest --compile` runs the decode step through torch.compile: the same tokens as eager, and the static KV
+    cache updated in place (the compiled step must not work on a copy)."""
+    import torch
+
+    from diagnoser.selftest.model import Decoder, DecodeRunner, KvCache
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    shape = SHAPES["toy"]
+    model = Decoder(shape)
+    pool = KvCache.allocate(shape, slots=2, max_ctx=32, device="cpu", dtype=torch.float32)
+    prompts = torch.randint(0, shape.vocab, (2, 6))
+    runs = []
+    for compiled in (False, True):
+        cache = KvCache(pool.k.clone(), pool.v.clone())
+        runner = DecodeRunner(model, cache, graph=False, compiled=compiled)
+        runner.start([0, 1], prompts)
+        tokens = []
+        for _ in range(4):
+            runner.step()
+            tokens.append(runner.tokens.tolist())
+        runs.append((tokens, cache.k[:, :, :, 6:10].abs().sum().item()))
+    assert runs[0][0] == runs[1][0]
+    assert runs[1][1] > 0 and runs[1][1] == pytest.approx(runs[0][1], rel=1e-4)  # the decoded tokens' K written
 
 
 # --- physics checks on explicit numbers ---------------------------------------------------------------------------

@@ -89,18 +89,22 @@ def register(app: typer.Typer) -> None:
         record: Path | None = typer.Option(None, "--record", help="Also add each capture with its expected verdict "
                                            "to this GPU fixture folder (tests/fixtures/gpu); GPU runs only."),
         force: bool = typer.Option(False, "--force", help="Run even if another process uses the GPU."),
+        compiled: bool = typer.Option(False, "--compile", help="Run the decode steps through torch.compile: fused "
+                                      "kernels, a decode closer to its floor (not for --record)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     ) -> None:
         """Run workloads whose limiter is known (bandwidth, compute, batching/launch, VRAM, host) under attach, and
         check each verdict and the physics on this machine. Exit 1 if any verdict or physics check is off."""
         names = scenario_names(scenarios)
         resolved = resolve_device(device.strip().lower())
+        if record is not None and compiled:
+            raise InputError("--record keeps the eager scenarios the fixtures describe; run --compile without it.")
         if record is not None and resolved == "cpu":
             raise InputError("--record keeps GPU recordings only; a CPU run is not a GPU fixture.")
         out_dir = out or Path(tempfile.mkdtemp(prefix="diagnoser-selftest-"))
         err = Console(file=sys.stderr, no_color=True, highlight=False)
         report, captures = run_selftest(names, device=resolved, size=size.strip().lower(), window_s=window,
-                                        trace_s=trace, out_dir=out_dir, force=force,
+                                        trace_s=trace, out_dir=out_dir, force=force, compiled=compiled,
                                         progress=None if as_json else (lambda m: err.print(m, markup=False)))
         if record is not None:
             written = record_fixtures(report, captures, record, command=" ".join(["diagnoser", *sys.argv[1:]]))

@@ -203,9 +203,11 @@ class _TraceWindow:
             self.status = f"trace failed: {type(exc).__name__}: {exc}"
 
 
-def _workload_command(name: str, *, device: str, size: str, seconds: float, ready: Path, stats: Path) -> list[str]:
+def _workload_command(name: str, *, device: str, size: str, seconds: float, ready: Path, stats: Path,
+                      compiled: bool = False) -> list[str]:
     return [sys.executable, "-m", "diagnoser.selftest.workload", name, "--size", size, "--device", device,
-            "--seconds", f"{seconds:g}", "--ready-file", str(ready), "--stats-file", str(stats)]
+            "--seconds", f"{seconds:g}", "--ready-file", str(ready), "--stats-file", str(stats),
+            *(["--compile"] if compiled else [])]
 
 
 def _child_env(device: str) -> dict[str, str]:
@@ -216,7 +218,7 @@ def _child_env(device: str) -> dict[str, str]:
 
 
 def observe(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: float, out_dir: Path,
-            interval_s: float = INTERVAL_S) -> tuple[Capture, dict[str, Any], dict[str, Any]]:
+            interval_s: float = INTERVAL_S, compiled: bool = False) -> tuple[Capture, dict[str, Any], dict[str, Any]]:
     """Start the scenario's workload, attach to it for one window (with a trace when asked), stop it.
     Returns (capture, the workload's ready info, its final stats)."""
     from diagnoser.collectors.session import collect
@@ -226,7 +228,7 @@ def observe(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: 
     for path in (ready, stats):
         path.unlink(missing_ok=True)
     cmd = _workload_command(scn.name, device=device, size=size, seconds=window_s + trace_s + WORKLOAD_SLACK_S,
-                            ready=ready, stats=stats)
+                            ready=ready, stats=stats, compiled=compiled)
     with open(log, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_child_env(device))
     try:
@@ -288,11 +290,11 @@ def _measured_rate(ev: Evidence, mode: str, stats: dict[str, Any]) -> float | No
 
 
 def run_scenario(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: float,
-                 out_dir: Path) -> tuple[ScenarioResult, Capture | None, Diagnosis | None]:
+                 out_dir: Path, compiled: bool = False) -> tuple[ScenarioResult, Capture | None, Diagnosis | None]:
     result = ScenarioResult(scn.name, scn.expected, scn.title, cpu_run=device == "cpu")
     try:
         capture, info, stats = observe(scn, device=device, size=size, window_s=window_s, trace_s=trace_s,
-                                       out_dir=out_dir)
+                                       out_dir=out_dir, compiled=compiled)
     except ScenarioSkipped as exc:
         result.skipped = str(exc)
         return result, None, None
@@ -451,9 +453,10 @@ def scenario_names(requested: str | None) -> list[str]:
 
 
 def run_selftest(names: list[str], *, device: str = "auto", size: str = "auto", window_s: float | None = None,
-                 trace_s: float | None = None, out_dir: Path, force: bool = False,
+                 trace_s: float | None = None, out_dir: Path, force: bool = False, compiled: bool = False,
                  progress: ProgressFn | None = None) -> tuple[SelftestReport, list[Capture | None]]:
-    """Run the scenarios one after another and check the physics. Returns the report and each scenario's capture."""
+    """Run the scenarios one after another and check the physics. Returns the report and each scenario's capture.
+    `compiled` runs the decode steps through torch.compile (prefill stays eager)."""
     say = progress or (lambda _msg: None)
     device = resolve_device(device)
     if size not in ("auto", "toy"):
@@ -464,6 +467,9 @@ def run_selftest(names: list[str], *, device: str = "auto", size: str = "auto", 
         raise InputError("the window must be positive and the trace window between 0 and the window.")
     out_dir.mkdir(parents=True, exist_ok=True)
     report = SelftestReport(device=device, size="toy" if device == "cpu" else size, out_dir=str(out_dir))
+    if compiled:
+        report.notes.append("Decode steps compiled with torch.compile (norms, casts and softmax fused); the "
+                            "scenarios' expected verdicts are those of the eager runs.")
     capped, cap_reason = False, ""
     if device == "cuda":
         from diagnoser.calibration.gpu_check import check_gpu, power_capped
@@ -491,7 +497,7 @@ def run_selftest(names: list[str], *, device: str = "auto", size: str = "auto", 
             continue
         say(f"[{i}/{len(names)}] {name}: {scn.title}")
         result, capture, _diagnosis = run_scenario(scn, device=device, size=size, window_s=window, trace_s=trace,
-                                                   out_dir=out_dir)
+                                                   out_dir=out_dir, compiled=compiled)
         report.results.append(result)
         captures.append(capture)
         if capture is not None and any("Ctrl-C" in note for note in capture.notes):

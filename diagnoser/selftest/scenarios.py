@@ -117,6 +117,7 @@ class Plan:
     sync_every_step: bool = False  # read the new tokens back each step, as a server that streams them does
     fill_memory: float = 0.0  # decode: size the KV pool to this fraction of free device memory, batch = pool
     weights: str = ""  # "fp8": attention and MLP weights in FP8 (needs FP8 tensor cores on a GPU); "": as dtype
+    compiled: bool = False  # decode: the step goes through torch.compile (selftest --compile)
 
     @property
     def weight_dtype(self) -> str:

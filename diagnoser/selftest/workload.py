@@ -132,7 +132,7 @@ def run_decode(w: Workload, model: Any, metrics: Metrics, ready: Any) -> None:
     cache = KvCache.allocate(p.shape, pool, p.max_ctx, w.device, _dtype(torch, p.dtype))
     w.info.update(batch=slots, clients=clients, kv_slots=pool, kv_cache_bytes=cache.nbytes)
     max_gen = p.max_ctx - p.prompt - 1
-    runner = DecodeRunner(model, cache.first(slots), graph=p.graph)
+    runner = DecodeRunner(model, cache.first(slots), graph=p.graph, compiled=p.compiled)
     runner.start(list(range(slots)), w.prompts(slots, p.prompt))
     # Stagger the requests' lengths so sequences finish at different steps, as in continuous batching.
     remaining = [w.rng.randint(1, max_gen) for _ in range(slots)]
@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-file", type=Path, help="written (JSON) once warm: pid, metrics URL, model, plan")
     ap.add_argument("--stats-file", type=Path, help="written (JSON) at exit: steps, tokens, rates")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
+    ap.add_argument("--compile", action="store_true", help="decode: run the step through torch.compile")
     args = ap.parse_args(argv)
 
     import torch
@@ -255,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, args.threads))
     free = int(torch.cuda.mem_get_info()[0]) if device == "cuda" else None
     p = plan(args.scenario, device=device, size=args.size, free_bytes=free)
+    if args.compile and p.mode == "decode":
+        p = replace(p, compiled=True)
     if device == "cuda" and p.graph and not hasattr(torch.cuda, "CUDAGraph"):
         p = replace(p, graph=False)
     if p.weights == "fp8" and device == "cuda" and torch.cuda.get_device_capability() < FP8_MIN_CAPABILITY:
