@@ -262,6 +262,12 @@ class KeyedSeries(msgspec.Struct):
     def points(self) -> list[tuple[float, float]]:
         return self.values if self.value is None else [self.value]
 
+    @property
+    def key(self) -> GpuKey:
+        """The GPU key, as `_key_of` makes it from a label dict."""
+        m = self.metric
+        return (m.UUID or m.uuid, m.GPU_I_ID)
+
     @classmethod
     def from_dict(cls, series: dict) -> KeyedSeries:
         """From generically decoded JSON (the fallback when the typed decode refuses an answer)."""
@@ -500,8 +506,7 @@ def _values_by_step(result: list[KeyedSeries], start: float, step_s: float, n_st
     counts: dict[GpuKey, array] = {}
     full: dict[GpuKey, array] = {}
     for series in result:
-        labels = series.metric
-        key = (labels.UUID or labels.uuid, labels.GPU_I_ID)
+        key = series.key
         if not key[0]:
             continue
         points = series.points
