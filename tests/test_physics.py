@@ -279,6 +279,27 @@ def test_dtype_from_torch_dtype_dtype_and_quantization(tmp_path: Path) -> None:
     assert load_hf_config(_write(tmp_path, fp8)).dtype == "fp8"
 
 
+@pytest.mark.parametrize(("quant", "dtype"), [
+    # compressed-tensors (llm-compressor / RedHatAI checkpoints): the weights' num_bits and type say it.
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}, "fp8"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int"}}}}, "int8"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "type": "int", "group_size": 128}}}}, "int4"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "int4"),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "int8"),
+    ({"quant_method": "mxfp4"}, "int4"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "int8"),
+    # A config that names no stored precision leaves torch_dtype in charge.
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"targets": ["Linear"]}}}, "bf16"),
+])
+def test_dtype_from_every_quantization_config_spelling(tmp_path: Path, quant: dict, dtype: str) -> None:
+    cfg = {**LLAMA_LIKE, "torch_dtype": "bfloat16", "quantization_config": quant}
+    assert load_hf_config(_write(tmp_path, cfg)).dtype == dtype
+
+
 def test_tied_embeddings_count_once(tmp_path: Path) -> None:
     untied = load_hf_config(_write(tmp_path, LLAMA_LIKE)).params
     tied = load_hf_config(_write(tmp_path, {**LLAMA_LIKE, "tie_word_embeddings": True})).params

@@ -57,16 +57,42 @@ def _positive_int(cfg: dict[str, Any], label: str, *keys: str, required: bool = 
     return value
 
 
+def _quantised_dtype(quant: dict[str, Any]) -> str:
+    """The stored weight precision a quantization_config describes, or "" when it does not say.
+
+    Spellings: `quant_method` fp8 (vLLM/Transformers FP8 checkpoints); `bits`/`w_bit` (AWQ, GPTQ); bitsandbytes'
+    `load_in_4bit`/`load_in_8bit`; compressed-tensors' `config_groups.*.weights` {num_bits, type: int|float} (the
+    RedHatAI/llm-compressor FP8, W8A8 and W4A16 checkpoints); mxfp4 (4-bit floats: half a byte a weight, as INT4)."""
+    method = str(quant.get("quant_method", "")).lower()
+    if "fp8" in method:
+        return "fp8"
+    if method == "mxfp4" or quant.get("load_in_4bit") is True:
+        return "int4"
+    if quant.get("load_in_8bit") is True:
+        return "int8"
+    bits = quant.get("bits") or quant.get("w_bit")
+    if bits in (4, 8):
+        return "int4" if bits == 4 else "int8"
+    groups = quant.get("config_groups")
+    for group in groups.values() if isinstance(groups, dict) else ():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(weights, dict):
+            continue
+        kind = str(weights.get("type", "int")).lower()
+        if weights.get("num_bits") == 8:
+            return "fp8" if kind == "float" else "int8"
+        if weights.get("num_bits") == 4:
+            return "int4"  # INT4 or NVFP4: half a byte a weight either way
+    return ""
+
+
 def _config_dtype(cfg: dict[str, Any]) -> str:
     """Weight precision: a quantisation_config wins over torch_dtype (newer configs spell it "dtype")."""
     quant = cfg.get("quantization_config")
     if isinstance(quant, dict):
-        method = str(quant.get("quant_method", "")).lower()
-        bits = quant.get("bits") or quant.get("w_bit")
-        if "fp8" in method:
-            return "fp8"
-        if bits in (4, 8):
-            return "int4" if bits == 4 else "int8"
+        found = _quantised_dtype(quant)
+        if found:
+            return found
     raw = _first(cfg, "torch_dtype", "dtype")
     if not isinstance(raw, str):
         return ""
