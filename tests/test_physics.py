@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from diagnoser.capture import ModelInfo
@@ -559,3 +560,47 @@ def test_energy_and_cost() -> None:
     assert cost_per_million_tokens(0, 3.6) == math.inf
     with pytest.raises(InputError):
         tokens_per_joule(1000, 0)
+
+
+def test_serving_flags_set_the_precision_and_sharding_the_server_runs() -> None:
+    from diagnoser.capture import new_capture
+    from diagnoser.cli.attach import add_model
+    from diagnoser.collectors.target import AttachTarget, serving_from_cmdline
+    from diagnoser.physics import decode_ceiling_tokens_per_s, get_gpu
+    from diagnoser.physics.models import with_serving_flags
+
+    cmd = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/llama", "--quantization", "fp8",
+           "--kv-cache-dtype=fp8_e5m2", "-tp", "2", "--dtype", "auto"]
+    serving = serving_from_cmdline(cmd)
+    assert serving["quantization"] == "fp8" and serving["kv_cache_dtype"] == "fp8_e5m2"
+    assert serving["tensor_parallel_size"] == 2
+    assert serving_from_cmdline(["text-generation-launcher", "--quantize", "bitsandbytes-nf4"])["quantization"] \
+        == "bitsandbytes-nf4"
+    assert serving_from_cmdline(["vllm", "serve", "m", "-q", "awq"])["quantization"] == "awq"
+
+    llama = load_bundled_model("llama-2-7b")  # float16 checkpoint
+    served, notes = with_serving_flags(llama, serving)
+    assert (served.dtype, served.kv_dtype, served.tensor_parallel) == ("fp8", "fp8", 2)
+    assert len(notes) == 3 and "--quantization fp8" in notes[0]
+    h100 = get_gpu("h100-sxm")
+    # Half the bytes per weight and half the weights per GPU: the per-GPU floor is about a quarter.
+    before = decode_ceiling_tokens_per_s(llama, h100, batch=1, context=1024)
+    after = decode_ceiling_tokens_per_s(served, h100, batch=1, context=1024, tp=served.tensor_parallel)
+    assert 3.5 < after / before < 4.1
+    # What the flags do not change stays: a quantised checkpoint is not "upgraded" to FP8, auto means nothing.
+    int4 = msgspec.structs.replace(llama, dtype="int4")
+    assert with_serving_flags(int4, {"quantization": "fp8"}) == (int4, [])
+    assert with_serving_flags(llama, {"dtype": "auto", "kv_cache_dtype": "auto"}) == (llama, [])
+    assert with_serving_flags(llama, {"quantization": "awq"}) == (llama, [])  # the checkpoint's config says the bits
+    bare = msgspec.structs.replace(llama, dtype="")
+    assert with_serving_flags(bare, {"dtype": "bfloat16"})[0].dtype == "bf16"
+    sharded = msgspec.structs.replace(llama, tensor_parallel=4)
+    assert with_serving_flags(sharded, {"tensor_parallel_size": 2})[0].tensor_parallel == 4  # --model said so
+
+    # attach: the model from the server's command line, then its flags, with a note saying so.
+    capture = new_capture("pid 1", started_at=0.0, duration_s=10.0)
+    capture.serving = dict(serving)
+    config = Path(__file__).resolve().parents[1] / "diagnoser" / "data" / "models" / "llama-2-7b.json"
+    add_model(capture, None, AttachTarget(pid=1, model_config=config, serving=serving))
+    assert capture.model is not None and capture.model.dtype == "fp8" and capture.model.tensor_parallel == 2
+    assert any(n.startswith("From the server's command line: weights served as fp8") for n in capture.notes)

@@ -168,7 +168,7 @@ def _dcgm_selector(target: Any, capture: Capture) -> Any:
 
 
 def attach_model(capture: Capture, spec: TargetSpec, target: Any) -> None:
-    from diagnoser.physics.models import load_hf_config, resolve_model
+    from diagnoser.physics.models import apply_serving_flags, load_hf_config, resolve_model
 
     try:
         if spec.model:
@@ -177,6 +177,7 @@ def attach_model(capture: Capture, spec: TargetSpec, target: Any) -> None:
             capture.model = load_hf_config(target.model_config)
     except DiagnoserError as exc:
         capture.notes.append(f"The model's shape could not be read: {exc}")
+    apply_serving_flags(capture)
 
 
 def run_job(job: dict[str, Any], stop: threading.Event) -> dict[str, Any]:

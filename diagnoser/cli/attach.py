@@ -112,18 +112,20 @@ def add_trace(capture: Capture, target: AttachTarget, seconds: float, out_dir: P
 
 
 def add_model(capture: Capture, model: ModelInfo | None, target: AttachTarget) -> None:
-    """The model's shape: from --model, else from a config.json the server's command line points at."""
+    """The model's shape: from --model, else from a config.json the server's command line points at; then the
+    precision and tensor parallelism the command line serves it with."""
     from diagnoser.physics import load_hf_config
+    from diagnoser.physics.models import apply_serving_flags
 
     if model is not None:
         capture.model = model
-        return
-    if target.model_config is not None:
+    elif target.model_config is not None:
         try:
             capture.model = load_hf_config(target.model_config)
             capture.notes.append(f"Model shape read from {target.model_config} (the server's command line).")
         except DiagnoserError as exc:
             capture.notes.append(f"The server's model config could not be read ({exc}); give --model.")
+    apply_serving_flags(capture)
 
 
 def register(app: typer.Typer) -> None:

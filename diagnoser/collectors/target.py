@@ -49,6 +49,9 @@ _SERVING_FLAGS = {
     "--max-batch-total-tokens": "max_batch_total_tokens",
     "--kv-tokens": "kv_cache_tokens",
     "--dtype": "dtype",
+    "--quantization": "quantization",
+    "-q": "quantization",
+    "--quantize": "quantization",  # TGI
 }
 _BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--disable-cuda-graph": "disable_cuda_graph"}
 _MODEL_FLAGS = ("--model", "--model-path", "--model-id")

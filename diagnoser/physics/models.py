@@ -13,9 +13,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from diagnoser.capture import ModelInfo
+import msgspec
+
+from diagnoser.capture import Capture, ModelInfo
 from diagnoser.errors import InputError
-from diagnoser.physics.precision import normalise_dtype
+from diagnoser.physics.precision import bytes_per_element, normalise_dtype
 
 # Bundled configs (diagnoser/data/models/<stem>.json) and the Hugging Face repository each was copied from.
 BUNDLED_SOURCES: dict[str, str] = {
@@ -315,3 +317,62 @@ def model_from_params(
         dtype=normalise_dtype(dtype) if dtype else "",
         kv_dtype=normalise_dtype(kv_dtype) if kv_dtype else "",
     )
+
+
+# --quantization (vLLM, SGLang) and --quantize (TGI) values that fix the stored weight precision whatever the
+# checkpoint says: the server quantises a 16-bit checkpoint as it loads it. AWQ/GPTQ/compressed-tensors name a
+# checkpoint format whose config.json already says its bits, and plain "bitsandbytes" means 4 bits in vLLM and 8 in
+# TGI, so those are left to the config.
+_QUANTISING_FLAGS = {
+    "fp8": "fp8", "fbgemm_fp8": "fp8", "ptpc_fp8": "fp8", "eetq": "int8", "bitsandbytes-nf4": "int4",
+    "bitsandbytes-fp4": "int4", "mxfp4": "int4",
+}
+
+
+def _flag_dtype(value: object) -> str:
+    """A --dtype or --kv-cache-dtype value as a precision name; "" for auto or what is not one."""
+    text = str(value or "").strip().lower()
+    if not text or text == "auto":
+        return ""
+    if text.startswith("fp8"):  # fp8, fp8_e4m3, fp8_e5m2, fp8_inc
+        return "fp8"
+    try:
+        return normalise_dtype(text)
+    except InputError:
+        return ""
+
+
+def with_serving_flags(model: ModelInfo, serving: dict[str, Any]) -> tuple[ModelInfo, list[str]]:
+    """The model as the server runs it: the precision and tensor parallelism its command line sets (the keys of
+    Capture.serving: quantization, dtype, kv_cache_dtype, tensor_parallel_size). A config.json describes the
+    checkpoint; `vllm serve X --quantization fp8 --kv-cache-dtype fp8 -tp 2` reads a quarter of its bytes per GPU
+    and step. Returns the model and a note per change."""
+    changes: dict[str, Any] = {}
+    notes: list[str] = []
+    quant = str(serving.get("quantization") or "").strip().lower()
+    weights = _QUANTISING_FLAGS.get(quant, "")
+    current = model.dtype
+    if weights and (not current or bytes_per_element(current) > bytes_per_element(weights)):
+        changes["dtype"] = weights
+        notes.append(f"weights served as {weights} (--quantization {quant})")
+    elif not current and _flag_dtype(serving.get("dtype")):
+        changes["dtype"] = _flag_dtype(serving.get("dtype"))
+        notes.append(f"weights served as {changes['dtype']} (--dtype)")
+    kv = _flag_dtype(serving.get("kv_cache_dtype"))
+    if kv and kv != model.kv_dtype:
+        changes["kv_dtype"] = kv
+        notes.append(f"KV cache in {kv} (--kv-cache-dtype)")
+    tp = serving.get("tensor_parallel_size")
+    if isinstance(tp, int) and not isinstance(tp, bool) and tp > 1 and model.tensor_parallel == 1:
+        changes["tensor_parallel"] = tp
+        notes.append(f"sharded over {tp} GPUs (tensor parallel)")
+    return (msgspec.structs.replace(model, **changes) if changes else model), notes
+
+
+def apply_serving_flags(capture: Capture) -> None:
+    """Set the capture's model to what the server's command line makes of it (with_serving_flags), with a note."""
+    if capture.model is None:
+        return
+    capture.model, changes = with_serving_flags(capture.model, capture.serving)
+    if changes:
+        capture.notes.append("From the server's command line: " + "; ".join(changes) + ".")
