@@ -225,3 +225,18 @@ def test_preemptions_with_a_queue_mean_the_kv_cache_ran_out_whatever_its_sampled
     calm = make_capture({"server.kv_usage": [0.84, 0.91, 0.78, 0.83, 0.67], "server.waiting": [10, 11, 9, 10, 11],
                          "server.running": [6, 5, 6, 6, 4], "server.preemptions_per_s": [0.0] * 4}, gpu=None, n=5)
     assert "VRAM001" not in {f.code for f in diagnose(calm).findings}  # a queue alone, cache not full: not VRAM
+
+
+def test_batch_gain_is_capped_by_the_memory_share_the_server_may_use():
+    from diagnoser.evidence import build_evidence
+    from diagnoser.rules.gains import batch_gain
+
+    signals = {"gpu.busy": 0.9, "server.running": 2, "server.waiting": 20}
+    default = build_evidence(make_capture(signals, model=llama_7b(), serving={"mean_context_tokens": 8192}))
+    half = build_evidence(make_capture(signals, model=llama_7b(), serving={"mean_context_tokens": 8192,
+                                                                         "gpu_memory_utilization": 0.5}))
+    gain_default, basis_default = batch_gain(default, target=64)
+    gain_half, basis_half = batch_gain(half, target=64)
+    assert gain_default is not None and gain_half is not None and gain_half < gain_default
+    assert "capped by the" in basis_default and "(--gpu-memory-utilization)" not in basis_default
+    assert "in 50% of memory (--gpu-memory-utilization)" in basis_half

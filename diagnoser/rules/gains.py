@@ -45,6 +45,16 @@ def _context(ev: Evidence) -> tuple[int, str]:
     return ASSUMED_CONTEXT, f"assumed context {ASSUMED_CONTEXT} tokens"
 
 
+def _mem_fraction(ev: Evidence) -> tuple[float, str]:
+    """The share of GPU memory the server may fill (weights + KV cache): its flag, else vLLM's default."""
+    for key, flag in (("gpu_memory_utilization", "--gpu-memory-utilization"),
+                      ("mem_fraction_static", "--mem-fraction-static")):
+        value = ev.capture.serving.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1:
+            return float(value), f" in {value:.0%} of memory ({flag})"
+    return physics.DEFAULT_MEM_FRACTION, ""
+
+
 def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | None = None) -> tuple[float | None, str]:
     """Throughput multiplier of decoding at a larger batch (factor x the observed one, or a target), from the
     decode ceiling: batch / max(bytes / bandwidth, FLOPs / peak)."""
@@ -58,9 +68,10 @@ def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | Non
     ctx, ctx_text = _context(ev)
     capped = ""
     if physics.has_kv_shape(model):
-        room = physics.max_concurrent_sequences(model, gpu, ctx, tp=tp, dtype=dtype)
+        fraction, where = _mem_fraction(ev)
+        room = physics.max_concurrent_sequences(model, gpu, ctx, fraction, tp=tp, dtype=dtype)
         if room < new:
-            new, capped = float(room), f", capped by the {room} sequences whose KV cache fits"
+            new, capped = float(room), f", capped by the {room} sequences whose KV cache fits{where}"
     new = max(new, batch)
     if new <= batch:
         return None, f"no larger batch fits in memory at {ctx_text}"
