@@ -96,12 +96,7 @@ def _config_dtype(cfg: dict[str, Any]) -> str:
         if found:
             return found
     raw = _first(cfg, "torch_dtype", "dtype")
-    if not isinstance(raw, str):
-        return ""
-    try:
-        return normalise_dtype(raw)
-    except InputError:
-        return ""  # e.g. float64: leave it to the user's --dtype
+    return _flag_dtype(raw) if isinstance(raw, str) else ""  # "" for e.g. float64: leave it to the user's --dtype
 
 
 class _Shape:
@@ -330,7 +325,8 @@ _QUANTISING_FLAGS = {
 
 
 def _flag_dtype(value: object) -> str:
-    """A --dtype or --kv-cache-dtype value as a precision name; "" for auto or what is not one."""
+    """A dtype as configs and flags spell it (torch_dtype, --dtype, --kv-cache-dtype) as a precision name; "" for
+    auto or what is not one."""
     text = str(value or "").strip().lower()
     if not text or text == "auto":
         return ""
