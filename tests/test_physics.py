@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from diagnoser.capture import ModelInfo
+from diagnoser.capture import ModelInfo, ServingConfig
 from diagnoser.errors import InputError
 from diagnoser.physics import (
     GPUS,
@@ -572,11 +572,11 @@ def test_serving_flags_set_the_precision_and_sharding_the_server_runs() -> None:
     cmd = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/llama", "--quantization", "fp8",
            "--kv-cache-dtype=fp8_e5m2", "-tp", "2", "--dtype", "auto"]
     serving = serving_from_cmdline(cmd)
-    assert serving["quantization"] == "fp8" and serving["kv_cache_dtype"] == "fp8_e5m2"
-    assert serving["tensor_parallel_size"] == 2
-    assert serving_from_cmdline(["text-generation-launcher", "--quantize", "bitsandbytes-nf4"])["quantization"] \
+    assert serving.quantization == "fp8" and serving.kv_cache_dtype == "fp8_e5m2"
+    assert serving.tensor_parallel_size == 2
+    assert serving_from_cmdline(["text-generation-launcher", "--quantize", "bitsandbytes-nf4"]).quantization \
         == "bitsandbytes-nf4"
-    assert serving_from_cmdline(["vllm", "serve", "m", "-q", "awq"])["quantization"] == "awq"
+    assert serving_from_cmdline(["vllm", "serve", "m", "-q", "awq"]).quantization == "awq"
 
     llama = load_bundled_model("llama-2-7b")  # float16 checkpoint
     served, notes = with_serving_flags(llama, serving)
@@ -589,17 +589,17 @@ def test_serving_flags_set_the_precision_and_sharding_the_server_runs() -> None:
     assert 3.5 < after / before < 4.1
     # What the flags do not change stays: a quantised checkpoint is not "upgraded" to FP8, auto means nothing.
     int4 = msgspec.structs.replace(llama, dtype="int4")
-    assert with_serving_flags(int4, {"quantization": "fp8"}) == (int4, [])
-    assert with_serving_flags(llama, {"dtype": "auto", "kv_cache_dtype": "auto"}) == (llama, [])
-    assert with_serving_flags(llama, {"quantization": "awq"}) == (llama, [])  # the checkpoint's config says the bits
+    assert with_serving_flags(int4, ServingConfig(quantization="fp8")) == (int4, [])
+    assert with_serving_flags(llama, ServingConfig(dtype="auto", kv_cache_dtype="auto")) == (llama, [])
+    assert with_serving_flags(llama, ServingConfig(quantization="awq")) == (llama, [])  # the checkpoint's config says the bits
     bare = msgspec.structs.replace(llama, dtype="")
-    assert with_serving_flags(bare, {"dtype": "bfloat16"})[0].dtype == "bf16"
+    assert with_serving_flags(bare, ServingConfig(dtype="bfloat16"))[0].dtype == "bf16"
     sharded = msgspec.structs.replace(llama, tensor_parallel=4)
-    assert with_serving_flags(sharded, {"tensor_parallel_size": 2})[0].tensor_parallel == 4  # --model said so
+    assert with_serving_flags(sharded, ServingConfig(tensor_parallel_size=2))[0].tensor_parallel == 4  # --model said so
 
     # attach: the model from the server's command line, then its flags, with a note saying so.
     capture = new_capture("pid 1", started_at=0.0, duration_s=10.0)
-    capture.serving = dict(serving)
+    capture.serving = msgspec.structs.replace(serving)
     config = Path(__file__).resolve().parents[1] / "diagnoser" / "data" / "models" / "llama-2-7b.json"
     add_model(capture, None, AttachTarget(pid=1, model_config=config, serving=serving))
     assert capture.model is not None and capture.model.dtype == "fp8" and capture.model.tensor_parallel == 2

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from diagnoser.capture import Capture, ModelInfo
+from diagnoser.capture import ServingConfig, Capture, ModelInfo
 from diagnoser.errors import InputError
 from diagnoser.physics.precision import bytes_per_element, normalise_dtype
 
@@ -338,28 +338,28 @@ def _flag_dtype(value: object) -> str:
         return ""
 
 
-def with_serving_flags(model: ModelInfo, serving: dict[str, Any]) -> tuple[ModelInfo, list[str]]:
+def with_serving_flags(model: ModelInfo, serving: ServingConfig) -> tuple[ModelInfo, list[str]]:
     """The model as the server runs it: the precision and tensor parallelism its command line sets (the keys of
-    Capture.serving: quantization, dtype, kv_cache_dtype, tensor_parallel_size). A config.json describes the
+    ServingConfig: quantization, dtype, kv_cache_dtype, tensor_parallel_size). A config.json describes the
     checkpoint; `vllm serve X --quantization fp8 --kv-cache-dtype fp8 -tp 2` reads a quarter of its bytes per GPU
     and step. Returns the model and a note per change."""
     changes: dict[str, Any] = {}
     notes: list[str] = []
-    quant = str(serving.get("quantization") or "").strip().lower()
+    quant = str(serving.quantization or "").strip().lower()
     weights = _QUANTISING_FLAGS.get(quant, "")
     current = model.dtype
     if weights and (not current or bytes_per_element(current) > bytes_per_element(weights)):
         changes["dtype"] = weights
         notes.append(f"weights served as {weights} (--quantization {quant})")
-    elif not current and _flag_dtype(serving.get("dtype")):
-        changes["dtype"] = _flag_dtype(serving.get("dtype"))
+    elif not current and _flag_dtype(serving.dtype):
+        changes["dtype"] = _flag_dtype(serving.dtype)
         notes.append(f"weights served as {changes['dtype']} (--dtype)")
-    kv = _flag_dtype(serving.get("kv_cache_dtype"))
+    kv = _flag_dtype(serving.kv_cache_dtype)
     if kv and kv != model.kv_dtype:
         changes["kv_dtype"] = kv
         notes.append(f"KV cache in {kv} (--kv-cache-dtype)")
-    tp = serving.get("tensor_parallel_size")
-    if isinstance(tp, int) and not isinstance(tp, bool) and tp > 1 and model.tensor_parallel == 1:
+    tp = serving.tensor_parallel_size
+    if tp is not None and tp > 1 and model.tensor_parallel == 1:
         changes["tensor_parallel"] = tp
         notes.append(f"sharded over {tp} GPUs (tensor parallel)")
     return (msgspec.structs.replace(model, **changes) if changes else model), notes
