@@ -35,6 +35,8 @@ from diagnoser.physics.realised import (
     realised_speedup,
 )
 
+REALISED_PREFIX = "realised gain:"  # the assumption behind realised_speedup starts so
+
 
 @dataclass(frozen=True)
 class WhatIf:
@@ -134,8 +136,15 @@ def _why(model: ModelInfo, before: _Setup, after: _Setup, context: float) -> str
     return f"decode stays compute-bound; peak goes {peaks[0]:.4g} -> {peaks[1]:.4g} TFLOP/s over the group"
 
 
-def _assumptions(model: ModelInfo, before: _Setup, after: _Setup, efficiency: float | None) -> list[str]:
+def _assumptions(model: ModelInfo, before: _Setup, after: _Setup, context: float, efficiency: float | None,
+                 mem_fraction: float) -> list[str]:
     notes = []
+    if after.kv_dtype != before.kv_dtype and context >= 1 and has_kv_shape(model):
+        fit = [max_concurrent_sequences(model, s.gpu, int(context), mem_fraction, s.tp, dtype=s.dtype,
+                                        kv_dtype=s.kv_dtype) for s in (before, after)]
+        per_token = [kv_bytes_per_token(model, s.kv_dtype) for s in (before, after)]
+        notes.append(f"KV cache {per_token[0] / 1024:,.0f} -> {per_token[1] / 1024:,.0f} KiB a token: "
+                     f"{fit[0]:,} -> {fit[1]:,} sequences of {context:,.0f} tokens fit")
     for s in (before, after):
         if s.tp > 1:
             if has_tp_shape(model):
@@ -153,10 +162,10 @@ def _assumptions(model: ModelInfo, before: _Setup, after: _Setup, efficiency: fl
         notes.append("MoE: a step reads the experts its tokens route to, routing assumed uniform")
     if efficiency is not None:
         shares = attainable_shares(before.gpu, before.dtype)
-        roof = "measured roofs" if shares[0] == 1.0 else (f"kernels reaching {ATTAINABLE_BANDWIDTH:.0%} of the "
-                                                          "datasheet bandwidth")
-        notes.append(f"realised: measured at {efficiency:.0%} of the ceiling; the time beyond the roofline "
-                     f"({roof}) is per-step work that stays")
+        roof = "at the measured roofs" if shares[0] == 1.0 else (f"taken at {ATTAINABLE_BANDWIDTH:.0%} of the "
+                                                                 "datasheet bandwidth, what streaming kernels reach")
+        notes.append(f"{REALISED_PREFIX} the step runs at {efficiency:.0%} of its ceiling; the time beyond the "
+                     f"roofline ({roof}) is per-step work (launches, small kernels, host) that stays")
     return notes
 
 
@@ -234,7 +243,8 @@ def what_if(
         if realised is not None:
             tail += (f"; x{realised:.2f} realised at {efficiency:.0%} of the ceiling (the time beyond the roofline "
                      "stays)")
-    assumptions = _assumptions(model, before, after, efficiency)
+    assumptions = _assumptions(model, before, after, context, efficiency if realised is not None else None,
+                               mem_fraction)
     if capacity_note:
         assumptions.insert(0, capacity_note)
     return WhatIf(change, rates[0], rates[1], speedup, f"{change}: {why}{tail}.", realised, efficiency,
