@@ -244,6 +244,9 @@ def test_interconnect_and_pipeline(app: typer.Typer) -> None:
     full = run_json(app, "--model", "llama-2-70b", "--pp", "4", "--batch", "8")
     assert full["pipeline"]["bubble"] == 0.0 and full["pipeline"]["microbatches"] == 4
     assert full["pipeline"]["stage_weight_bytes"] == pytest.approx(full["weight_bytes"] / 4)
+    # each stage holds a quarter of the weights and of each token's KV cache (80 x 8 x 128 x 2 x 2 / 4 bytes)
+    free = 0.9 * 80 * 1024**3 - 68_976_648_192 * 2 / 4
+    assert full["max_concurrent_sequences"] == int(free / (327_680 / 4) // 2048)
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

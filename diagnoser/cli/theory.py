@@ -120,6 +120,9 @@ def _notes(s: Setup, kv_known: bool, max_seqs: int | None) -> list[str]:
         notes.append(f"The {s.gpu.name} has no {s.dtype} tensor cores; math runs at its {math_dtype} rate.")
     if s.model.active_params and s.model.params and s.model.active_params < s.model.params:
         notes.append("MoE: a step reads only the experts its tokens route to (uniform routing assumed).")
+    if s.pp > 1:
+        notes.append(f"Decode (ceiling) is one tp group holding every layer; the Pipeline section spreads them over "
+                     f"{s.pp} stages of {s.tp} GPU{'s' if s.tp > 1 else ''}.")
     if s.tp > 1 and not (s.model.layers and s.model.hidden):
         notes.append("Tensor-parallel collectives not counted: the model's layers and hidden size are unknown.")
     return notes
@@ -163,7 +166,7 @@ def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_
     kv_known = has_kv_shape(m)
     context = s.context if kv_known else 0  # without the shape, decode is computed without KV reads
     kv_per_token = kv_bytes_per_token(m, s.kv_dtype) if kv_known else None
-    max_seqs = max_concurrent_sequences(m, gpu, s.context, tp=s.tp, dtype=s.dtype, kv_dtype=s.kv_dtype) \
+    max_seqs = max_concurrent_sequences(m, gpu, s.context, tp=s.tp, dtype=s.dtype, kv_dtype=s.kv_dtype, pp=s.pp) \
         if kv_known and s.context > 0 else None
     ceiling = decode_ceiling_tokens_per_s(m, gpu, s.batch, context, s.dtype, s.tp, kv_dtype=s.kv_dtype, link=s.link)
     power = (power_w or gpu.tdp_w) * s.tp

@@ -354,14 +354,14 @@ def max_concurrent_sequences(
     *,
     dtype: str | None = None,
     kv_dtype: str | None = None,
+    pp: int = 1,
 ) -> int:
-    """Sequences of `context` tokens whose KV cache fits beside the weights, per tensor-parallel group:
-    floor((memory x mem_fraction - weights / tp) / (context x KV bytes per token per GPU)); 0 if the weights do not
-    fit. An FP8 or INT8 KV cache doubles it. Activation workspace and fragmentation are ignored, so this is an upper
-    bound."""
+    """Sequences of `context` tokens whose KV cache fits beside the weights, per tensor-parallel group (of `pp`
+    pipeline stages): floor(kv_capacity_tokens / context); 0 if the weights do not fit. An FP8 or INT8 KV cache
+    doubles it. Activation workspace and fragmentation are ignored, so this is an upper bound."""
     if context < 1:
         raise InputError(f"the context must be at least 1 token, not {context}.")
-    return int(kv_capacity_tokens(model, gpu, mem_fraction, tp, dtype=dtype, kv_dtype=kv_dtype) // context)
+    return int(kv_capacity_tokens(model, gpu, mem_fraction, tp, dtype=dtype, kv_dtype=kv_dtype, pp=pp) // context)
 
 
 def kv_capacity_tokens(
@@ -372,14 +372,18 @@ def kv_capacity_tokens(
     *,
     dtype: str | None = None,
     kv_dtype: str | None = None,
+    pp: int = 1,
 ) -> float:
-    """Tokens of KV cache that fit beside the weights: (memory x mem_fraction - weights / tp) / KV bytes per token
-    per GPU; 0 if the weights do not fit. An upper bound on a server's KV pool (it also keeps activations)."""
+    """Tokens of KV cache that fit beside the weights: (memory x mem_fraction - weights / (tp x pp)) / (KV bytes per
+    token per GPU / pp), each of `pp` pipeline stages holding its share of the layers; 0 if the weights do not fit.
+    An upper bound on a server's KV pool (it also keeps activations)."""
     _check(tp=tp)
-    free = usable_memory_bytes(gpu, mem_fraction) - weight_bytes(model, dtype) / tp
+    if pp < 1:
+        raise InputError(f"the pipeline needs at least one stage, not {pp}.")
+    free = usable_memory_bytes(gpu, mem_fraction) - weight_bytes(model, dtype) / (tp * pp)
     if free <= 0:
         return 0.0
-    return free / kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype), tp=tp)
+    return free * pp / kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype), tp=tp)
 
 
 # --- the ridge -------------------------------------------------------------------------------------------
