@@ -124,10 +124,19 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     kv_heads: int | None = None
     head_dim: int | None = None
     vocab: int | None = None
-    dtype: str = ""  # weights: fp32, bf16, fp16, fp8, int8, int4
+    dtype: str = ""  # weights: fp32, bf16, fp16, fp8, int8, int4, fp4
     kv_dtype: str = ""
     max_context: int | None = None
     tensor_parallel: int = 1
+    # How quantised weights are stored, from the config's quantization_config (docs/physics.md): the method
+    # ("gptq", "awq", "fp8", "nvfp4", "mxfp4", ...), weights per scale group (-1: one scale per output channel;
+    # None: the precision's default), bytes of one group's scale and zero point (None: the method's default), and
+    # whether lm_head is quantised too (it stays 16-bit in most checkpoints).
+    quant_method: str = ""
+    quant_group_size: int | None = None
+    quant_scale_bytes: float | None = None
+    quant_lm_head: bool = False
+    tied_embeddings: bool = False  # lm_head shares the input embedding's matrix
 
 
 class TraceSummary(msgspec.Struct, kw_only=True):
