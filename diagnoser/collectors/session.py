@@ -29,6 +29,7 @@ from diagnoser.collectors.nvml import NvmlCollector
 from diagnoser.collectors.process import ProcessTree
 from diagnoser.collectors.server_metrics import DEFAULT_PERIOD_S as SERVER_PERIOD_S
 from diagnoser.collectors.server_metrics import ServerMetricsCollector
+from diagnoser.collectors.stacks import StackCollector
 from diagnoser.collectors.target import AttachTarget
 from diagnoser.errors import InputError, SourceUnavailable
 
@@ -140,7 +141,7 @@ class Sampler:
 
 def build_collectors(target: AttachTarget, tree: ProcessTree | None, *, interval_s: float,
                      host_interval_s: float = HOST_PERIOD_S, server_interval_s: float = SERVER_PERIOD_S,
-                     gpu: bool = True) -> list[Collector]:
+                     gpu: bool = True, stacks: bool = True) -> list[Collector]:
     collectors: list[Collector] = []
     if gpu:
         nvml = NvmlCollector(tree)
@@ -149,6 +150,8 @@ def build_collectors(target: AttachTarget, tree: ProcessTree | None, *, interval
     if target.metrics_url:
         collectors.append(ServerMetricsCollector(target.metrics_url, target.server_kind,
                                                  period_s=max(interval_s, server_interval_s)))
+    if stacks and target.pid is not None:
+        collectors.append(StackCollector(target.pid))  # the target's Python stacks, when py-spy may read them
     return collectors
 
 
