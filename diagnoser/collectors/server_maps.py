@@ -313,8 +313,9 @@ TRITON_MAP = ServerMap(
                               StepRatio(("nv_inference_count", "nv_inference_count_total"),
                                         ("nv_inference_exec_count", "nv_inference_exec_count_total"))),
         "server.queue_time_mean_s": (
-            WindowRatio(((("nv_inference_queue_duration_us", "nv_inference_queue_duration_us_total"),
-                          ("nv_inference_request_success", "nv_inference_request_success_total")),), scale=1e-6),
+            WindowRatio(((("nv_inference_queue_duration_us",), ("nv_inference_request_success",)),
+                         (("nv_inference_queue_duration_us_total",), ("nv_inference_request_success_total",))),
+                        scale=1e-6),
         ),
     },
     histograms={
@@ -352,7 +353,9 @@ NIM_MAP = ServerMap(
         "gen_len": Hist(("request_generation_tokens",)),
     },
     config_names=("num_request_max",),
-    absent={"server.preemptions_per_s": "NIM's documented metrics have no preemption counter"},
+    absent={"server.preemptions_per_s": "NIM's documented metrics have no preemption counter",
+            "server.batch_size": "NIM's documented metrics have no per-iteration batch metric (server.running is the "
+                                 "batch)"},
 )
 
 SERVER_MAPS: dict[str, ServerMap] = {

@@ -220,7 +220,13 @@ def served_totals(url: str, timeout: float = FETCH_TIMEOUT_S) -> dict[str, float
 # --- reading values off a page ------------------------------------------------------------------------------
 
 def canonical(samples: Samples, mapping: ServerMap) -> Samples:
-    """The page with alias spellings (sglang_num_running_reqs) renamed to the table's (sglang:num_running_reqs)."""
+    """The page with alias spellings (sglang_num_running_reqs) renamed to the table's (sglang:num_running_reqs).
+
+    On Triton with TensorRT-LLM, the per-model nv_inference_* counters count one request once per model of the
+    ensemble (preprocessing, tensorrt_llm, postprocessing, ensemble): they are read for the TensorRT-LLM model only.
+    The first-response histogram exists for the decoupled (client-facing) model and is kept whole."""
+    if mapping.kind == "triton":
+        return _triton_models(samples)
     if not mapping.aliases:
         return samples
     out = dict(samples)
@@ -228,6 +234,19 @@ def canonical(samples: Samples, mapping: ServerMap) -> Samples:
         for alt, canon in mapping.aliases:
             if name.startswith(alt):
                 out.setdefault(canon + name[len(alt):], samples[name])
+    return out
+
+
+def _triton_models(samples: Samples) -> Samples:
+    models = {labels.get("model") for name, found in samples.items() if name.startswith("nv_trt_llm_")
+              for labels, _ in found}
+    models.discard(None)
+    if not models:
+        return samples
+    out = dict(samples)
+    for name, found in samples.items():
+        if name.startswith("nv_inference_") and not name.startswith("nv_inference_first_response"):
+            out[name] = [(labels, v) for labels, v in found if labels.get("model") in models]
     return out
 
 
@@ -503,7 +522,7 @@ def read_config(samples: Samples, kind: str, config: ServerConfig | None = None)
         if len(engines) > 1:
             c.data_parallel_engines = len(engines)
         lora = _lora_state(samples)
-        if lora is not None and lora[2] is not None:
+        if lora is not None and lora[2]:
             c.max_loras = lora[2]
     elif kind == "sglang":
         c.kv_cache_tokens = _int_of(samples, "sglang:max_total_num_tokens") or c.kv_cache_tokens
@@ -758,7 +777,9 @@ class ServerMetricsCollector:
         state = _lora_state(samples)
         if state is None:
             return
-        running, waiting, _ = state
+        running, waiting, max_lora = state
+        if not max_lora and not running and not waiting:
+            return  # LoRA is not enabled (vLLM V0 exports the gauge with max_lora="0" regardless)
         self.book.add("server.lora_running_adapters", t, len(set(running)))
         self.book.add("server.lora_waiting_adapters", t, len(set(waiting)))
         if len(self._lora_seen) < 4096:
