@@ -645,10 +645,15 @@ class ServerMetricsCollector:
         self._failures = 0
         self.pages += 1
         if report.skipped:
-            self._skipped_lines += report.skipped
+            self._skipped_lines = max(self._skipped_lines, report.skipped)
             self._first_bad = self._first_bad or report.first_bad
-        if self.map is None and not self._identify(samples):
-            return
+        if self.map is None:
+            if not self._identify(samples):
+                return
+            assert self._names is not None
+            samples = {n: v for n, v in samples.items() if n.startswith(self._names)}
+            if not samples:
+                self._unmapped_pages += 1
         if not samples:
             return  # the engine's page, but none of the names mapped: said at the end of the window
         assert self.map is not None
@@ -804,8 +809,8 @@ class ServerMetricsCollector:
         self._fetcher.close()
         capture = self.book.capture
         if self._skipped_lines:
-            capture.notes.append(f"The server's /metrics had {self._skipped_lines} malformed line(s) over the "
-                                 f"window, skipped (first: {self._first_bad}).")
+            capture.notes.append(f"The server's /metrics had up to {self._skipped_lines} malformed line(s) per "
+                                 f"scrape, skipped (first: {self._first_bad}).")
         if self.map is None:
             if not any(u.source == "server" for u in capture.unavailable):
                 capture.mark_unavailable("server", "server.*", f"no scrape of {self.url} succeeded")
