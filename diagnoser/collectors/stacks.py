@@ -76,8 +76,10 @@ def explain_failure(stderr: str, pid: int) -> tuple[str, str]:
     lower = text.lower()
     if "permission" in lower or "operation not permitted" in lower or "eperm" in lower:
         return f"py-spy was not allowed to read process {pid} (no ptrace permission)", ENABLE_HINT
-    if "failed to find python version" in lower or "failed to find a python interpreter" in lower or \
-            "failed to get python version" in lower:
+    if not lower:  # interrupted at the window's end while still looking for a Python process
+        return f"py-spy found no Python code to sample in process {pid} or its children during the window", ""
+    if "no python processes found" in lower or "failed to find python version" in lower or \
+            "failed to find a python interpreter" in lower or "failed to get python version" in lower:
         return f"process {pid} and its children run no Python interpreter py-spy can read", ""
     if "no such file" in lower or "not running" in lower or "failed to get process executable" in lower:
         return f"process {pid} was gone before its stacks could be sampled", ""
@@ -196,6 +198,7 @@ _PROFILE_NAME = re.compile(r'(?:Process (\d+) )?Thread (\d+)(?: "(.*)")?')
 
 
 _SITE = re.compile(r".*/(?:site|dist)-packages/")
+_HOME = re.compile(r"^/(?:home|Users)/[^/]+/|^/root/")
 
 
 def short_file(path: str) -> str:
@@ -206,6 +209,7 @@ def short_file(path: str) -> str:
     cut = _SITE.sub("", path)
     if cut != path:
         return cut
+    path = _HOME.sub("", path)
     parts = Path(path).parts
     return "/".join(parts[-3:]) if len(parts) > 3 else path
 
