@@ -36,7 +36,7 @@ class PageServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self.path.split("?")[0] != owner.path:
                     self.send_error(404)
                     return

@@ -34,7 +34,8 @@ def page_process(fixture: str, *extra: str) -> Iterator[tuple[subprocess.Popen[s
 
 def attach(port: int, saved: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PY, "-m", "diagnoser", "attach", "--port", str(port), "--duration", "2.5", "--save", saved,
-                           "--json"], capture_output=True, text=True, timeout=180, env={**os.environ})
+                           "--json"], capture_output=True, text=True, timeout=180, env={**os.environ},
+                          check=False)
 
 
 def names(capture: Capture) -> set[str]:
@@ -75,7 +76,7 @@ CASES = {
 @pytest.mark.parametrize("fixture", sorted(CASES))
 def test_attach_reads_every_engine_page(fixture, tmp_path):
     path, kind, expected, (checked, value) = CASES[fixture]
-    with page_process(fixture, "--path", path) as (proc, port):
+    with page_process(fixture, "--path", path) as (_proc, port):
         saved = tmp_path / "w.dgc"
         result = attach(port, str(saved))
     assert result.returncode == 0, result.stderr
@@ -90,7 +91,7 @@ def test_attach_reads_every_engine_page(fixture, tmp_path):
 
 @pytest.mark.slow
 def test_a_process_that_says_vllm_but_serves_tgi_is_read_as_tgi(tmp_path):
-    with page_process("tgi.prom", "--pretend", "vllm") as (proc, port):  # "vllm" on the command line
+    with page_process("tgi.prom", "--pretend", "vllm") as (_proc, port):  # "vllm" on the command line
         saved = tmp_path / "w.dgc"
         result = attach(port, str(saved))
     assert result.returncode == 0, result.stderr

@@ -15,7 +15,12 @@ import pytest
 from diagnoser.capture import Capture, dumps, loads, new_capture
 from diagnoser.collectors import doctor, stacks
 from diagnoser.collectors.session import Sampler, run_sampler
-from diagnoser.collectors.stacks import ENABLE_HINT, StackCollector, explain_failure, reduce_speedscope
+from diagnoser.collectors.stacks import (
+    ENABLE_HINT,
+    StackCollector,
+    explain_failure,
+    reduce_speedscope,
+)
 from diagnoser.demo.loadgen import run_load
 from diagnoser.stacks import hot_code, stack_summary
 

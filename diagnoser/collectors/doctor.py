@@ -14,10 +14,21 @@ from pathlib import Path
 import psutil
 
 from diagnoser.collectors import nvml_seam as seam
-from diagnoser.collectors.nvml import NvmlUnavailable, open_nvml, shutdown_nvml, running_processes, text
+from diagnoser.collectors.nvml import (
+    NvmlUnavailable,
+    open_nvml,
+    running_processes,
+    shutdown_nvml,
+    text,
+)
 from diagnoser.collectors.pidmap import HOST_PROC_ENV, default_host_proc
 from diagnoser.collectors.server_metrics import MetricsError, probe
-from diagnoser.collectors.stacks import ENABLE_HINT, INSTALL_HINT, explain_failure, find_py_spy
+from diagnoser.collectors.stacks import (
+    ENABLE_HINT,
+    INSTALL_HINT,
+    explain_failure,
+    find_py_spy,
+)
 from diagnoser.collectors.target import kind_from_cmdline
 
 OK, LIMITED, MISSING, NOT_CHECKED = "ok", "limited", "missing", "not checked"
@@ -199,7 +210,7 @@ def stack_sampling() -> SourceCheck:
         child.stdout.readline()  # the interpreter is up: its memory can be read
         try:
             done = subprocess.run([binary, "dump", "--pid", str(child.pid)], capture_output=True, text=True,
-                                  timeout=30)
+                                  timeout=30, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return SourceCheck("Python stacks (py-spy)", MISSING, f"py-spy could not be run ({exc})", INSTALL_HINT)
     finally:

@@ -17,6 +17,7 @@ Histograms give, per key, the window's p50, p99 and mean (signals server.KEY_p50
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -374,10 +375,10 @@ CORE_SIGNALS = ("server.running", "server.waiting", "server.kv_usage", "server.p
                 "server.batch_size")
 
 
-def detect_kind(names: object) -> str | None:
+def detect_kind(names: Iterable[str]) -> str | None:
     """The engine whose names the page carries most of: vLLM, SGLang, TGI, Triton, NIM or the demo (its info
     gauge). A page from the demo also carries vllm: names, so the demo's marker decides first."""
-    names = list(names)  # type: ignore[call-overload]
+    names = list(names)
     if any(n.startswith("diagnoser_demo_info") for n in names):
         return "demo"
     counts: dict[str, int] = {}

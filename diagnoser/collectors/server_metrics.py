@@ -29,7 +29,13 @@ from typing import Any
 
 from diagnoser.capture import Capture
 from diagnoser.collectors.base import SeriesBook
-from diagnoser.collectors.exposition import ParseError, ParseReport, Samples, parse_text, safe_excerpt
+from diagnoser.collectors.exposition import (
+    ParseError,
+    ParseReport,
+    Samples,
+    parse_text,
+    safe_excerpt,
+)
 from diagnoser.collectors.server_maps import (
     CORE_SIGNALS,
     HIST_KEYS,

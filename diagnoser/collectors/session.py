@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 import psutil
 
 from diagnoser.capture import Capture, ServerInfo, new_capture
-from diagnoser.collectors.base import DEFAULT_DURATION_S, DEFAULT_INTERVAL_S, MIN_INTERVAL_S, Collector
+from diagnoser.collectors.base import (
+    DEFAULT_DURATION_S,
+    DEFAULT_INTERVAL_S,
+    MIN_INTERVAL_S,
+    Collector,
+)
 from diagnoser.collectors.gpm import GpmCollector
 from diagnoser.collectors.host import DEFAULT_PERIOD_S as HOST_PERIOD_S
 from diagnoser.collectors.host import HostCollector
@@ -131,7 +136,7 @@ class Sampler:
         """A collector bug must not end the window: drop that collector, keep what it and the others recorded."""
         try:
             getattr(collector, step)(arg)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if collector.name not in self._failed:
                 self._failed.add(collector.name)
                 self.capture.notes.append(f"The {collector.name} collector failed during {step} "

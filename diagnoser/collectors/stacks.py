@@ -26,7 +26,14 @@ from pathlib import Path
 
 import msgspec
 
-from diagnoser.capture import Capture, HotFrame, HotStack, StackFrame, StackSamples, ThreadStacks
+from diagnoser.capture import (
+    Capture,
+    HotFrame,
+    HotStack,
+    StackFrame,
+    StackSamples,
+    ThreadStacks,
+)
 from diagnoser.collectors.exposition import safe_excerpt
 
 DEFAULT_RATE_HZ = 25
@@ -44,15 +51,15 @@ INSTALL_HINT = "pip install 'diagnoser[stacks]' (or pip install py-spy) to name 
 
 # (role, pattern over "function file"): the innermost frame that matches names the role of a sample. Checked in
 # order: detokenizing is decoding tokens, so it is tested before tokenizing.
-_ROLES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((role, re.compile(p, re.I)) for role, p in (
+_ROLES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((role, re.compile(p, re.IGNORECASE)) for role, p in (
     ("detokenizer", r"detokeni[sz]|convert_ids_to_tokens|decode_token|incremental_decode|decode_batch"),
     ("tokenizer", r"tokeni[sz]|encode_batch|apply_chat_template|\bencode\b"),
     ("sampling", r"sampler|sampling|\bsample|logits_process|top_[kp]|penalt|logprob"),
-    ("scheduler", r"schedul|get_next_batch|_schedule|kv_cache_manager|block_pool|allocate_slots|radix_cache|"
-                  r"prefix_cache|batch_queue"),
+    ("scheduler", (r"schedul|get_next_batch|_schedule|kv_cache_manager|block_pool|allocate_slots|radix_cache|"
+                   r"prefix_cache|batch_queue")),
     ("model forward", r"torch/nn/modules|\bforward\b|torch/_dynamo|torch/_inductor|cuda_graph|graph_runner"),
-    ("data movement", r"prepare_input|_prepare|tolist|to_device|\bcopy|pin_memory|numpy|input_batch|make_tensor|"
-                      r"_update_states|\bpad|collate|\bstack\b|torch/tensor|__array__"),
+    ("data movement", (r"prepare_input|_prepare|tolist|to_device|\bcopy|pin_memory|numpy|input_batch|make_tensor|"
+                       r"_update_states|\bpad|collate|\bstack\b|torch/tensor|__array__")),
     ("serialization", r"msgpack|msgspec|pickle|serial|\bzmq|protobuf|json"),
     ("http", r"uvicorn|starlette|fastapi|aiohttp|http|h11|asyncio/(?:base_events|selector_events)"),
 ))
@@ -257,7 +264,7 @@ def _thread(name: str, stacks: list[list[int]], frames: list[StackFrame], *, pid
     func = [(f.function, f.file) for f in frames]
     self_counts = Counter(func[s[0]] for s in stacks)
     line_counts = Counter(s[0] for s in stacks)
-    shown = {}
+    shown: dict[tuple[str, str], int] = {}
     for i, _ in line_counts.most_common():
         shown.setdefault(func[i], i)
     total_counts: Counter[tuple[str, str]] = Counter()
