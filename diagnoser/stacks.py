@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diagnoser.capture import Capture, StackFrame, ThreadStacks
+from diagnoser.capture import Capture, StackFrame, StackSamples, ThreadStacks
 
 # A thread busy less than this share of the window is not what saturates a core.
 MIN_ACTIVE_FRAC = 0.2
@@ -57,12 +57,15 @@ def _hot(th: ThreadStacks) -> HotCode | None:
                    path_frac=path.frac if path else top.self_frac)
 
 
-def hot_code(capture: Capture, limit: int = 3, min_active: float = MIN_ACTIVE_FRAC) -> list[HotCode]:
-    """The busiest threads' hottest code, busiest first; empty when no stacks were sampled or no thread was busy."""
-    if capture.stacks is None:
+def hot_code(source: Capture | StackSamples | None, limit: int = 3,
+             min_active: float = MIN_ACTIVE_FRAC) -> list[HotCode]:
+    """The busiest threads' hottest code, busiest first; empty when no stacks were sampled or no thread was busy.
+    `source`: a capture, or its stacks (Evidence.stacks, for a rule)."""
+    stacks = source.stacks if isinstance(source, Capture) else source
+    if stacks is None:
         return []
     out: list[HotCode] = []
-    for th in sorted(capture.stacks.threads, key=lambda t: t.active_frac, reverse=True):
+    for th in sorted(stacks.threads, key=lambda t: t.active_frac, reverse=True):
         if th.active_frac < min_active:
             continue
         hot = _hot(th)

@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
-from diagnoser.capture import ServerInfo
-from diagnoser.diagnosis import Finding
+import msgspec
+
+from diagnoser.capture import ServerInfo, ServingConfig
+from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind
 from diagnoser.evidence import build_evidence
-from diagnoser.rules import RULES, diagnose
+from diagnoser.rules import default_rules, diagnose
 from diagnoser.rules.base import Check
 from diagnoser.rules.serving import _spec_speedup
 from tests.factories import llama_7b, make_capture
@@ -18,12 +20,17 @@ from tests.factories import llama_7b, make_capture
 
 def run(code: str, signals: dict[str, Any], *, kind: str = "vllm", serving: dict | None = None,
         **kw: Any) -> Finding | None:
-    capture = make_capture(signals, serving=serving, **kw)
+    """One rule on a capture of explicit values. `serving`: ServingConfig fields; other keys go to its extra."""
+    capture = make_capture(signals, **kw)
     capture.server = ServerInfo(kind=kind)
-    rule = RULES[code]
+    typed = {k: v for k, v in (serving or {}).items() if k in ServingConfig.__struct_fields__}
+    extra = {k: str(v) for k, v in (serving or {}).items() if k not in typed}
+    capture.serving = msgspec.structs.replace(capture.serving, **typed, extra=extra)
+    rule = default_rules().get(code)
+    assert rule is not None
     ev = build_evidence(capture)
-    assert not rule.missing(ev), rule.skip_reason(ev)
-    return rule.predicate(Check(rule, ev, {k: t.value for k, t in rule.thresholds.items()}))
+    assert not rule.missing(ev), rule.missing(ev)
+    return rule.predicate(Check(rule, ev, rule.defaults()))
 
 
 # vLLM's window: prefill 0.1 s and decode 0.9 s per request -> prefill is 10 % of request time; with 0.5 s / 0.5 s, 50 %
@@ -37,12 +44,13 @@ def test_srv001_low_hit_rate_on_long_prompts_gain_bounded_by_the_prefill_saved()
     # prefill 50 % of the work; hits 5 % -> 50 %: (0.5 - 0.05) / 0.95 of prefill saved = 23.7 % of the work
     saved = 0.5 * (0.5 - 0.05) / 0.95
     assert fix.gain == pytest.approx(1 / (1 - saved))
-    assert fix.basis.startswith("upper bound") and "assumed shared share" in fix.basis
+    assert fix.gain_kind is GainKind.UPPER_BOUND and "assumed shared share" in fix.basis
+    assert fix.kind is FixKind.PREFIX_CACHING
 
 
 def test_srv001_cache_off_and_the_operators_shared_fraction():
     f = run("SRV001", {"server.prompt_len_mean": [1500.0], **PREFILL_HEAVY},
-            serving={"enable_prefix_caching": False, "shared_prefix_frac": 0.8})
+            serving={"prefix_caching": False, "shared_prefix_frac": 0.8})
     assert f is not None and "is off" in f.message
     assert f.fixes[0].gain == pytest.approx(1 / (1 - 0.5 * 0.8))  # all of 80 % shared prefill saved
     assert "--enable-prefix-caching" in f.fixes[0].action
@@ -65,7 +73,7 @@ def test_srv002_ttft_is_queueing_a_capacity_fix_with_no_throughput_gain():
     f = run("SRV002", {"server.ttft_mean_s": [2.0], "server.queue_time_mean_s": [1.6], "server.kv_usage": 0.5})
     assert f is not None and "1.60 s of their 2.00 s" in f.message and "(80%)" in f.message
     (fix,) = f.fixes
-    assert fix.gain is None and "capacity" in fix.title.lower()
+    assert fix.gain is None and fix.benefit is Benefit.CAPACITY and fix.kind is FixKind.BATCH_MORE
     assert "TTFT falls at most by the queue time, 2.00 s to 0.40 s" in fix.basis
     full = run("SRV002", {"server.ttft_mean_s": [2.0], "server.queue_time_mean_s": [1.6], "server.kv_usage": 0.97})
     assert full is not None and "KV cache full" in full.message and "KV cache more memory" in full.fixes[0].title
@@ -114,7 +122,8 @@ def test_srv005_speculation_slower_than_none_is_dropped():
     f = run("SRV005", {"server.spec_mean_accept_len": [1.1], "server.spec_acceptance_rate": [0.03],
                        "server.spec_draft_len": [4.0]})
     assert f is not None and "0.79x plain decoding" in f.message
-    assert f.fixes[0].gain == pytest.approx(1.4 / 1.1) and f.fixes[0].basis.startswith("upper bound")
+    assert f.fixes[0].gain == pytest.approx(1.4 / 1.1) and f.fixes[0].gain_kind is GainKind.UPPER_BOUND
+    assert f.fixes[0].kind is FixKind.SPEC_DECODE
 
 
 def test_srv005_a_shorter_draft_is_predicted_from_the_acceptance():
@@ -143,7 +152,7 @@ def test_srv006_preemption_churn_gain_bounded_by_recomputed_prefill():
     assert f.fixes[0].gain == pytest.approx(1 / (1 - 0.5 * redo / (1 + redo)))
     sglang = run("SRV006", {"server.retracted": 3.0}, kind="sglang")
     assert sglang is not None and "3.0 requests held out" in sglang.message and sglang.fixes[0].gain is None
-    assert "capacity" in sglang.fixes[0].basis
+    assert sglang.fixes[0].benefit is Benefit.CAPACITY
 
 
 @pytest.mark.parametrize("signals", [
@@ -161,7 +170,8 @@ def test_srv007_tgi_reserves_max_new_tokens():
             kind="tgi", model=llama_7b())
     assert f is not None and "2000 tokens and generate 80" in f.message and "TGI reserves" in f.message
     (fix,) = f.fixes
-    assert fix.basis.startswith("upper bound, capacity: reservations 6.1x")  # (300 + 2000) / (300 + 80) = 6.05
+    assert fix.basis.startswith("reservations 6.1x")  # (300 + 2000) / (300 + 80) = 6.05
+    assert fix.kind is FixKind.MAX_TOKENS and fix.gain_kind is GainKind.UPPER_BOUND
     assert fix.gain is not None and fix.gain > 1
 
 
@@ -179,7 +189,8 @@ def test_srv008_adapter_slots_full_while_other_adapters_wait():
                        "server.waiting_deferred": 6.0, "server.running": 12.0}, serving={"max_loras": 4},
             model=llama_7b())
     assert f is not None and "All 4 LoRA slots" in f.message
-    assert f.fixes[0].basis.startswith("upper bound: the 6.0 deferred requests join the batch")
+    assert f.fixes[0].basis.startswith("the 6.0 deferred requests join the batch")
+    assert f.fixes[0].kind is FixKind.LORA
     assert "--max-loras above 4" in f.fixes[0].action
 
 
@@ -195,7 +206,7 @@ def test_srv008_must_not_fire(signals, serving):
 
 def test_serving_findings_do_not_take_the_verdict_from_a_full_kv_cache():
     # the KV cache is full and requests churn: VRAM001 stays the verdict, SRV006 adds the cost of the churn
-    capture = make_capture({"gpu.busy": 0.9, "server.kv_usage": 0.99, "server.waiting": 12, "server.running": 40,
+    capture = make_capture({"gpu.busy": 0.9, "gpu.mem_used_frac": 0.95, "server.kv_usage": 0.99, "server.waiting": 12, "server.running": 40,
                             "server.preemptions_per_s": 2.0, "server.requests_per_s": 10.0,
                             "server.ttft_mean_s": [3.0], "server.queue_time_mean_s": [2.5]})
     capture.server = ServerInfo(kind="vllm")

@@ -37,6 +37,11 @@ def read(fixture: str, *, hint: str | None = None, path: str = "/metrics") -> tu
     return capture, collector
 
 
+def served(capture: Capture) -> dict[str, object]:
+    """The capture's serving configuration as name -> value (extra keys flattened in)."""
+    return dict(capture.serving.items())
+
+
 def values(capture: Capture, name: str) -> list[float]:
     found = capture.series_named(name)
     return found[0].values if found else []
@@ -96,9 +101,9 @@ def test_vllm_v1_two_engines_every_signal_and_hand_computed_quantiles():
     assert one(capture, "server.iteration_tokens_p99") == pytest.approx(64 + 64 * 480 / 500)
     assert one(capture, "server.iteration_tokens_mean") == pytest.approx(50.0)
     # cache_config_info read as the serving configuration
-    assert capture.serving == {"kv_block_size": 16, "kv_cache_dtype": "fp8_e4m3", "gpu_memory_utilization": 0.92,
-                               "num_gpu_blocks": 16384, "kv_cache_tokens": 262144, "enable_prefix_caching": True,
-                               "data_parallel_engines": 2, "cpu_offload_gb": 0.0}
+    assert served(capture) == {"engine": "vllm", "block_size": 16, "kv_cache_dtype": "fp8_e4m3",
+                               "gpu_memory_utilization": 0.92, "kv_cache_tokens": 262144, "prefix_caching": True,
+                               "num_gpu_blocks": "16384", "data_parallel_engines": "2", "cpu_offload_gb": "0.0"}
     assert c.config.kv_cache_dtype == "fp8_e4m3" and c.config.kv_block_size == 16
     assert capture.unavailable == [] and capture.notes == []
 
@@ -113,10 +118,10 @@ def test_vllm_v1_lora_adapters_and_speculative_decoding():
     # 4 adapters running (sql, chat, code, math) and 1 waiting (summ) at both scrapes
     assert values(capture, "server.lora_running_adapters") == [4.0, 4.0]
     assert values(capture, "server.lora_waiting_adapters") == [1.0, 1.0]
-    assert capture.serving["max_loras"] == 4 and capture.serving["lora_adapters_seen"] == 5
-    assert capture.serving["enable_prefix_caching"] is False
-    assert "kv_cache_dtype" not in capture.serving  # cache_dtype="auto": the model's dtype, said by nobody here
-    assert capture.serving["kv_cache_tokens"] == 27000 * 16
+    assert capture.serving.extra["max_loras"] == "4" and capture.serving.extra["lora_adapters_seen"] == "5"
+    assert capture.serving.prefix_caching is False
+    assert capture.serving.kv_cache_dtype == ""  # cache_dtype="auto": the model's dtype, said by nobody here
+    assert capture.serving.kv_cache_tokens == 27000 * 16
 
 
 def test_vllm_v0_names_swapping_cpu_cache_and_gauges():
@@ -131,8 +136,8 @@ def test_vllm_v0_names_swapping_cpu_cache_and_gauges():
     assert one(capture, "server.itl_mean_s") == pytest.approx(700.0 / 19950)
     assert one(capture, "server.ttft_p50_s") == pytest.approx(0.75 + 0.25 * 25 / 50)
     assert not values(capture, "server.lora_running_adapters")  # max_lora="0": LoRA is off
-    assert capture.serving["swap_space_bytes"] == 4294967296 and capture.serving["num_cpu_blocks"] == 9362
-    assert "max_loras" not in capture.serving
+    assert capture.serving.extra["swap_space_bytes"] == "4294967296" and capture.serving.extra["num_cpu_blocks"] == "9362"
+    assert "max_loras" not in capture.serving.extra
 
 
 def test_sglang_colon_names_retractions_cache_hits_and_constants():
@@ -148,7 +153,7 @@ def test_sglang_colon_names_retractions_cache_hits_and_constants():
     assert one(capture, "server.queue_time_mean_s") == pytest.approx(0.1)
     assert one(capture, "server.ttft_p50_s") == pytest.approx(0.1 * 50 / 60)  # 60 in (0, 0.1], 40 in (0.2, 0.4]
     assert one(capture, "server.prompt_len_mean") == pytest.approx(1000.0)
-    assert capture.serving == {"kv_block_size": 1, "kv_cache_tokens": 144870, "max_model_len": 32768}
+    assert served(capture) == {"engine": "sglang", "block_size": 1, "kv_cache_tokens": 144870, "max_model_len": 32768}
     whys = {u.what: u.reason for u in capture.unavailable}
     assert "retracts requests instead of preempting" in whys["server.preemptions_per_s"]
 
@@ -161,7 +166,7 @@ def test_sglang_underscore_spelling_is_sglang():
     # no cached-token counter on this build: the cache_hit_rate gauge stands in, per scrape
     assert values(capture, "server.prefix_cache_hit_rate") == [0.55, 0.58]
     assert one(capture, "server.ttft_mean_s") == pytest.approx(0.15)
-    assert capture.serving == {"kv_cache_tokens": 144870}
+    assert served(capture) == {"engine": "sglang", "kv_cache_tokens": 144870}
 
 
 def test_tgi_histograms_with_method_labels_and_reserved_tokens():
@@ -191,8 +196,8 @@ def test_triton_tensorrt_llm_counts_each_request_once_and_reads_kv_blocks():
     assert one(capture, "server.ttft_p50_s") == pytest.approx(0.5)
     assert one(capture, "server.ttft_mean_s") == pytest.approx(0.775)
     assert one(capture, "server.gen_tokens_per_s") == pytest.approx(2000.0)  # nv_llm_output_token_len_sum
-    assert capture.serving == {"kv_block_size": 64, "num_gpu_blocks": 6239, "kv_cache_tokens": 64 * 6239,
-                               "max_num_seqs": 64}
+    assert served(capture) == {"engine": "triton", "block_size": 64, "kv_cache_tokens": 64 * 6239,
+                               "max_num_seqs": 64, "num_gpu_blocks": "6239"}
 
 
 def test_nim_documented_names_on_v1_metrics():
@@ -203,7 +208,7 @@ def test_nim_documented_names_on_v1_metrics():
     assert values(capture, "server.requests_per_s") == [10.0]
     assert one(capture, "server.ttft_mean_s") == pytest.approx(0.2)
     assert one(capture, "server.itl_mean_s") == pytest.approx(0.02)
-    assert capture.serving == {"max_num_seqs": 64}
+    assert served(capture) == {"engine": "nim", "max_num_seqs": 64}
 
 
 # --- histograms of several label sets --------------------------------------------------------------------------

@@ -179,3 +179,21 @@ def test_speedscope_is_reduced_to_threads_functions_and_roles():
     assert [f.function for f in core.stacks[0].frames] == ["schedule", "step"]  # innermost first, no pseudo-frame
     assert detok.role == "detokenizer" and detok.top[0].frame.file == "app/detok.py"  # no home directory
     assert out.samples == 15
+
+
+@needs_py_spy
+def test_a_saturated_serving_thread_finding_names_the_hot_function(known_hot):
+    """HOST001 on a real process's sampled stacks: the finding and its first fix quote the hot function."""
+    from diagnoser.rules import diagnose
+    from tests.factories import make_capture
+
+    capture = make_capture({"host.target_busiest_thread": 0.98, "gpu.busy": 0.35, "host.target_cpu": 1.0})
+    capture.stacks = sample(known_hot.pid, 2.5).stacks
+    assert capture.stacks is not None
+    finding = next(f for f in diagnose(capture).findings if f.code == "HOST001")
+    assert "hot_tokenize_loop (" in finding.message and "thread tokenizer" in finding.message
+    fix = finding.fixes[0]
+    assert fix.title == "Take the hot Python code off the serving loop" and "hot_tokenize_loop" in fix.action
+    without = make_capture({"host.target_busiest_thread": 0.98, "gpu.busy": 0.35, "host.target_cpu": 1.0})
+    plain = next(f for f in diagnose(without).findings if f.code == "HOST001")
+    assert "Sampled stacks" not in plain.message  # no stacks: the finding says what it knows, nothing invented

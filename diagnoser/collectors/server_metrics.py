@@ -27,7 +27,9 @@ import urllib.request
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from diagnoser.capture import Capture
+import msgspec
+
+from diagnoser.capture import Capture, ServingConfig
 from diagnoser.collectors.base import SeriesBook
 from diagnoser.collectors.exposition import (
     ParseError,
@@ -477,12 +479,32 @@ class ServerConfig:
     lora_adapters_seen: int | None = None  # distinct adapters seen running or waiting during the window
 
     def as_serving(self) -> dict[str, Any]:
+        """The known fields by name (None and "" left out)."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None and value != "":
                 out[f.name] = value
         return out
+
+    def apply(self, serving: ServingConfig) -> ServingConfig:
+        """`serving` with what the page says: typed fields where ServingConfig has one (the page is what the engine
+        resolved, so it replaces a flag's value), the rest as text in `extra`; an unknown field changes nothing."""
+        typed: dict[str, Any] = {}
+        extra = dict(serving.extra)
+        for name, value in self.as_serving().items():
+            target = _TYPED.get(name)
+            if target is not None:
+                typed[target] = value
+            else:
+                extra[name] = str(value)
+        return msgspec.structs.replace(serving, **typed, extra=extra)
+
+
+# ServerConfig field -> ServingConfig field; the others go to ServingConfig.extra as text.
+_TYPED = {"kv_block_size": "block_size", "kv_cache_dtype": "kv_cache_dtype",
+          "gpu_memory_utilization": "gpu_memory_utilization", "kv_cache_tokens": "kv_cache_tokens",
+          "enable_prefix_caching": "prefix_caching", "max_num_seqs": "max_num_seqs", "max_model_len": "max_model_len"}
 
 
 def _int(text: str | None) -> int | None:
@@ -842,10 +864,10 @@ class ServerMetricsCollector:
             capture.mark_unavailable("server", signal, why)
 
     def _write_config(self, capture: Capture) -> None:
-        """The page's serving configuration into Capture.serving: the page is what the engine resolved, so it
-        replaces a flag's value; an empty field leaves a flag's value alone."""
-        for key, value in self.config.as_serving().items():
-            capture.serving[key] = value
+        """The page's serving configuration into Capture.serving (ServerConfig.apply), and the engine the page is."""
+        capture.serving = self.config.apply(capture.serving)
+        if self.kind is not None:
+            capture.serving = msgspec.structs.replace(capture.serving, engine=self.kind)
 
     def _histogram_signals(self, key: str, t: float) -> None:
         assert self.book is not None and self.map is not None

@@ -4,16 +4,16 @@ token goes, prefill interfering with decode, speculative decoding, KV pressure, 
 Every gain is bounded by a measured time or count and says so in its basis; a fix that buys capacity or latency
 rather than tokens per second has no throughput gain and says which it buys.
 
-Written in the current `@rule` style (requires/uses by name); each predicate reads only its own signals and the
-capture's serving configuration, so it converts mechanically to typed signals and a RuleSet.
+Each predicate reads only the signals it declares (diagnoser.rules.base) and the capture's serving configuration.
 """
 
 from __future__ import annotations
 
-from diagnoser.diagnosis import Finding, Limiter
+from diagnoser import signals as S
+from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Signal
-from diagnoser.rules.base import Check, Page, Threshold, rule
-from diagnoser.rules.gains import batch_gain
+from diagnoser.rules import gains
+from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
 
 # Engines whose scheduler admits a request only with room for its prompt plus max_tokens (TGI's token budget,
 # SGLang's admission estimate, TensorRT-LLM's GUARANTEED_NO_EVICT policy); vLLM allocates KV blocks as tokens come.
@@ -25,10 +25,10 @@ _LATENCY_SOURCES = ("MLPerf Inference LLM server scenarios bound TTFT (0.5-2 s) 
 def _prefill_share(c: Check) -> tuple[float, str] | None:
     """Prefill's share of the serving work: from the physics (least GPU time of the served tokens) when the model
     and GPU are known, else from the engine's per-request prefill and decode times (a proxy)."""
-    decode = c.sig("theory.decode_share")
+    decode = c.opt(S.THEORY_DECODE_SHARE)
     if decode is not None:
         return 1.0 - decode.values[0], "prefill's share of the least GPU time the served tokens need"
-    pre, dec = c.sig("server.prefill_time_mean_s"), c.sig("server.decode_time_mean_s")
+    pre, dec = c.opt(S.SERVER_PREFILL_TIME_MEAN_S), c.opt(S.SERVER_DECODE_TIME_MEAN_S)
     if pre is not None and dec is not None and pre.mean + dec.mean > 0:
         c.cite(pre, "value")
         c.cite(dec, "value")
@@ -37,7 +37,15 @@ def _prefill_share(c: Check) -> tuple[float, str] | None:
 
 
 def _value(s: Signal) -> float:
-    return s.values[-1] if s.n == 1 else s.mean
+    return s.value
+
+
+def _number(text: str | None) -> float | None:
+    """A number kept as text in ServingConfig.extra (max_loras, shared_prefix_frac); None when absent or not one."""
+    try:
+        return float(text) if text not in (None, "") else None  # type: ignore[arg-type]
+    except ValueError:
+        return None
 
 
 @rule(
@@ -45,9 +53,9 @@ def _value(s: Signal) -> float:
     name="prefix-cache-missing",
     limiter=Limiter.COMPUTE,
     summary="Long prompts are prefilled again and again: the prefix cache is off or rarely hits.",
-    requires=("server.prompt_len_mean",),
-    uses=("server.prefix_cache_hit_rate", "server.prompt_tokens_per_s", "theory.decode_share",
-          "server.prefill_time_mean_s", "server.decode_time_mean_s"),
+    requires=(S.SERVER_PROMPT_LEN_MEAN,),
+    uses=(S.SERVER_PREFIX_CACHE_HIT_RATE, S.SERVER_PROMPT_TOKENS_PER_S, S.THEORY_DECODE_SHARE,
+          S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
     thresholds={
         "hit_rate_max": Threshold(0.20, "prefix-cache hit rate below which the cache saves little prefill"),
         "target_hit_rate": Threshold(0.50, "hit rate a workload with shared prompts reaches (system prompt, "
@@ -74,14 +82,14 @@ def _value(s: Signal) -> float:
     ),
 )
 def prefix_cache_missing(c: Check) -> Finding | None:
-    prompt = c.sig("server.prompt_len_mean")
+    prompt = c.opt(S.SERVER_PROMPT_LEN_MEAN)
     assert prompt is not None
-    serving = c.ev.capture.serving
-    shared = serving.get("shared_prefix_frac")
-    if isinstance(shared, (int, float)) and shared <= 0:
+    serving = c.ev.serving
+    shared = _number(serving.extra.get("shared_prefix_frac"))
+    if shared is not None and shared <= 0:
         return None  # the operator says no prompt shares a prefix: nothing to cache
-    hit = c.sig("server.prefix_cache_hit_rate")
-    off = serving.get("enable_prefix_caching") is False
+    hit = c.opt(S.SERVER_PREFIX_CACHE_HIT_RATE)
+    off = serving.prefix_caching is False
     if _value(prompt) < c.t["prompt_len_min"] or not (off or (hit is not None and _value(hit) < c.t["hit_rate_max"])):
         return None
     share = _prefill_share(c)
@@ -91,18 +99,18 @@ def prefix_cache_missing(c: Check) -> Finding | None:
     h = 0.0 if off or hit is None else _value(hit)
     if hit is not None and not off:
         c.cite(hit, "value", "<", c.t["hit_rate_max"])
-    target = float(shared) if isinstance(shared, (int, float)) and 0 < shared < 1 else c.t["target_hit_rate"]
-    gain, basis = None, "no prefill share measured (needs the model and GPU, or vLLM's prefill/decode histograms)"
+    target = shared if shared is not None and 0 < shared < 1 else c.t["target_hit_rate"]
+    gain = Gain.unknown("no prefill share measured (needs the model and GPU, or vLLM's prefill/decode histograms)")
     if share is not None and target > h:
         saved = share[0] * (target - h) / (1.0 - h)  # prefill work that the extra hits would not recompute
-        gain = 1.0 / max(0.05, 1.0 - saved)
         assumed = "the capture's shared_prefix_frac" if target != c.t["target_hit_rate"] else "an assumed"
-        basis = (f"upper bound: {share[1]} {share[0]:.0%}, hits from {h:.0%} to {target:.0%} ({assumed} shared "
-                 f"share) save {saved:.0%} of the work: 1 / (1 - {saved:.2f})")
+        gain = Gain(1.0 / max(0.05, 1.0 - saved), f"{share[1]} {share[0]:.0%}, hits from {h:.0%} to {target:.0%} "
+                    f"({assumed} shared share) save {saved:.0%} of the work: 1 / (1 - {saved:.2f})",
+                    GainKind.UPPER_BOUND)
     action = ("Start vLLM with --enable-prefix-caching (SGLang: drop --disable-radix-cache)" if off else
               "Put the shared prompt first and byte-identical, route equal prefixes to one replica, and leave the "
               "KV cache room so prefixes are not evicted")
-    c.fix("Reuse shared prompt prefixes", action + ".", gain, basis)
+    c.fix(FixKind.PREFIX_CACHING, "Reuse shared prompt prefixes", action + ".", gain)
     state = "is off" if off else f"hits {h:.0%} of the prompt tokens it is asked for"
     return c.finding(0.5, f"Prompts average {_value(prompt):.0f} tokens and the prefix cache {state}: shared prefixes "
                      "are prefilled again for every request.")
@@ -113,8 +121,8 @@ def prefix_cache_missing(c: Check) -> Finding | None:
     name="ttft-dominated-by-queueing",
     limiter=Limiter.BATCHING,
     summary="Time to first token is mostly time spent waiting to be scheduled: the server lacks capacity.",
-    requires=("server.ttft_mean_s", "server.queue_time_mean_s"),
-    uses=("server.kv_usage", "server.waiting", "server.prefill_time_mean_s"),
+    requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_QUEUE_TIME_MEAN_S),
+    uses=(S.SERVER_KV_USAGE, S.SERVER_WAITING, S.SERVER_PREFILL_TIME_MEAN_S),
     thresholds={
         "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making"),
         "queue_share": Threshold(0.5, "queue time's share of TTFT at which waiting dominates"),
@@ -132,24 +140,25 @@ def prefix_cache_missing(c: Check) -> Finding | None:
     ),
 )
 def ttft_dominated_by_queueing(c: Check) -> Finding | None:
-    ttft, queue = c.sig("server.ttft_mean_s"), c.sig("server.queue_time_mean_s")
+    ttft, queue = c.opt(S.SERVER_TTFT_MEAN_S), c.opt(S.SERVER_QUEUE_TIME_MEAN_S)
     assert ttft is not None and queue is not None
     t, q = _value(ttft), min(_value(queue), _value(ttft))
     if t < c.t["ttft_min_s"] or q / t < c.t["queue_share"]:
         return None
     c.cite(ttft, "value", ">=", c.t["ttft_min_s"])
     c.cite(queue, "value", ">=", round(c.t["queue_share"] * t, 4))
-    kv = c.sig("server.kv_usage")
+    kv = c.opt(S.SERVER_KV_USAGE)
     full = kv is not None and kv.p90 >= c.t["kv_full"]
     if kv is not None:
         c.cite(kv, "p90", ">=" if full else "<", c.t["kv_full"])
-    basis = f"latency, not throughput: TTFT falls at most by the queue time, {t:.2f} s to {t - q:.2f} s"
+    gain = Gain.unknown(f"capacity, not speed: TTFT falls at most by the queue time, {t:.2f} s to {t - q:.2f} s",
+                        Benefit.CAPACITY)
     if full:
-        c.fix("Give the KV cache more memory (capacity)", "FP8 KV cache (vLLM --kv-cache-dtype fp8), a higher "
-              "--gpu-memory-utilization, or more GPUs: the cache is what keeps requests waiting.", None, basis)
+        c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory (capacity)", "FP8 KV cache (vLLM --kv-cache-dtype "
+              "fp8), a higher --gpu-memory-utilization, or more GPUs: the cache is what keeps requests waiting.", gain)
     else:
-        c.fix("Admit more requests per step (capacity)", "Raise vLLM --max-num-seqs / SGLang --max-running-requests "
-              "while the KV cache has room, or add replicas.", None, basis)
+        c.fix(FixKind.BATCH_MORE, "Admit more requests per step (capacity)", "Raise vLLM --max-num-seqs / SGLang "
+              "--max-running-requests while the KV cache has room, or add replicas.", gain)
     return c.finding(0.55, f"Requests wait {q:.2f} s of their {t:.2f} s to first token ({q / t:.0%}): time to first "
                      f"token is queueing, the server is at capacity{' (KV cache full)' if full else ''}.")
 
@@ -159,8 +168,8 @@ def ttft_dominated_by_queueing(c: Check) -> Finding | None:
     name="ttft-dominated-by-prefill",
     limiter=Limiter.COMPUTE,
     summary="Time to first token is mostly the prompt's own prefill, not waiting.",
-    requires=("server.ttft_mean_s", "server.prefill_time_mean_s"),
-    uses=("server.queue_time_mean_s", "server.prompt_len_mean", "server.prefill_time_per_token_mean_s"),
+    requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_PREFILL_TIME_MEAN_S),
+    uses=(S.SERVER_QUEUE_TIME_MEAN_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S),
     thresholds={
         "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making"),
         "prefill_share": Threshold(0.5, "prefill time's share of TTFT at which prefill dominates"),
@@ -179,20 +188,20 @@ def ttft_dominated_by_queueing(c: Check) -> Finding | None:
     ),
 )
 def ttft_dominated_by_prefill(c: Check) -> Finding | None:
-    ttft, prefill = c.sig("server.ttft_mean_s"), c.sig("server.prefill_time_mean_s")
+    ttft, prefill = c.opt(S.SERVER_TTFT_MEAN_S), c.opt(S.SERVER_PREFILL_TIME_MEAN_S)
     assert ttft is not None and prefill is not None
     t, p = _value(ttft), min(_value(prefill), _value(ttft))
     if t < c.t["ttft_min_s"] or p / t < c.t["prefill_share"]:
         return None
     c.cite(ttft, "value", ">=", c.t["ttft_min_s"])
     c.cite(prefill, "value", ">=", round(c.t["prefill_share"] * t, 4))
-    prompt = c.sig("server.prompt_len_mean")
+    prompt = c.opt(S.SERVER_PROMPT_LEN_MEAN)
     if prompt is not None:
         c.cite(prompt, "value")
-    basis = f"latency, not throughput: TTFT falls at most by the prefill time, {t:.2f} s to {t - p:.2f} s"
-    c.fix("Prefill in larger chunks, or on its own instances", "Raise vLLM --max-num-batched-tokens (SGLang "
-          "--chunked-prefill-size) so a prompt prefills in fewer steps, or disaggregate prefill and decode; reuse "
-          "shared prefixes (prefix caching).", None, basis)
+    c.fix(FixKind.SPLIT_PREFILL, "Prefill in larger chunks, or on its own instances", "Raise vLLM "
+          "--max-num-batched-tokens (SGLang --chunked-prefill-size) so a prompt prefills in fewer steps, or "
+          "disaggregate prefill and decode; reuse shared prefixes (prefix caching).",
+          Gain.unknown(f"latency, not throughput: TTFT falls at most by the prefill time, {t:.2f} s to {t - p:.2f} s"))
     return c.finding(0.5, f"Prefill takes {p:.2f} s of the {t:.2f} s to first token ({p / t:.0%}): time to first "
                      "token is the prompt's compute, not queueing.")
 
@@ -202,8 +211,8 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
     name="itl-inflated-by-prefill",
     limiter=Limiter.COMPUTE,
     summary="Some decode steps are much slower than the median: prefill work shares them.",
-    requires=("server.itl_p50_s", "server.itl_p99_s", "server.iteration_tokens_p99|server.prefill_step_mean_s"),
-    uses=("server.iteration_tokens_p50", "server.decode_step_mean_s", "server.prompt_tokens_per_s"),
+    requires=(S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S, AnyOf(S.SERVER_ITERATION_TOKENS_P99, S.SERVER_PREFILL_STEP_MEAN_S)),
+    uses=(S.SERVER_ITERATION_TOKENS_P50, S.SERVER_DECODE_STEP_MEAN_S, S.SERVER_PROMPT_TOKENS_PER_S),
     thresholds={
         "itl_ratio": Threshold(3.0, "p99 / p50 inter-token latency at which the tail counts as inflated"),
         "step_ratio": Threshold(4.0, "tokens of the p99 step over the median step (vLLM), or prefill over decode "
@@ -224,12 +233,12 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
     ),
 )
 def itl_inflated_by_prefill(c: Check) -> Finding | None:
-    p50, p99 = c.sig("server.itl_p50_s"), c.sig("server.itl_p99_s")
+    p50, p99 = c.opt(S.SERVER_ITL_P50_S), c.opt(S.SERVER_ITL_P99_S)
     assert p50 is not None and p99 is not None
     if _value(p50) <= 0 or _value(p99) / _value(p50) < c.t["itl_ratio"]:
         return None
-    steps_hi, steps_lo = c.sig("server.iteration_tokens_p99"), c.sig("server.iteration_tokens_p50")
-    pre, dec = c.sig("server.prefill_step_mean_s"), c.sig("server.decode_step_mean_s")
+    steps_hi, steps_lo = c.opt(S.SERVER_ITERATION_TOKENS_P99), c.opt(S.SERVER_ITERATION_TOKENS_P50)
+    pre, dec = c.opt(S.SERVER_PREFILL_STEP_MEAN_S), c.opt(S.SERVER_DECODE_STEP_MEAN_S)
     if steps_hi is not None and steps_lo is not None and _value(steps_lo) > 0:
         ratio, cite = _value(steps_hi) / _value(steps_lo), (steps_hi, steps_lo)
     elif pre is not None and dec is not None and _value(dec) > 0:
@@ -242,11 +251,10 @@ def itl_inflated_by_prefill(c: Check) -> Finding | None:
     c.cite(p50, "value")
     c.cite(cite[0], "value", ">=", round(c.t["step_ratio"] * _value(cite[1]), 6))
     c.cite(cite[1], "value")
-    basis = (f"latency, not throughput: p99 inter-token latency falls at most to the median, "
-             f"{_value(p99) * 1e3:.0f} ms to {_value(p50) * 1e3:.0f} ms")
-    c.fix("Cap the prefill that rides in decode steps", "Lower vLLM --max-num-batched-tokens (SGLang "
-          "--chunked-prefill-size) so a step carries a smaller prompt chunk, or disaggregate prefill and decode.",
-          None, basis)
+    c.fix(FixKind.SPLIT_PREFILL, "Cap the prefill that rides in decode steps", "Lower vLLM --max-num-batched-tokens "
+          "(SGLang --chunked-prefill-size) so a step carries a smaller prompt chunk, or disaggregate prefill and "
+          "decode.", Gain.unknown(f"latency, not throughput: p99 inter-token latency falls at most to the median, "
+                                  f"{_value(p99) * 1e3:.0f} ms to {_value(p50) * 1e3:.0f} ms"))
     return c.finding(0.45, f"p99 inter-token latency is {_value(p99) / _value(p50):.1f}x the median while the "
                      f"heaviest steps carry {ratio:.1f}x the work of a typical one: prefills stall decoding.")
 
@@ -263,8 +271,8 @@ def _spec_speedup(alpha: float, k: int, cost: float) -> float:
     name="speculative-decoding-not-paying",
     limiter=Limiter.COMPUTE,
     summary="Speculative decoding's accepted tokens do not pay for the drafting, or a shorter draft would pay more.",
-    requires=("server.spec_mean_accept_len|server.spec_acceptance_rate",),
-    uses=("server.spec_draft_len", "server.spec_acceptance_rate"),
+    requires=(AnyOf(S.SERVER_SPEC_MEAN_ACCEPT_LEN, S.SERVER_SPEC_ACCEPTANCE_RATE),),
+    uses=(S.SERVER_SPEC_DRAFT_LEN,),
     thresholds={
         "draft_cost": Threshold(0.10, "cost of one draft token as a share of a target-model step (EAGLE-style "
                                 "heads ~0.05-0.1; a separate draft model ~ its size over the target's)"),
@@ -289,8 +297,8 @@ def _spec_speedup(alpha: float, k: int, cost: float) -> float:
     ),
 )
 def speculative_decoding_not_paying(c: Check) -> Finding | None:
-    length, rate, k_sig = (c.sig("server.spec_mean_accept_len"), c.sig("server.spec_acceptance_rate"),
-                           c.sig("server.spec_draft_len"))
+    length, rate, k_sig = (c.opt(S.SERVER_SPEC_MEAN_ACCEPT_LEN), c.opt(S.SERVER_SPEC_ACCEPTANCE_RATE),
+                           c.opt(S.SERVER_SPEC_DRAFT_LEN))
     cost = c.t["draft_cost"]
     k = round(_value(k_sig)) if k_sig is not None and _value(k_sig) >= 1 else None
     if length is not None and k is not None:
@@ -312,18 +320,18 @@ def speculative_decoding_not_paying(c: Check) -> Finding | None:
         if s is not None:
             c.cite(s, "value")
     if now < 1.0:
-        c.fix("Turn speculative decoding off", "Serve without a draft (vLLM: no --speculative-config; SGLang: no "
-              "--speculative-algorithm): plain decoding is faster at this acceptance.", 1.0 / now,
-              f"upper bound: {tokens:.2f} tokens per step for 1 + {k or 1} x {cost:g} of a step's work "
-              f"= {now:.2f}x plain decoding; off: 1 / {now:.2f}")
+        c.fix(FixKind.SPEC_DECODE, "Turn speculative decoding off", "Serve without a draft (vLLM: no "
+              "--speculative-config; SGLang: no --speculative-algorithm): plain decoding is faster at this "
+              "acceptance.", Gain(1.0 / now, f"{tokens:.2f} tokens per step for 1 + {k or 1} x {cost:g} of a step's "
+                                  f"work = {now:.2f}x plain decoding; off: 1 / {now:.2f}", GainKind.UPPER_BOUND))
         return c.finding(0.5, f"Speculative decoding yields {tokens:.2f} tokens per verification step: with the "
                          f"draft's cost that is {now:.2f}x plain decoding, slower than none.")
     formula_now = _spec_speedup(min(_value(rate), 0.999), k, cost) if rate is not None and k is not None else now
     if best_k is not None and best_k != k and best / formula_now >= c.t["tune_gain"]:
-        c.fix("Shorten the speculative draft", f"Draft {best_k} tokens instead of {k} (vLLM num_speculative_tokens, "
-              "SGLang --speculative-num-steps).", best / formula_now,
-              f"upper bound from acceptance {_value(rate):.0%} (rate, positions assumed independent) and draft "  # type: ignore[arg-type]
-              f"cost {cost:g}: {best:.2f}x vs {formula_now:.2f}x plain decoding")
+        c.fix(FixKind.SPEC_DECODE, "Shorten the speculative draft", f"Draft {best_k} tokens instead of {k} (vLLM "
+              "num_speculative_tokens, SGLang --speculative-num-steps).",
+              Gain(best / formula_now, f"from acceptance {_value(rate):.0%} (positions assumed independent) and "  # type: ignore[arg-type]
+                   f"draft cost {cost:g}: {best:.2f}x vs {formula_now:.2f}x plain decoding", GainKind.UPPER_BOUND))
         return c.finding(0.4, f"Speculative decoding accepts {_value(rate):.0%} of drafted tokens: a {best_k}-token "  # type: ignore[arg-type]
                          f"draft would beat the current {k} ({best:.2f}x vs {formula_now:.2f}x plain decoding).")
     return None
@@ -334,9 +342,9 @@ def speculative_decoding_not_paying(c: Check) -> Finding | None:
     name="kv-preemption-churn",
     limiter=Limiter.VRAM,
     summary="Requests are preempted, retracted, swapped or paused for lack of KV memory and redo their work.",
-    requires=("server.preemptions_per_s|server.retractions_per_s|server.swapped|server.retracted|server.paused",),
-    uses=("server.requests_per_s", "server.prompt_len_mean", "server.gen_len_mean", "server.prompt_tokens_per_s",
-          "theory.decode_share", "server.prefill_time_mean_s", "server.decode_time_mean_s"),
+    requires=(AnyOf(S.SERVER_PREEMPTIONS_PER_S, S.SERVER_RETRACTIONS_PER_S, S.SERVER_SWAPPED, S.SERVER_RETRACTED, S.SERVER_PAUSED),),
+    uses=(S.SERVER_REQUESTS_PER_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_GEN_LEN_MEAN, S.SERVER_PROMPT_TOKENS_PER_S,
+          S.THEORY_DECODE_SHARE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
     thresholds={
         "per_request": Threshold(0.05, "preemptions (or retractions) per finished request that count as churn"),
         "held_mean": Threshold(1.0, "requests swapped out, retracted or paused at a time (mean) that count"),
@@ -357,9 +365,9 @@ def speculative_decoding_not_paying(c: Check) -> Finding | None:
     ),
 )
 def kv_preemption_churn(c: Check) -> Finding | None:
-    events = c.sig("server.preemptions_per_s") or c.sig("server.retractions_per_s")
-    held = c.sig("server.swapped") or c.sig("server.retracted") or c.sig("server.paused")
-    requests = c.sig("server.requests_per_s")
+    events = c.opt(S.SERVER_PREEMPTIONS_PER_S) or c.opt(S.SERVER_RETRACTIONS_PER_S)
+    held = c.opt(S.SERVER_SWAPPED) or c.opt(S.SERVER_RETRACTED) or c.opt(S.SERVER_PAUSED)
+    requests = c.opt(S.SERVER_REQUESTS_PER_S)
     churn = None
     if events is not None and requests is not None and requests.mean > 0:
         churn = events.mean / requests.mean
@@ -372,18 +380,18 @@ def kv_preemption_churn(c: Check) -> Finding | None:
         c.cite(requests, "mean")  # type: ignore[arg-type]
     if holding:
         c.cite(held, "mean", ">=", c.t["held_mean"])  # type: ignore[arg-type]
-    gain, basis = None, "capacity trade: fewer admissions stop the churn but run fewer sequences at once"
-    prompt, gen, share = c.sig("server.prompt_len_mean"), c.sig("server.gen_len_mean"), _prefill_share(c)
+    gain = Gain.unknown("capacity trade: fewer admissions stop the churn but run fewer sequences at once",
+                        Benefit.CAPACITY)
+    prompt, gen, share = c.opt(S.SERVER_PROMPT_LEN_MEAN), c.opt(S.SERVER_GEN_LEN_MEAN), _prefill_share(c)
     if many and prompt is not None and gen is not None and share is not None and _value(prompt) > 0:
         # each recompute prefills the prompt and, on average, half the generated tokens again
         redo = churn * (_value(prompt) + _value(gen) / 2.0) / _value(prompt)  # type: ignore[operator]
         wasted = min(0.9, share[0] * redo / (1.0 + redo))
-        gain = 1.0 / (1.0 - wasted)
-        basis = (f"upper bound: {churn:.2f} recomputes per request redo {redo:.0%} of the prefill work; "
-                 f"{share[1]} {share[0]:.0%}: 1 / (1 - {wasted:.2f})")
-    c.fix("Stop evicting running requests", "Admit fewer sequences than the KV cache holds at peak (vLLM "
-          "--max-num-seqs, SGLang --schedule-conservativeness 1.3 or --max-running-requests, TensorRT-LLM "
-          "GUARANTEED_NO_EVICT) or give the cache more memory (FP8 KV cache).", gain, basis)
+        gain = Gain(1.0 / (1.0 - wasted), f"{churn:.2f} recomputes per request redo {redo:.0%} of the prefill work; "
+                    f"{share[1]} {share[0]:.0%}: 1 / (1 - {wasted:.2f})", GainKind.UPPER_BOUND)
+    c.fix(FixKind.KV_MEMORY, "Stop evicting running requests", "Admit fewer sequences than the KV cache holds at "
+          "peak (vLLM --max-num-seqs, SGLang --schedule-conservativeness 1.3 or --max-running-requests, TensorRT-LLM "
+          "GUARANTEED_NO_EVICT) or give the cache more memory (FP8 KV cache).", gain)
     what = (f"{churn:.2f} evictions per finished request" if many else
             f"{held.mean:.1f} requests held out of the batch on average")  # type: ignore[union-attr]
     return c.finding(0.5, f"The KV cache runs out mid-request: {what}; evicted work is done twice.")
@@ -394,8 +402,8 @@ def kv_preemption_churn(c: Check) -> Finding | None:
     name="max-tokens-over-reserved",
     limiter=Limiter.VRAM,
     summary="Requests ask for far more tokens than they generate, and the engine reserves KV space for all of them.",
-    requires=("server.max_tokens_mean", "server.gen_len_mean"),
-    uses=("server.waiting", "server.batch_reserved_tokens", "server.prompt_len_mean"),
+    requires=(S.SERVER_MAX_TOKENS_MEAN, S.SERVER_GEN_LEN_MEAN),
+    uses=(S.SERVER_WAITING, S.SERVER_BATCH_RESERVED_TOKENS, S.SERVER_PROMPT_LEN_MEAN),
     thresholds={
         "over_ratio": Threshold(4.0, "max_tokens asked over tokens generated (means) that counts as over-reserved"),
         "waiting_mean": Threshold(1.0, "mean queued requests that show the reservation turns work away"),
@@ -416,13 +424,12 @@ def kv_preemption_churn(c: Check) -> Finding | None:
     ),
 )
 def max_tokens_over_reserved(c: Check) -> Finding | None:
-    server = c.ev.capture.server
-    engine = RESERVING_ENGINES.get(server.kind if server is not None else "")
+    engine = RESERVING_ENGINES.get(c.ev.serving.engine or c.ev.meta.server_kind)
     if engine is None:
         return None  # vLLM, NIM's vLLM backend and the demo allocate KV blocks as tokens are generated
-    asked, made = c.sig("server.max_tokens_mean"), c.sig("server.gen_len_mean")
+    asked, made = c.opt(S.SERVER_MAX_TOKENS_MEAN), c.opt(S.SERVER_GEN_LEN_MEAN)
     assert asked is not None and made is not None
-    waiting = c.sig("server.waiting")
+    waiting = c.opt(S.SERVER_WAITING)
     if _value(made) <= 0 or waiting is None:
         return None
     ratio = _value(asked) / _value(made)
@@ -431,15 +438,16 @@ def max_tokens_over_reserved(c: Check) -> Finding | None:
     c.cite(asked, "value", ">=", round(c.t["over_ratio"] * _value(made), 2))
     c.cite(made, "value")
     c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
-    prompt = c.sig("server.prompt_len_mean")
+    prompt = c.opt(S.SERVER_PROMPT_LEN_MEAN)
     reserve = ratio if prompt is None else (_value(prompt) + _value(asked)) / (_value(prompt) + _value(made))
-    gain, basis = batch_gain(c.ev, factor=min(reserve, 4.0))
-    basis = (f"upper bound, capacity: reservations {reserve:.1f}x the tokens used let up to that many more "
-             f"sequences run; {basis}" if gain is not None else
-             f"capacity: up to {reserve:.1f}x the sequences could be admitted (no decode physics to price it)")
-    c.fix("Ask for the tokens requests need", f"Lower max_tokens (max_new_tokens) toward what requests generate "
-          f"(mean {_value(made):.0f}, asked {_value(asked):.0f}); {engine} reserves KV space for all of it.",
-          gain, basis)
+    physics = gains.batch_gain(c.ev, factor=min(reserve, 4.0))
+    why = f"reservations {reserve:.1f}x the tokens used let up to that many more sequences run"
+    gain = (Gain(physics.value, f"{why}; {physics.basis}", GainKind.UPPER_BOUND, physics.benefit)
+            if physics.value is not None else
+            Gain.unknown(f"{why} (no decode physics to price it)", Benefit.CAPACITY))
+    c.fix(FixKind.MAX_TOKENS, "Ask for the tokens requests need", f"Lower max_tokens (max_new_tokens) toward what "
+          f"requests generate (mean {_value(made):.0f}, asked {_value(asked):.0f}); {engine} reserves KV space for all "
+          "of it.", gain)
     return c.finding(0.5, f"Requests ask for {_value(asked):.0f} tokens and generate {_value(made):.0f} on average "
                      f"({ratio:.0f}x) while {waiting.mean:.1f} wait: {engine} reserves KV space that is never used.")
 
@@ -449,8 +457,8 @@ def max_tokens_over_reserved(c: Check) -> Finding | None:
     name="lora-slots-limit-batch",
     limiter=Limiter.BATCHING,
     summary="Requests wait for a LoRA adapter slot: the adapters per batch cap the batch.",
-    requires=("server.lora_running_adapters",),
-    uses=("server.lora_waiting_adapters", "server.waiting_deferred", "server.waiting", "server.running"),
+    requires=(S.SERVER_LORA_RUNNING_ADAPTERS,),
+    uses=(S.SERVER_LORA_WAITING_ADAPTERS, S.SERVER_WAITING_DEFERRED, S.SERVER_WAITING, S.SERVER_RUNNING),
     thresholds={
         "slots_full": Threshold(1.0, "running adapters over the batch's adapter slots (max_loras) that count as "
                                 "full"),
@@ -471,12 +479,13 @@ def max_tokens_over_reserved(c: Check) -> Finding | None:
     ),
 )
 def lora_slots_limit_batch(c: Check) -> Finding | None:
-    running = c.sig("server.lora_running_adapters")
+    running = c.opt(S.SERVER_LORA_RUNNING_ADAPTERS)
     assert running is not None
-    slots = c.ev.capture.serving.get("max_loras")
-    if not isinstance(slots, int) or slots <= 0 or running.max < c.t["slots_full"] * slots:
+    found = _number(c.ev.serving.extra.get("max_loras"))
+    slots = int(found) if found is not None else 0
+    if slots <= 0 or running.max < c.t["slots_full"] * slots:
         return None
-    waiting_adapters, deferred = c.sig("server.lora_waiting_adapters"), c.sig("server.waiting_deferred")
+    waiting_adapters, deferred = c.opt(S.SERVER_LORA_WAITING_ADAPTERS), c.opt(S.SERVER_WAITING_DEFERRED)
     held = (waiting_adapters is not None and waiting_adapters.mean >= c.t["waiting_adapters"]) or \
         (deferred is not None and deferred.mean > 0)
     if not held:
@@ -485,14 +494,20 @@ def lora_slots_limit_batch(c: Check) -> Finding | None:
     for s in (waiting_adapters, deferred):
         if s is not None and s.mean > 0:
             c.cite(s, "mean")
-    batch = c.sig("server.running")
+    batch = c.opt(S.SERVER_RUNNING)
     factor = None
     if deferred is not None and batch is not None and batch.mean > 0:
         factor = (batch.mean + deferred.mean) / batch.mean
-    gain, basis = batch_gain(c.ev, factor=factor) if factor and factor > 1 else (None, "")
-    basis = (f"upper bound: the {deferred.mean:.1f} deferred requests join the batch; {basis}"  # type: ignore[union-attr]
-             if gain is not None else "capacity: requests for other adapters wait for a slot")
-    c.fix("Give the batch more adapter slots", f"Raise vLLM --max-loras above {slots} (SGLang "
-          "--max-loras-per-batch) if memory allows, route requests by adapter, or merge hot adapters.", gain, basis)
+    physics = gains.batch_gain(c.ev, factor=factor) if factor and factor > 1 else None
+    gain = (Gain(physics.value, f"the {deferred.mean:.1f} deferred requests join the batch; {physics.basis}",  # type: ignore[union-attr]
+                 GainKind.UPPER_BOUND, physics.benefit)
+            if physics is not None and physics.value is not None else
+            Gain.unknown("requests for other adapters wait for a slot", Benefit.CAPACITY))
+    c.fix(FixKind.LORA, "Give the batch more adapter slots", f"Raise vLLM --max-loras above {slots} (SGLang "
+          "--max-loras-per-batch) if memory allows, route requests by adapter, or merge hot adapters.", gain)
     return c.finding(0.5, f"All {slots} LoRA slots are in use while requests for other adapters wait: adapter "
                      "slots, not memory, cap the batch.")
+
+
+RULES = (prefix_cache_missing, ttft_dominated_by_queueing, ttft_dominated_by_prefill, itl_inflated_by_prefill,
+         speculative_decoding_not_paying, kv_preemption_churn, max_tokens_over_reserved, lora_slots_limit_batch)
