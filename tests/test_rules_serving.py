@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 import msgspec
+import pytest
 
 from diagnoser.capture import ServerInfo, ServingConfig
 from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind
