@@ -104,7 +104,7 @@ def test_the_demo_servers_engine_loop_is_named_in_its_own_code(demo_under_load):
     assert engine, [h.cite() for h in found]
     path = " ".join(engine[0].path)
     assert "diagnoser/demo/" in path or "torch/" in engine[0].function, engine[0].cite()
-    assert "/work/" not in path and "/root/" not in path  # files are package-relative in a report
+    assert not any(part.split("(")[-1].startswith("/") for part in engine[0].path)  # files are relative in a report
 
 
 def test_a_process_with_no_python_is_said_in_one_sentence():
