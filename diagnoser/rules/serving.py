@@ -57,16 +57,17 @@ def _number(text: str | None) -> float | None:
     uses=(S.SERVER_PREFIX_CACHE_HIT_RATE, S.SERVER_PROMPT_TOKENS_PER_S, S.THEORY_DECODE_SHARE,
           S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
     thresholds={
-        "hit_rate_max": Threshold(0.20, "prefix-cache hit rate below which the cache saves little prefill"),
+        "hit_rate_max": Threshold(0.20, "prefix-cache hit rate below which the cache saves little prefill", "ratio"),
         "target_hit_rate": Threshold(0.50, "hit rate a workload with shared prompts reaches (system prompt, "
                                      "few-shot, multi-turn history); the gain assumes it unless the capture says "
-                                     "the shared share (serving key shared_prefix_frac)"),
-        "prompt_len_min": Threshold(256, "mean prompt tokens below which prefill is too short to matter"),
-        "prefill_share_min": Threshold(0.15, "prefill's share of the work below which caching cannot pay"),
+                                     "the shared share (serving key shared_prefix_frac)", "ratio"),
+        "prompt_len_min": Threshold(256, "mean prompt tokens below which prefill is too short to matter", "tokens"),
+        "prefill_share_min": Threshold(0.15, "prefill's share of the work below which caching cannot pay", "ratio"),
     },
     page=Page(
-        detects="Prompts averaging 256 tokens or more, prefill taking at least 15 % of the work, and the prefix "
-        "cache either switched off (vLLM cache_config_info enable_prefix_caching=False) or hitting under 20 % of "
+        detects="Prompts averaging {prompt_len_min} or more, prefill taking at least {prefill_share_min} of the work, "
+        "and the prefix cache either switched off (vLLM cache_config_info enable_prefix_caching=False) or hitting "
+        "under {hit_rate_max} of "
         "the prompt tokens it is asked for over the window. It does not fire when the capture says the prompts "
         "share nothing (serving key shared_prefix_frac = 0).",
         why="A prompt whose prefix (system prompt, few-shot examples, earlier turns) was prefilled before can reuse "
@@ -124,12 +125,13 @@ def prefix_cache_missing(c: Check) -> Finding | None:
     requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_QUEUE_TIME_MEAN_S),
     uses=(S.SERVER_KV_USAGE, S.SERVER_WAITING, S.SERVER_PREFILL_TIME_MEAN_S),
     thresholds={
-        "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making"),
-        "queue_share": Threshold(0.5, "queue time's share of TTFT at which waiting dominates"),
-        "kv_full": Threshold(0.90, "KV use (p90) at which memory, not the scheduler's limits, holds requests"),
+        "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making", "s"),
+        "queue_share": Threshold(0.5, "queue time's share of TTFT at which waiting dominates", "ratio"),
+        "kv_full": Threshold(0.90, "KV use (p90) at which memory, not the scheduler's limits, holds requests",
+                             "ratio"),
     },
     page=Page(
-        detects="Mean time to first token of 0.5 s or more, half or more of it spent queued (vLLM "
+        detects="Mean time to first token of {ttft_min_s} or more, {queue_share} or more of it spent queued (vLLM "
         "request_queue_time vs time_to_first_token; SGLang queue_time; Triton queue duration).",
         why="A request that waits is not being served at all: the batch is at the scheduler's limit "
         "(max-num-seqs) or the KV cache is full, so new requests queue until others finish.",
@@ -171,11 +173,12 @@ def ttft_dominated_by_queueing(c: Check) -> Finding | None:
     requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_PREFILL_TIME_MEAN_S),
     uses=(S.SERVER_QUEUE_TIME_MEAN_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S),
     thresholds={
-        "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making"),
-        "prefill_share": Threshold(0.5, "prefill time's share of TTFT at which prefill dominates"),
+        "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making", "s"),
+        "prefill_share": Threshold(0.5, "prefill time's share of TTFT at which prefill dominates", "ratio"),
     },
     page=Page(
-        detects="Mean time to first token of 0.5 s or more, half or more of it in the request's prefill phase "
+        detects="Mean time to first token of {ttft_min_s} or more, {prefill_share} or more of it in the request's "
+        "prefill phase "
         "(vLLM request_prefill_time vs time_to_first_token).",
         why="Long prompts, or prefill split into small chunks that share each step with decodes, make the first "
         "token wait for the prompt's compute.",
@@ -219,9 +222,9 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
                                 "step time (TGI), that shows prefill riding along"),
     },
     page=Page(
-        detects="p99 inter-token latency at least 3x the median while the engine's steps show prefill work: vLLM's "
-        "tokens per step at p99 at least 4x the median step, or TGI's prefill forward pass at least 4x its decode "
-        "pass.",
+        detects="p99 inter-token latency at least {itl_ratio}x the median while the engine's steps show prefill work: "
+        "vLLM's tokens per step at p99 at least {step_ratio}x the median step, or TGI's prefill forward pass at "
+        "least {step_ratio}x its decode pass.",
         why="A decode token comes out once per step; a step that also prefills a prompt chunk takes as long as that "
         "chunk's compute, so every running sequence's next token waits for someone else's prompt.",
         fixes="Cap the prefill per step: a smaller chunk (vLLM --max-num-batched-tokens, SGLang "
@@ -282,7 +285,8 @@ def _spec_speedup(alpha: float, k: int, cost: float) -> float:
     page=Page(
         detects="Speculative decoding whose measured tokens per verification step, against the draft's cost, "
         "give no speed-up over plain decoding (drop it), or a draft length whose acceptance falls so fast that a "
-        "shorter draft is at least 10 % faster (tune it). Acceptance and draft length come from the engine's "
+        "shorter draft is at least {tune_gain}x as fast (tune it), with a draft token costing {draft_cost} of a "
+        "target step. Acceptance and draft length come from the engine's "
         "counters (vLLM spec_decode_*; SGLang spec_accept_rate / spec_accept_length).",
         why="Each step drafts k tokens and verifies them in one target pass; it pays only if the accepted tokens "
         "per step exceed the extra draft and verification work. Low acceptance means the target computes tokens "
@@ -350,9 +354,9 @@ def speculative_decoding_not_paying(c: Check) -> Finding | None:
         "held_mean": Threshold(1.0, "requests swapped out, retracted or paused at a time (mean) that count"),
     },
     page=Page(
-        detects="At least one preemption or retraction per 20 finished requests (vLLM num_preemptions, SGLang "
-        "num_retracted_requests), or on average a request swapped out (vLLM V0), retracted (SGLang) or paused "
-        "(TensorRT-LLM) at any time.",
+        detects="At least {per_request} preemptions or retractions per finished request (vLLM num_preemptions, "
+        "SGLang num_retracted_requests), or on average {held_mean} request swapped out (vLLM V0), retracted "
+        "(SGLang) or paused (TensorRT-LLM) at any time.",
         why="An engine that runs out of KV blocks evicts a running request: it recomputes its prompt and generated "
         "tokens later (recompute), copies its cache over PCIe (swap) or parks it (pause). That work is paid twice, "
         "and the evicted request's latency jumps.",
@@ -410,8 +414,8 @@ def kv_preemption_churn(c: Check) -> Finding | None:
     },
     page=Page(
         detects="On an engine that admits requests by prompt + max_tokens (TGI's token budget, SGLang's admission "
-        "estimate, TensorRT-LLM's GUARANTEED_NO_EVICT), requests asking on average 4x or more the tokens they "
-        "generate while others wait. Not on vLLM, which allocates KV blocks as tokens are generated.",
+        "estimate, TensorRT-LLM's GUARANTEED_NO_EVICT), requests asking on average {over_ratio}x or more the tokens "
+        "they generate while others wait. Not on vLLM, which allocates KV blocks as tokens are generated.",
         why="KV space reserved for tokens that are never generated is space no other sequence can use: the batch "
         "stays small and requests queue while memory sits idle.",
         fixes="Set max_tokens (max_new_tokens) near what requests need, per route or client; on TGI lower "
@@ -465,9 +469,10 @@ def max_tokens_over_reserved(c: Check) -> Finding | None:
         "waiting_adapters": Threshold(0.5, "mean adapters among waiting requests that show requests held back"),
     },
     page=Page(
-        detects="The running batch using every LoRA slot (vLLM lora_requests_info running adapters = max_lora; "
-        "SGLang LoRA pool slots used = total) while waiting requests need other adapters (vLLM waiting adapters, "
-        "or requests waiting for a 'deferred' reason).",
+        detects="The running batch using every LoRA slot (running adapters at least {slots_full}x max_loras: vLLM "
+        "lora_requests_info running adapters = max_lora; SGLang LoRA pool slots used = total) while on average "
+        "{waiting_adapters} or more waiting requests need other adapters (vLLM waiting adapters, or requests "
+        "waiting for a 'deferred' reason).",
         why="A batch holds at most max_loras distinct adapters; a request for another adapter waits, even with KV "
         "space and batch room free, until an adapter leaves the batch (and its weights are swapped in).",
         fixes="Raise the adapter slots (vLLM --max-loras, SGLang --max-loras-per-batch; each slot costs GPU memory "
