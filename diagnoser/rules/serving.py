@@ -212,7 +212,7 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
 @rule(
     code="SRV004",
     name="itl-inflated-by-prefill",
-    limiter=Limiter.COMPUTE,
+    limiter=Limiter.BATCHING,
     summary="Some decode steps are much slower than the median: prefill work shares them.",
     requires=(S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S, AnyOf(S.SERVER_ITERATION_TOKENS_P99, S.SERVER_PREFILL_STEP_MEAN_S)),
     uses=(S.SERVER_ITERATION_TOKENS_P50, S.SERVER_DECODE_STEP_MEAN_S, S.SERVER_PROMPT_TOKENS_PER_S),
