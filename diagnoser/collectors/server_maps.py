@@ -20,6 +20,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from diagnoser import signals as S
+
 
 @dataclass(frozen=True)
 class Gauge:
@@ -160,33 +162,33 @@ def parse_spec(spec: str) -> tuple[str, tuple[str, str] | None]:
 
 _V = "vllm:"
 _VLLM_SIGNALS: dict[str, tuple[Source, ...]] = {
-    "server.running": (Gauge((_V + "num_requests_running",)),),
-    "server.waiting": (Gauge((_V + "num_requests_waiting",)),),
-    "server.waiting_deferred": (Gauge((_V + 'num_requests_waiting_by_reason{reason="deferred"}',)),),
-    "server.kv_usage": (Gauge((_V + "kv_cache_usage_perc", _V + "gpu_cache_usage_perc"), mean=True),),
-    "server.cpu_kv_usage": (Gauge((_V + "cpu_cache_usage_perc",), mean=True),),
-    "server.swapped": (Gauge((_V + "num_requests_swapped",)),),
-    "server.preemptions_per_s": (Rate((_V + "num_preemptions_total",)),),
-    "server.prompt_tokens_per_s": (Rate((_V + "prompt_tokens_total",)),),
-    "server.gen_tokens_per_s": (Rate((_V + "generation_tokens_total",)),),
-    "server.requests_per_s": (Rate((_V + "request_success_total", _V + "e2e_request_latency_seconds_count")),),
+    S.SERVER_RUNNING: (Gauge((_V + "num_requests_running",)),),
+    S.SERVER_WAITING: (Gauge((_V + "num_requests_waiting",)),),
+    S.SERVER_WAITING_DEFERRED: (Gauge((_V + 'num_requests_waiting_by_reason{reason="deferred"}',)),),
+    S.SERVER_KV_USAGE: (Gauge((_V + "kv_cache_usage_perc", _V + "gpu_cache_usage_perc"), mean=True),),
+    S.SERVER_CPU_KV_USAGE: (Gauge((_V + "cpu_cache_usage_perc",), mean=True),),
+    S.SERVER_SWAPPED: (Gauge((_V + "num_requests_swapped",)),),
+    S.SERVER_PREEMPTIONS_PER_S: (Rate((_V + "num_preemptions_total",)),),
+    S.SERVER_PROMPT_TOKENS_PER_S: (Rate((_V + "prompt_tokens_total",)),),
+    S.SERVER_GEN_TOKENS_PER_S: (Rate((_V + "generation_tokens_total",)),),
+    S.SERVER_REQUESTS_PER_S: (Rate((_V + "request_success_total", _V + "e2e_request_latency_seconds_count")),),
     # generated tokens per engine step = sequences decoding together
-    "server.batch_size": (StepRatio((_V + "generation_tokens_total",), (_V + "iteration_tokens_total_count",)),),
-    "server.prefix_cache_hit_rate": (
+    S.SERVER_BATCH_SIZE: (StepRatio((_V + "generation_tokens_total",), (_V + "iteration_tokens_total_count",)),),
+    S.SERVER_PREFIX_CACHE_HIT_RATE: (
         WindowRatio((((_V + "prefix_cache_hits_total",), (_V + "prefix_cache_queries_total",)),
                      ((_V + "gpu_prefix_cache_hits_total",), (_V + "gpu_prefix_cache_queries_total",)))),
         Gauge((_V + "gpu_prefix_cache_hit_rate",), mean=True, positive=True),  # V0: -1 while disabled
     ),
-    "server.spec_acceptance_rate": (
+    S.SERVER_SPEC_ACCEPTANCE_RATE: (
         WindowRatio((((_V + "spec_decode_num_accepted_tokens_total",),
                       (_V + "spec_decode_num_draft_tokens_total",)),)),
         Gauge((_V + "spec_decode_draft_acceptance_rate",), mean=True, positive=True),  # V0
     ),
-    "server.spec_mean_accept_len": (
+    S.SERVER_SPEC_MEAN_ACCEPT_LEN: (
         WindowRatio((((_V + "spec_decode_num_accepted_tokens_total",), (_V + "spec_decode_num_drafts_total",)),),
                     plus=1.0),
     ),
-    "server.spec_draft_len": (
+    S.SERVER_SPEC_DRAFT_LEN: (
         WindowRatio((((_V + "spec_decode_num_draft_tokens_total",), (_V + "spec_decode_num_drafts_total",)),)),
     ),
 }
@@ -214,7 +216,7 @@ VLLM_LORA_INFO = _V + "lora_requests_info"
 def _vllm(kind: str, label: str, extra_prefixes: tuple[str, ...] = ()) -> ServerMap:
     return ServerMap(kind=kind, label=label, prefixes=(*extra_prefixes, _V), signals=_VLLM_SIGNALS,
                      histograms=_VLLM_HISTOGRAMS, config_names=(VLLM_CACHE_INFO,),
-                     absent={"server.retractions_per_s": "vLLM counts preemptions (server.preemptions_per_s), "
+                     absent={S.SERVER_RETRACTIONS_PER_S: "vLLM counts preemptions (server.preemptions_per_s), "
                                                          "not retractions"})
 
 
@@ -224,26 +226,26 @@ _S = "sglang:"
 SGLANG_MAP = ServerMap(
     kind="sglang", label="SGLang", prefixes=(_S, "sglang_"), aliases=(("sglang_", _S),),
     signals={
-        "server.running": (Gauge((_S + "num_running_reqs",)),),
-        "server.waiting": (Gauge((_S + "num_queue_reqs",)),),
-        "server.kv_usage": (Gauge((_S + "token_usage",), mean=True),),
-        "server.kv_used_tokens": (Gauge((_S + "num_used_tokens",)),),
-        "server.retracted": (Gauge((_S + "num_retracted_reqs",)),),
-        "server.retractions_per_s": (Rate((_S + "num_retracted_requests_total",)),),
-        "server.prompt_tokens_per_s": (Rate((_S + "prompt_tokens_total",)),),
+        S.SERVER_RUNNING: (Gauge((_S + "num_running_reqs",)),),
+        S.SERVER_WAITING: (Gauge((_S + "num_queue_reqs",)),),
+        S.SERVER_KV_USAGE: (Gauge((_S + "token_usage",), mean=True),),
+        S.SERVER_KV_USED_TOKENS: (Gauge((_S + "num_used_tokens",)),),
+        S.SERVER_RETRACTED: (Gauge((_S + "num_retracted_reqs",)),),
+        S.SERVER_RETRACTIONS_PER_S: (Rate((_S + "num_retracted_requests_total",)),),
+        S.SERVER_PROMPT_TOKENS_PER_S: (Rate((_S + "prompt_tokens_total",)),),
         # the counter when the page has it; SGLang's own last-interval gauge otherwise
-        "server.gen_tokens_per_s": (Rate((_S + "generation_tokens_total",)), Gauge((_S + "gen_throughput",))),
-        "server.requests_per_s": (Rate((_S + "num_requests_total", _S + "e2e_request_latency_seconds_count")),),
-        "server.prefix_cache_hit_rate": (
+        S.SERVER_GEN_TOKENS_PER_S: (Rate((_S + "generation_tokens_total",)), Gauge((_S + "gen_throughput",))),
+        S.SERVER_REQUESTS_PER_S: (Rate((_S + "num_requests_total", _S + "e2e_request_latency_seconds_count")),),
+        S.SERVER_PREFIX_CACHE_HIT_RATE: (
             WindowRatio((((_S + "cached_tokens_total",), (_S + "prompt_tokens_total",)),
                          ((_S + 'realtime_tokens_total{mode="prefill_cache"}',),
                           (_S + 'realtime_tokens_total{mode="prefill_cache"}',
                            _S + 'realtime_tokens_total{mode="prefill_compute"}')))),
             Gauge((_S + "cache_hit_rate",), mean=True),
         ),
-        "server.spec_acceptance_rate": (Gauge((_S + "spec_accept_rate",), mean=True, positive=True),),
-        "server.spec_mean_accept_len": (Gauge((_S + "spec_accept_length",), mean=True, positive=True),),
-        "server.lora_running_adapters": (Gauge((_S + "lora_pool_slots_used",)),),
+        S.SERVER_SPEC_ACCEPTANCE_RATE: (Gauge((_S + "spec_accept_rate",), mean=True, positive=True),),
+        S.SERVER_SPEC_MEAN_ACCEPT_LEN: (Gauge((_S + "spec_accept_length",), mean=True, positive=True),),
+        S.SERVER_LORA_RUNNING_ADAPTERS: (Gauge((_S + "lora_pool_slots_used",)),),
     },
     histograms={
         "ttft": Hist((_S + "time_to_first_token_seconds",)),
@@ -256,9 +258,9 @@ SGLANG_MAP = ServerMap(
     },
     config_names=(_S + "max_total_num_tokens", _S + "page_size", _S + "context_len", _S + "max_running_requests",
                   _S + "lora_pool_slots_total"),
-    absent={"server.preemptions_per_s": "SGLang retracts requests instead of preempting them "
+    absent={S.SERVER_PREEMPTIONS_PER_S: "SGLang retracts requests instead of preempting them "
                                         "(server.retracted, server.retractions_per_s)",
-            "server.batch_size": "SGLang exposes no per-iteration batch metric (server.running is the batch)"},
+            S.SERVER_BATCH_SIZE: "SGLang exposes no per-iteration batch metric (server.running is the batch)"},
 )
 
 # --- HuggingFace TGI (router metrics; histograms are summaries in older releases) ---------------------------------
@@ -266,13 +268,13 @@ SGLANG_MAP = ServerMap(
 TGI_MAP = ServerMap(
     kind="tgi", label="TGI", prefixes=("tgi_",),
     signals={
-        "server.running": (Gauge(("tgi_batch_current_size",)),),
-        "server.waiting": (Gauge(("tgi_queue_size",)),),
-        "server.batch_size": (Gauge(("tgi_batch_current_size",)),),
-        "server.batch_reserved_tokens": (Gauge(("tgi_batch_current_max_tokens",)),),
-        "server.prompt_tokens_per_s": (Rate(("tgi_request_input_length_sum",)),),
-        "server.gen_tokens_per_s": (Rate(("tgi_request_generated_tokens_sum",)),),
-        "server.requests_per_s": (Rate(("tgi_request_success", "tgi_request_success_total")),),
+        S.SERVER_RUNNING: (Gauge(("tgi_batch_current_size",)),),
+        S.SERVER_WAITING: (Gauge(("tgi_queue_size",)),),
+        S.SERVER_BATCH_SIZE: (Gauge(("tgi_batch_current_size",)),),
+        S.SERVER_BATCH_RESERVED_TOKENS: (Gauge(("tgi_batch_current_max_tokens",)),),
+        S.SERVER_PROMPT_TOKENS_PER_S: (Rate(("tgi_request_input_length_sum",)),),
+        S.SERVER_GEN_TOKENS_PER_S: (Rate(("tgi_request_generated_tokens_sum",)),),
+        S.SERVER_REQUESTS_PER_S: (Rate(("tgi_request_success", "tgi_request_success_total")),),
     },
     histograms={
         "itl": Hist(("tgi_request_mean_time_per_token_duration",)),
@@ -285,10 +287,10 @@ TGI_MAP = ServerMap(
         "gen_len": Hist(("tgi_request_generated_tokens",)),
         "max_tokens": Hist(("tgi_request_max_new_tokens",)),
     },
-    absent={"server.kv_usage": "TGI exposes no KV-cache usage metric",
-            "server.preemptions_per_s": "TGI exposes no preemption counter",
-            "server.ttft_p50_s": "TGI exposes no time-to-first-token metric",
-            "server.ttft_p99_s": "TGI exposes no time-to-first-token metric"},
+    absent={S.SERVER_KV_USAGE: "TGI exposes no KV-cache usage metric",
+            S.SERVER_PREEMPTIONS_PER_S: "TGI exposes no preemption counter",
+            S.SERVER_TTFT_P50_S: "TGI exposes no time-to-first-token metric",
+            S.SERVER_TTFT_P99_S: "TGI exposes no time-to-first-token metric"},
 )
 
 # --- Triton, with the TensorRT-LLM backend's nv_trt_llm_* families when it is loaded -------------------------------
@@ -297,23 +299,23 @@ _T = "nv_trt_llm_"
 TRITON_MAP = ServerMap(
     kind="triton", label="Triton", prefixes=(_T, "nv_llm_", "nv_inference_"),
     signals={
-        "server.running": (Gauge((_T + 'request_metrics{request_type="active"}',)),),
-        "server.waiting": (Gauge((_T + 'request_metrics{request_type="waiting"}',
+        S.SERVER_RUNNING: (Gauge((_T + 'request_metrics{request_type="active"}',)),),
+        S.SERVER_WAITING: (Gauge((_T + 'request_metrics{request_type="waiting"}',
                                   "nv_inference_pending_request_count")),),
-        "server.prefill_requests": (Gauge((_T + 'request_metrics{request_type="context"}',)),),
-        "server.paused": (Gauge((_T + 'inflight_batcher_metrics{inflight_batcher_specific_metric="paused_requests"}',
+        S.SERVER_PREFILL_REQUESTS: (Gauge((_T + 'request_metrics{request_type="context"}',)),),
+        S.SERVER_PAUSED: (Gauge((_T + 'inflight_batcher_metrics{inflight_batcher_specific_metric="paused_requests"}',
                                  )),),
-        "server.kv_usage": (Gauge((_T + 'kv_cache_block_metrics{kv_cache_block_type="fraction"}',), mean=True),
+        S.SERVER_KV_USAGE: (Gauge((_T + 'kv_cache_block_metrics{kv_cache_block_type="fraction"}',), mean=True),
                             GaugeRatio(_T + 'kv_cache_block_metrics{kv_cache_block_type="used"}',
                                        _T + 'kv_cache_block_metrics{kv_cache_block_type="max"}')),
-        "server.requests_per_s": (Rate(("nv_inference_request_success", "nv_inference_request_success_total")),),
-        "server.prompt_tokens_per_s": (Rate(("nv_llm_input_token_len_sum",)),),
-        "server.gen_tokens_per_s": (Rate(("nv_llm_output_token_len_sum",)),),
+        S.SERVER_REQUESTS_PER_S: (Rate(("nv_inference_request_success", "nv_inference_request_success_total")),),
+        S.SERVER_PROMPT_TOKENS_PER_S: (Rate(("nv_llm_input_token_len_sum",)),),
+        S.SERVER_GEN_TOKENS_PER_S: (Rate(("nv_llm_output_token_len_sum",)),),
         # TensorRT-LLM's scheduled requests per iteration; plain Triton documents inference count / execution count
-        "server.batch_size": (Gauge((_T + 'request_metrics{request_type="scheduled"}',)),
+        S.SERVER_BATCH_SIZE: (Gauge((_T + 'request_metrics{request_type="scheduled"}',)),
                               StepRatio(("nv_inference_count", "nv_inference_count_total"),
                                         ("nv_inference_exec_count", "nv_inference_exec_count_total"))),
-        "server.queue_time_mean_s": (
+        S.SERVER_QUEUE_TIME_MEAN_S: (
             WindowRatio(((("nv_inference_queue_duration_us",), ("nv_inference_request_success",)),
                          (("nv_inference_queue_duration_us_total",), ("nv_inference_request_success_total",))),
                         scale=1e-6),
@@ -327,11 +329,11 @@ TRITON_MAP = ServerMap(
     config_names=(_T + "kv_cache_block_metrics", _T + "request_metrics"),
     absent={s: "Triton reports requests and executions; tokens, KV cache and token latencies only with the "
                "TensorRT-LLM backend's nv_trt_llm_* metrics"
-            for s in ("server.running", "server.kv_usage", "server.prompt_tokens_per_s", "server.gen_tokens_per_s")}
-    | {"server.preemptions_per_s": "TensorRT-LLM pauses requests when KV blocks run out (server.paused), it has "
+            for s in (S.SERVER_RUNNING, S.SERVER_KV_USAGE, S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_GEN_TOKENS_PER_S)}
+    | {S.SERVER_PREEMPTIONS_PER_S: "TensorRT-LLM pauses requests when KV blocks run out (server.paused), it has "
                                    "no preemption counter",
-       "server.itl_p50_s": "Triton exposes no inter-token latency metric",
-       "server.itl_p99_s": "Triton exposes no inter-token latency metric"},
+       S.SERVER_ITL_P50_S: "Triton exposes no inter-token latency metric",
+       S.SERVER_ITL_P99_S: "Triton exposes no inter-token latency metric"},
 )
 
 # --- NVIDIA NIM for LLMs (documented table; names without a prefix, served at /v1/metrics) -------------------------
@@ -339,12 +341,12 @@ TRITON_MAP = ServerMap(
 NIM_MAP = ServerMap(
     kind="nim", label="NVIDIA NIM", prefixes=("num_request_max",),
     signals={
-        "server.running": (Gauge(("num_requests_running",)),),
-        "server.waiting": (Gauge(("num_requests_waiting",)),),
-        "server.kv_usage": (Gauge(("gpu_cache_usage_perc",), mean=True),),
-        "server.prompt_tokens_per_s": (Rate(("prompt_tokens_total",)),),
-        "server.gen_tokens_per_s": (Rate(("generation_tokens_total",)),),
-        "server.requests_per_s": (Rate(("request_success_total", "e2e_request_latency_seconds_count")),),
+        S.SERVER_RUNNING: (Gauge(("num_requests_running",)),),
+        S.SERVER_WAITING: (Gauge(("num_requests_waiting",)),),
+        S.SERVER_KV_USAGE: (Gauge(("gpu_cache_usage_perc",), mean=True),),
+        S.SERVER_PROMPT_TOKENS_PER_S: (Rate(("prompt_tokens_total",)),),
+        S.SERVER_GEN_TOKENS_PER_S: (Rate(("generation_tokens_total",)),),
+        S.SERVER_REQUESTS_PER_S: (Rate(("request_success_total", "e2e_request_latency_seconds_count")),),
     },
     histograms={
         "ttft": Hist(("time_to_first_token_seconds",)),
@@ -354,8 +356,8 @@ NIM_MAP = ServerMap(
         "gen_len": Hist(("request_generation_tokens",)),
     },
     config_names=("num_request_max",),
-    absent={"server.preemptions_per_s": "NIM's documented metrics have no preemption counter",
-            "server.batch_size": "NIM's documented metrics have no per-iteration batch metric (server.running is the "
+    absent={S.SERVER_PREEMPTIONS_PER_S: "NIM's documented metrics have no preemption counter",
+            S.SERVER_BATCH_SIZE: "NIM's documented metrics have no per-iteration batch metric (server.running is the "
                                  "batch)"},
 )
 
@@ -369,10 +371,10 @@ SERVER_MAPS: dict[str, ServerMap] = {
 }
 
 # Signals every map is checked for at the end of a window (absent ones are said, never zeroed).
-CORE_SIGNALS = ("server.running", "server.waiting", "server.kv_usage", "server.preemptions_per_s",
-                "server.prompt_tokens_per_s", "server.gen_tokens_per_s", "server.requests_per_s",
-                "server.ttft_p50_s", "server.ttft_p99_s", "server.itl_p50_s", "server.itl_p99_s",
-                "server.batch_size")
+CORE_SIGNALS = (S.SERVER_RUNNING, S.SERVER_WAITING, S.SERVER_KV_USAGE, S.SERVER_PREEMPTIONS_PER_S,
+                S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_GEN_TOKENS_PER_S, S.SERVER_REQUESTS_PER_S,
+                S.SERVER_TTFT_P50_S, S.SERVER_TTFT_P99_S, S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S,
+                S.SERVER_BATCH_SIZE)
 
 
 def detect_kind(names: Iterable[str]) -> str | None:

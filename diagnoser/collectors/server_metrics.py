@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from diagnoser import signals as S
 from diagnoser.capture import Capture, ServingConfig
 from diagnoser.collectors.base import SeriesBook
 from diagnoser.collectors.exposition import (
@@ -214,8 +215,8 @@ def served_totals(url: str, timeout: float = FETCH_TIMEOUT_S) -> dict[str, float
         raise MetricsError(f"{url} is not a server whose token counters diagnoser knows.")
     samples = canonical(samples, mapping)
     out: dict[str, float] = {}
-    for key, signal in (("gen_tokens", "server.gen_tokens_per_s"), ("prompt_tokens", "server.prompt_tokens_per_s"),
-                        ("requests", "server.requests_per_s")):
+    for key, signal in (("gen_tokens", S.SERVER_GEN_TOKENS_PER_S), ("prompt_tokens", S.SERVER_PROMPT_TOKENS_PER_S),
+                        ("requests", S.SERVER_REQUESTS_PER_S)):
         for src in mapping.signals.get(signal, ()):
             if isinstance(src, Rate):
                 value = _total(samples, src.specs)
@@ -813,8 +814,8 @@ class ServerMetricsCollector:
         running, waiting, max_lora = state
         if not max_lora and not running and not waiting:
             return  # LoRA is not enabled (vLLM V0 exports the gauge with max_lora="0" regardless)
-        self.book.add("server.lora_running_adapters", t, len(set(running)))
-        self.book.add("server.lora_waiting_adapters", t, len(set(waiting)))
+        self.book.add(S.SERVER_LORA_RUNNING_ADAPTERS, t, len(set(running)))
+        self.book.add(S.SERVER_LORA_WAITING_ADAPTERS, t, len(set(waiting)))
         if len(self._lora_seen) < 4096:
             self._lora_seen.update(running + waiting)
 
