@@ -71,13 +71,16 @@ class Segment:
 
 @dataclass
 class Mark:
-    """A reference value on a throughput axis (a ceiling). `key` is a stable short name: the same key means the same
-    thing in every report."""
+    """A reference value on a throughput axis (a ceiling). `key` is a stable identifier and `color` its colour: the
+    same key means the same thing, in the same colour, in every report; `short` is the name drawn beside the mark
+    ("batch 1"), `label` the longer one of the legend."""
 
     label: str
     value: float
     detail: str = ""
     key: str = ""
+    short: str = ""
+    color: str = ""
 
 
 # --- figure specs: one per kind of chart -----------------------------------------------------------------------

@@ -341,48 +341,83 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
 
 # --- throughput against physics ------------------------------------------------------------------------------
 
+# Each ceiling keeps its key and colour in every report (Okabe-Ito, apart from the achieved bar's blue).
+MARK_COLORS = {"batch1": PALETTE[1], "observed": PALETTE[5], "ridge": PALETTE[3]}
+
+
+def _batch_text(batch: float) -> str:
+    return f"{batch:.0f}" if abs(batch - round(batch)) < 0.05 else f"{batch:.1f}"
+
+
+def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
+    """The decode ceilings a throughput is read against: one sequence, the observed batch, the ridge batch. Two that
+    fall on the same value (a batch-1 decode) are one mark that says both."""
+    model, gspec = capture.model, ev.gpu_spec
+    ceiling = ev.get("theory.decode_ceiling_tokens_per_s")
+    if ceiling is None or model is None or gspec is None:
+        return []
+    dtype = _weight_dtype(capture)
+    tp = max(1, model.tensor_parallel)
+    context = ev.context_tokens
+    batch = ev.observed_batch()
+
+    def at(b: float) -> float | None:
+        try:
+            return physics.decode_ceiling_tokens_per_s(model, gspec, batch=b, context=context,  # type: ignore[arg-type]
+                                                       dtype=dtype, tp=tp)
+        except DiagnoserError:
+            return None
+
+    marks: list[Mark] = []
+    single = at(1.0)
+    if single is not None:
+        marks.append(Mark("ceiling for one sequence (batch 1)", single, "what a single stream can reach",
+                          key="batch1", short="batch 1", color=MARK_COLORS["batch1"]))
+    observed = ceiling.values[0]
+    b = _batch_text(batch) if batch else ""
+    obs = Mark(f"ceiling at the observed batch {b}".rstrip(), observed,
+               "each step reads the weights and KV cache at full bandwidth", key="observed",
+               short=f"batch {b} (observed)" if b else "observed batch", color=MARK_COLORS["observed"])
+    same = next((m for m in marks if abs(m.value - observed) <= 0.005 * observed), None)
+    if same is not None:
+        same.label, same.short = f"{same.label}, the observed batch", f"batch {b} (observed)"
+        same.detail += "; the batch this capture ran at"
+    else:
+        marks.append(obs)
+    ridge = ev.get("theory.ridge_batch")
+    if ridge is not None and math.isfinite(ridge.values[0]) and ridge.values[0] >= 1:
+        top = at(ridge.values[0])
+        if top is not None and all(abs(m.value - top) > 0.005 * top for m in marks):
+            r = f"{ridge.values[0]:.0f}"
+            marks.append(Mark(f"ceiling at the ridge batch {r}", top, "where decode turns compute-bound",
+                              key="ridge", short=f"batch {r} (ridge)", color=MARK_COLORS["ridge"]))
+    return marks
+
+
 def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     title = "Generation throughput against its physical limits"
     achieved = ev.get("server.gen_tokens_per_s")
-    ceiling = ev.get("theory.decode_ceiling_tokens_per_s")
     model, gspec = capture.model, ev.gpu_spec
-    if ceiling is None or model is None or gspec is None:
+    marks = throughput_marks(capture, ev)
+    if not marks or model is None or gspec is None:
         why = []
         if gspec is None:
             why.append("a GPU in the physics table")
         if model is None or not model.params:
             why.append("the model's shape (--model)")
-        if ceiling is None and not why:
+        if not why:
             why.append("an observed batch (server.running or a trace)")
         return NotDrawn(title, "needs " + " and ".join(why))
     dtype = _weight_dtype(capture)
     tp = max(1, model.tensor_parallel)
     context = ev.context_tokens
-    batch = ev.observed_batch()
-    marks = []
-    try:
-        single = physics.decode_ceiling_tokens_per_s(model, gspec, batch=1, context=context, dtype=dtype, tp=tp)  # type: ignore[arg-type]
-        marks.append(Mark("one sequence (batch 1)", single, "what a single stream can reach"))
-    except DiagnoserError:
-        pass
-    marks.append(Mark(f"ceiling at the observed batch {batch:.1f}" if batch else "ceiling at the observed batch",
-                      ceiling.values[0], "each step reads the weights and KV cache at full bandwidth"))
-    ridge = ev.get("theory.ridge_batch")
-    if ridge is not None and math.isfinite(ridge.values[0]) and ridge.values[0] >= 1:
-        try:
-            top = physics.decode_ceiling_tokens_per_s(model, gspec, batch=ridge.values[0], context=context,  # type: ignore[arg-type]
-                                                      dtype=dtype, tp=tp)
-            marks.append(Mark(f"at the ridge batch {ridge.values[0]:.0f}", top, "where decode turns compute-bound"))
-        except DiagnoserError:
-            pass
     chart = Bullet(title, achieved.mean if achieved is not None else None, marks)
     eff = ev.get("theory.efficiency")
     caption = (f"Decode ceilings for {model.name or 'the model'} ({dtype}, tensor parallel {tp}) on the "
-               f"{gspec.name}"  # type: ignore[attr-defined]
+               f"{gspec.name}"
                + (f" at a mean context of {context} tokens" if context else ", weights only (no context length "
                   "known, so the ceilings are optimistic)") + ": "
-               + "; ".join(f"{i} = {m.detail}" for i, m in enumerate(sorted(marks, key=lambda m: m.value), 1))
-               + ". ")
+               + "; ".join(f"{m.short}: {m.detail}" for m in marks) + ". ")
     if achieved is not None:
         caption += f"Achieved: mean server.gen_tokens_per_s from {source_name(achieved.source)}"
         caption += f", {eff.values[0]:.0%} of the ceiling at this batch." if eff is not None else "."

@@ -74,20 +74,30 @@ def _page(template: str, **context: Any) -> str:
                                                 schema_version=SCHEMA_VERSION, **context)
 
 
-def draw(spec: FigureSpec) -> Markup:
-    """One figure's data, drawn as inline SVG."""
+def draw(spec: FigureSpec, width: float | None = None) -> Markup:
+    """One figure's data, drawn as inline SVG `width` user units wide (None: the chart's own width)."""
     if isinstance(spec, TimeSeries):
         return svg.time_series(spec.title, spec.lines, unit=spec.unit, x_max=spec.x_max, y_max=spec.y_max,
-                               hlines=spec.hlines, bands=spec.bands)
+                               hlines=spec.hlines, bands=spec.bands, width=width or svg.WIDE)
     if isinstance(spec, StackedBar):
-        return svg.stacked_bar(spec.title, spec.segments, width=spec.width, note=spec.note)
+        return svg.stacked_bar(spec.title, spec.segments, width=width or spec.width, note=spec.note)
     if isinstance(spec, Bars):
-        return svg.bar_chart(spec.title, spec.items, unit=spec.unit)
+        return svg.bar_chart(spec.title, spec.items, unit=spec.unit, width=width or svg.WIDE)
     if isinstance(spec, Roofline):
-        return svg.roofline(spec.title, spec.bandwidth, spec.roofs, spec.points)
+        return svg.roofline(spec.title, spec.bandwidth, spec.roofs, spec.points, width=width or svg.WIDE)
     if isinstance(spec, Bullet):
-        return svg.throughput_bullet(spec.title, spec.achieved, spec.marks, unit=spec.unit)
+        return svg.throughput_bullet(spec.title, spec.achieved, spec.marks, unit=spec.unit, width=width or svg.WIDE)
     raise TypeError(f"no drawing for {type(spec).__name__}")
+
+
+def draw_both(spec: FigureSpec) -> Markup:
+    """The chart at its own width and at a phone's: the stylesheet shows the one that fits its card, so a chart's
+    text keeps its size on any screen instead of shrinking with the drawing."""
+    drawings = [draw(spec)]
+    if isinstance(spec, StackedBar) and spec.width >= svg.FULL_FROM:  # a page-wide chart, and one for a column
+        drawings.append(draw(spec, svg.WIDE))
+    drawings.append(draw(spec, svg.NARROW))
+    return Markup("\n").join(drawings)
 
 
 @dataclass
@@ -104,7 +114,7 @@ class HtmlRenderer:
 
     def render(self, report: Report) -> str:
         d = report.diagnosis
-        figures = [_Drawn(f.key, f.title, draw(f.spec), f.caption, f.wide) for f in report.figures]
+        figures = [_Drawn(f.key, f.title, draw_both(f.spec), f.caption, f.wide) for f in report.figures]
         return _page(
             "report.html.j2", d=d, verdict=report.verdict, headline=report.headline, secondary=report.secondary,
             top_fixes=report.top_fixes, all_fixes=report.fixes, withheld=report.withheld, findings=report.findings,
@@ -113,7 +123,7 @@ class HtmlRenderer:
             regime=report.regime, generated=report.generated)
 
     def render_fleet(self, view: FleetView) -> str:
-        chart = draw(view.verdict_chart) if view.verdict_chart is not None else None
+        chart = draw_both(view.verdict_chart) if view.verdict_chart is not None else None
         return _page("fleet.html.j2", report=view.report, rows=view.rows, details=view.details,
                      summary=view.summary, verdict_chart=chart, start=view.start, end=view.end, title=view.title,
                      generated=view.generated)
@@ -137,4 +147,4 @@ def write_fleet_html(view: FleetView, path: str | Path) -> Path:
     return _atomic_write(HtmlRenderer().render_fleet(view), path)
 
 
-__all__ = ["HtmlRenderer", "VERDICT_COLORS", "draw", "write_fleet_html", "write_html"]
+__all__ = ["HtmlRenderer", "VERDICT_COLORS", "draw", "draw_both", "write_fleet_html", "write_html"]

@@ -8,6 +8,7 @@ ticks, downsampling for drawing). Every piece of text is redacted and escaped he
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 
 from markupsafe import Markup, escape
@@ -22,6 +23,11 @@ GRID = "#d8dee4"
 
 _CHAR_W = 0.54  # average glyph width over font size, for laying out labels without a font engine
 
+WIDE = 520.0  # a chart's width in a report's two-column grid and on paper
+NARROW = 340.0  # the same chart drawn for a phone (about 330 px of card), so its text stays at its size
+NARROW_BELOW = 420.0
+FULL_FROM = 800.0  # a chart drawn across a whole page (the fleet's verdicts)
+
 
 def _num(x: float) -> str:
     return f"{x:.1f}".rstrip("0").rstrip(".") if abs(x) < 1e6 else f"{x:.0f}"
@@ -29,6 +35,15 @@ def _num(x: float) -> str:
 
 def _text_width(text: str, size: float) -> float:
     return len(text) * size * _CHAR_W
+
+
+def wrap_text(text: str, width: float, size: float, max_lines: int = 4) -> list[str]:
+    """Break text into lines that fit `width` pixels (at most `max_lines`, the last shortened if need be)."""
+    most = max(8, int(width / (size * _CHAR_W)))
+    lines = textwrap.wrap(text, most, break_long_words=True, break_on_hyphens=False) or [""]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines - 1] + [ellipsize(" ".join(lines[max_lines - 1:]), width, size)]
+    return lines
 
 
 def ellipsize(text: str, width: float, size: float) -> str:
@@ -46,7 +61,9 @@ class _Svg:
     def __init__(self, width: float, height: float, label: str, css_class: str = "chart") -> None:
         self.width, self.height = width, height
         self.label = redact(label)
-        self.css_class = css_class
+        # Drawn at a phone's width the chart carries "narrow", else "wide": the page shows the one that fits.
+        variant = "narrow" if width < NARROW_BELOW else "full" if width >= FULL_FROM else "wide"
+        self.css_class = f"{css_class} {variant}"
         self.parts: list[str] = []
 
     @staticmethod
@@ -250,20 +267,21 @@ def time_series(title: str, lines: Sequence[Line], *, unit: str, x_max: float | 
         y = sy(tick)
         svg.el("line", x1=left, y1=y, x2=right, y2=y, stroke=GRID, stroke_width="1")
         svg.text(left - 6, y + 4, axis_label(tick, unit), class_="tick", text_anchor="end")
-    for tick in nice_ticks(0.0, x_hi, 6):
+    for tick in nice_ticks(0.0, x_hi, max(3, min(6, int((right - left) / 60)))):
         x = sx(tick)
         svg.el("line", x1=x, y1=bottom, x2=x, y2=bottom + 4, stroke=MUTED, stroke_width="1")
         svg.text(x, bottom + 17, _time_label(tick, x_hi), class_="tick", text_anchor="middle")
     svg.el("line", x1=left, y1=bottom, x2=right, y2=bottom, stroke=MUTED, stroke_width="1")
     for ln, color in zip(lines, colors):
-        pts = downsample(ln.times, ln.values)
+        pts = downsample(ln.times, ln.values, buckets=300 if width >= NARROW_BELOW else 150)
         _polyline(svg, [(sx(t), sy(v) if math.isfinite(v) else math.nan) for t, v in pts], color, ln.dashed,
                   tip=f"{ln.label}: mean {fmt(_mean(ln.values), unit)}, max {fmt(_max(ln.values), unit)}")
     for h in hlines:
         y = sy(h.value)
         svg.el("line", x1=left, y1=y, x2=right, y2=y, stroke=h.color, stroke_width="1.3", stroke_dasharray="6 4")
         # Near the top the label goes under its line, so it stays inside the plot.
-        svg.text(right - 4, y + 13 if y - top < 16 else y - 4, h.label, class_="ref", text_anchor="end")
+        svg.text(right - 4, y + 13 if y - top < 16 else y - 4, ellipsize(h.label, right - left - 8, 11), tip=h.label,
+                 class_="ref", text_anchor="end")
     return svg.render()
 
 
@@ -323,14 +341,30 @@ def _legend(svg: _Svg, items: Sequence[tuple[str, str, bool]], x0: float, x_max:
 
 # --- roofline ------------------------------------------------------------------------------------------------
 
+def _roof_detail(p: RoofPoint, attainable: float) -> str:
+    why_not = "" if p.trusted else f"; not representative: {p.note}"
+    if p.flops and p.flops > 0:
+        return (f"{p.label}: {p.intensity:,.1f} FLOP/B, {fmt(p.flops, 'FLOP/s')}, {p.flops / attainable:.0%} "
+                f"of its roof{why_not}")
+    return f"{p.label}: {p.intensity:,.1f} FLOP/B (achieved FLOP/s not measured, so a line){why_not}"
+
+
 def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequence[RoofPoint],
-             *, width: float = 520, height: float = 300) -> Markup:
+             *, width: float = WIDE, height: float = 300) -> Markup:
     """Log-log roofline: the memory roof (bandwidth x intensity) up to each compute roof, and the workload."""
     shown = [p for p in points if p.intensity > 0]
-    legend_h = 20.0 * len(shown)
+    primary = max((r for r in roofs if r.primary), key=lambda r: r.flops, default=roofs[0])
+    # Each point is marked by its short name on the plot; its numbers go in a legend under the axis, wrapped to the
+    # width (on a phone nothing can be hovered to read a shortened line).
+    legend_size, line_h = 11.5, 15.0
+    details = [_roof_detail(p, min(primary.flops, bandwidth * p.intensity)) for p in shown]
+    legend_lines = [wrap_text(d, width - 40, legend_size, max_lines=8) for d in details]
+    legend_h = sum(line_h * len(lines) + 5 for lines in legend_lines)
+    if width < NARROW_BELOW:
+        height -= 40
     height += legend_h
     svg = _Svg(width, height, title)
-    left, right, top, bottom = 64.0, width - 16, 16.0, height - 42 - legend_h
+    left, right, top, bottom = (64.0 if width >= NARROW_BELOW else 54.0), width - 16, 16.0, height - 42 - legend_h
     peak = max(r.flops for r in roofs)
     ridges = [r.flops / bandwidth for r in roofs]
     xs = ridges + [p.intensity for p in points if p.intensity > 0]
@@ -354,12 +388,12 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
         y = sy(tick)
         svg.el("line", x1=left, y1=y, x2=right, y2=y, stroke=GRID, stroke_width="1")
         svg.text(left - 6, y + 4, short_number(tick), class_="tick", text_anchor="end")
-    svg.text((left + right) / 2, bottom + 34, "arithmetic intensity (FLOP per byte of DRAM traffic)",
+    axis = "arithmetic intensity (FLOP per byte of DRAM traffic)"
+    svg.text((left + right) / 2, bottom + 34, axis if width >= NARROW_BELOW else "FLOP per DRAM byte",
              class_="axis", text_anchor="middle")
     svg.text(14, (top + bottom) / 2, "FLOP/s", class_="axis", text_anchor="middle",
              transform=f"rotate(-90 14 {_num((top + bottom) / 2)})")
     # The attainable region under the primary roof, lightly shaded.
-    primary = max((r for r in roofs if r.primary), key=lambda r: r.flops, default=roofs[0])
     ridge = primary.flops / bandwidth
     x_start = max(x_lo, y_lo / bandwidth)
     area = (f"M{_num(sx(x_start))} {_num(sy(bandwidth * x_start))} L{_num(sx(ridge))} {_num(sy(primary.flops))} "
@@ -382,21 +416,21 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
              text_anchor="middle", transform=f"rotate({_num(angle)} {_num(sx(lx))} {_num(sy(bandwidth * lx) - 7)})")
     svg.el("line", x1=sx(ridge), y1=sy(primary.flops), x2=sx(ridge), y2=bottom, stroke=MUTED, stroke_width="1",
            stroke_dasharray="2 3")
-    svg.text(sx(ridge) + 4, bottom - 6, f"ridge {ridge:.0f} FLOP/B", class_="tick")
-    # Each point is marked by its short name on the plot; its numbers go in a legend under the axis.
+    ridge_text = f"ridge {ridge:.0f} FLOP/B"
+    if sx(ridge) + 4 + _text_width(ridge_text, 11) <= right:
+        svg.text(sx(ridge) + 4, bottom - 6, ridge_text, class_="tick")
+    else:
+        svg.text(sx(ridge) - 4, bottom - 6, ridge_text, class_="tick", text_anchor="end")
     label_slots: list[float] = []
-    for n, p in enumerate(shown):
+    legend_y = bottom + 56
+    for p, detail, lines in zip(shown, details, legend_lines):
         x = sx(p.intensity)
-        attainable = min(primary.flops, bandwidth * p.intensity)
-        legend_y = bottom + 56 + 20 * n
         # A point that does not describe the workload is hollow, and the legend says why.
         fill, stroke = (p.color, "#ffffff") if p.trusted else ("#ffffff", p.color)
-        why_not = "" if p.trusted else f"; not representative: {p.note}"
-        svg.el("circle", cx=left + 6, cy=legend_y - 4, r="5", fill=fill, stroke=p.color, stroke_width="1.5")
+        svg.el("circle", cx=22.0, cy=legend_y - 4, r="5", fill=fill, stroke=p.color,
+               stroke_width="1.5")
         if p.flops and p.flops > 0:
             y = sy(p.flops)
-            detail = (f"{p.label}: {p.intensity:,.1f} FLOP/B, {fmt(p.flops, 'FLOP/s')}, {p.flops / attainable:.0%} "
-                      f"of its roof{why_not}")
             svg.open_group(tip=detail)
             svg.el("circle", cx=x, cy=y, r="6", fill=fill, stroke=stroke if p.trusted else p.color,
                    stroke_width="1.5" if p.trusted else "2")
@@ -405,14 +439,15 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
             anchor, tx = ("start", x + 9) if fits_right else ("end", x - 9)
             svg.text(tx, _free_slot(y - 8, label_slots), p.label, class_="pt", text_anchor=anchor, fill=p.color)
         else:
-            detail = f"{p.label}: {p.intensity:,.1f} FLOP/B (achieved FLOP/s not measured, so a line){why_not}"
             svg.open_group(tip=detail)
             svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=p.color, stroke_width="2" if p.trusted else "1",
                    stroke_dasharray="4 3" if p.trusted else "1 4")
             svg.close_group()
             anchor, tx = ("end", x - 6) if x > (left + right) / 2 else ("start", x + 6)
             svg.text(tx, _free_slot(top + 28, label_slots), p.label, class_="pt", text_anchor=anchor, fill=p.color)
-        svg.text(left + 16, legend_y, ellipsize(detail, right - left - 16, 11.5), class_="legend", tip=detail)
+        for i, line in enumerate(lines):
+            svg.text(32, legend_y + line_h * i, line, class_="legend", tip=detail if i == 0 else None)
+        legend_y += line_h * len(lines) + 5
     return svg.render()
 
 
@@ -428,7 +463,7 @@ def _free_slot(y: float, used: list[float], gap: float = 15) -> float:
 def stacked_bar(title: str, segments: Sequence[Segment], *, width: float = 520, note: str = "") -> Markup:
     """One bar of the whole (a window, a fleet) split into parts, with a legend of each part's share."""
     segments = [s for s in segments if s.value > 0]
-    columns = 2 if width < 800 else 3
+    columns = 1 if width < NARROW_BELOW else 2 if width < 800 else 3
     rows = math.ceil(len(segments) / columns)
     height = 58 + 20 * rows + (18 if note else 0)
     svg = _Svg(width, height, title)
@@ -455,22 +490,33 @@ def stacked_bar(title: str, segments: Sequence[Segment], *, width: float = 520, 
         svg.text(lx + 18, ly, ellipsize(text, col_w - 22, 11.5), class_="legend",
                  tip=text + (f" ({s.detail})" if s.detail else ""))
     if note:
-        svg.text(left, height - 6, note, class_="note")
+        svg.text(left, height - 6, ellipsize(note, right - left, 11), class_="note", tip=note)
     return svg.render()
 
 
-def bar_chart(title: str, items: Sequence[tuple[str, float]], *, unit: str = "ratio", width: float = 520,
+def bar_chart(title: str, items: Sequence[tuple[str, float]], *, unit: str = "ratio", width: float = WIDE,
               color: str = PALETTE[0]) -> Markup:
-    """Horizontal bars, largest first; values in `unit` (ratios drawn against 100 %)."""
+    """Horizontal bars, largest first; values in `unit` (ratios drawn against 100 %). Narrow, each label goes above
+    its bar, so the bars keep the width."""
     items = sorted(items, key=lambda kv: -kv[1])
-    height = 16 + 26 * len(items)
+    stacked = width < NARROW_BELOW
+    row = 40 if stacked else 26
+    height = 16 + row * len(items)
     svg = _Svg(width, height, title)
-    label_w = min(220.0, max(_text_width(k, 12) for k, _ in items) + 14) if items else 100.0
-    left, right = 8 + label_w, width - 70
+    if stacked:
+        label_w = width - 16
+        left, right = 8.0, width - 70
+    else:
+        label_w = min(220.0, max(_text_width(k, 12) for k, _ in items) + 14) if items else 100.0
+        left, right = 8 + label_w, width - 70
     top_value = 1.0 if unit == "ratio" else nice_max(max((v for _, v in items), default=1.0))
     for i, (label, value) in enumerate(items):
-        y = 8 + 26 * i
-        svg.text(left - 8, y + 14, ellipsize(label, label_w - 10, 12), class_="label", text_anchor="end", tip=label)
+        y = 8 + row * i + (14 if stacked else 0)
+        if stacked:
+            svg.text(left, y - 2, ellipsize(label, label_w, 12), class_="label", tip=label)
+        else:
+            svg.text(left - 8, y + 14, ellipsize(label, label_w - 10, 12), class_="label", text_anchor="end",
+                     tip=label)
         svg.el("rect", x=left, y=y + 2, width=right - left, height="17", fill="#f0f3f6")
         svg.el("rect", x=left, y=y + 2, width=max(0.5, (right - left) * min(1.0, value / top_value)), height="17",
                fill=color)
@@ -480,19 +526,48 @@ def bar_chart(title: str, items: Sequence[tuple[str, float]], *, unit: str = "ra
 
 # --- throughput against the physics ---------------------------------------------------------------------------
 
+def _label_rows(spans: Sequence[tuple[float, float]], gap: float = 8) -> list[int]:
+    """For labels spanning these x ranges (in drawing order), the lowest row each fits in without touching another."""
+    rows: list[list[tuple[float, float]]] = []
+    out = []
+    for a, b in spans:
+        row = next((i for i, used in enumerate(rows) if all(b + gap <= u0 or u1 + gap <= a for u0, u1 in used)),
+                   len(rows))
+        if row == len(rows):
+            rows.append([])
+        rows[row].append((a, b))
+        out.append(row)
+    return out
+
+
 def throughput_bullet(title: str, achieved: float | None, marks: Sequence[Mark], *, unit: str = "tokens/s",
-                      width: float = 520) -> Markup:
-    """A log-scale bar of achieved throughput with the physical limits marked on the same axis."""
+                      width: float = WIDE) -> Markup:
+    """A log-scale bar of achieved throughput with the physical limits marked on the same axis. Each mark is named
+    on the chart by its short label, in the lowest row above the bar where it overlaps no other label, with a
+    leader line down to its mark; its colour and name come with it from the data, the same in every report."""
     values = [m.value for m in marks if m.value > 0] + ([achieved] if achieved and achieved > 0 else [])
-    height = 94 + 18 * (len(marks) + 1)
-    svg = _Svg(width, height, title)
-    left, right, bar_y, bar_h = 16.0, width - 24, 22.0, 26.0
-    lo = 10 ** math.floor(math.log10(min(values) / 2))
-    hi = 10 ** math.ceil(math.log10(max(values) * 1.2))
+    marks = sorted((m for m in marks if m.value > 0), key=lambda m: m.value)
+    size, row_h = 11.5, 15.0
+    left, right = 16.0, width - 24
+    lo = 10 ** math.floor(math.log10(min(values) / 2)) if values else 1.0
+    hi = 10 ** math.ceil(math.log10(max(values) * 1.2)) if values else 10.0
 
     def sx(v: float) -> float:
         return left + (right - left) * (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
 
+    names = [ellipsize(m.short or m.label, right - left, size) for m in marks]
+    spans = []
+    for m, name in zip(marks, names):
+        w = _text_width(name, size)
+        x0 = min(max(sx(m.value) - w / 2, left - 8), right + 16 - w)
+        spans.append((x0, x0 + w))
+    rows = _label_rows(spans)
+    n_rows = max(rows, default=-1) + 1
+    bar_y, bar_h = 12 + row_h * n_rows, 26.0
+    legend_lines = [wrap_text(f"{m.label}: {m.value:,.0f} {unit}", width - 50, size, max_lines=2) for m in marks]
+    legend_h = sum(16.0 * len(lines) + 2 for lines in legend_lines) + (18 if achieved and achieved > 0 else 0)
+    height = bar_y + bar_h + 40 + legend_h
+    svg = _Svg(width, height, title)
     svg.el("rect", x=left, y=bar_y, width=right - left, height=bar_h, fill="#f0f3f6")
     for tick in log_ticks(lo, hi):
         x = sx(tick)
@@ -502,20 +577,24 @@ def throughput_bullet(title: str, achieved: float | None, marks: Sequence[Mark],
         svg.open_group(tip=f"achieved {achieved:,.0f} {unit}")
         svg.el("rect", x=left, y=bar_y + 5, width=max(1.0, sx(achieved) - left), height=bar_h - 10, fill=PALETTE[0])
         svg.close_group()
-    legend_y = bar_y + bar_h + 40
-    for i, m in enumerate(sorted(marks, key=lambda m: m.value)):
+    for m, name, (x0, _), row in zip(marks, names, spans, rows):
         x = sx(m.value)
-        color = PALETTE[(i + 1) % len(PALETTE)]
-        svg.open_group(tip=f"{m.label}: {m.value:,.0f} {unit}" + (f" ({m.detail})" if m.detail else ""))
-        svg.el("line", x1=x, y1=bar_y - 6, x2=x, y2=bar_y + bar_h + 2, stroke=color, stroke_width="3")
+        color = m.color or PALETTE[6]
+        text_y = bar_y - 6 - row_h * row
+        svg.open_group(tip=f"{m.label}: {m.value:,.0f} {unit}" + (f" ({m.detail})" if m.detail else ""),
+                       data_mark=m.key or None)
+        svg.el("line", x1=x, y1=text_y + 3, x2=x, y2=bar_y, stroke=color, stroke_width="1",
+               stroke_dasharray="2 2")
+        svg.el("line", x1=x, y1=bar_y - 3, x2=x, y2=bar_y + bar_h + 2, stroke=color, stroke_width="3")
+        svg.text(x0, text_y, name, class_="marknum", fill=color)
         svg.close_group()
-        svg.text(x, bar_y - 9, str(i + 1), class_="marknum", text_anchor="middle")
-        y = legend_y + 18 * i
-        svg.el("rect", x=left, y=y - 10, width="12", height="12", fill=color)
-        svg.text(left + 18, y, f"{i + 1}  {m.label}: {m.value:,.0f} {unit}", class_="legend",
-                 tip=m.detail or None)
+    y = bar_y + bar_h + 40
+    for m, lines in zip(marks, legend_lines):
+        svg.el("rect", x=left, y=y - 10, width="12", height="12", fill=m.color or PALETTE[6])
+        for i, line in enumerate(lines):
+            svg.text(left + 18, y + 16 * i, line, class_="legend", tip=(m.detail or None) if i == 0 else None)
+        y += 16 * len(lines) + 2
     if achieved and achieved > 0:
-        y = legend_y + 18 * len(marks)
         svg.el("rect", x=left, y=y - 10, width="12", height="12", fill=PALETTE[0])
         svg.text(left + 18, y, f"achieved: {achieved:,.0f} {unit}", class_="legend strong")
     return svg.render()

@@ -30,6 +30,12 @@
         rows.forEach(function (row) { body.appendChild(row); });
         Array.prototype.forEach.call(heads, function (other) { other.removeAttribute("aria-sort"); });
         th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+        // The sentence above the table (and on paper) says the order the rows are in now.
+        var note = document.getElementById(table.getAttribute("data-sort-note") || "");
+        if (note) {
+          var order = numeric ? (ascending ? "lowest first" : "highest first") : (ascending ? "A to Z" : "Z to A");
+          note.textContent = "Sorted by " + (th.getAttribute("title") || button.textContent) + ", " + order + ".";
+        }
       });
     });
   });
