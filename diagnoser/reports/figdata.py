@@ -127,7 +127,44 @@ class Bullet:
     unit: str = "tokens/s"
 
 
-FigureSpec = TimeSeries | StackedBar | Bars | Roofline | Bullet
+@dataclass
+class GainPair:
+    """One fix of a before/after comparison: the gain the physics predicted for the change made, and the one
+    measured. An upper bound holds when the realised gain stays under it; an estimate when it lands in the band."""
+
+    label: str
+    predicted: float | None
+    realised: float | None
+    upper_bound: bool = False
+    verdict: str = ""
+
+
+@dataclass
+class GainPairs:
+    title: str
+    pairs: list[GainPair]
+    band: float = 0.25  # the agreement band around an estimate, as a fraction of it
+
+
+@dataclass
+class Ratio:
+    """A measured quantity after over before, with the ratio's standard error (relative); `better` says which way is
+    an improvement ("higher", "lower" or "" for neither)."""
+
+    label: str
+    ratio: float
+    error: float | None = None
+    better: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Ratios:
+    title: str
+    items: list[Ratio]
+
+
+FigureSpec = TimeSeries | StackedBar | Bars | Roofline | Bullet | GainPairs | Ratios
 
 
 @dataclass

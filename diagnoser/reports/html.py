@@ -23,7 +23,7 @@ from diagnoser.diagnosis import SCHEMA_VERSION
 from diagnoser.errors import InputError
 from diagnoser.fileio import write_atomic
 from diagnoser.reports import svg
-from diagnoser.reports.figdata import Bars, Bullet, FigureSpec, Roofline, StackedBar, TimeSeries
+from diagnoser.reports.figdata import Bars, Bullet, FigureSpec, GainPairs, Ratios, Roofline, StackedBar, TimeSeries
 from diagnoser.reports.figures import source_name
 from diagnoser.reports.model import VERDICT_COLORS, FleetView, Report
 from diagnoser.reports.redact import redact
@@ -87,6 +87,10 @@ def draw(spec: FigureSpec, width: float | None = None) -> Markup:
         return svg.roofline(spec.title, spec.bandwidth, spec.roofs, spec.points, width=width or svg.WIDE)
     if isinstance(spec, Bullet):
         return svg.throughput_bullet(spec.title, spec.achieved, spec.marks, unit=spec.unit, width=width or svg.WIDE)
+    if isinstance(spec, GainPairs):
+        return svg.gain_pairs(spec.title, spec.pairs, band=spec.band, width=width or svg.WIDE)
+    if isinstance(spec, Ratios):
+        return svg.ratio_chart(spec.title, spec.items, width=width or svg.WIDE)
     raise TypeError(f"no drawing for {type(spec).__name__}")
 
 

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from markupsafe import Markup, escape
 
-from diagnoser.reports.figdata import PALETTE, ROOF, Band, HLine, Line, Mark, Roof, RoofPoint, Segment
+from diagnoser.reports.figdata import (PALETTE, ROOF, Band, GainPair, HLine, Line, Mark, Ratio, Roof, RoofPoint,
+                                       Segment)
 from diagnoser.reports.redact import redact
 from diagnoser.units import fmt
 
@@ -600,6 +601,149 @@ def throughput_bullet(title: str, achieved: float | None, marks: Sequence[Mark],
     return svg.render()
 
 
+# --- before and after ----------------------------------------------------------------------------------------
+
+GOOD, BAD, NEUTRAL = "#1a7f37", "#cf222e", "#6e7781"
+
+
+def _log_axis(values: Sequence[float], pad: float = 1.3) -> tuple[float, float]:
+    """A multiplier axis around x1: from under the smallest value (and 1) to over the largest."""
+    finite = [v for v in values if v and v > 0 and math.isfinite(v)] + [1.0]
+    return min(finite) / pad, max(finite) * pad
+
+
+def _multiplier_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks for a multiplier axis: decades and 2x/5x steps, or round linear steps over a narrow range."""
+    if hi / lo < 4:
+        return [t for t in nice_ticks(lo, hi, 4) if t > 0]
+    return log_ticks(lo, hi)
+
+
+def _x_label(value: float) -> str:
+    return f"x{value:.2f}" if value < 10 else f"x{value:.1f}"
+
+
+def gain_pairs(title: str, pairs: Sequence[GainPair], *, band: float = 0.25, width: float = WIDE) -> Markup:
+    """Per fix, the predicted gain (outlined) and the realised one (filled) from x1, on one log axis, over the band in
+    which the prediction counts as holding (shaded): +-`band` around an estimate, under an upper bound."""
+    size, row = 11.5, 62.0
+    left, right = 12.0, width - 12
+    lo, hi = _log_axis([v for p in pairs for v in (p.predicted, p.realised) if v is not None]
+                       + [p.predicted * (1 + band) for p in pairs if p.predicted])
+    top = 20.0
+    height = top + row * len(pairs) + 34
+
+    def sx(v: float) -> float:
+        return left + (right - left) * (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+
+    svg = _Svg(width, height, title)
+    bottom = top + row * len(pairs)
+    for tick in _multiplier_ticks(lo, hi):
+        x = sx(tick)
+        svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=GRID, stroke_width="1")
+        svg.text(x, bottom + 16, _x_label(tick) if tick < 1e3 else short_number(tick), class_="tick",
+                 text_anchor="middle")
+    one = sx(1.0)
+    svg.el("line", x1=one, y1=top - 6, x2=one, y2=bottom, stroke=INK, stroke_width="1.2")
+    svg.text(one + 4 if one < (left + right) / 2 else one - 4, top - 8, "x1: no change", class_="tick",
+             text_anchor="start" if one < (left + right) / 2 else "end")
+    for i, p in enumerate(pairs):
+        y = top + row * i
+        held = p.verdict in ("held", "within the bound")
+        color = GOOD if held else (BAD if p.verdict in ("over-predicted", "under-predicted", "beyond the bound")
+                                   else NEUTRAL)
+        svg.text(left, y + 15, ellipsize(f"{p.label}: {p.verdict}" if p.verdict else p.label, right - left, size),
+                 class_="label halo", tip=p.label)
+        bar_y = y + 22
+        if p.predicted:
+            lo_band = sx(p.predicted * (1 - band)) if not p.upper_bound else left
+            hi_band = sx(p.predicted * (1 + band))
+            svg.open_group(tip=("realised under this bound holds" if p.upper_bound else
+                                f"within {band:.0%} of the prediction holds"))
+            svg.el("rect", x=lo_band, y=bar_y - 3, width=max(1.0, hi_band - lo_band), height="34", fill=GOOD,
+                   fill_opacity="0.10")
+            svg.close_group()
+        for j, (value, what) in enumerate(((p.predicted, "predicted"), (p.realised, "realised"))):
+            if value is None or value <= 0:
+                svg.text(one + 4, bar_y + 10 + 15 * j, f"{what}: none", class_="note")
+                continue
+            x0, x1 = sorted((one, sx(value)))
+            by = bar_y + 15 * j
+            text = f"{what} {_x_label(value)}" + (" (bound)" if what == "predicted" and p.upper_bound else "")
+            svg.open_group(tip=text)
+            if what == "predicted":
+                svg.el("rect", x=x0, y=by, width=max(1.0, x1 - x0), height="12", fill="#ffffff", stroke=INK,
+                       stroke_width="1.2", stroke_dasharray="3 2" if p.upper_bound else None)
+            else:
+                svg.el("rect", x=x0, y=by, width=max(1.0, x1 - x0), height="12", fill=color)
+            svg.close_group()
+            end = sx(value)
+            w = _text_width(text, 11)
+            if end + 6 + w <= right:
+                svg.text(end + 6, by + 10, text, class_="value")
+            else:
+                svg.text(min(x0, end) - 6, by + 10, text, class_="value", text_anchor="end")
+    svg.text(left, height - 4, "outlined: predicted for the change made; filled: realised; shaded: where the "
+             "prediction holds" if width >= NARROW_BELOW else "outlined predicted, filled realised, shaded holds",
+             class_="note")
+    return svg.render()
+
+
+def ratio_chart(title: str, items: Sequence[Ratio], *, width: float = WIDE) -> Markup:
+    """After over before for each measure, on a log axis around x1, with +-1 standard error whiskers; green where it
+    moved the better way beyond its error, red the worse way, grey where neither or within the noise."""
+    narrow = width < NARROW_BELOW
+    size = 11.5
+    row = 38.0 if narrow else 24.0
+    label_w = 0.0 if narrow else min(190.0, max((_text_width(it.label, size) for it in items), default=60) + 10)
+    values = [f"{_x_label(it.ratio)}" + (f" ± {it.ratio * it.error:.2f}" if it.error is not None else "")
+              for it in items]
+    left = 24.0 if narrow else 10.0 + label_w
+    right = width - 14 - max((_text_width(v, 12) for v in values), default=40)
+    spans = [(it.ratio * (1 - (it.error or 0)), it.ratio * (1 + (it.error or 0))) for it in items]
+    lo, hi = _log_axis([v for span in spans for v in span], pad=1.15)
+    top = 18.0
+    height = top + row * len(items) + 24
+
+    def sx(v: float) -> float:
+        return left + (right - left) * (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+
+    svg = _Svg(width, height, title)
+    bottom = top + row * len(items)
+    for tick in _multiplier_ticks(lo, hi):
+        x = sx(tick)
+        svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=GRID, stroke_width="1")
+        svg.text(x, bottom + 16, _x_label(tick), class_="tick", text_anchor="middle")
+    one = sx(1.0)
+    svg.el("line", x1=one, y1=top - 4, x2=one, y2=bottom, stroke=INK, stroke_width="1.2")
+    for i, (it, (a, b)) in enumerate(zip(items, spans)):
+        y = top + row * i + (row - 8 if narrow else row / 2 + 1)
+        if narrow:
+            svg.text(10, top + row * i + 12, ellipsize(it.label, width - 20, size), class_="label halo", tip=it.label)
+        else:
+            svg.text(left - 8, y + 4, ellipsize(it.label, label_w - 10, size), class_="label", text_anchor="end",
+                     tip=it.label)
+        # Without a spread, a move under 5 % is not called either way.
+        up = a > 1.0 if it.error is not None else it.ratio > 1.05
+        down = b < 1.0 if it.error is not None else it.ratio < 1 / 1.05
+        if it.better == "higher":
+            color = GOOD if up else BAD if down else NEUTRAL
+        elif it.better == "lower":
+            color = GOOD if down else BAD if up else NEUTRAL
+        else:
+            color = NEUTRAL
+        error = f" ± {it.ratio * it.error:.2f}" if it.error is not None else ""
+        svg.open_group(tip=f"{it.label}: {_x_label(it.ratio)}{error}" + (f" ({it.detail})" if it.detail else ""))
+        if it.error is not None:
+            svg.el("line", x1=sx(a), y1=y, x2=sx(b), y2=y, stroke=color, stroke_width="2")
+            for x in (sx(a), sx(b)):
+                svg.el("line", x1=x, y1=y - 5, x2=x, y2=y + 5, stroke=color, stroke_width="1.5")
+        svg.el("circle", cx=sx(it.ratio), cy=y, r="5", fill=color)
+        svg.close_group()
+        svg.text(right + 8, y + 4, f"{_x_label(it.ratio)}{error}", class_="value")
+    return svg.render()
+
+
 __all__ = ["Band", "HLine", "Line", "Mark", "PALETTE", "Roof", "RoofPoint", "Segment", "bar_chart", "downsample",
-           "nice_ticks", "roofline", "stacked_bar", "throughput_bullet", "time_series"]
+           "gain_pairs", "nice_ticks", "ratio_chart", "roofline", "stacked_bar", "throughput_bullet", "time_series"]
 
