@@ -154,6 +154,13 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     # Precision most of the costed op time ran at (fp32, tf32, bf16, fp16, fp8); "" when unknown. The ridge point
     # is read at this precision when the capture has no model dtype.
     dtype: str = ""
+    # Data quality (docs/traces.md): the file was cut short; events found (read and left out); events left out, in
+    # all and by reason (malformed_json, bad_field_type, truncated_tail, non_finite_time, negative_time,
+    # negative_duration, missing_time).
+    truncated: bool = False
+    events_total: int = 0
+    events_skipped: int = 0
+    skip_reasons: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Capture(msgspec.Struct, kw_only=True):

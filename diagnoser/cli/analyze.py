@@ -46,18 +46,24 @@ def register(app: typer.Typer) -> None:
         rules_config: Path | None = typer.Option(None, "--rules-config", help="TOML file overriding rule "
                                                  "thresholds."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every fix, its basis and skipped rules."),
+        max_trace_size: str | None = typer.Option(None, "--max-trace-size", help="Refuse traces larger than this "
+                                                  "(JSON bytes after gunzip; default 4G or $DIAGNOSER_TRACE_MAX_BYTES)"
+                                                  "; e.g. 16G for a long window."),
     ) -> None:
         """Analyse a torch.profiler trace: idle causes, kernel classes, intensity, phases, then the verdict."""
         from diagnoser import physics
         from diagnoser.rules import diagnose as run_diagnosis
         from diagnoser.rules import load_thresholds
 
+        from diagnoser.traces.decode import parse_size
+
+        limit = parse_size(max_trace_size) if max_trace_size is not None else None
         wanted = parse_fail_on(fail_on)
         overrides = load_thresholds(rules_config) if rules_config else None
         model_info = physics.resolve_model(model) if model else None
         if gpu:
             physics.get_gpu(gpu)  # an unknown name is a bad option, before the (long) analysis
-        analysis = analyze_trace(trace, window=window, gpu_name=gpu)
+        analysis = analyze_trace(trace, window=window, gpu_name=gpu, max_bytes=limit)
         capture = capture_from_trace(analysis, model=model_info, gpu_name=gpu)
         if save is not None:
             save_capture(capture, save)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from operator import add
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,17 @@ from typing import Any
 
 from diagnoser.capture import Capture, GpuInfo, ModelInfo, TraceSummary, new_capture
 from diagnoser.traces.classify import ATTENTION, COMM, GEMM, KERNEL_CLASSES
-from diagnoser.traces.decode import DecodeStats, TraceError
+from diagnoser.traces.decode import (
+    SKIP_BAD_TYPE,
+    SKIP_MALFORMED,
+    SKIP_MISSING_TIME,
+    SKIP_NEGATIVE_DURATION,
+    SKIP_NEGATIVE_TIME,
+    SKIP_NON_FINITE,
+    SKIP_TRUNCATED,
+    DecodeStats,
+    TraceError,
+)
 from diagnoser.traces.kernels import KernelStats, comm_overlap_us, kernel_stats
 from diagnoser.traces.ops import LaunchIndex, OpsSummary, build_launch_index, cost_ops
 from diagnoser.traces.phases import Phases, find_phases
@@ -118,7 +129,7 @@ class TraceAnalysis:
             d["phases"] = self.phases.to_dict()
         if self.decode is not None:
             d["decode"] = {"bytes_in": self.decode.bytes_in, "bytes_json": self.decode.bytes_json,
-                           "events": self.decode.events, "bad_events": self.decode.bad_events,
+                           "events": self.decode.events, "skips": dict(self.decode.skips),
                            "dropped_bytes": self.decode.dropped_bytes, "truncated": self.decode.truncated}
         if self.ranks:
             d["ranks"] = [r.to_dict() for r in self.ranks]
@@ -133,10 +144,12 @@ def trace_files(path: Path) -> list[Path]:
     return files
 
 
-def analyze_trace(path: str | Path, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:
+def analyze_trace(path: str | Path, *, window: str = "auto", gpu_name: str | None = None,
+                  max_bytes: int | None = None) -> TraceAnalysis:
     """Analyse a Kineto/Chrome trace (plain or gzip) or a folder of per-rank traces.
 
     `gpu_name` overrides the GPU named in deviceProperties for the ridge point (e.g. when the trace lacks them).
+    `max_bytes` overrides the trace-size limit (decode.max_trace_bytes).
     Raises TraceError (an InputError, exit 2) when nothing usable can be read; a partly readable trace gives a
     partial analysis whose summary.skipped says what was left out.
     """
@@ -144,15 +157,16 @@ def analyze_trace(path: str | Path, *, window: str = "auto", gpu_name: str | Non
         raise TraceError(f"unknown window '{window}'; use one of {', '.join(WINDOWS)}.")
     path = Path(path)
     if path.is_dir():
-        ranks = [analyze_file(p, window=window, gpu_name=gpu_name) for p in trace_files(path)]
+        ranks = [analyze_file(p, window=window, gpu_name=gpu_name, max_bytes=max_bytes) for p in trace_files(path)]
         return _combine(path, ranks)
     if not path.exists():
         raise TraceError(f"no trace file at {path}.")
-    return analyze_file(path, window=window, gpu_name=gpu_name)
+    return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes)
 
 
-def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:
-    t = collect(path)
+def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = None,
+                 max_bytes: int | None = None) -> TraceAnalysis:
+    t = collect(path, max_bytes=max_bytes)
     if t.stats.events == 0:
         if t.stats.truncated:
             raise TraceError(f"{path} is cut short before its first complete event; nothing to analyse.")
@@ -162,15 +176,18 @@ def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = Non
 
 def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:  # noqa: C901
     skipped: list[str] = list(t.stats.notes)
-    if t.stats.bad_events:
-        skipped.append(f"{t.stats.bad_events} events with fields of an unexpected type were skipped")
-    if t.missing_fields:
-        skipped.append(f"{t.missing_fields} complete events without a start or duration were skipped")
+    reasons = t.stats.skips + t.skips
+    if reasons:
+        skipped.append(_skip_note(reasons, t.stats.events + sum(t.stats.skips.values())))
     launches = Launches(t)
     order = device_order(t)
     win, policy = _window(t, window, launches, skipped)
     devices = _devices(t.metadata)
     summary = TraceSummary(path=str(t.path), window_s=max(0.0, (win[1] - win[0]) / 1e6))
+    summary.truncated = t.stats.truncated
+    summary.events_total = t.stats.events + sum(t.stats.skips.values())
+    summary.events_skipped = sum(reasons.values())
+    summary.skip_reasons = {k: v for k, v in sorted(reasons.items()) if v}
     analysis = TraceAnalysis(path=t.path, summary=summary, window=win, window_policy=policy, devices=devices,
                              decode=t.stats, metadata_keys=sorted(t.metadata))
     _distributed(analysis, t.metadata)
@@ -213,6 +230,24 @@ def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = No
     _ridge(analysis, gpu_name, skipped)
     _fill_summary(analysis, t, skipped)
     return analysis
+
+
+_SKIP_TEXT = {
+    SKIP_MALFORMED: "in text that is not JSON",
+    SKIP_BAD_TYPE: "with a field of an unexpected type",
+    SKIP_TRUNCATED: "cut off at the end of the file",
+    SKIP_NON_FINITE: "with a NaN or infinite time",
+    SKIP_NEGATIVE_TIME: "with a negative start",
+    SKIP_NEGATIVE_DURATION: "with a negative duration",
+    SKIP_MISSING_TIME: "without a start or duration",
+}
+
+
+def _skip_note(reasons: Counter[str], total: int) -> str:
+    """One line: how many events were left out of how many, and why."""
+    parts = ", ".join(f"{n} {_SKIP_TEXT.get(r, r)}" for r, n in reasons.most_common() if n)
+    skipped = sum(reasons.values())
+    return f"{skipped} of {total} events were left out ({parts})"
 
 
 def _window(t: Tables, policy: str, launches: Launches, skipped: list[str]) -> tuple[tuple[float, float], str]:
@@ -418,6 +453,13 @@ def _combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
         if values:
             setattr(s, name, sum(values))
     s.skipped = [f"{r.path.name}: {note}" for r in ranks for note in r.summary.skipped]
+    s.truncated = any(r.summary.truncated for r in ranks)
+    s.events_total = sum(r.summary.events_total for r in ranks)
+    s.events_skipped = sum(r.summary.events_skipped for r in ranks)
+    reasons: Counter[str] = Counter()
+    for r in ranks:
+        reasons.update(r.summary.skip_reasons)
+    s.skip_reasons = dict(sorted(reasons.items()))
     s.extra["ranks"] = float(len(ranks))
     if grand > 0:
         s.extra["comm_share_max_rank"] = max((r.summary.kernel_share.get(COMM, 0.0) for r in ranks), default=0.0)

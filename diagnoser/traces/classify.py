@@ -135,5 +135,11 @@ def runtime_kind(name: str) -> int:
     return 0
 
 
+# Host-side records of collectives: c10d ops ("c10d::allreduce_", "c10d::alltoall_base_"), the record_param_comms op
+# (its "Collective name" arg) and the "nccl:<collective>" annotations of PyTorch's ProcessGroupNCCL.
+COMM_OP_PREFIX = "c10d::"
+COMM_OP_NAMES = frozenset({"record_param_comms"})
+COMM_ANNOTATION_PREFIX = "nccl:"
+
 # The serving loop's profiler steps; the last one is kept (HolisticTraceAnalysis drops it by default).
 STEP_PREFIX = "ProfilerStep#"
