@@ -276,3 +276,55 @@ def test_a_gzip_stream_of_valid_events_stops_at_the_limit_in_bounded_memory(tmp_
         f.write(comp.flush())
     out = _bounded(path, env={MAX_BYTES_ENV: "64M"})
     assert out.startswith("REFUSED") and "expands past 64.0 MiB" in out
+
+
+# --- fuzzing: any mutation of a real-shaped trace is read or refused in one sentence ------------------------------
+
+_TOKENS = [b"NaN", b"-1e999", b"-5", b"null", b'"x"', b"}, {", b"]", b"[", b"{", b'"ph": "X", ', b"\xff\xfe", b"\x00" * 64,
+           b'"dur": -3', b'"ts": 1e400', b"\\", b'"', b",,", b"9" * 40]
+
+
+def _fuzz_base() -> bytes:
+    data = _tiny_trace(25)
+    data["traceEvents"].insert(0, {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+                                   "ts": 0.0, "dur": 2600.0, "args": {}})
+    data["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0,
+                                "dur": 30.0, "args": {"Input Dims": [[4, 8], [8, 16]], "Input type": ["float", "float"],
+                                                      "External id": 3}})
+    return json.dumps(data, indent=1).encode()
+
+
+def test_fuzzed_traces_never_raise_anything_but_one_sentence(tmp_path: Path) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    base = _fuzz_base()
+    edit = st.tuples(st.integers(0, len(base)), st.integers(0, 40), st.sampled_from(_TOKENS))
+
+    @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(edits=st.lists(edit, min_size=1, max_size=4), cut=st.one_of(st.none(), st.integers(1, len(base))),
+           gz=st.booleans())
+    def check(edits: list[tuple[int, int, bytes]], cut: int | None, gz: bool) -> None:
+        data = base
+        for at, drop, token in sorted(edits, reverse=True):
+            data = data[:at] + token + data[at + drop:]
+        if cut is not None:
+            data = data[:cut]
+        path = tmp_path / ("f.json.gz" if gz else "f.json")
+        path.write_bytes(gzip.compress(data) if gz else data)
+        try:
+            a = analyze_trace(path)
+        except TraceError as exc:
+            text = str(exc)
+            assert text and "\n" not in text and "Traceback" not in text
+            return
+        s = a.summary
+        assert 0 <= s.events_skipped <= s.events_total
+        assert sum(s.skip_reasons.values()) == s.events_skipped
+        if s.gpu_busy_frac is not None:
+            assert 0.0 <= s.gpu_busy_frac <= 1.0
+            assert all(v >= 0.0 for v in s.idle_frac_by_cause.values())
+        assert all(v >= 0.0 for v in s.kernel_share.values())
+
+    check()
