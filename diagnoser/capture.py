@@ -24,7 +24,8 @@ from diagnoser.fileio import write_atomic
 
 FORMAT_NAME = "diagnoser-capture"
 # Bump when a change is not backward compatible; add a migration in _MIGRATIONS from the old version.
-FORMAT_VERSION = 1
+# 2: `serving` became a typed ServingConfig (version 1 wrote a free dict); `origin` added.
+FORMAT_VERSION = 2
 
 # Sources a number can come from. Kept as plain strings so collectors added later need no change here.
 SOURCES = ("nvml", "gpm", "dcgm", "psutil", "server", "trace", "physics", "user")
@@ -46,6 +47,11 @@ class Series(msgspec.Struct, kw_only=True):
     times: list[float] = msgspec.field(default_factory=list)
     values: list[float] = msgspec.field(default_factory=list)
     labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A signal constant (diagnoser.signals.Sig) is a str subclass: keep the plain name, which msgspec encodes.
+        if type(self.name) is not str:
+            self.name = str.__str__(self.name)
 
     def add(self, t: float, value: float) -> None:
         # A counter that returns NaN or inf (GPM's first interval on an H100 does) read nothing: no point.
@@ -118,10 +124,19 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     kv_heads: int | None = None
     head_dim: int | None = None
     vocab: int | None = None
-    dtype: str = ""  # weights: fp32, bf16, fp16, fp8, int8, int4
+    dtype: str = ""  # weights: fp32, bf16, fp16, fp8, int8, int4, fp4
     kv_dtype: str = ""
     max_context: int | None = None
     tensor_parallel: int = 1
+    # How quantised weights are stored, from the config's quantization_config (docs/physics.md): the method
+    # ("gptq", "awq", "fp8", "nvfp4", "mxfp4", ...), weights per scale group (-1: one scale per output channel;
+    # None: the precision's default), bytes of one group's scale and zero point (None: the method's default), and
+    # whether lm_head is quantised too (it stays 16-bit in most checkpoints).
+    quant_method: str = ""
+    quant_group_size: int | None = None
+    quant_scale_bytes: float | None = None
+    quant_lm_head: bool = False
+    tied_embeddings: bool = False  # lm_head shares the input embedding's matrix
 
 
 class TraceSummary(msgspec.Struct, kw_only=True):
@@ -163,6 +178,71 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     skip_reasons: dict[str, int] = msgspec.field(default_factory=dict)
 
 
+class TraceCost(msgspec.Struct, kw_only=True):
+    """What taking a trace cost the server: its rates in the counter window and while tracing (tracing/cost.py)."""
+
+    seconds: float = 0.0
+    before: dict[str, float] = msgspec.field(default_factory=dict)
+    during: dict[str, float] = msgspec.field(default_factory=dict)
+    loss: dict[str, float] = msgspec.field(default_factory=dict)
+    pauses_ms: dict[str, float] = msgspec.field(default_factory=dict)
+    why_not: str = ""
+
+
+class ServingConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How the server is configured, as far as its command line, its /metrics page or the user said.
+
+    None (or "") is "not known", never a default: a rule that needs a value must say it assumed one.
+    """
+
+    engine: str = ""  # vllm, sglang, tgi, triton, demo, selftest
+    max_num_seqs: int | None = None  # vLLM --max-num-seqs; SGLang --max-running-requests
+    max_num_batched_tokens: int | None = None
+    max_batch_total_tokens: int | None = None  # TGI
+    max_model_len: int | None = None
+    kv_cache_tokens: int | None = None  # size of the KV pool in tokens, where the server says (demo, SGLang)
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    dtype: str = ""  # --dtype as given
+    quantization: str = ""  # --quantization / --quantize as given
+    kv_cache_dtype: str = ""  # --kv-cache-dtype as given ("auto" = the activations' precision)
+    gpu_memory_utilization: float | None = None  # vLLM
+    mem_fraction_static: float | None = None  # SGLang
+    block_size: int | None = None  # KV block size in tokens
+    enforce_eager: bool | None = None  # vLLM --enforce-eager: no CUDA graphs
+    disable_cuda_graph: bool | None = None  # SGLang --disable-cuda-graph
+    chunked_prefill: bool | None = None
+    prefix_caching: bool | None = None
+    mean_context_tokens: float | None = None  # mean tokens per sequence (prompt + generated) while served
+    load_concurrency: int | None = None  # closed-loop clients of the demo's load generator
+    selftest_scenario: str = ""
+    usd_per_gpu_hour: float | None = None  # what one GPU hour costs the user (for cost per token)
+    trace_cost: TraceCost | None = None
+    # Other flags read from the command line, as text, for the report.
+    extra: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def items(self) -> list[tuple[str, Any]]:
+        """The known values, in field order, for a report."""
+        out: list[tuple[str, Any]] = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value is None or value == "" or value == {} or name == "trace_cost":
+                continue
+            if name == "extra":
+                out.extend(value.items())
+            else:
+                out.append((name, value))
+        return out
+
+    def graphs_disabled(self) -> bool | None:
+        """True when the command line turned CUDA graphs off, False when it shows a graph-capable default."""
+        if self.enforce_eager or self.disable_cuda_graph:
+            return True
+        if self.engine in ("vllm", "sglang") and (self.enforce_eager is False or self.disable_cuda_graph is False):
+            return False
+        return None
+
+
 class Capture(msgspec.Struct, kw_only=True):
     """One observation window of one target."""
 
@@ -175,7 +255,9 @@ class Capture(msgspec.Struct, kw_only=True):
     process: ProcessInfo | None = None
     server: ServerInfo | None = None
     model: ModelInfo | None = None
-    serving: dict[str, Any] = msgspec.field(default_factory=dict)  # known serving config (max_num_seqs, ...)
+    serving: ServingConfig = msgspec.field(default_factory=ServingConfig)
+    # What made the capture: attach, dcgm, fleet, trace (analyze), selftest, demo, agent; "" when not said.
+    origin: str = ""
     series: list[Series] = msgspec.field(default_factory=list)
     trace: TraceSummary | None = None
     unavailable: list[Unavailable] = msgspec.field(default_factory=list)
@@ -211,13 +293,34 @@ class _Envelope(msgspec.Struct):
     capture: msgspec.Raw
 
 
-_MIGRATIONS: dict[int, Any] = {}  # version -> function(dict) -> dict of version + 1
+def _serving_v1_to_v2(raw: Any) -> Any:
+    """Version 1 kept the serving config as a free dict: known keys become typed fields, the rest text in `extra`."""
+    if not isinstance(raw, dict):
+        return raw
+    old = raw.get("serving")
+    if not isinstance(old, dict):
+        raw["serving"] = {}
+        return raw
+    fields = ServingConfig.__struct_fields__
+    renames = {"tensor_parallel": "tensor_parallel_size", "max_running_requests": "max_num_seqs"}
+    new: dict[str, Any] = {"extra": {}}
+    for key, value in old.items():
+        name = renames.get(key, key)
+        if name in fields and name != "extra":
+            new[name] = value
+        elif value is not None:
+            new["extra"][str(key)] = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    raw["serving"] = new
+    return raw
+
+
+_MIGRATIONS: dict[int, Any] = {1: _serving_v1_to_v2}  # version -> function(dict) -> dict of version + 1
 
 
 def dumps(capture: Capture) -> bytes:
     for series in capture.series:  # series built directly (DCGM answers, tests) bypass Series.add's check
         series.drop_non_finite()
-    body = msgspec.json.encode({"format": FORMAT_NAME, "version": FORMAT_VERSION, "capture": capture})
+    body = msgspec.json.encode({"format": FORMAT_NAME, "version": FORMAT_VERSION, "capture": capture}, enc_hook=str)
     return gzip.compress(body, compresslevel=6, mtime=0)
 
 

@@ -31,7 +31,9 @@ from diagnoser.errors import InputError, SourceUnavailable
 from diagnoser.evidence import build_evidence
 from diagnoser.fleet_model import FleetReport, FleetRow
 from diagnoser.physics import match_gpu
-from diagnoser.rules.engine import Thresholds, diagnose_evidence
+from diagnoser.rules.engine import diagnose_evidence
+from diagnoser.rules.ruleset import Overrides as Thresholds
+from diagnoser.rules.ruleset import RuleSet, default_rules
 
 # Rough on-demand list prices per GPU-hour, USD, from the large clouds' public price pages in 2025 (an 8-GPU instance
 # divided by 8). Contracts, reservations and spot prices differ widely: pass --usd-per-gpu-hour for real numbers.
@@ -117,7 +119,7 @@ def _row(data: WindowData, ident: GpuIdentity, usd_per_gpu_hour: float | None,
     if data.failed:
         notes.append("some field queries failed: " + ", ".join(sorted(data.failed)))
     ev = build_evidence(cap)
-    diagnosis = diagnose_evidence(ev, thresholds)
+    diagnosis = diagnose_evidence(ev, _rules_for(thresholds))
     busy = _busy(ev)
     price = _price(ident.model, ident.mig_profile, usd_per_gpu_hour)
     frac = stake_fraction(diagnosis, busy)
@@ -129,6 +131,18 @@ def _row(data: WindowData, ident: GpuIdentity, usd_per_gpu_hour: float | None,
         usd_per_hour_at_stake=round(frac * price, 4) if price else 0.0, top_fix_gain=gain,
         frac_at_stake=round(frac, 4), usd_per_gpu_hour=price, busy=busy,
         partial=bool(gaps or data.failed), notes=notes)
+
+
+_RULES: list[tuple[object, RuleSet]] = []
+
+
+def _rules_for(thresholds: Thresholds | None) -> RuleSet:
+    """The rule set with these overrides, built once per fleet run (the same mapping for every GPU)."""
+    if _RULES and _RULES[0][0] is thresholds:
+        return _RULES[0][1]
+    rules = default_rules().with_overrides(thresholds)
+    _RULES[:] = [(thresholds, rules)]
+    return rules
 
 
 @functools.lru_cache(maxsize=256)

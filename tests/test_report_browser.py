@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from diagnoser.reports.html import render_fleet_html, render_html, verdict_label, write_fleet_html, write_html
+from diagnoser.reports.model import verdict_label
 from diagnoser.rules import diagnose
 from tests.test_report_cases import (
     LIMITERS,
@@ -27,6 +27,10 @@ from tests.test_report_cases import (
     case_diagnosis,
     fleet_report,
     hostile_capture,
+    render_fleet_html,
+    render_html,
+    write_fleet_html,
+    write_html,
 )
 from tests.test_report_html import EXPECTED_CHARTS
 

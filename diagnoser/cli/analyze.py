@@ -11,7 +11,6 @@ from pathlib import Path
 
 import typer
 
-from diagnoser.capture import save as save_capture
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.traces import TraceAnalysis, analyze_trace, capture_from_trace
@@ -52,7 +51,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Analyse a torch.profiler trace: idle causes, kernel classes, intensity, phases, then the verdict."""
         from diagnoser import physics
-        from diagnoser.rules import diagnose as run_diagnosis
+        from diagnoser.pipeline import Pipeline
         from diagnoser.rules import load_thresholds
 
         from diagnoser.traces.decode import parse_size
@@ -65,18 +64,19 @@ def register(app: typer.Typer) -> None:
             physics.get_gpu(gpu)  # an unknown name is a bad option, before the (long) analysis
         analysis = analyze_trace(trace, window=window, gpu_name=gpu, max_bytes=limit)
         capture = capture_from_trace(analysis, model=model_info, gpu_name=gpu)
-        if save is not None:
-            save_capture(capture, save)
-        diagnosis = run_diagnosis(capture, overrides)
+        capture.origin = "trace"
+        pipeline = Pipeline(overrides=overrides, save_to=save)
+        pipeline.checkpoint(capture)
+        outcome = pipeline.diagnose(capture)
         if as_json:
-            diagnosis.context["trace"] = analysis.to_dict()
+            outcome.diagnosis.context["trace"] = analysis.to_dict()
         else:
             for line in render_analysis(analysis):
                 typer.echo(line)
             if save is not None:
                 typer.echo(f"Capture saved to {save}.")
             typer.echo("")
-        show(diagnosis, as_json=as_json, fail_on=wanted, verbose=verbose)
+        show(outcome, as_json=as_json, fail_on=wanted, verbose=verbose)
 
 
 def _pct(x: float | None) -> str:

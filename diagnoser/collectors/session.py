@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+import msgspec
+
 from diagnoser.capture import Capture, ServerInfo, new_capture
 from diagnoser.collectors.base import DEFAULT_DURATION_S, DEFAULT_INTERVAL_S, MIN_INTERVAL_S, Collector
 from diagnoser.collectors.gpm import GpmCollector
@@ -170,7 +172,7 @@ def new_window(target: AttachTarget) -> tuple[Capture, ProcessTree | None]:
         if target.metrics_problem:
             capture.mark_unavailable("server", "server.*", target.metrics_problem,
                                      "give --port PORT or --metrics-url URL of the server's Prometheus endpoint")
-    capture.serving = dict(target.serving)
+    capture.serving = msgspec.structs.replace(target.serving)
     return capture, tree
 
 

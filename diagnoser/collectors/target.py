@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from diagnoser.capture import ServingConfig
 from diagnoser.collectors.server_metrics import FETCH_TIMEOUT_S, MetricsError, probe
 from diagnoser.errors import InputError, SourceUnavailable
 
@@ -53,7 +54,10 @@ _SERVING_FLAGS = {
     "-q": "quantization",
     "--quantize": "quantization",  # TGI
 }
-_BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--disable-cuda-graph": "disable_cuda_graph"}
+_BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--disable-cuda-graph": "disable_cuda_graph",
+               "--enable-prefix-caching": "prefix_caching", "--enable-chunked-prefill": "chunked_prefill"}
+# Flag keys whose typed field in ServingConfig has another name.
+_FIELD_OF = {"max_running_requests": "max_num_seqs"}
 _MODEL_FLAGS = ("--model", "--model-path", "--model-id")
 
 
@@ -68,7 +72,7 @@ class AttachTarget:
     metrics_problem: str = ""
     # A local Hugging Face config.json the server's command line points at, if any.
     model_config: Path | None = None
-    serving: dict[str, Any] = field(default_factory=dict)
+    serving: ServingConfig = field(default_factory=ServingConfig)
     cmdline: list[str] = field(default_factory=list)
 
 
@@ -276,22 +280,41 @@ def kind_from_cmdline(cmdline: list[str]) -> str | None:
     return None
 
 
-def serving_from_cmdline(cmdline: list[str]) -> dict[str, Any]:
-    """Serving limits given on the command line (--max-num-seqs 256 or --max-num-seqs=256)."""
-    out: dict[str, Any] = {}
+def serving_from_cmdline(cmdline: list[str]) -> ServingConfig:
+    """The serving configuration given on the command line (--max-num-seqs 256 or --max-num-seqs=256); flags that
+    fit no typed field are kept as text in `extra`."""
+    known: dict[str, Any] = {}
+    extra: dict[str, str] = {}
     args = list(cmdline)
+    fields = ServingConfig.__struct_fields__
     for i, arg in enumerate(args):
         flag, _, inline = arg.partition("=")
         if flag in _BOOL_FLAGS:
-            out[_BOOL_FLAGS[flag]] = True
+            known[_BOOL_FLAGS[flag]] = True
             continue
         key = _SERVING_FLAGS.get(flag)
         if key is None:
             continue
         value = inline if inline else (args[i + 1] if i + 1 < len(args) else "")
-        if value and not value.startswith("-"):
-            out[key] = _number(value)
-    return out
+        if not value or value.startswith("-"):
+            continue
+        target = _FIELD_OF.get(key, key)
+        kind = ServingConfig.__annotations__.get(target, "")
+        if target in fields and target != "extra":
+            parsed = _number(value)
+            if "int" in str(kind) and isinstance(parsed, int) or "float" in str(kind) and isinstance(parsed, (int, float)):
+                known[target] = float(parsed) if "float" in str(kind) else parsed
+                continue
+            if str(kind).startswith("str"):
+                known[target] = value
+                continue
+        extra[key] = value
+    engine = kind_from_cmdline(args)
+    if engine and engine != "unknown":
+        known["engine"] = engine
+    if engine in ("vllm", "sglang"):
+        known.setdefault("enforce_eager" if engine == "vllm" else "disable_cuda_graph", False)
+    return ServingConfig(**known, extra=extra)
 
 
 def _number(value: str) -> Any:

@@ -1,7 +1,8 @@
-"""The report's pictures: which charts a capture can support, drawn from its series, evidence and physics spec.
+"""The report's pictures as data: which charts a capture can support, from its series, evidence and physics.
 
 Each figure says what it shows and where its numbers came from. A chart the capture cannot support is not drawn; the
-report lists it with the reason instead. Charts are ordered so that the one about the verdict comes first.
+report lists it with the reason instead. Charts are ordered so that the one about the verdict comes first. The HTML
+renderer draws the specs (reports/svg.py); nothing here draws.
 """
 
 from __future__ import annotations
@@ -10,16 +11,22 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from markupsafe import Markup
-
 from diagnoser import physics
+from diagnoser import signals as S
 from diagnoser.capture import Capture, Series
+from diagnoser.characterise import MIN_COSTED_SHARE
 from diagnoser.diagnosis import Diagnosis, Finding
 from diagnoser.errors import DiagnoserError
 from diagnoser.evidence import Evidence
-from diagnoser.reports import svg
-from diagnoser.reports.svg import PALETTE, Band, HLine, Line, Mark, Roof, RoofPoint, Segment
+from diagnoser.reports.figdata import (PALETTE, Band, Bars, Bullet, Figure, HLine, Line, Mark, NotDrawn, Roof,
+                                       Roofline, RoofPoint, Segment, StackedBar, TimeSeries)
 from diagnoser.units import fmt
+
+_OPS = {">=": "≥", "<=": "≤", "==": "=", "=": "="}
+
+
+def op_symbol(op: str) -> str:
+    return _OPS.get(op, op)
 
 SOURCE_NAMES = {
     "nvml": "NVML", "gpm": "NVML GPM", "dcgm": "DCGM", "psutil": "host (psutil)", "server": "server metrics",
@@ -54,21 +61,6 @@ KERNEL_CLASSES = {
 }
 
 _POINT_STATS = ("mean", "p50", "p90", "p99", "min", "max", "value")
-
-
-@dataclass
-class Figure:
-    key: str
-    title: str
-    svg: Markup
-    caption: str
-    wide: bool = False
-
-
-@dataclass
-class NotDrawn:
-    title: str
-    why: str
 
 
 def source_name(source: str) -> str:
@@ -136,7 +128,7 @@ def _threshold_lines(findings: Sequence[Finding], signals: Sequence[str], named:
     for (signal, stat, op, threshold, unit), rules in codes.items():
         what = f"{SIGNAL_LABELS.get(signal, signal)} " if named else ""
         out.append(HLine(threshold * scale,
-                         f"{', '.join(rules)}: {what}{stat} {svg.op_symbol(op)} {fmt(threshold, unit)}"))
+                         f"{', '.join(rules)}: {what}{stat} {op_symbol(op)} {fmt(threshold, unit)}"))
     return out
 
 
@@ -190,14 +182,17 @@ def time_series_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[l
                                                               if g.power_limit_w), None)
             if value:
                 hlines.append(HLine(value, f"power limit {value:.0f} W"))
+            default = ev.value(S.GPU_POWER_DEFAULT_LIMIT_W)
+            if default and (not value or abs(default - value) > 1.0):
+                hlines.append(HLine(default, f"board default {default:.0f} W"))
         if panel.key == "links" and ev.gpu_spec is not None:
-            link = getattr(ev.gpu_spec, "pcie_bytes_per_s", None)
+            link = ev.gpu_spec.pcie_bytes_per_s
             if link:
                 hlines.append(HLine(link, f"PCIe link {fmt(link, 'B/s')} (both directions)"))
         if len([s for n in panel.signals for s in capture.series_named(n) if s.values]) > _MAX_LINES:
             notes.append(f"first {_MAX_LINES} series shown")
-        chart = svg.time_series(panel.title, lines, unit=panel.unit, x_max=capture.duration_s, y_max=y_max,
-                                hlines=hlines, bands=bands)
+        chart = TimeSeries(panel.title, lines, unit=panel.unit, x_max=capture.duration_s, y_max=y_max,
+                           hlines=hlines, bands=bands)
         caption = "Source: " + "; ".join(sources) + "."
         if hlines:
             caption += " Dashed lines: the thresholds the rules compared these signals with, and hardware limits."
@@ -227,7 +222,7 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
         if rest > 0.0005:
             segments.append(Segment("idle: not attributed", rest, UNATTRIBUTED_COLOR))
         window = f" of the {trace.window_s:.2f} s traced window" if trace.window_s else ""
-        chart = svg.stacked_bar(title, segments)
+        chart = StackedBar(title, segments)
         return Figure("timeline", title, chart, f"Share{window}, from the torch.profiler trace"
                       + (f" ({trace.path})" if trace.path else "") + ": idle time split by what the GPU was waiting "
                       "for.")
@@ -235,7 +230,7 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     if busy is not None:
         segments = [Segment("busy", busy.mean, BUSY_COLOR, "a kernel was running"),
                     Segment("idle", max(0.0, 1.0 - busy.mean), UNATTRIBUTED_COLOR, "cause needs a trace")]
-        chart = svg.stacked_bar(title, segments)
+        chart = StackedBar(title, segments)
         return Figure("timeline", title, chart, f"Mean of gpu.busy from {source_name(busy.source)} over "
                       f"{busy.n} samples. A torch.profiler trace (attach --trace 5) splits the idle time by cause.")
     return NotDrawn(title, "needs gpu.busy or a torch.profiler trace: " + ev.why_missing("gpu.busy"))
@@ -247,7 +242,7 @@ def kernel_figure(capture: Capture) -> Figure | NotDrawn:
     if trace is None or not trace.kernel_share:
         return NotDrawn(title, "needs a torch.profiler trace (attach --trace 5 or analyze TRACE)")
     items = [(KERNEL_CLASSES.get(k, k), v) for k, v in trace.kernel_share.items() if v > 0]
-    chart = svg.bar_chart(title, items)
+    chart = Bars(title, items)
     caption = (f"Share of GPU busy time over {trace.kernel_count:,} kernels in the trace"
                + (f" ({trace.path})" if trace.path else "") + ".")
     return Figure("kernels", title, chart, caption)
@@ -264,6 +259,9 @@ def _weight_dtype(capture: Capture) -> str:
 
 
 def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
+    """The workload against the roofs. Up to three points can place it, and they can disagree by 10-500x: the
+    physics of the model at the observed batch, the trace's costed ops, and the counters' ratio. One is trusted, in
+    that order when it describes the work; the others are drawn hollow with the reason they do not."""
     title = "Roofline: the workload against this GPU's roofs"
     gspec = ev.gpu_spec
     if gspec is None:
@@ -271,40 +269,73 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
                         if capture.gpus else "no GPU in this capture")
     dtype = _weight_dtype(capture)
     try:
-        compute = physics.compute_dtype(gspec, dtype)  # type: ignore[arg-type]
+        compute = physics.compute_dtype(gspec, dtype)
     except DiagnoserError:
-        return NotDrawn(title, f"the {gspec.name} has no compute rate for {dtype}")  # type: ignore[attr-defined]
-    bandwidth = gspec.hbm_bytes_per_s  # type: ignore[attr-defined]
-    flops = gspec.flops  # type: ignore[attr-defined]
+        return NotDrawn(title, f"the {gspec.name} has no compute rate for {dtype}")
+    bandwidth, flops = gspec.hbm_bytes_per_s, gspec.flops
     roofs = [Roof(f"{compute.upper()} dense", flops[compute], primary=True)]
     if "fp8" in flops and compute != "fp8":
         roofs.append(Roof("FP8 dense", flops["fp8"], primary=False))
-    points, sources = [], []
+    points: list[RoofPoint] = []
+    sources: list[str] = []
+    intensity = ev.value(S.THEORY_INTENSITY)
+    if intensity is not None and intensity > 0:
+        frac = ev.value(S.THEORY_COMPUTE_ROOF_FRAC)
+        batch = ev.observed_batch()
+        points.append(RoofPoint(f"decode at batch {batch:.0f} (physics)" if batch else "decode (physics)", intensity,
+                                frac * flops[compute] if frac else None, color=PALETTE[0]))
+        sources.append("physics: 2 x active parameters x batch FLOP over the weight and KV bytes a decode step reads"
+                       + (", achieved FLOP/s from the measured token rate" if frac else ""))
     trace = capture.trace
     if trace is not None:
-        intensity = trace.intensity_flop_per_byte
-        if intensity is None and trace.achieved_flops and trace.achieved_bytes_per_s:
-            intensity = trace.achieved_flops / trace.achieved_bytes_per_s
-        if intensity and intensity > 0:
-            points.append(RoofPoint("trace", intensity, trace.achieved_flops, color=PALETTE[5]))
+        t_int = trace.intensity_flop_per_byte
+        if t_int is None and trace.achieved_flops and trace.achieved_bytes_per_s:
+            t_int = trace.achieved_flops / trace.achieved_bytes_per_s
+        if t_int and t_int > 0:
+            covered = getattr(trace, "costed_time_frac", None)
+            if covered is None:
+                covered = trace.extra.get("costed_gpu_frac")
+            good = covered is None or covered >= MIN_COSTED_SHARE
+            note = "" if good else (f"the ops with known shapes cover only {covered:.0%} of the GPU time")
+            if good and points:
+                good, note = False, "the physics of the whole decode step describes the work better"
+            points.append(RoofPoint("trace ops", t_int, trace.achieved_flops, color=PALETTE[5], trusted=good, note=note))
             sources.append("trace: time-weighted FLOP/byte of the ops with known shapes"
-                           + (", achieved FLOP/s over the window" if trace.achieved_flops else
-                              " (achieved FLOP/s not measured: drawn as a line)"))
-    tensor, dram = ev.get("gpu.tensor_active"), ev.get("gpu.dram_active")
+                           + (f" ({covered:.0%} of GPU time)" if covered is not None else ""))
+    tensor, dram = ev.get(S.GPU_TENSOR_ACTIVE), ev.get(S.GPU_DRAM_ACTIVE)
     if tensor is not None and dram is not None and tensor.mean > 0 and dram.mean > 0:
         est_flops, est_bytes = tensor.mean * flops[compute], dram.mean * bandwidth
-        points.append(RoofPoint("counters (est.)", est_flops / est_bytes, est_flops, color=PALETTE[3]))
-        sources.append(f"counters: an estimate, tensor active {tensor.mean:.0%} x peak and DRAM active "
-                       f"{dram.mean:.0%} x bandwidth ({source_name(tensor.source)})")
+        better = any(p.trusted for p in points)
+        good = not better and max(tensor.mean, dram.mean) >= 0.05
+        if good:
+            note = ""
+        elif better:
+            note = ("tensor-pipe activity counts the cycles the pipes run, padded tiles of small matmuls included, so "
+                    "this ratio overstates intensity; the filled point is measured more directly")
+        else:
+            note = "both counters are under 5 %: their ratio is noise"
+        points.append(RoofPoint("counters (est.)", est_flops / est_bytes, est_flops, color=PALETTE[3], trusted=good,
+                                note=note))
+        sources.append(f"counters: tensor active {tensor.mean:.0%} x peak over DRAM active {dram.mean:.0%} x "
+                       f"bandwidth ({source_name(tensor.source)})")
     if not points:
-        return NotDrawn(title, "no workload point: needs a trace with FLOP/byte intensity, or both tensor and DRAM "
-                        "activity counters (GPM on Hopper+, or DCGM profiling fields)")
-    measured = any(g.measured for g in capture.gpus)
-    chart = svg.roofline(title, bandwidth, roofs, points)
-    caption = (f"Roofs of the {gspec.name} ({'measured by diagnoser calibrate' if measured else gspec.source}): "  # type: ignore[attr-defined]
+        return NotDrawn(title, "no workload point: needs the model's shape and batch, a trace with FLOP/byte "
+                        "intensity, or both tensor and DRAM activity counters (GPM on Hopper+, or DCGM profiling "
+                        "fields)")
+    trusted = next((p for p in points if p.trusted), None)
+    chart = Roofline(title, bandwidth, roofs, points)
+    caption = (f"Roofs of the {gspec.name} ({'measured by diagnoser calibrate' if ev.meta.measured_roofs else gspec.source}): "
                f"{fmt(bandwidth, 'B/s')} memory, {fmt(flops[compute], 'FLOP/s')} {compute.upper()} dense tensor "
                f"peak; ridge {flops[compute] / bandwidth:.0f} FLOP/byte. Left of the ridge work waits on memory, "
-               f"right of it on math. Points: " + "; ".join(sources) + ".")
+               f"right of it on math. Points: " + "; ".join(sources) + ". ")
+    if trusted is not None:
+        caption += f"The filled point ({trusted.label}) is the one that describes the workload"
+        hollow = [p for p in points if not p.trusted]
+        caption += ("; hollow points do not: " + "; ".join(f"{p.label}: {p.note}" for p in hollow) + "."
+                    if hollow else ".")
+    else:
+        caption += "No point describes the whole workload (all hollow): " + "; ".join(
+            f"{p.label}: {p.note}" for p in points) + "."
     return Figure("roofline", title, chart, caption)
 
 
@@ -326,8 +357,7 @@ def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
         return NotDrawn(title, "needs " + " and ".join(why))
     dtype = _weight_dtype(capture)
     tp = max(1, model.tensor_parallel)
-    context_value = capture.serving.get("mean_context_tokens")
-    context = int(context_value) if isinstance(context_value, (int, float)) and context_value > 0 else 0
+    context = ev.context_tokens
     batch = ev.observed_batch()
     marks = []
     try:
@@ -345,7 +375,7 @@ def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
             marks.append(Mark(f"at the ridge batch {ridge.values[0]:.0f}", top, "where decode turns compute-bound"))
         except DiagnoserError:
             pass
-    chart = svg.throughput_bullet(title, achieved.mean if achieved is not None else None, marks)
+    chart = Bullet(title, achieved.mean if achieved is not None else None, marks)
     eff = ev.get("theory.efficiency")
     caption = (f"Decode ceilings for {model.name or 'the model'} ({dtype}, tensor parallel {tp}) on the "
                f"{gspec.name}"  # type: ignore[attr-defined]

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
+from diagnoser.reports.figdata import PALETTE, ROOF, Band, HLine, Line, Mark, Roof, RoofPoint, Segment
 from diagnoser.reports.redact import redact
 from diagnoser.units import fmt
 
-# Okabe-Ito: distinguishable with the common colour-vision deficiencies, and in greyscale print by position.
-PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#7F7F7F", "#000000")
 INK = "#1f2328"
 MUTED = "#6e7781"
 GRID = "#d8dee4"
-ROOF = "#24292f"
 
 _CHAR_W = 0.54  # average glyph width over font size, for laying out labels without a font engine
 
@@ -219,33 +216,6 @@ def _min_max(bucket: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 # --- time series ---------------------------------------------------------------------------------------------
 
-@dataclass
-class Line:
-    label: str
-    times: Sequence[float]
-    values: Sequence[float]
-    color: str | None = None
-    dashed: bool = False
-
-
-@dataclass
-class HLine:
-    """A horizontal reference: a rule's threshold or a hardware limit."""
-
-    value: float
-    label: str
-    color: str = ROOF
-
-
-@dataclass
-class Band:
-    """A shaded span of time, e.g. while clocks were throttled."""
-
-    start: float
-    end: float
-    label: str
-
-
 def time_series(title: str, lines: Sequence[Line], *, unit: str, x_max: float | None = None,
                 y_max: float | None = None, hlines: Sequence[HLine] = (), bands: Sequence[Band] = (),
                 width: float = 520, height: float = 210) -> Markup:
@@ -353,23 +323,6 @@ def _legend(svg: _Svg, items: Sequence[tuple[str, str, bool]], x0: float, x_max:
 
 # --- roofline ------------------------------------------------------------------------------------------------
 
-@dataclass
-class Roof:
-    label: str
-    flops: float  # FLOP/s
-    primary: bool = True
-
-
-@dataclass
-class RoofPoint:
-    """A workload: its arithmetic intensity and, when measured, its achieved FLOP/s (else drawn as a line)."""
-
-    label: str
-    intensity: float
-    flops: float | None = None
-    color: str = PALETTE[5]
-
-
 def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequence[RoofPoint],
              *, width: float = 520, height: float = 300) -> Markup:
     """Log-log roofline: the memory roof (bandwidth x intensity) up to each compute roof, and the workload."""
@@ -436,21 +389,26 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
         x = sx(p.intensity)
         attainable = min(primary.flops, bandwidth * p.intensity)
         legend_y = bottom + 56 + 20 * n
-        svg.el("circle", cx=left + 6, cy=legend_y - 4, r="5", fill=p.color)
+        # A point that does not describe the workload is hollow, and the legend says why.
+        fill, stroke = (p.color, "#ffffff") if p.trusted else ("#ffffff", p.color)
+        why_not = "" if p.trusted else f"; not representative: {p.note}"
+        svg.el("circle", cx=left + 6, cy=legend_y - 4, r="5", fill=fill, stroke=p.color, stroke_width="1.5")
         if p.flops and p.flops > 0:
             y = sy(p.flops)
-            detail = (f"{p.label}: {p.intensity:,.0f} FLOP/B, {fmt(p.flops, 'FLOP/s')}, {p.flops / attainable:.0%} "
-                      "of its roof")
+            detail = (f"{p.label}: {p.intensity:,.1f} FLOP/B, {fmt(p.flops, 'FLOP/s')}, {p.flops / attainable:.0%} "
+                      f"of its roof{why_not}")
             svg.open_group(tip=detail)
-            svg.el("circle", cx=x, cy=y, r="6", fill=p.color, stroke="#ffffff", stroke_width="1.5")
+            svg.el("circle", cx=x, cy=y, r="6", fill=fill, stroke=stroke if p.trusted else p.color,
+                   stroke_width="1.5" if p.trusted else "2")
             svg.close_group()
             fits_right = x + 9 + _text_width(p.label, 12) < right
             anchor, tx = ("start", x + 9) if fits_right else ("end", x - 9)
             svg.text(tx, _free_slot(y - 8, label_slots), p.label, class_="pt", text_anchor=anchor, fill=p.color)
         else:
-            detail = f"{p.label}: {p.intensity:,.0f} FLOP/B (achieved FLOP/s not measured, so a line)"
+            detail = f"{p.label}: {p.intensity:,.1f} FLOP/B (achieved FLOP/s not measured, so a line){why_not}"
             svg.open_group(tip=detail)
-            svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=p.color, stroke_width="2", stroke_dasharray="4 3")
+            svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=p.color, stroke_width="2" if p.trusted else "1",
+                   stroke_dasharray="4 3" if p.trusted else "1 4")
             svg.close_group()
             anchor, tx = ("end", x - 6) if x > (left + right) / 2 else ("start", x + 6)
             svg.text(tx, _free_slot(top + 28, label_slots), p.label, class_="pt", text_anchor=anchor, fill=p.color)
@@ -466,14 +424,6 @@ def _free_slot(y: float, used: list[float], gap: float = 15) -> float:
 
 
 # --- shares --------------------------------------------------------------------------------------------------
-
-@dataclass
-class Segment:
-    label: str
-    value: float  # a fraction of the whole (0..1)
-    color: str
-    detail: str = ""
-
 
 def stacked_bar(title: str, segments: Sequence[Segment], *, width: float = 520, note: str = "") -> Markup:
     """One bar of the whole (a window, a fleet) split into parts, with a legend of each part's share."""
@@ -529,13 +479,6 @@ def bar_chart(title: str, items: Sequence[tuple[str, float]], *, unit: str = "ra
 
 
 # --- throughput against the physics ---------------------------------------------------------------------------
-
-@dataclass
-class Mark:
-    label: str
-    value: float
-    detail: str = ""
-
 
 def throughput_bullet(title: str, achieved: float | None, marks: Sequence[Mark], *, unit: str = "tokens/s",
                       width: float = 520) -> Markup:

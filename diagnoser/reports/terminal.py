@@ -18,8 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis
+from diagnoser.reports.model import Report, gain_text
 from diagnoser.reports.redact import redact
-from diagnoser.units import gain
 
 MAX_WIDTH = 80
 TOP_FIXES = 3
@@ -42,7 +42,7 @@ def _is_tty(file: TextIO | None) -> bool:
 
 
 class TerminalRenderer:
-    """Renders a Diagnosis to a terminal (styled) or to a pipe or file (plain text), at most 80 columns wide."""
+    """Renders a Report to a terminal (styled) or to a pipe or file (plain text), at most 80 columns wide."""
 
     def __init__(self, file: TextIO | None = None, width: int | None = None, color: bool | None = None) -> None:
         tty = _is_tty(file)
@@ -55,24 +55,28 @@ class TerminalRenderer:
             color_system=None if self.plain else "auto", no_color=self.plain,
         )
 
-    def render(self, d: Diagnosis, *, verbose: bool = False) -> None:
+    def render(self, report: Report, *, verbose: bool = False) -> None:
+        d = report.diagnosis
         if not self.plain:
-            for block in self.blocks(d, verbose=verbose):
+            for block in self.blocks(d, verbose=verbose, regime=report.regime):
                 self.console.print(block)
             return
         # Plain text: rich pads table cells to the full width; a file or a pipe gets no trailing blanks.
         with self.console.capture() as captured:
-            for block in self.blocks(d, verbose=verbose):
+            for block in self.blocks(d, verbose=verbose, regime=report.regime):
                 self.console.print(block)
         text = "\n".join(line.rstrip() for line in captured.get().splitlines())
         self.console.file.write(text + "\n")
 
     # --- the blocks, in reading order -----------------------------------------------------------------------
 
-    def blocks(self, d: Diagnosis, *, verbose: bool = False) -> list[RenderableType]:
-        out: list[RenderableType] = [self._verdict(d)]
+    def blocks(self, d: Diagnosis, *, verbose: bool = False, regime: str = "") -> list[RenderableType]:
+        out: list[RenderableType] = [self._verdict(d, regime)]
         if d.fixes:
             out.append(self._fixes(d, verbose))
+        if d.withheld and verbose:
+            out.append(self._section("Not proposed", self._bullets(
+                [f"{w.title} ({w.rule}): {w.why}." for w in d.withheld])))
         if d.findings:
             out.append(self._evidence(d))
         if d.to_collect:
@@ -88,7 +92,7 @@ class TerminalRenderer:
         out.append(self._footer(d, verbose))
         return out
 
-    def _verdict(self, d: Diagnosis) -> RenderableType:
+    def _verdict(self, d: Diagnosis, regime: str = "") -> RenderableType:
         label = d.limiter.label if d.limiter else INCONCLUSIVE
         head = Text("VERDICT ", style="bold")
         head.append(label.upper(), style=_VERDICT_STYLE.get(d.verdict, "bold"))
@@ -101,6 +105,8 @@ class TerminalRenderer:
         gpu = self._gpu_line(d)
         if gpu:
             facts.add_row("GPU", gpu)
+        if regime:
+            facts.add_row("regime", regime)
         if d.secondary:
             facts.add_row("also", ", ".join(s.replace("_", " ") for s in d.secondary))
         parts: list[RenderableType] = [head, Text(redact(sentence)), Padding(facts, (0, 0, 0, 2))]
@@ -112,7 +118,9 @@ class TerminalRenderer:
                 notes.add_row("!", redact(note))
             parts.append(notes)
         if d.confidence_reasons and d.confidence < 0.7:
-            parts.append(Text("  confidence: " + "; ".join(d.confidence_reasons), style="dim"))
+            # Padded rather than prefixed with spaces, so wrapped lines keep the indent.
+            parts.append(Padding(Text("confidence: " + "; ".join(redact(r) for r in d.confidence_reasons),
+                                      style="dim"), (0, 0, 0, 2)))
         return Group(*parts)
 
     @staticmethod
@@ -140,11 +148,13 @@ class TerminalRenderer:
         for i, fix in enumerate(shown, 1):
             text = Text(fix.title, style="bold")
             text.append("  ")
-            text.append(gain(fix.gain), style="green" if fix.gain else "dim")
+            text.append(gain_text(fix), style="green" if fix.gain else "dim")
             text.append("\n" + redact(fix.action))
-            text.append(f" [{fix.rule}]", style="dim")
+            text.append(f" [{', '.join(fix.rules or (fix.rule,))}]", style="dim")
             if verbose and fix.basis:
                 text.append(f"\nbasis: {redact(fix.basis)}", style="dim")
+            if verbose and fix.capped:
+                text.append(f"\nbounded: {redact(fix.capped)}", style="dim")
             table.add_row(Text(f"{i}.", style="bold"), text)
         parts: list[RenderableType] = [table]
         title = "Top fixes, by expected gain" if not verbose else "Every fix, by expected gain"

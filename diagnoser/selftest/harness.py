@@ -27,8 +27,8 @@ from diagnoser import physics
 from diagnoser.capture import Capture, GpuInfo, ModelInfo, TraceSummary, save
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.errors import DiagnoserError, InputError, SourceUnavailable
-from diagnoser.evidence import Evidence, build_evidence
-from diagnoser.rules.engine import diagnose_evidence
+from diagnoser.evidence import Evidence
+from diagnoser.pipeline import Pipeline
 from diagnoser.selftest.scenarios import DEFAULT_ORDER, SCENARIOS, Scenario
 
 CPU_VERDICT_NOTE = "CPU run: not a GPU verdict"
@@ -306,15 +306,17 @@ def run_scenario(scn: Scenario, *, device: str, size: str, window_s: float, trac
     if capture.model is None:
         capture.model = model
     context = int(info.get("context_read") or 0)
-    if context:
-        capture.serving.setdefault("mean_context_tokens", context)
-    capture.serving.setdefault("selftest_scenario", scn.name)
+    if context and capture.serving.mean_context_tokens is None:
+        capture.serving.mean_context_tokens = context
+    capture.serving.selftest_scenario = capture.serving.selftest_scenario or scn.name
+    capture.serving.engine = capture.serving.engine or "selftest"
+    capture.origin = "selftest"
     if device == "cpu":
         capture.cpu_only = True
     capture.notes.append(f"selftest scenario {scn.name}: {scn.title}; expected {' or '.join(scn.expected)} "
                          f"because {scn.why}.")
-    ev = build_evidence(capture)
-    diagnosis = diagnose_evidence(ev)
+    outcome = Pipeline().diagnose(capture)
+    ev, diagnosis = outcome.evidence, outcome.diagnosis
     result.verdict, result.confidence, result.headline = diagnosis.verdict, diagnosis.confidence, diagnosis.headline
     found = {f.limiter.value for f in diagnosis.findings}
     right = diagnosis.verdict in scn.expected and (not scn.required_finding or scn.required_finding in found)
