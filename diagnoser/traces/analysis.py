@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diagnoser.capture import Capture, GpuInfo, ModelInfo, TraceSummary, new_capture
+from diagnoser.capture import Capture, GpuInfo, ModelInfo, RankStat, TimelineWindow, TraceSummary, new_capture
+from diagnoser.traces import facts
 from diagnoser.traces.classify import ATTENTION, COMM, GEMM, KERNEL_CLASSES
 from diagnoser.traces.decode import (
     SKIP_BAD_TYPE,
@@ -34,8 +35,16 @@ from diagnoser.traces.decode import (
     DecodeStats,
     TraceError,
 )
-from diagnoser.traces.kernels import KernelStats, comm_overlap_us, kernel_stats
-from diagnoser.traces.ops import LaunchIndex, OpsSummary, build_launch_index, cost_ops
+from diagnoser.traces.kernels import COMM_KINDS, KernelStats, comm_overlap_us, kernel_stats
+from diagnoser.traces.ops import (
+    LaunchIndex,
+    OpsSummary,
+    build_launch_index,
+    cost_ops,
+    covered_kernel_us,
+    kernel_costs,
+)
+from diagnoser.traces.snapshot import build_window, choose_range
 from diagnoser.traces.phases import Phases, find_phases
 from diagnoser.traces.tables import Tables, collect
 from diagnoser.traces.timeline import (
@@ -84,6 +93,7 @@ class TraceAnalysis:
     ranks: list[TraceAnalysis] = field(default_factory=list)  # per-file analyses of a folder
     ridge_flop_per_byte: float | None = None
     gpu_spec: str | None = None
+    snapshot: TimelineWindow | None = None  # also summary.timeline
 
     @property
     def skipped(self) -> list[str]:
@@ -206,15 +216,15 @@ def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = No
     if t.g_ts and not t.r_ts:
         skipped.append("no CUDA runtime/driver events: idle gaps cannot be told apart by launch time")
     host = HostActivity(t)
+    shown = choose_range(t, selected, win, launches)
     for dev in sorted(in_window):
         idx = in_window[dev]
         if idx:
-            analysis.timelines.append(build_timeline(t, dev, idx, win, launches, host))
+            analysis.timelines.append(build_timeline(t, dev, idx, win, launches, host,
+                                                     keep_range=shown[:2] if shown else None))
             comm, overlapped = comm_overlap_us(t, idx, win)
             analysis.comm_us += comm
             analysis.comm_overlapped_us += overlapped
-    if selected:
-        analysis.kernels = kernel_stats(t, selected, launches)
     index: LaunchIndex | None = build_launch_index(t, launches, selected) if t.costed and selected else None
     if t.costed:
         analysis.ops = cost_ops(t, index, win)
@@ -224,6 +234,11 @@ def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = No
     elif t.counts["cpu_op"] and not t.shapes_seen:
         skipped.append("no recorded shapes (record_shapes=False): FLOPs, intensity and serving phases are not "
                        "derived")
+    if selected:
+        costs = kernel_costs(t, analysis.ops) if analysis.ops is not None and index is not None else {}
+        analysis.kernels = kernel_stats(t, selected, launches, costs=costs)
+    if shown is not None:
+        analysis.snapshot = build_window(t, selected, shown, win, launches, analysis.timelines)
     if analysis.ops is not None and analysis.ops.runs:
         steps_in_window = [s for s in t.steps if s[1] + s[2] > win[0] and s[1] < win[1]]
         analysis.phases = find_phases(analysis.ops, steps_in_window, index, win)
@@ -373,6 +388,24 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
             skipped.append(f"{unattributed / 1e3:.1f} ms of idle time precede GPU ops whose launch call is not in "
                            "the trace; it was attributed by host activity alone")
     k = a.kernels
+    s.steps = facts.steps(t)
+    s.sampled, s.sampled_reason = facts.sampling(t)
+    if s.sampled:
+        skipped.append(f"the trace is incomplete: {s.sampled_reason}")
+    s.platform, _ = facts.platform(t, [d.name for d in a.devices])
+    if k is not None and k.total_us > 0:
+        s.comm_share_by_kind = {c: us / k.total_us for c, us in k.comm_us_by_kind.items()} if k.comm_us_by_kind \
+            else dict.fromkeys(COMM_KINDS, 0.0)
+    s.workload, s.workload_evidence = facts.workload(t, k.kernel_names if k else {}, s.comm_share_by_kind)
+    if k is not None and k.kernel_us > 0:
+        s.graph_kernel_frac = min(1.0, k.graph_kernel_us / k.kernel_us)
+        s.top_kernels = k.top
+        s.kernel_duration_us = k.durations
+        if a.ops is not None and a.ops.time_basis == "gpu":
+            s.costed_time_frac = min(1.0, covered_kernel_us(t, a.ops) / k.kernel_us)
+        elif a.ops is None or not a.ops.runs:
+            s.costed_time_frac = 0.0
+    s.timeline = a.snapshot
     if k is not None and k.total_us > 0:
         s.kernel_share = k.shares()
         s.kernel_count = k.kernels
