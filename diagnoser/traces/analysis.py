@@ -14,14 +14,16 @@ The analysed window:
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from operator import add
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diagnoser.capture import Capture, GpuInfo, ModelInfo, RankStat, TimelineWindow, TraceSummary, new_capture
+from diagnoser.capture import Capture, GpuInfo, ModelInfo, TimelineWindow, TraceSummary, new_capture
 from diagnoser.traces import facts
 from diagnoser.traces.classify import ATTENTION, COMM, GEMM, KERNEL_CLASSES
 from diagnoser.traces.decode import (
@@ -94,6 +96,7 @@ class TraceAnalysis:
     ridge_flop_per_byte: float | None = None
     gpu_spec: str | None = None
     snapshot: TimelineWindow | None = None  # also summary.timeline
+    step_ms_p50: float | None = None
 
     @property
     def skipped(self) -> list[str]:
@@ -154,9 +157,10 @@ def trace_files(path: Path) -> list[Path]:
     return files
 
 
-def analyze_trace(path: str | Path, *, window: str = "auto", gpu_name: str | None = None,
+def analyze_trace(path: str | Path | Sequence[str | Path], *, window: str = "auto", gpu_name: str | None = None,
                   max_bytes: int | None = None) -> TraceAnalysis:
-    """Analyse a Kineto/Chrome trace (plain or gzip) or a folder of per-rank traces.
+    """Analyse a Kineto/Chrome trace (plain or gzip), a folder of per-rank traces, or a list of trace files (the
+    ranks of one job: the analysis compares them, summary.ranks).
 
     `gpu_name` overrides the GPU named in deviceProperties for the ridge point (e.g. when the trace lacks them).
     `max_bytes` overrides the trace-size limit (decode.max_trace_bytes).
@@ -165,13 +169,35 @@ def analyze_trace(path: str | Path, *, window: str = "auto", gpu_name: str | Non
     """
     if window not in WINDOWS:
         raise TraceError(f"unknown window '{window}'; use one of {', '.join(WINDOWS)}.")
+    if not isinstance(path, (str, Path)):
+        files = [Path(p) for p in path]
+        if len(files) == 1:
+            return analyze_trace(files[0], window=window, gpu_name=gpu_name, max_bytes=max_bytes)
+        if not files:
+            raise TraceError("no trace files given.")
+        for f in files:
+            if not f.is_file() and not f.exists():
+                raise TraceError(f"no trace file at {f}.")
+            if f.is_dir():
+                raise TraceError(f"{f} is a folder; give either one folder of ranks or several trace files.")
+        from diagnoser.traces.ranks import combine
+
+        return combine(_common_parent(files), [analyze_file(f, window=window, gpu_name=gpu_name,
+                                                            max_bytes=max_bytes) for f in files])
     path = Path(path)
     if path.is_dir():
+        from diagnoser.traces.ranks import combine
+
         ranks = [analyze_file(p, window=window, gpu_name=gpu_name, max_bytes=max_bytes) for p in trace_files(path)]
-        return _combine(path, ranks)
+        return combine(path, ranks)
     if not path.exists():
         raise TraceError(f"no trace file at {path}.")
     return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes)
+
+
+def _common_parent(files: list[Path]) -> Path:
+    parents = {f.resolve().parent for f in files}
+    return parents.pop() if len(parents) == 1 else Path(os.path.commonpath([str(p) for p in parents]))
 
 
 def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = None,
@@ -239,6 +265,7 @@ def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = No
         analysis.kernels = kernel_stats(t, selected, launches, costs=costs)
     if shown is not None:
         analysis.snapshot = build_window(t, selected, shown, win, launches, analysis.timelines)
+    analysis.step_ms_p50 = facts.step_ms_p50(t)
     if analysis.ops is not None and analysis.ops.runs:
         steps_in_window = [s for s in t.steps if s[1] + s[2] > win[0] and s[1] < win[1]]
         analysis.phases = find_phases(analysis.ops, steps_in_window, index, win)
@@ -454,52 +481,6 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
     if s.attention_frac is None and k is not None and k.total_us > 0:
         s.attention_frac = k.time_us_by_class[ATTENTION] / k.total_us
     s.skipped = skipped
-
-
-def _combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
-    """A folder of per-rank traces: fractions are averaged over ranks, counts summed, shares weighted by GPU time."""
-    first = ranks[0]
-    s = TraceSummary(path=str(path), window_s=max(r.summary.window_s for r in ranks))
-    with_gpu = [r for r in ranks if r.summary.gpu_busy_frac is not None]
-    s.devices = sorted({d for r in ranks for d in r.summary.devices})
-    if with_gpu:
-        s.gpu_busy_frac = statistics.fmean(r.summary.gpu_busy_frac for r in with_gpu)  # type: ignore[misc]
-        s.idle_frac_by_cause = {c: statistics.fmean(r.summary.idle_frac_by_cause.get(c, 0.0) for r in with_gpu)
-                                for c in IDLE_CAUSES}
-    totals = {c: 0.0 for c in KERNEL_CLASSES}
-    for r in ranks:
-        if r.kernels is not None:
-            for c, us in r.kernels.time_us_by_class.items():
-                totals[c] += us
-    grand = sum(totals.values())
-    if grand > 0:
-        s.kernel_share = {c: v / grand for c, v in totals.items()}
-    s.kernel_count = sum(r.summary.kernel_count for r in ranks)
-    s.cuda_graph_launches = sum(r.summary.cuda_graph_launches for r in ranks)
-    for name in ("short_kernel_frac", "launch_call_us_p50", "launch_delay_us_p50", "intensity_flop_per_byte",
-                 "decode_batch", "prefill_frac", "attention_frac"):
-        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
-        if values:
-            setattr(s, name, statistics.fmean(values))
-    for name in ("achieved_flops", "achieved_bytes_per_s"):
-        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
-        if values:
-            setattr(s, name, sum(values))
-    s.skipped = [f"{r.path.name}: {note}" for r in ranks for note in r.summary.skipped]
-    s.truncated = any(r.summary.truncated for r in ranks)
-    s.events_total = sum(r.summary.events_total for r in ranks)
-    s.events_skipped = sum(r.summary.events_skipped for r in ranks)
-    reasons: Counter[str] = Counter()
-    for r in ranks:
-        reasons.update(r.summary.skip_reasons)
-    s.skip_reasons = dict(sorted(reasons.items()))
-    s.extra["ranks"] = float(len(ranks))
-    if grand > 0:
-        s.extra["comm_share_max_rank"] = max((r.summary.kernel_share.get(COMM, 0.0) for r in ranks), default=0.0)
-    combined = TraceAnalysis(path=path, summary=s, window=first.window, window_policy=first.window_policy,
-                             devices=first.devices, ranks=ranks, ridge_flop_per_byte=first.ridge_flop_per_byte,
-                             gpu_spec=first.gpu_spec, world_size=first.world_size)
-    return combined
 
 
 def capture_from_trace(analysis: TraceAnalysis, *, model: ModelInfo | None = None,

@@ -51,7 +51,7 @@ _NO_RAW = msgspec.Raw()
 class Args(msgspec.Struct, gc=False, omit_defaults=True):
     """The `args` keys the analysis reads; every other key is skipped by the decoder."""
 
-    stream: int | None = None
+    stream: int | str | None = None  # HIP runtime calls write it as a pointer string ("0x0")
     correlation: int | None = None
     device: int | None = None
     external_id: int | None = msgspec.field(default=None, name="External id")

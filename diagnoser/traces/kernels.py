@@ -227,10 +227,11 @@ def collective_kind(text: str) -> str | None:
 
 
 def _comm_by_kind(t: Tables, comm: list[int], launches: Launches) -> dict[str, float]:
-    """Communication time by collective. The kernel's own "Collective name" arg, else the host-side record of the
-    collective its launch call ran inside (an all-to-all runs as NCCL SendRecv kernels: the name alone says
-    send_recv), else its name."""
+    """Communication time by collective. The kernel's own "Collective name" arg, else the "nccl:<collective>"
+    annotation over it on its stream, else the host-side record of the collective its launch call ran inside (an
+    all-to-all runs as NCCL SendRecv kernels: the name alone says send_recv), else its name."""
     host = _HostCollectives(t)
+    on_gpu = _GpuCollectives(t)
     out = dict.fromkeys(COMM_KINDS, 0.0)
     names, g_name, g_dur, of_gpu = t.names, t.g_name, t.g_dur, launches.of_gpu
     for i in comm:
@@ -238,6 +239,8 @@ def _comm_by_kind(t: Tables, comm: list[int], launches: Launches) -> dict[str, f
         arg = t.g_coll.get(i)
         if arg:
             kind = collective_kind(arg)
+        if kind is None:
+            kind = on_gpu.at(t.g_dev[i], t.g_stream[i], t.g_ts[i], t.g_dur[i])
         li = of_gpu[i]
         if kind is None and li is not None:
             kind = host.at(t.r_tid[li], t.r_ts[li])
@@ -271,6 +274,24 @@ class _HostCollectives:
             if s <= ts <= e and (best is None or s >= best[0]):
                 best = (s, kind)
         return best[1] if best else None
+
+
+class _GpuCollectives:
+    """The collective annotation that covers most of a kernel on its device and stream."""
+
+    def __init__(self, t: Tables) -> None:
+        self.spans: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
+        for dev, stream, ts, end, coll in t.gpu_comm:
+            kind = collective_kind(coll)
+            self.spans.setdefault((dev, stream), []).append((ts, end, kind or "other"))
+
+    def at(self, device: int, stream: int, ts: float, dur: float) -> str | None:
+        best, covered = None, 0.0
+        for s, e, kind in self.spans.get((device, stream), ()):
+            c = min(e, ts + dur) - max(s, ts)
+            if c > covered:
+                best, covered = kind, c
+        return best if covered >= 0.5 * dur else None
 
 
 def _op_class(name: str, kind: int) -> str:

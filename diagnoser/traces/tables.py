@@ -56,7 +56,7 @@ _GPU_CATS = {Cat.KERNEL: GPU_KERNEL, Cat.KERNEL_OLD: GPU_KERNEL, Cat.GPU_MEMCPY:
              Cat.MEMCPY_OLD: GPU_MEMCPY, Cat.GPU_MEMSET: GPU_MEMSET, Cat.MEMSET_OLD: GPU_MEMSET}
 _RUNTIME_CATS = {Cat.CUDA_RUNTIME, Cat.CUDA_DRIVER, Cat.RUNTIME_OLD, Cat.DRIVER_OLD}
 _OTHER_HOST_CATS = {Cat.PYTHON_FUNCTION, Cat.OPERATOR, Cat.OPERATOR_OLD}
-_REST_CATS = _OTHER_HOST_CATS | {Cat.USER_ANNOTATION, Cat.CUDA_SYNC, Cat.TRACE}
+_REST_CATS = _OTHER_HOST_CATS | {Cat.USER_ANNOTATION, Cat.GPU_USER_ANNOTATION, Cat.CUDA_SYNC, Cat.TRACE}
 _CAT_OF = attrgetter("cat")
 _PH = attrgetter("ph")
 _PH_X = Ph.X
@@ -129,6 +129,8 @@ class Tables:
     runtime_names: Counter[str] = field(default_factory=Counter)  # runtime and driver calls by name
     ext_ids: array = field(default_factory=lambda: array("q"))  # the CPU ops' External ids, in file order
     comm_ops: list[tuple[int, float, float, str]] = field(default_factory=list)  # (tid, ts, end, collective)
+    # "nccl:<collective>" annotations the profiler projects onto GPU streams: (device, stream, ts, end, collective)
+    gpu_comm: list[tuple[int, int, float, float, str]] = field(default_factory=list)
     g_coll: dict[int, str] = field(default_factory=dict)  # GPU op index -> its "Collective name" arg
     shapes_seen: bool = False  # ops carry "Input Dims" (the profiler ran with record_shapes=True)
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -396,8 +398,8 @@ def _gpu_work_slowly(t: Tables, events: list[Event]) -> None:
         if dev is None:
             dev = _int_or(e.pid, 0)
         stream = args.stream
-        if stream is None:
-            stream = _int_or(e.tid, 0)
+        if not isinstance(stream, int):
+            stream = _stream_of(stream, e.tid)
         if not (-(1 << 31) <= dev < (1 << 31) and -(1 << 63) <= stream < (1 << 63)):
             t.skips[SKIP_BAD_TYPE] += 1
             continue
@@ -412,6 +414,16 @@ def _gpu_work_slowly(t: Tables, events: list[Event]) -> None:
         t.g_corr.append(_int64(args.correlation, -1))
         t.g_bytes.append(_int64(args.nbytes, -1))
         t.g_graph.append(_int64(args.graph_id, -1))
+
+
+def _stream_of(stream: str | None, tid: object) -> int:
+    """A stream given as a string ("0x0", "7") as a number; the row (tid) when there is none."""
+    if isinstance(stream, str):
+        try:
+            return int(stream, 0)
+        except ValueError:
+            pass
+    return _int_or(tid, 0)
 
 
 def _int64(value: int | None, default: int) -> int:
@@ -431,6 +443,10 @@ def _other(t: Tables, e: Event) -> None:
             return
         if e.name.startswith(COMM_ANNOTATION_PREFIX):
             t.comm_ops.append((t.tid(e.tid), ts, ts + dur, e.name[len(COMM_ANNOTATION_PREFIX):]))
+    elif c is Cat.GPU_USER_ANNOTATION:
+        if e.name.startswith(COMM_ANNOTATION_PREFIX) and isinstance(e.pid, int) and isinstance(e.tid, int):
+            t.gpu_comm.append((e.pid, e.tid, ts, ts + dur, e.name[len(COMM_ANNOTATION_PREFIX):]))
+        return
     if c is Cat.USER_ANNOTATION or c in _OTHER_HOST_CATS:
         t.h_tid.append(t.tid(e.tid))
         t.h_ts.append(ts)
