@@ -50,7 +50,7 @@ def short_name(name: str) -> str:
         return (parts[-1] if parts else name)[:MAX_SHORT]
     if name.startswith("Cijk_"):
         return _tensile(name)
-    text = name.strip()
+    text = name.strip().replace("(anonymous namespace)::", "")
     if text.startswith("void "):
         text = text[5:]
     qual, targs = _split(text)
