@@ -48,6 +48,8 @@ def register(app: typer.Typer) -> None:
         rules_config: Path | None = typer.Option(None, "--rules-config", help="TOML file overriding rule "
                                                  "thresholds."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every fix, its basis and skipped rules."),
+        jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="Processes reading a large trace "
+                                        "(default: every core; 1: one process)."),
         max_trace_size: str | None = typer.Option(None, "--max-trace-size", help="Refuse traces larger than this "
                                                   "(JSON bytes after gunzip; default 4G or $DIAGNOSER_TRACE_MAX_BYTES)"
                                                   "; e.g. 16G for a long window."),
@@ -66,7 +68,7 @@ def register(app: typer.Typer) -> None:
         if gpu:
             physics.get_gpu(gpu)  # an unknown name is a bad option, before the (long) analysis
         analysis = analyze_trace(trace[0] if len(trace) == 1 else trace, window=window, gpu_name=gpu,
-                                 max_bytes=limit)
+                                 max_bytes=limit, jobs=jobs)
         capture = capture_from_trace(analysis, model=model_info, gpu_name=gpu)
         capture.origin = "trace"
         pipeline = Pipeline(overrides=overrides, save_to=save)

@@ -48,7 +48,7 @@ from diagnoser.traces.ops import (
 )
 from diagnoser.traces.snapshot import build_window, choose_range
 from diagnoser.traces.phases import Phases, find_phases
-from diagnoser.traces.tables import Tables, collect
+from diagnoser.traces.tables import Tables
 from diagnoser.traces.timeline import (
     IDLE_CAUSES,
     DeviceTimeline,
@@ -158,12 +158,13 @@ def trace_files(path: Path) -> list[Path]:
 
 
 def analyze_trace(path: str | Path | Sequence[str | Path], *, window: str = "auto", gpu_name: str | None = None,
-                  max_bytes: int | None = None) -> TraceAnalysis:
+                  max_bytes: int | None = None, jobs: int | None = None) -> TraceAnalysis:
     """Analyse a Kineto/Chrome trace (plain or gzip), a folder of per-rank traces, or a list of trace files (the
     ranks of one job: the analysis compares them, summary.ranks).
 
     `gpu_name` overrides the GPU named in deviceProperties for the ridge point (e.g. when the trace lacks them).
-    `max_bytes` overrides the trace-size limit (decode.max_trace_bytes).
+    `max_bytes` overrides the trace-size limit (decode.max_trace_bytes). `jobs` is the number of processes that read a
+    large trace (parallel.py; default: every core this process may use; 1: this process alone).
     Raises TraceError (an InputError, exit 2) when nothing usable can be read; a partly readable trace gives a
     partial analysis whose summary.skipped says what was left out.
     """
@@ -172,7 +173,7 @@ def analyze_trace(path: str | Path | Sequence[str | Path], *, window: str = "aut
     if not isinstance(path, (str, Path)):
         files = [Path(p) for p in path]
         if len(files) == 1:
-            return analyze_trace(files[0], window=window, gpu_name=gpu_name, max_bytes=max_bytes)
+            return analyze_trace(files[0], window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
         if not files:
             raise TraceError("no trace files given.")
         for f in files:
@@ -183,16 +184,17 @@ def analyze_trace(path: str | Path | Sequence[str | Path], *, window: str = "aut
         from diagnoser.traces.ranks import combine
 
         return combine(_common_parent(files), [analyze_file(f, window=window, gpu_name=gpu_name,
-                                                            max_bytes=max_bytes) for f in files])
+                                                            max_bytes=max_bytes, jobs=jobs) for f in files])
     path = Path(path)
     if path.is_dir():
         from diagnoser.traces.ranks import combine
 
-        ranks = [analyze_file(p, window=window, gpu_name=gpu_name, max_bytes=max_bytes) for p in trace_files(path)]
+        ranks = [analyze_file(p, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
+                 for p in trace_files(path)]
         return combine(path, ranks)
     if not path.exists():
         raise TraceError(f"no trace file at {path}.")
-    return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes)
+    return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
 
 
 def _common_parent(files: list[Path]) -> Path:
@@ -201,8 +203,10 @@ def _common_parent(files: list[Path]) -> Path:
 
 
 def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = None,
-                 max_bytes: int | None = None) -> TraceAnalysis:
-    t = collect(path, max_bytes=max_bytes)
+                 max_bytes: int | None = None, jobs: int | None = None) -> TraceAnalysis:
+    from diagnoser.traces.parallel import collect_parallel
+
+    t = collect_parallel(path, jobs=jobs, max_bytes=max_bytes)
     if t.stats.events == 0:
         if t.stats.truncated:
             raise TraceError(f"{path} is cut short before its first complete event; nothing to analyse.")

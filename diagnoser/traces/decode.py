@@ -636,8 +636,43 @@ def _to_event(obj: object, stats: DecodeStats) -> Event | None:
         return None
 
 
+# What a raw chunk holds (raw_chunks -> decode_chunk).
+WHOLE = 0  # whole events, between two event boundaries or up to the close of the array
+CUT_SHORT = 1  # the rest of a file cut short: its last event may be incomplete
+DAMAGED = 2  # data with damage and no event boundary after it: only the events before the damage are read
+
+
 def _event_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile,
                   chunk_bytes: int) -> Iterator[list[Event]]:
+    for data, mode in raw_chunks(head, in_object, blocks, tf, chunk_bytes):
+        events = decode_chunk(data, mode, tf.stats)
+        tf.stats.events += len(events)
+        if events:
+            yield events
+
+
+def decode_chunk(data: bytes, mode: int, stats: DecodeStats) -> list[Event]:
+    """The events of a raw chunk; what is left out is counted in `stats` (not the events read: the caller adds
+    those, as the parallel reader's workers each have their own stats)."""
+    if mode == DAMAGED:
+        stats.skips[SKIP_MALFORMED] += 1
+        return _salvage(data, DecodeStats(), at_eof=False)  # the events before the damage, if any
+    if mode == CUT_SHORT:
+        before = stats.skips[SKIP_TRUNCATED]
+        events = decode_events(data, stats, at_eof=True)
+        stats.truncated = True
+        if stats.skips[SKIP_TRUNCATED] == before and events:
+            stats.notes.append("the file is truncated: the events array is never closed")
+        else:
+            stats.notes.append("the file is truncated: its last, incomplete event was ignored")
+        return events
+    return decode_events(data, stats)
+
+
+def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile,
+               chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """Cut the events array (from just after its '[') into chunks of whole events, as (bytes, mode); the metadata
+    after the array goes to tf.metadata. Damaged stretches with no boundary are skipped as they arrive."""
     stats = tf.stats
     buf = bytearray(head)
     start = _skip_ws(buf, 0)
@@ -675,14 +710,12 @@ def _event_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: Tra
             return
         cut = last_cut(buf, start, len(buf))
         if cut is not None:
-            events = decode_events(buf, stats, start, cut[0] + 1)
+            yield bytes(buf[start:cut[0] + 1]), WHOLE
             start = cut[1]
             want = chunk_bytes
             if start > len(buf) // 2:
                 del buf[:start]
                 start = 0
-            stats.events += len(events)
-            yield events
             continue
         # No boundary: one long event still arriving, the end of the array, or damaged data.
         start = _skip_ws(buf, start)
@@ -698,11 +731,7 @@ def _event_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: Tra
         if _is_valid_prefix(pending):
             want = 2 * len(pending)
             continue
-        good = _salvage(pending, DecodeStats(), at_eof=False)  # the events before the damage, if any
-        if good:
-            stats.events += len(good)
-            yield good
-        stats.skips[SKIP_MALFORMED] += 1
+        yield pending, DAMAGED
         stats.notes.append("part of the file is not JSON (damaged); it was skipped up to the next event")
         dropping = True
 
@@ -718,8 +747,8 @@ def _is_valid_prefix(data: bytes) -> bool:
     return True
 
 
-def _final_chunk(rest: bytes, in_object: bool, tf: TraceFile) -> Iterator[list[Event]]:
-    """The last events, the close of the array and the metadata after it; salvage a file cut short."""
+def _final_chunk(rest: bytes, in_object: bool, tf: TraceFile) -> Iterator[tuple[bytes, int]]:
+    """The last events, the close of the array and the metadata after it; a file cut short as CUT_SHORT."""
     stats = tf.stats
     if not rest.strip(_WS):
         stats.truncated = True
@@ -733,22 +762,9 @@ def _final_chunk(rest: bytes, in_object: bool, tf: TraceFile) -> Iterator[list[E
         if body.endswith(b","):  # a trailing comma after the last event
             body = body[:-1]
         if body.strip(_WS):
-            events = decode_events(body, stats, at_eof=True)
-            stats.events += len(events)
-            yield events
+            yield body, WHOLE
         return
-    # No close of the array: the file was cut short. Keep every complete event before the cut.
-    stats.truncated = True
-    before = stats.skips[SKIP_TRUNCATED]
-    events = decode_events(rest, stats, at_eof=True)
-    if stats.skips[SKIP_TRUNCATED] == before and events:
-        # the cut fell right after a complete event
-        stats.notes.append("the file is truncated: the events array is never closed")
-    else:
-        stats.notes.append("the file is truncated: its last, incomplete event was ignored")
-    stats.events += len(events)
-    if events:
-        yield events
+    yield rest, CUT_SHORT  # no close of the array: every complete event before the cut is kept
 
 
 class _Whole(msgspec.Struct):

@@ -154,6 +154,41 @@ class Tables:
             self.names.append(name)
         return nid
 
+    def extend(self, part: Tables) -> None:
+        """Append the columns of `part`, the events that follow in the file (the parallel reader's chunks): the
+        result is what one pass over both would have built. Name ids and thread stand-ins are renumbered."""
+        names = [self.name_id(n) for n in part.names]
+        tids = {stand_in: self.tid(key) for key, stand_in in part.tids.items()}
+
+        def tid_of(values: array) -> array | list[int]:
+            return values if not tids else [tids.get(v, v) for v in values]
+
+        n0 = len(self.g_ts)
+        for col in ("g_dev", "g_stream", "g_kind", "g_ts", "g_dur", "g_corr", "g_bytes", "g_graph", "r_kind", "r_ts",
+                    "r_dur", "r_corr", "s_dev", "s_host", "s_ts", "s_dur", "h_ts", "h_end", "ext_ids"):
+            getattr(self, col).extend(getattr(part, col))
+        self.g_name.extend(array("i", map(names.__getitem__, part.g_name)))
+        self.r_name.extend(array("i", map(names.__getitem__, part.r_name)))
+        self.r_tid.extend(tid_of(part.r_tid))
+        self.h_tid.extend(tid_of(part.h_tid))
+        self.g_coll.update((n0 + i, c) for i, c in part.g_coll.items())
+        for op in part.costed:
+            op.tid = tids.get(op.tid, op.tid)
+        self.costed.extend(part.costed)
+        self.steps.extend((n, ts, d, tids.get(tid, tid)) for n, ts, d, tid in part.steps)
+        self.comm_ops.extend((tids.get(tid, tid), ts, e, c) for tid, ts, e, c in part.comm_ops)
+        self.trace_spans.extend(part.trace_spans)
+        self.gpu_comm.extend(part.gpu_comm)
+        for counter in ("counts", "skips", "op_names", "runtime_names"):
+            getattr(self, counter).update(getattr(part, counter))
+        self.shapes_seen = self.shapes_seen or part.shapes_seen
+
+    def finish(self) -> None:
+        """After the last events: the host span."""
+        if self.h_ts:
+            self.cpu_first = min(self.h_ts)
+            self.cpu_last = max(self.h_end)
+
 
 def _int_or(value: object, default: int) -> int:
     return value if isinstance(value, int) else default
@@ -175,9 +210,7 @@ def collect(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES, max_bytes: int 
             gc.enable()
     t.metadata = tf.metadata
     t.stats = tf.stats
-    if t.h_ts:
-        t.cpu_first = min(t.h_ts)
-        t.cpu_last = max(t.h_end)
+    t.finish()
     return t
 
 
