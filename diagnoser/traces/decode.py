@@ -669,10 +669,13 @@ def decode_chunk(data: bytes, mode: int, stats: DecodeStats) -> list[Event]:
     return decode_events(data, stats)
 
 
-def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile,
-               chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile, chunk_bytes: int,
+               ends: int | None = None) -> Iterator[tuple[bytes, int]]:
     """Cut the events array (from just after its '[') into chunks of whole events, as (bytes, mode); the metadata
-    after the array goes to tf.metadata. Damaged stretches with no boundary are skipped as they arrive."""
+    after the array goes to tf.metadata. Damaged stretches with no boundary are skipped as they arrive.
+
+    `ends` is for a part of the array (the parallel reader's ranges): the blocks end at an event boundary (WHOLE) or
+    where the file was cut short (CUT_SHORT), not with the array's close."""
     stats = tf.stats
     buf = bytearray(head)
     start = _skip_ws(buf, 0)
@@ -706,7 +709,14 @@ def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceF
             want = chunk_bytes
             continue
         if exhausted:
-            yield from _final_chunk(bytes(buf[start:]), in_object, tf)
+            if ends is None:
+                yield from _final_chunk(bytes(buf[start:]), in_object, tf)
+                return
+            rest = bytes(buf[start:]).rstrip(_WS)
+            if ends == WHOLE and rest.endswith(b","):
+                rest = rest[:-1]
+            if rest.strip(_WS):
+                yield rest, ends
             return
         cut = last_cut(buf, start, len(buf))
         if cut is not None:

@@ -39,7 +39,6 @@ from diagnoser.traces.decode import (
     decode_chunk,
     find_array_end,
     first_cut,
-    last_cut,
     max_trace_bytes,
     open_trace_file,
     parse_head_metadata,
@@ -54,6 +53,7 @@ RANGE_BYTES = 48 << 20
 # Below this much JSON one process is faster than starting workers.
 MIN_PARALLEL_BYTES = 64 << 20
 _TAIL_BYTES = 8 << 20
+_BLOCK = 4 << 20
 _WS = b" \t\r\n"
 
 
@@ -87,13 +87,13 @@ def collect_parallel(path: str | Path, *, jobs: int | None = None, max_bytes: in
 
 # --- workers ---------------------------------------------------------------------------------------------------
 
-def _ingest_chunks(chunks: Iterator[tuple[bytes | memoryview, int]]) -> tuple[Tables, DecodeStats]:
-    part, stats = Tables(), DecodeStats()
+def _ingest_chunks(chunks: Iterator[tuple[bytes, int]], stats: DecodeStats) -> tuple[Tables, DecodeStats]:
+    part = Tables()
     was = gc.isenabled()
     gc.disable()  # nothing here forms cycles
     try:
         for data, mode in chunks:
-            events = decode_chunk(bytes(data), mode, stats)
+            events = decode_chunk(data, mode, stats)
             stats.events += len(events)
             _ingest(part, events)
     finally:
@@ -103,36 +103,22 @@ def _ingest_chunks(chunks: Iterator[tuple[bytes | memoryview, int]]) -> tuple[Ta
 
 
 def _chunk_task(data: bytes, mode: int) -> tuple[Tables, DecodeStats]:
-    return _ingest_chunks(iter([(data, mode)]))
+    return _ingest_chunks(iter([(data, mode)]), DecodeStats())
 
 
 def _range_task(path: str, start: int, end: int, last_mode: int, chunk_bytes: int) -> tuple[Tables, DecodeStats]:
     """The columns of the events in bytes [start, end) of a plain trace (whole events, comma-separated)."""
+    tf = TraceFile(path=Path(path))
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        return _ingest_chunks(range_chunks(mm, start, end, last_mode, chunk_bytes))
+        return _ingest_chunks(range_chunks(mm, start, end, last_mode, chunk_bytes, tf), tf.stats)
 
 
-def range_chunks(mm: Any, start: int, end: int, last_mode: int, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
-    """Chunks of whole events of mm[start:end], cut at event boundaries."""
-    pos = start
-    want = chunk_bytes
-    while pos < end:
-        if end - pos <= want:
-            data = mm[pos:end].rstrip(_WS)
-            if data.endswith(b","):
-                data = data[:-1]
-            if data.strip(_WS):
-                yield data, last_mode
-            return
-        cut = last_cut(mm, pos, pos + want)
-        if cut is None:  # one event longer than the chunk: look further
-            if want > MAX_EVENT_BYTES:
-                raise TraceError("a single event over 64 MB: not a trace, or a damaged one.")
-            want *= 2
-            continue
-        yield mm[pos:cut[0] + 1], WHOLE
-        pos = cut[1]
-        want = chunk_bytes
+def range_chunks(mm: Any, start: int, end: int, last_mode: int, chunk_bytes: int,
+                 tf: TraceFile) -> Iterator[tuple[bytes, int]]:
+    """Chunks of whole events of mm[start:end], cut at event boundaries as a single pass cuts them (damage skipped
+    the same way)."""
+    blocks = (mm[i:min(end, i + _BLOCK)] for i in range(start, end, _BLOCK))
+    return raw_chunks(b"", False, blocks, tf, chunk_bytes, ends=last_mode)
 
 
 # --- the parent ----------------------------------------------------------------------------------------------------
@@ -164,12 +150,16 @@ def _take(future: Future[tuple[Tables, DecodeStats]], t: Tables) -> None:
 def _collect_mapped(path: Path, jobs: int, limit: int, chunk_bytes: int, range_bytes: int) -> Tables:
     from diagnoser.traces.tables import collect
 
+    tf = TraceFile(path=path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size == 0:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except (OSError, ValueError):  # no address space for it (a limit on it), or a file that cannot be mapped
+            mm = None
+        if mm is None:
             return collect(path, chunk_bytes=chunk_bytes, max_bytes=limit)
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            tf = TraceFile(path=path)
+        with mm:
             span = _events_span(mm, size, path, tf)
             if span is None:  # a head the single pass must judge (and word the error for)
                 return collect(path, chunk_bytes=chunk_bytes, max_bytes=limit)
