@@ -105,3 +105,44 @@ def test_default_jobs_and_small_files_stay_in_one_process(tmp_path: Path) -> Non
     path = tmp_path / "t.json"
     shutil.copy(HERE / "fixtures" / "traces" / "mi250-rocm-toy-train.json.gz", path.with_suffix(".gz"))
     assert collect_parallel(path.with_suffix(".gz")).stats.events == collect(path.with_suffix(".gz")).stats.events
+
+
+# --- the quick look ---------------------------------------------------------------------------------------------
+
+def test_quick_look_reads_part_of_a_large_trace_and_says_so(tmp_path: Path) -> None:
+    from diagnoser.traces.analysis import quick_look
+
+    data = json.dumps({"schemaVersion": 1, "traceEvents": _events(20000)})
+    plain = tmp_path / "big.json"
+    plain.write_text(data)
+    gz = tmp_path / "big.json.gz"
+    gz.write_bytes(gzip.compress(data.encode(), compresslevel=1))
+    exact = analyze_trace(plain).summary
+    for path, where in ((plain, "from the middle"), (gz, "the first")):
+        q = quick_look(path, sample_bytes=len(data) // 8)
+        assert q is not None
+        s = q.summary
+        assert s.sampled and s.sampled_reason.startswith("quick look: ") and where in s.sampled_reason
+        assert 0 < s.kernel_count < exact.kernel_count
+        assert not s.truncated and s.events_skipped == 0  # the cut at the sample's edge is not damage
+        assert s.gpu_busy_frac == pytest.approx(exact.gpu_busy_frac, abs=0.05)
+    assert quick_look(plain, sample_bytes=len(data)) is None  # small enough to read whole
+
+
+def test_cli_quick_prints_a_labelled_first_answer_then_the_exact_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from diagnoser.cli.app import app
+
+    data = json.dumps({"schemaVersion": 1, "traceEvents": _events(20000)})
+    path = tmp_path / "big.json"
+    path.write_text(data)
+    monkeypatch.setattr("diagnoser.traces.parallel.QUICK_BYTES", len(data) // 8)
+    out = CliRunner().invoke(app, ["analyze", str(path), "--quick"]).output
+    assert out.index("QUICK LOOK, not the result") < out.index("The exact analysis") < out.index(f"Trace {path}")
+    assert "verdict " in out.split("The exact analysis")[0]
+    result = CliRunner().invoke(app, ["analyze", str(path), "--quick", "--json"])
+    assert result.exit_code == 0
+    json.loads(result.stdout)  # stdout stays one JSON document; the quick look went to stderr
+    assert "QUICK LOOK" in result.stderr

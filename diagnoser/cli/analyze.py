@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every fix, its basis and skipped rules."),
         jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="Processes reading a large trace "
                                         "(default: every core; 1: one process)."),
+        quick: bool = typer.Option(False, "--quick", help="First print a verdict from part of a large trace (64 MB "
+                                   "from its middle; the start of a .gz), labelled as such, then the exact result."),
         max_trace_size: str | None = typer.Option(None, "--max-trace-size", help="Refuse traces larger than this "
                                                   "(JSON bytes after gunzip; default 4G or $DIAGNOSER_TRACE_MAX_BYTES)"
                                                   "; e.g. 16G for a long window."),
@@ -67,11 +69,13 @@ def register(app: typer.Typer) -> None:
         model_info = physics.resolve_model(model) if model else None
         if gpu:
             physics.get_gpu(gpu)  # an unknown name is a bad option, before the (long) analysis
+        pipeline = Pipeline(overrides=overrides, save_to=save)
+        if quick:
+            _quick_look(trace, window, gpu, limit, model_info, pipeline, err=as_json)
         analysis = analyze_trace(trace[0] if len(trace) == 1 else trace, window=window, gpu_name=gpu,
                                  max_bytes=limit, jobs=jobs)
         capture = capture_from_trace(analysis, model=model_info, gpu_name=gpu)
         capture.origin = "trace"
-        pipeline = Pipeline(overrides=overrides, save_to=save)
         pipeline.checkpoint(capture)
         outcome = pipeline.diagnose(capture)
         if as_json:
@@ -83,6 +87,32 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"Capture saved to {save}.")
             typer.echo("")
         show(outcome, as_json=as_json, fail_on=wanted, verbose=verbose)
+
+
+def _quick_look(trace: list[Path], window: str, gpu: str | None, limit: int | None, model_info: object,
+                pipeline: object, *, err: bool) -> None:
+    """The quick look: a verdict from part of the trace, printed (on stderr with --json) before the exact one."""
+    from diagnoser.traces.analysis import quick_look
+
+    if len(trace) != 1:
+        typer.echo("Quick look: not for several traces; the exact analysis follows.", err=err)
+        return
+    q = quick_look(trace[0], window=window, gpu_name=gpu, max_bytes=limit)
+    if q is None:
+        typer.echo("Quick look: the trace is small enough to analyse whole at once; the exact analysis follows.",
+                   err=err)
+        return
+    capture = capture_from_trace(q, model=model_info, gpu_name=gpu)  # type: ignore[arg-type]
+    d = pipeline.diagnose(capture).diagnosis  # type: ignore[attr-defined]
+    s = q.summary
+    shares = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(s.kernel_share.items(), key=lambda kv: -kv[1])[:3]
+                       if v >= 0.0005)
+    lines = [f"QUICK LOOK, not the result: {s.sampled_reason.removeprefix('quick look: ')}.",
+             f"  GPU busy {_pct(s.gpu_busy_frac)}; {shares}" if s.gpu_busy_frac is not None else "  no GPU events read",
+             f"  verdict {d.verdict.upper().replace('_', '-')} (confidence {d.confidence:.2f}): {d.headline}",
+             "The exact analysis of the whole trace follows.", ""]
+    for line in lines:
+        typer.echo(line, err=err)
 
 
 def _pct(x: float | None) -> str:

@@ -640,6 +640,7 @@ def _to_event(obj: object, stats: DecodeStats) -> Event | None:
 WHOLE = 0  # whole events, between two event boundaries or up to the close of the array
 CUT_SHORT = 1  # the rest of a file cut short: its last event may be incomplete
 DAMAGED = 2  # data with damage and no event boundary after it: only the events before the damage are read
+PREFIX = 3  # the start of a trace read only in part (a quick look): its last event may be cut, which is no damage
 
 
 def _event_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile,
@@ -657,6 +658,12 @@ def decode_chunk(data: bytes, mode: int, stats: DecodeStats) -> list[Event]:
     if mode == DAMAGED:
         stats.skips[SKIP_MALFORMED] += 1
         return _salvage(data, DecodeStats(), at_eof=False)  # the events before the damage, if any
+    if mode == PREFIX:
+        scratch = DecodeStats()
+        events = decode_events(data, scratch, at_eof=True)
+        scratch.skips.pop(SKIP_TRUNCATED, None)
+        stats.skips.update(scratch.skips)
+        return events
     if mode == CUT_SHORT:
         before = stats.skips[SKIP_TRUNCATED]
         events = decode_events(data, stats, at_eof=True)
@@ -713,7 +720,7 @@ def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceF
                 yield from _final_chunk(bytes(buf[start:]), in_object, tf)
                 return
             rest = bytes(buf[start:]).rstrip(_WS)
-            if ends == WHOLE and rest.endswith(b","):
+            if ends != CUT_SHORT and rest.endswith(b","):
                 rest = rest[:-1]
             if rest.strip(_WS):
                 yield rest, ends
