@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import gzip
 import json
+import math
 import mmap
 import os
 import re
@@ -34,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
 import msgspec
 
@@ -148,16 +149,23 @@ class Ph(enum.Enum):
         return cls.OTHER
 
 
+# Times are checked by the decoder itself (in C): a negative value fails the chunk's fast decode, and the chunk is then
+# read event by event so that only the bad event is left out (and counted). JSON cannot carry NaN or infinity, and
+# msgspec refuses a number beyond float range, so a decoded time is finite.
+Micros = Annotated[float, msgspec.Meta(ge=0)]
+
+
 class Event(msgspec.Struct, gc=False, omit_defaults=True):
-    """One trace event. `ts`/`dur` are microseconds (floats carry nanoseconds); pid/tid may be strings."""
+    """One trace event. `ts`/`dur` are microseconds (floats carry nanoseconds), finite and >= 0; pid/tid may be
+    strings."""
 
     ph: Ph = Ph.OTHER
     cat: Cat = Cat.NONE
     name: str = ""
     pid: int | str | None = None
     tid: int | str | None = None
-    ts: float | None = None
-    dur: float | None = None
+    ts: Micros | None = None
+    dur: Micros | None = None
     args: Args | None = None
 
 
@@ -171,10 +179,11 @@ class _Probe(msgspec.Struct):
 
 _EVENTS = msgspec.json.Decoder(list[Event], strict=False)
 _EVENT = msgspec.json.Decoder(Event, strict=False)
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _PROBE = msgspec.json.Decoder(list[_Probe])
 _ANY = msgspec.json.Decoder()
-_PY_JSON = json.JSONDecoder()
-Buffer = bytes | bytearray | mmap.mmap  # what the boundary search and the decoder read from  # the damage path: accepts NaN/Infinity and reports where the text breaks
+_PY_JSON = json.JSONDecoder()  # the damage path: accepts NaN/Infinity and reports where the text breaks
+Buffer = bytes | bytearray | mmap.mmap  # what the boundary search and the decoder read from
 
 # Default chunk: large enough that per-chunk overhead is nil, small enough to keep memory flat.
 CHUNK_BYTES = 8 << 20
@@ -544,10 +553,55 @@ def decode_events(buf: Buffer, stats: DecodeStats, start: int = 0, end: int | No
     to the end of a file cut short when `at_eof`). Damaged events are skipped and counted in `stats.skips`."""
     with memoryview(buf) as view:
         data = b"".join((b"[", view[start:end], b"]"))  # one copy; the events' Raw fields may point into it
+    return decode_list(data, stats, at_eof=at_eof)
+
+
+def decode_list(data: bytes, stats: DecodeStats, *, at_eof: bool = False) -> list[Event]:
+    """The events of `data`, a JSON list of events ('[' ... ']'): one typed decode when all is well; valid JSON with a
+    bad value (a negative time, a string for a number) is decoded event by event, each bad one counted; text that
+    is not JSON goes to the standard library's parser (_salvage)."""
     try:
         return _EVENTS.decode(data)
+    except msgspec.ValidationError:
+        pass
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return _salvage(data[1:-1], stats, at_eof)
+    try:
+        raws = _RAWS.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
         return _salvage(data[1:-1], stats, at_eof)
+    out: list[Event] = []
+    decode = _EVENT.decode
+    for raw in raws:
+        try:
+            out.append(decode(raw))
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+            stats.skips[_reason_of(bytes(raw))] += 1
+    return out
+
+
+def _reason_of(raw: bytes) -> str:
+    """Why one valid-JSON event did not decode: its times, or a field of another type."""
+    try:
+        obj = _PY_JSON.decode(raw.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        return SKIP_MALFORMED
+    return _time_reason(obj) or SKIP_BAD_TYPE
+
+
+def _time_reason(obj: object) -> str | None:
+    """The skip reason of an event's times (non-finite, negative), or None when they are fine or absent."""
+    if not isinstance(obj, dict):
+        return None
+    ts, dur = obj.get("ts"), obj.get("dur")
+    for v in (ts, dur):
+        if isinstance(v, float) and not math.isfinite(v):
+            return SKIP_NON_FINITE
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and ts < 0:
+        return SKIP_NEGATIVE_TIME
+    if isinstance(dur, (int, float)) and not isinstance(dur, bool) and dur < 0:
+        return SKIP_NEGATIVE_DURATION
+    return None
 
 
 def _salvage(data: bytes, stats: DecodeStats, at_eof: bool) -> list[Event]:
@@ -618,11 +672,10 @@ def _to_event(obj: object, stats: DecodeStats) -> Event | None:
     if not isinstance(obj, dict):
         stats.skips[SKIP_MALFORMED] += 1
         return None
-    for key in ("ts", "dur"):
-        v = obj.get(key)
-        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
-            stats.skips[SKIP_NON_FINITE] += 1
-            return None
+    reason = _time_reason(obj)
+    if reason is not None:
+        stats.skips[reason] += 1
+        return None
     try:
         # Through JSON again rather than msgspec.convert: Raw fields can only be filled by the JSON decoder.
         data = msgspec.json.encode(obj)
@@ -657,29 +710,34 @@ def decode_chunk(data: bytes, mode: int, stats: DecodeStats) -> list[Event]:
     those, as the parallel reader's workers each have their own stats)."""
     if mode == DAMAGED:
         stats.skips[SKIP_MALFORMED] += 1
-        return _salvage(data, DecodeStats(), at_eof=False)  # the events before the damage, if any
+        return _salvage(data[1:-1], DecodeStats(), at_eof=False)  # the events before the damage, if any
     if mode == PREFIX:
         scratch = DecodeStats()
-        events = decode_events(data, scratch, at_eof=True)
+        events = decode_list(data, scratch, at_eof=True)
         scratch.skips.pop(SKIP_TRUNCATED, None)
         stats.skips.update(scratch.skips)
         return events
     if mode == CUT_SHORT:
         before = stats.skips[SKIP_TRUNCATED]
-        events = decode_events(data, stats, at_eof=True)
+        events = decode_list(data, stats, at_eof=True)
         stats.truncated = True
         if stats.skips[SKIP_TRUNCATED] == before and events:
             stats.notes.append("the file is truncated: the events array is never closed")
         else:
             stats.notes.append("the file is truncated: its last, incomplete event was ignored")
         return events
-    return decode_events(data, stats)
+    return decode_list(data, stats)
+
+
+def _listed(*parts: Buffer | memoryview) -> bytes:
+    """The bytes of a JSON list around `parts` (one copy)."""
+    return b"".join((b"[", *parts, b"]"))
 
 
 def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile, chunk_bytes: int,
                ends: int | None = None) -> Iterator[tuple[bytes, int]]:
-    """Cut the events array (from just after its '[') into chunks of whole events, as (bytes, mode); the metadata
-    after the array goes to tf.metadata. Damaged stretches with no boundary are skipped as they arrive.
+    """Cut the events array (from just after its '[') into chunks of whole events, as (a JSON list of them, mode);
+    the metadata after the array goes to tf.metadata. Damaged stretches with no boundary are skipped as they arrive.
 
     `ends` is for a part of the array (the parallel reader's ranges): the blocks end at an event boundary (WHOLE) or
     where the file was cut short (CUT_SHORT), not with the array's close."""
@@ -723,11 +781,13 @@ def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceF
             if ends != CUT_SHORT and rest.endswith(b","):
                 rest = rest[:-1]
             if rest.strip(_WS):
-                yield rest, ends
+                yield _listed(rest), ends
             return
         cut = last_cut(buf, start, len(buf))
         if cut is not None:
-            yield bytes(buf[start:cut[0] + 1]), WHOLE
+            with memoryview(buf) as view:
+                chunk = _listed(view[start:cut[0] + 1])
+            yield chunk, WHOLE
             start = cut[1]
             want = chunk_bytes
             if start > len(buf) // 2:
@@ -748,7 +808,7 @@ def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceF
         if _is_valid_prefix(pending):
             want = 2 * len(pending)
             continue
-        yield pending, DAMAGED
+        yield _listed(pending), DAMAGED
         stats.notes.append("part of the file is not JSON (damaged); it was skipped up to the next event")
         dropping = True
 
@@ -779,9 +839,9 @@ def _final_chunk(rest: bytes, in_object: bool, tf: TraceFile) -> Iterator[tuple[
         if body.endswith(b","):  # a trailing comma after the last event
             body = body[:-1]
         if body.strip(_WS):
-            yield body, WHOLE
+            yield _listed(body), WHOLE
         return
-    yield rest, CUT_SHORT  # no close of the array: every complete event before the cut is kept
+    yield _listed(rest), CUT_SHORT  # no close of the array: every complete event before the cut is kept
 
 
 class _Whole(msgspec.Struct):

@@ -37,9 +37,6 @@ from diagnoser.traces.decode import (
     CHUNK_BYTES,
     SKIP_BAD_TYPE,
     SKIP_MISSING_TIME,
-    SKIP_NEGATIVE_DURATION,
-    SKIP_NEGATIVE_TIME,
-    SKIP_NON_FINITE,
     Cat,
     DecodeStats,
     Event,
@@ -251,8 +248,9 @@ def _ingest(t: Tables, events: list[Event]) -> None:
         names = Counter(map(_NAME, cpu_ops))
         t.op_names.update(names)
         _external_ids(t, cpu_ops)
-        if not _COMM_OP_NAMES.isdisjoint(names) or any(n.startswith(COMM_OP_PREFIX) for n in names):
-            _comm_ops(t, cpu_ops)
+        comm = {n for n in names if n in _COMM_OP_NAMES or n.startswith(COMM_OP_PREFIX)}
+        if comm:
+            _comm_ops(t, [e for e in cpu_ops if e.name in comm])
         costed = COSTED_OPS
         for e in [e for e in cpu_ops if e.name in costed]:
             args = e.args
@@ -268,56 +266,35 @@ def _ingest(t: Tables, events: list[Event]) -> None:
         _runtime_calls(t, list(compress(runtime, kinds)), list(filter(None, kinds)))
         t.runtime_names.update(map(_NAME, runtime))
     if gpu:
-        gpu, _, _ = _checked(t, gpu)
+        gpu, ts, durs = _checked(t, gpu)
         counts["gpu"] += len(gpu)
-        _gpu_work(t, gpu)
+        _gpu_work(t, gpu, ts, durs)
     if rest:
         rest, _, _ = _checked(t, rest, complete_only=False)
         for e in rest:
             _other(t, e)
 
 
-def _times_ok(values: list[Any]) -> bool:
-    """All finite and >= 0 (None or a non-number fails): a sum and a min, both at C speed."""
-    try:
-        total = sum(values)
-        return total - total == 0.0 and min(values, default=0.0) >= 0.0
-    except TypeError:
-        return False
-
-
 def _checked(t: Tables, events: list[Event], complete_only: bool = True) -> tuple[list[Event], list[float], list[float]]:
-    """The events of a batch with valid times, and their ts and dur; the others are counted in t.skips by reason.
+    """The events of a batch with both times, and their ts and dur; complete events without one are counted in
+    t.skips. (The decoder already refused negative and non-finite times.)
 
     Only complete ('X') events carry a duration; with `complete_only` other phases are dropped silently (they are
     not what the batch's category is read for), otherwise they are kept unchecked."""
     ts = list(map(_TS, events))
     durs = list(map(_DUR, events))
-    phs = list(map(_PH, events))
-    if phs.count(_PH_X) == len(phs) and _times_ok(ts) and _times_ok(durs):
-        return events, ts, durs
+    if None not in durs and None not in ts:  # only complete events carry a duration
+        return events, ts, durs  # type: ignore[return-value]
     keep: list[Event] = []
-    skips = t.skips
-    for e, ph, s, d in zip(events, phs, ts, durs):
+    for e, ph, s, d in zip(events, map(_PH, events), ts, durs):
         if ph is not _PH_X:
             if not complete_only:
                 keep.append(e)
-            continue
-        if s is None or d is None:
-            skips[SKIP_MISSING_TIME] += 1
-        elif not (_finite(s) and _finite(d)):
-            skips[SKIP_NON_FINITE] += 1
-        elif s < 0:
-            skips[SKIP_NEGATIVE_TIME] += 1
-        elif d < 0:
-            skips[SKIP_NEGATIVE_DURATION] += 1
+        elif s is None or d is None:
+            t.skips[SKIP_MISSING_TIME] += 1
         else:
             keep.append(e)
     return keep, [e.ts for e in keep], [e.dur for e in keep]  # type: ignore[misc]
-
-
-def _finite(x: float) -> bool:
-    return x - x == 0.0
 
 
 def _external_ids(t: Tables, ops: list[Event]) -> None:
@@ -339,10 +316,8 @@ def _comm_ops(t: Tables, ops: list[Event]) -> None:
     """Host-side records of collectives (c10d ops, record_param_comms with its "Collective name"), to name the
     collective a communication kernel ran for when the kernel itself does not say."""
     for e in ops:
-        name = e.name
-        if name in _COMM_OP_NAMES or name.startswith(COMM_OP_PREFIX):
-            coll = e.args.collective if e.args is not None and e.args.collective else name
-            t.comm_ops.append((t.tid(e.tid), e.ts, e.ts + e.dur, coll))  # type: ignore[operator]
+        coll = e.args.collective if e.args is not None and e.args.collective else e.name
+        t.comm_ops.append((t.tid(e.tid), e.ts, e.ts + e.dur, coll))  # type: ignore[operator]
 
 
 def _truncate(n: int, *columns: array) -> None:
@@ -395,11 +370,11 @@ def _runtime_calls(t: Tables, calls: list[Event], kinds: list[int]) -> None:
     t.r_name.fromlist(_name_ids(t, calls))
 
 
-def _gpu_work(t: Tables, events: list[Event]) -> None:
+def _gpu_work(t: Tables, events: list[Event], ts: list[float], durs: list[float]) -> None:
     n0 = len(t.g_ts)
     try:
-        t.g_ts.fromlist([e.ts for e in events])  # type: ignore[misc]
-        t.g_dur.fromlist([e.dur for e in events])  # type: ignore[misc]
+        t.g_ts.fromlist(ts)
+        t.g_dur.fromlist(durs)
         args = [e.args for e in events]
         t.g_dev.fromlist([a.device for a in args])  # type: ignore[union-attr,misc]
         t.g_stream.fromlist([a.stream for a in args])  # type: ignore[union-attr,misc]

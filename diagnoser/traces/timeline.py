@@ -280,21 +280,35 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
             return "host"
         return "host" if host.busy_at_least(g0, g1, HOST_BUSY_FRAC) else "queue_dry"
 
+    # Most gaps are plain: no sync open, no copy around them, the next op's launch known; those are classified inline
+    # (a function call per gap costs more than the rule).
+    special = pageable_htod | to_host
+    causes: list[str] = []
+    append = causes.append
+    for (g0, g1, nxt, prev), sync_open in zip(gaps, host_sync):
+        launch = of_gpu[nxt] if nxt is not None else None
+        if sync_open or launch is None or (special and (g_name[nxt] in special  # type: ignore[index]
+                                                         or (prev is not None and g_name[prev] in special))):
+            append(cause(g0, g1, nxt, prev, sync_open))
+        elif r_ts[launch] <= g0:
+            append("kernel_overhead" if g1 - g0 <= KERNEL_OVERHEAD_US else cause(g0, g1, nxt, prev, False))
+        else:
+            append("host" if g1 - g0 < QUEUE_DRY_MIN_US else cause(g0, g1, nxt, prev, False))
     idle = tl.idle_us_by_cause
     counts = tl.gaps_by_cause
-    longest: list[tuple[float, float, float, str]] = []
-    for (g0, g1, nxt, prev), sync_open in zip(gaps, host_sync):
-        c = cause(g0, g1, nxt, prev, sync_open)
-        length = g1 - g0
-        idle[c] += length
+    for (g0, g1, _, _), c in zip(gaps, causes):
+        idle[c] += g1 - g0
         counts[c] += 1
-        if len(longest) < keep_longest:
-            heapq.heappush(longest, (length, g0, g1, c))
-        elif length > longest[0][0]:
-            heapq.heapreplace(longest, (length, g0, g1, c))
-        if keep_range is not None and g1 > keep_range[0] and g0 < keep_range[1]:
-            tl.range_gaps.append(Gap(max(g0, keep_range[0]), min(g1, keep_range[1]), c))
-    tl.longest_gaps = [Gap(g0, g1, c) for _, g0, g1, c in sorted(longest, reverse=True)]
+    order = heapq.nlargest(keep_longest, range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])
+    tl.longest_gaps = [Gap(gaps[k][0], gaps[k][1], causes[k]) for k in order]
+    if keep_range is not None and gaps:
+        lo = max(0, bisect_right(g0s, keep_range[0]) - 1)
+        for k in range(lo, len(gaps)):
+            g0, g1 = gaps[k][0], gaps[k][1]
+            if g0 >= keep_range[1]:
+                break
+            if g1 > keep_range[0]:
+                tl.range_gaps.append(Gap(max(g0, keep_range[0]), min(g1, keep_range[1]), causes[k]))
     return tl
 
 
