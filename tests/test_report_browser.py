@@ -221,6 +221,11 @@ def test_hostile_strings_do_not_execute(browser: Any, shots: Path, tmp_path: Pat
 WIDTHS = (390, 768, 1280)
 A4_CSS_PX = 703  # 210 mm less the 12 mm margins on each side, at 96 px per inch
 GPU = Path(__file__).resolve().parent / "fixtures" / "gpu"
+_TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
+TRACES = {"trace-h100-decode-b1": GPU / "traces" / "h100-decode-b1-30ms.json.gz",
+          "trace-h100-launch": GPU / "traces" / "h100-launch-30ms.json.gz",
+          "trace-recsys-2-ranks": _TRACES / "recsys-sampled-2of128",
+          "trace-mi300x-ddp": _TRACES / "mi300x-ddp8-resnet-train-rank0-step16.json.gz"}
 
 # What does not fit: the page wider than the window, any element whose content is wider than its box (a table
 # leaving its card, a scroller), chart text drawn under 9 px, a chart label running out of its drawing.
@@ -253,7 +258,8 @@ LAYOUT_JS = """() => {
         out.push(`${where}: "${t.textContent}" runs out of the drawing (${b.x.toFixed(0)}..${(b.x + b.width).toFixed(0)} of ${view.width})`);
     }
     // Labels that name marks and points on the plot never sit on one another.
-    const labels = [...svg.querySelectorAll('text.marknum, text.pt, text.lane')].map(t => [t.textContent, t.getBBox()]);
+    const labels = [...svg.querySelectorAll('text.marknum, text.pt, text.lane, text.tick')]
+      .filter(t => !t.hasAttribute('transform')).map(t => [t.textContent, t.getBBox()]);
     for (let i = 0; i < labels.length; i++) for (let j = i + 1; j < labels.length; j++) {
       const [ta, a] = labels[i], [tb, b] = labels[j];
       if (a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height)
@@ -272,6 +278,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from diagnoser.pipeline import diagnose_capture
     from diagnoser.reports import html
     from diagnoser.reports.compare import write_html as write_compare_html
+    from diagnoser.traces.analysis import analyze_trace, capture_from_trace
 
     folder = tmp_path_factory.mktemp("pages")
     out = {}
@@ -283,6 +290,11 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name in ("decode-b1", "prefill"):
         outcome = diagnose_capture(load(GPU / f"nvidia-h100-80gb-hbm3-{name}.dgc"))
         out[f"h100-{name}"] = html.write_html(outcome.report(), folder / f"h100-{name}.html")
+    # Real traces through `analyze`'s path: H100 decode windows without and with recorded shapes, a two-rank job
+    # with a straggler, an eight-rank ROCm training step.
+    for name, trace in TRACES.items():
+        outcome = diagnose_capture(capture_from_trace(analyze_trace(trace, jobs=1)))
+        out[name] = html.write_html(outcome.report(), folder / f"{name}.html")
     out["fleet"] = write_fleet_html(fleet_report(), folder / "fleet.html")
     b1, fp8 = (load(GPU / f"nvidia-h100-80gb-hbm3-{n}.dgc") for n in ("decode-b1", "decode-fp8"))
     out["compare"] = write_compare_html(compare(diagnose_capture(b1), diagnose_capture(fp8)), folder / "compare.html")

@@ -164,7 +164,93 @@ class Ratios:
     items: list[Ratio]
 
 
-FigureSpec = TimeSeries | StackedBar | Bars | Roofline | Bullet | GainPairs | Ratios
+# --- trace views ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Span:
+    """One op on a timeline lane: µs from the window's start, its colour (its class or cause) and what it is."""
+
+    start_us: float
+    dur_us: float
+    color: str
+    name: str
+    kind: str = ""
+
+
+@dataclass
+class Lane:
+    label: str  # short, drawn beside the lane ("stream 7", "host 1")
+    spans: list[Span]
+    tip: str = ""  # the long name (thread id, device)
+
+
+@dataclass
+class Lanes:
+    """A short window of the trace: host threads, GPU streams and the GPU's idle gaps as lanes of spans."""
+
+    title: str
+    lanes: list[Lane]
+    length_us: float
+    legend: list[tuple[str, str]]  # (label, colour), in the order drawn
+
+
+@dataclass
+class Histogram:
+    """Kernel durations on 1-2-5 bins: how many kernels, and how much GPU time, fall in each; with percentiles."""
+
+    title: str
+    edges_us: list[float]  # upper edges of the bins shown; the bin before the first starts at edges_us[0] / 2 or 0
+    counts: list[float]  # share of kernels per bin (0..1)
+    times: list[float]  # share of kernel time per bin (0..1)
+    markers: list[tuple[str, float]]  # ("p50", 1.8), in µs
+    open_last: bool = False  # the last bin has no upper edge
+
+
+@dataclass
+class StackedRow:
+    label: str
+    segments: list[Segment]
+    flag: str = ""  # drawn beside the label ("straggler")
+
+
+@dataclass
+class StackedRows:
+    """Several bars of a whole split the same way (one per rank), on one scale with one legend."""
+
+    title: str
+    rows: list[StackedRow]
+    legend: list[Segment]
+
+
+@dataclass
+class KernelRow:
+    """One of the kernels holding the most GPU time, as the kernel table shows it."""
+
+    name: str  # short
+    full_name: str
+    kind: str  # class label
+    color: str
+    count: int
+    total_us: float
+    share: float  # of GPU kernel time
+    mean_us: float
+    p50_us: float
+    p90_us: float
+    achieved: str = ""  # "79 GFLOP/s, 79 GB/s" where the op's shapes were recorded
+    sol: float | None = None  # speed of light: the larger of FLOP/s over the compute roof and bytes/s over HBM's
+    sol_roof: str = ""  # which roof binds ("of HBM 3.35 TB/s")
+    why_no_sol: str = ""
+
+
+@dataclass
+class KernelTable:
+    title: str
+    rows: list[KernelRow]
+    caption: str
+    shown_share: float  # of GPU kernel time, held by the rows
+
+
+FigureSpec = TimeSeries | StackedBar | Bars | Roofline | Bullet | GainPairs | Ratios | Lanes | Histogram | StackedRows
 
 
 @dataclass

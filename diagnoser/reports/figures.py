@@ -20,6 +20,8 @@ from diagnoser.errors import DiagnoserError
 from diagnoser.evidence import Evidence
 from diagnoser.reports.figdata import (PALETTE, Band, Bars, Bullet, Figure, HLine, Line, Mark, NotDrawn, Roof,
                                        Roofline, RoofPoint, Segment, StackedBar, TimeSeries)
+from diagnoser.reports.trace_figures import (IDLE_STYLE, collective_items, durations_figure, ranks_figure,
+                                            trace_window_figure)
 from diagnoser.units import fmt
 
 _OPS = {">=": "≥", "<=": "≤", "==": "=", "=": "="}
@@ -45,19 +47,13 @@ SIGNAL_LABELS = {
     "gpu.nvlink_tx_bps": "NVLink out",
 }
 
-IDLE_CAUSES = {
-    "host": ("host launch gaps", "#D55E00"),
-    "sync": ("host syncs", "#E69F00"),
-    "pageable_memcpy": ("pageable copies", "#CC79A7"),
-    "queue_dry": ("nothing queued", "#56B4E9"),
-    "kernel_overhead": ("kernel-to-kernel gaps", "#F0B37E"),
-}
+IDLE_CAUSES = IDLE_STYLE  # one table of idle causes' names and colours for every chart
 BUSY_COLOR, UNATTRIBUTED_COLOR = "#009E73", "#B8BEC4"
 
 KERNEL_CLASSES = {
     "gemm": "GEMM (matmul)", "attention": "attention", "norm_elementwise": "norm / elementwise",
     "reduction": "reduction", "comm": "communication (NCCL)", "memcpy": "memcpy", "memset": "memset",
-    "other": "other",
+    "other": "other", "embedding": "embedding / gather",
 }
 
 _POINT_STATS = ("mean", "p50", "p90", "p99", "min", "max", "value")
@@ -241,10 +237,12 @@ def kernel_figure(capture: Capture) -> Figure | NotDrawn:
     trace = capture.trace
     if trace is None or not trace.kernel_share:
         return NotDrawn(title, "needs a torch.profiler trace (attach --trace 5 or analyze TRACE)")
-    items = [(KERNEL_CLASSES.get(k, k), v) for k, v in trace.kernel_share.items() if v > 0]
+    items = [(KERNEL_CLASSES.get(k, k), v) for k, v in trace.kernel_share.items() if v > 0 and k != "comm"]
+    items += collective_items(trace)
     chart = Bars(title, items)
     caption = (f"Share of GPU busy time over {trace.kernel_count:,} kernels in the trace"
-               + (f" ({trace.path})" if trace.path else "") + ".")
+               + (f" ({trace.path})" if trace.path else "") + "."
+               + (" Communication is split by collective." if len(collective_items(trace)) > 1 else ""))
     return Figure("kernels", title, chart, caption)
 
 
@@ -431,22 +429,28 @@ def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
 _ORDER = {
     "memory_bandwidth": ("roofline", "activity", "throughput", "timeline", "kernels"),
     "compute": ("roofline", "activity", "kernels", "timeline", "throughput"),
+    "latency": ("roofline", "kernels", "durations", "trace-window", "activity", "timeline", "throughput"),
     "vram": ("kv", "memory", "server", "throughput", "activity"),
     "batching": ("server", "timeline", "activity", "throughput", "roofline"),
-    "host_launch": ("timeline", "host", "activity", "kernels"),
+    "host_launch": ("timeline", "trace-window", "host", "activity", "durations", "kernels"),
     "throttling": ("clocks", "power", "activity"),
-    "interconnect": ("kernels", "links", "timeline", "activity"),
+    "interconnect": ("kernels", "ranks", "trace-window", "links", "timeline", "activity"),
     "idle": ("timeline", "activity", "server", "power"),
     "errors": ("activity", "clocks", "power"),
 }
-_DEFAULT = ("activity", "timeline", "roofline", "throughput", "kernels", "server", "kv", "memory", "tokens",
-            "clocks", "power", "host", "links")
+_DEFAULT = ("activity", "timeline", "roofline", "throughput", "kernels", "ranks", "trace-window", "durations",
+            "server", "kv", "memory", "tokens", "clocks", "power", "host", "links")
 
 
 def build_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[list[Figure], list[NotDrawn]]:
     figures, missing = time_series_figures(capture, ev, d)
+    trace_views: tuple[Figure | NotDrawn, ...] = ()
+    if capture.trace is not None:  # without a trace, the kernel chart's note already says to take one
+        trace_views = (trace_window_figure(capture), durations_figure(capture))
+        if len(capture.trace.ranks) > 1:
+            trace_views += (ranks_figure(capture),)
     for built in (timeline_figure(capture, ev), kernel_figure(capture), roofline_figure(capture, ev),
-                  throughput_figure(capture, ev)):
+                  throughput_figure(capture, ev), *trace_views):
         if isinstance(built, Figure):
             figures.append(built)
         else:

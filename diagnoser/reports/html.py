@@ -23,10 +23,12 @@ from diagnoser.diagnosis import SCHEMA_VERSION
 from diagnoser.errors import InputError
 from diagnoser.fileio import write_atomic
 from diagnoser.reports import svg
-from diagnoser.reports.figdata import Bars, Bullet, FigureSpec, GainPairs, Ratios, Roofline, StackedBar, TimeSeries
+from diagnoser.reports.figdata import (Bars, Bullet, FigureSpec, GainPairs, Histogram, Lanes, Ratios, Roofline,
+                                       StackedBar, StackedRows, TimeSeries)
 from diagnoser.reports.figures import source_name
 from diagnoser.reports.model import VERDICT_COLORS, FleetView, Report
 from diagnoser.reports.redact import redact
+from diagnoser.reports.trace_figures import duration_text
 from diagnoser.units import fmt, gain
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -49,6 +51,7 @@ def _env() -> jinja2.Environment:
     env.filters["pct"] = lambda v: "n/a" if v is None else f"{v:.0%}"
     env.filters["source"] = source_name
     env.filters["sentence"] = lambda v: v[:1].upper() + v[1:]  # "VRAM-limited" stays VRAM, unlike capitalize
+    env.filters["us"] = duration_text
     return env
 
 
@@ -91,15 +94,24 @@ def draw(spec: FigureSpec, width: float | None = None) -> Markup:
         return svg.gain_pairs(spec.title, spec.pairs, band=spec.band, width=width or svg.WIDE)
     if isinstance(spec, Ratios):
         return svg.ratio_chart(spec.title, spec.items, width=width or svg.WIDE)
+    if isinstance(spec, Lanes):
+        return svg.lanes_chart(spec.title, spec.lanes, spec.length_us, spec.legend, width=width or svg.WIDE)
+    if isinstance(spec, Histogram):
+        return svg.histogram(spec.title, spec.edges_us, spec.counts, spec.times, spec.markers,
+                             open_last=spec.open_last, width=width or svg.WIDE)
+    if isinstance(spec, StackedRows):
+        return svg.stacked_rows(spec.title, spec.rows, spec.legend, width=width or svg.WIDE)
     raise TypeError(f"no drawing for {type(spec).__name__}")
 
 
-def draw_both(spec: FigureSpec) -> Markup:
+def draw_both(spec: FigureSpec, wide: bool = False) -> Markup:
     """The chart at its own width and at a phone's: the stylesheet shows the one that fits its card, so a chart's
-    text keeps its size on any screen instead of shrinking with the drawing."""
-    drawings = [draw(spec)]
-    if isinstance(spec, StackedBar) and spec.width >= svg.FULL_FROM:  # a page-wide chart, and one for a column
-        drawings.append(draw(spec, svg.WIDE))
+    text keeps its size on any screen instead of shrinking with the drawing. A page-wide chart (`wide`, or a bar
+    drawn wide) comes at a page's width too."""
+    if wide or (isinstance(spec, StackedBar) and spec.width >= svg.FULL_FROM):
+        drawings = [draw(spec, svg.FULL), draw(spec, svg.WIDE)]
+    else:
+        drawings = [draw(spec)]
     drawings.append(draw(spec, svg.NARROW))
     return Markup("\n").join(drawings)
 
@@ -118,13 +130,13 @@ class HtmlRenderer:
 
     def render(self, report: Report) -> str:
         d = report.diagnosis
-        figures = [_Drawn(f.key, f.title, draw_both(f.spec), f.caption, f.wide) for f in report.figures]
+        figures = [_Drawn(f.key, f.title, draw_both(f.spec, f.wide), f.caption, f.wide) for f in report.figures]
         return _page(
             "report.html.j2", d=d, verdict=report.verdict, headline=report.headline, secondary=report.secondary,
             top_fixes=report.top_fixes, all_fixes=report.fixes, withheld=report.withheld, findings=report.findings,
             figures=figures, not_drawn=report.not_drawn, skipped=report.skipped, signals=report.signals,
             ctx=report.ctx, source_names=report.source_names, title=report.title, window_text=report.window_text,
-            regime=report.regime, generated=report.generated)
+            regime=report.regime, generated=report.generated, kernels=report.kernels, meter=svg.meter)
 
     def render_fleet(self, view: FleetView) -> str:
         chart = draw_both(view.verdict_chart) if view.verdict_chart is not None else None

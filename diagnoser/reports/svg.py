@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from markupsafe import Markup, escape
 
-from diagnoser.reports.figdata import (PALETTE, ROOF, Band, GainPair, HLine, Line, Mark, Ratio, Roof, RoofPoint,
-                                       Segment)
+from diagnoser.reports.figdata import (PALETTE, ROOF, Band, GainPair, HLine, Lane, Line, Mark, Ratio, Roof,
+                                       RoofPoint, Segment, Span, StackedRow)
 from diagnoser.reports.redact import redact
 from diagnoser.units import fmt
 
@@ -23,11 +23,13 @@ MUTED = "#6e7781"
 GRID = "#d8dee4"
 
 _CHAR_W = 0.54  # average glyph width over font size, for laying out labels without a font engine
+BOLD = 1.12  # bold glyphs are wider
 
 WIDE = 520.0  # a chart's width in a report's two-column grid and on paper
 NARROW = 340.0  # the same chart drawn for a phone (about 330 px of card), so its text stays at its size
 NARROW_BELOW = 420.0
-FULL_FROM = 800.0  # a chart drawn across a whole page (the fleet's verdicts)
+FULL = 1080.0  # a chart across a whole page (the fleet's verdicts, a window of the trace)
+FULL_FROM = 800.0
 
 
 def _num(x: float) -> str:
@@ -64,7 +66,7 @@ class _Svg:
         self.label = redact(label)
         # Drawn at a phone's width the chart carries "narrow", else "wide": the page shows the one that fits.
         variant = "narrow" if width < NARROW_BELOW else "full" if width >= FULL_FROM else "wide"
-        self.css_class = f"{css_class} {variant}"
+        self.css_class = f"{css_class} {variant}" if css_class == "chart" else css_class
         self.parts: list[str] = []
 
     @staticmethod
@@ -242,7 +244,7 @@ def time_series(title: str, lines: Sequence[Line], *, unit: str, x_max: float | 
     svg = _Svg(width, height, title)
     colors = [ln.color or PALETTE[i % len(PALETTE)] for i, ln in enumerate(lines)]
     legend_h = _legend(svg, [(ln.label, c, ln.dashed) for ln, c in zip(lines, colors)], 8, width - 8)
-    left, right, top, bottom = 58.0, width - 14, 10.0 + legend_h, height - 24
+    left, right, top, bottom = 58.0, width - 14, 10.0 + legend_h, height - 26
     finite = [v for ln in lines for v in ln.values if math.isfinite(v)]
     top_value = max(finite + [h.value for h in hlines if math.isfinite(h.value)] + [0.0])
     y_hi = y_max if y_max is not None else _nice_axis_max(top_value * 1.05, unit)
@@ -271,7 +273,7 @@ def time_series(title: str, lines: Sequence[Line], *, unit: str, x_max: float | 
     for tick in nice_ticks(0.0, x_hi, max(3, min(6, int((right - left) / 60)))):
         x = sx(tick)
         svg.el("line", x1=x, y1=bottom, x2=x, y2=bottom + 4, stroke=MUTED, stroke_width="1")
-        svg.text(x, bottom + 17, _time_label(tick, x_hi), class_="tick", text_anchor="middle")
+        svg.text(x, bottom + 19, _time_label(tick, x_hi), class_="tick", text_anchor="middle")
     svg.el("line", x1=left, y1=bottom, x2=right, y2=bottom, stroke=MUTED, stroke_width="1")
     for ln, color in zip(lines, colors):
         pts = downsample(ln.times, ln.values, buckets=300 if width >= NARROW_BELOW else 150)
@@ -417,12 +419,8 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
              text_anchor="middle", transform=f"rotate({_num(angle)} {_num(sx(lx))} {_num(sy(bandwidth * lx) - 7)})")
     svg.el("line", x1=sx(ridge), y1=sy(primary.flops), x2=sx(ridge), y2=bottom, stroke=MUTED, stroke_width="1",
            stroke_dasharray="2 3")
-    ridge_text = f"ridge {ridge:.0f} FLOP/B"
-    if sx(ridge) + 4 + _text_width(ridge_text, 11) <= right:
-        svg.text(sx(ridge) + 4, bottom - 6, ridge_text, class_="tick")
-    else:
-        svg.text(sx(ridge) - 4, bottom - 6, ridge_text, class_="tick", text_anchor="end")
     label_slots: list[float] = []
+    boxes: list[tuple[float, float, float, float]] = []  # the point labels drawn, so the ridge's avoids them
     legend_y = bottom + 56
     for p, detail, lines in zip(shown, details, legend_lines):
         x = sx(p.intensity)
@@ -436,20 +434,47 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
             svg.el("circle", cx=x, cy=y, r="6", fill=fill, stroke=stroke if p.trusted else p.color,
                    stroke_width="1.5" if p.trusted else "2")
             svg.close_group()
-            fits_right = x + 9 + _text_width(p.label, 12) < right
+            w = _text_width(p.label, 12) * BOLD
+            fits_right = x + 9 + w < right
             anchor, tx = ("start", x + 9) if fits_right else ("end", x - 9)
-            svg.text(tx, _free_slot(y - 8, label_slots), p.label, class_="pt", text_anchor=anchor, fill=p.color)
+            ty = _free_slot(y - 8, label_slots)
+            svg.text(tx, ty, p.label, class_="pt", text_anchor=anchor, fill=p.color)
+            boxes.append((tx if fits_right else tx - w, ty - 12, tx + w if fits_right else tx, ty + 3))
+            boxes.append((x - 7, y - 7, x + 7, y + 7))
         else:
             svg.open_group(tip=detail)
             svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=p.color, stroke_width="2" if p.trusted else "1",
                    stroke_dasharray="4 3" if p.trusted else "1 4")
             svg.close_group()
             anchor, tx = ("end", x - 6) if x > (left + right) / 2 else ("start", x + 6)
-            svg.text(tx, _free_slot(top + 28, label_slots), p.label, class_="pt", text_anchor=anchor, fill=p.color)
+            ty = _free_slot(top + 28, label_slots)
+            svg.text(tx, ty, p.label, class_="pt", text_anchor=anchor, fill=p.color)
+            w = _text_width(p.label, 12) * BOLD
+            boxes.append((tx - w if anchor == "end" else tx, ty - 12, tx if anchor == "end" else tx + w, ty + 3))
+            boxes.append((x - 2, top, x + 2, bottom))
         for i, line in enumerate(lines):
             svg.text(32, legend_y + line_h * i, line, class_="legend", tip=detail if i == 0 else None)
         legend_y += line_h * len(lines) + 5
+    ys = [bottom - 6, bottom - 22, sy(primary.flops) + 32, (sy(primary.flops) + bottom) / 2]
+    _ridge_label(svg, sx(ridge), ys, f"ridge {ridge:.0f} FLOP/B", left, right, boxes)
     return svg.render()
+
+
+def _ridge_label(svg: _Svg, x: float, ys: Sequence[float], text: str, left: float, right: float,
+                 boxes: Sequence[tuple[float, float, float, float]]) -> None:
+    """The ridge's label beside its line, on whichever side and at whichever height clears the points' labels."""
+    w = _text_width(text, 11)
+    candidates = [(x + 4, y, "start") for y in ys] + [(x - 4, y, "end") for y in ys]
+    for tx, ty, anchor in candidates:
+        x0, x1 = (tx, tx + w) if anchor == "start" else (tx - w, tx)
+        if x0 < left or x1 > right:
+            continue
+        if not any(x0 < b[2] and b[0] < x1 and ty - 11 < b[3] and b[1] < ty + 3 for b in boxes):
+            svg.text(tx, ty, text, class_="tick", text_anchor=anchor)
+            return
+    tx, ty, anchor = next(((tx, ty, a) for tx, ty, a in candidates if (tx + w if a == "start" else tx) <= right),
+                          candidates[-1])
+    svg.text(tx, ty, text, class_="tick", text_anchor=anchor)
 
 
 def _free_slot(y: float, used: list[float], gap: float = 15) -> float:
@@ -559,7 +584,7 @@ def throughput_bullet(title: str, achieved: float | None, marks: Sequence[Mark],
     names = [ellipsize(m.short or m.label, right - left, size) for m in marks]
     spans = []
     for m, name in zip(marks, names):
-        w = _text_width(name, size)
+        w = _text_width(name, size) * BOLD
         x0 = min(max(sx(m.value) - w / 2, left - 8), right + 16 - w)
         spans.append((x0, x0 + w))
     rows = _label_rows(spans)
@@ -744,6 +769,233 @@ def ratio_chart(title: str, items: Sequence[Ratio], *, width: float = WIDE) -> M
     return svg.render()
 
 
+# --- trace views ----------------------------------------------------------------------------------------------
+
+def _duration(us: float) -> str:
+    if us >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3g} ms"
+    return f"{us:.3g} µs"
+
+
+def _swatch_legend(svg: _Svg, items: Sequence[tuple[str, str]], x0: float, x_max: float, y0: float,
+                   size: float = 11.5) -> float:
+    """Square swatches and labels in rows from (x0, y0); returns the height used."""
+    if not items:
+        return 0.0
+    x, y = x0, y0
+    for label, color in items:
+        text = ellipsize(label, x_max - x0 - 18, size)
+        w = 18 + _text_width(text, size) + 14
+        if x + w > x_max and x > x0:
+            x, y = x0, y + 17
+        svg.el("rect", x=x, y=y - 10, width="12", height="12", fill=color)
+        svg.text(x + 17, y, text, class_="legend", tip=label if text != label else None)
+        x += w
+    return y - y0 + 20
+
+
+def _merged(spans: Sequence[Span], us_per_px: float) -> list[list[Span]]:
+    """Spans closer than a pixel, of one colour, drawn as one: a 5 ms window holds thousands of 2 µs kernels."""
+    groups: list[list[Span]] = []
+    end = -math.inf
+    for sp in sorted(spans, key=lambda sp: sp.start_us):
+        if groups and sp.color == groups[-1][0].color and sp.start_us - end < us_per_px:
+            groups[-1].append(sp)
+            end = max(end, sp.start_us + sp.dur_us)
+        else:
+            groups.append([sp])
+            end = sp.start_us + sp.dur_us
+    return groups
+
+
+def _group_tip(group: Sequence[Span]) -> str:
+    first = group[0]
+    if len(group) == 1:
+        kind = f" ({first.kind})" if first.kind and first.kind != first.name else ""
+        return f"{first.name}{kind}: {_duration(first.dur_us)} at {_duration(first.start_us)}"
+    by_name: dict[str, float] = {}
+    for sp in group:
+        by_name[sp.name] = by_name.get(sp.name, 0.0) + sp.dur_us
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:3]
+    span = group[-1].start_us + group[-1].dur_us - first.start_us
+    return (f"{len(group)} ops over {_duration(span)} from {_duration(first.start_us)}: "
+            + "; ".join(f"{n} {_duration(t)}" for n, t in top) + ("; ..." if len(by_name) > 3 else ""))
+
+
+def lanes_chart(title: str, lanes: Sequence[Lane], length_us: float, legend: Sequence[tuple[str, str]], *,
+                width: float = WIDE) -> Markup:
+    """A window of the timeline: one lane per host thread, GPU stream and the GPU's idle gaps; spans coloured by
+    kernel class or idle cause, ops closer than a pixel merged (their tooltip says what they hold)."""
+    narrow = width < NARROW_BELOW
+    lane_h, gap = 14.0, 5.0
+    label_w = max((_text_width(ln.label, 11) for ln in lanes), default=40) + 8
+    left, right = min(label_w, 84.0) + 4, width - 10
+    probe = _Svg(width, 10, title)
+    legend_h = _swatch_legend(probe, legend, 8, width - 8, 14)
+    top = 4.0
+    height = top + (lane_h + gap) * len(lanes) + 26 + legend_h
+    svg = _Svg(width, height, title)
+    length = max(length_us, 1e-9)
+    us_per_px = length / (right - left)
+
+    def sx(us: float) -> float:
+        return left + (right - left) * min(max(us, 0.0), length) / length
+
+    bottom = top + (lane_h + gap) * len(lanes)
+    for tick in nice_ticks(0.0, length, 3 if narrow else 6):
+        x = sx(tick)
+        svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=GRID, stroke_width="1")
+        svg.text(x, bottom + 13, _duration(tick) if tick else "0", class_="tick",
+                 text_anchor="end" if x > right - 20 else "middle")
+    for i, lane in enumerate(lanes):
+        y = top + (lane_h + gap) * i
+        svg.text(left - 6, y + lane_h - 3, ellipsize(lane.label, left - 10, 11), class_="lane", text_anchor="end",
+                 tip=lane.tip or lane.label)
+        svg.el("rect", x=left, y=y, width=right - left, height=lane_h, fill="#f6f8fa")
+        for group in _merged(lane.spans, us_per_px):
+            start = group[0].start_us
+            end = max(sp.start_us + sp.dur_us for sp in group)
+            svg.open_group(tip=_group_tip(group))
+            svg.el("rect", x=sx(start), y=y, width=max(0.6, sx(end) - sx(start)), height=lane_h,
+                   fill=group[0].color)
+            svg.close_group()
+    _swatch_legend(svg, legend, 8, width - 8, bottom + 36)
+    return svg.render()
+
+
+def histogram(title: str, edges_us: Sequence[float], counts: Sequence[float], times: Sequence[float],
+              markers: Sequence[tuple[str, float]], *, open_last: bool = False, width: float = WIDE) -> Markup:
+    """Duration bins as columns (equal widths: the bins are 1-2-5 steps), each with the share of kernels (light)
+    and of kernel time (dark); percentiles marked above at their place within their bin, in rows that keep their
+    labels apart."""
+    n = len(counts)
+    size = 11.0
+    left, right = 40.0, width - 10
+    col = (right - left) / max(1, n)
+
+    def place(v: float) -> float:
+        for i in range(n):
+            lo, hi = edges_us[i], edges_us[i + 1]
+            if v <= hi or i == n - 1:
+                if v < lo:
+                    return left + col * i
+                frac = (math.log(v / lo) / math.log(hi / lo)) if lo > 0 and hi > lo else (v / hi if hi else 0.0)
+                return left + col * (i + min(1.0, max(0.0, frac)))
+        return left
+
+    shown = [(f"{name} {_duration(v)}", place(v)) for name, v in markers if v > 0 and n]
+    spans = []
+    for text, x in shown:
+        w = _text_width(text, size) * BOLD
+        a = min(max(x - w / 2, 2.0), width - 2 - w)
+        spans.append((a, a + w))
+    rows = _label_rows(spans, gap=6)
+    top = 12 + 14 * (max(rows, default=0) + 1)
+    plot_h = 150.0
+    bottom = top + plot_h
+    height = bottom + 60
+    svg = _Svg(width, height, title)
+    top_value = nice_max(max([*counts, *times, 0.01]))
+
+    def sy(v: float) -> float:
+        return bottom - plot_h * v / top_value
+
+    for tick in nice_ticks(0.0, top_value, 4):
+        y = sy(tick)
+        svg.el("line", x1=left, y1=y, x2=right, y2=y, stroke=GRID, stroke_width="1")
+        svg.text(left - 5, y + 4, f"{tick * 100:.0f}%", class_="tick", text_anchor="end")
+    bar = max(1.0, col / 2 - 2)
+    for i in range(n):
+        x = left + col * i
+        lo, hi = edges_us[i], edges_us[i + 1]
+        what = f"{_duration(lo)}-{_duration(hi)}" if not (open_last and i == n - 1) else f"over {_duration(lo)}"
+        svg.open_group(tip=f"{what}: {counts[i]:.1%} of kernels, {times[i]:.1%} of kernel time")
+        svg.el("rect", x=x + 1, y=sy(counts[i]), width=bar, height=max(0.0, bottom - sy(counts[i])), fill="#9ecae1")
+        svg.el("rect", x=x + 1 + bar, y=sy(times[i]), width=bar, height=max(0.0, bottom - sy(times[i])),
+               fill=PALETTE[0])
+        svg.close_group()
+    svg.el("line", x1=left, y1=bottom, x2=right, y2=bottom, stroke=MUTED, stroke_width="1")
+    every = max(1, math.ceil(n / max(1.0, (right - left) / 44)))
+    for i, edge in enumerate(edges_us):
+        if (i % every and i != n) or (i != n and n - i < every):  # the last edge is always labelled
+            continue
+        x = left + col * i
+        text = (_duration(edge) if edge else "0") if not (open_last and i == n) else f"{_duration(edge)} (max)"
+        anchor = "start" if i == 0 else "end" if x > right - 24 else "middle"
+        svg.text(x, bottom + 14, text, class_="tick", text_anchor=anchor)
+    for (text, x), (a, _), row in zip(shown, spans, rows):
+        y = top - 6 - 14 * row
+        svg.el("line", x1=x, y1=y + 3, x2=x, y2=bottom, stroke=INK, stroke_width="1", stroke_dasharray="3 3")
+        svg.text(a, y, text, class_="marknum")
+    legend_y = bottom + 38
+    svg.el("rect", x=left, y=legend_y - 10, width="12", height="12", fill="#9ecae1")
+    svg.text(left + 17, legend_y, "share of kernels", class_="legend")
+    x2 = left + 17 + _text_width("share of kernels", 11.5) + 18
+    svg.el("rect", x=x2, y=legend_y - 10, width="12", height="12", fill=PALETTE[0])
+    svg.text(x2 + 17, legend_y, "share of GPU time", class_="legend")
+    return svg.render()
+
+
+def stacked_rows(title: str, rows: Sequence[StackedRow], legend: Sequence[Segment], *,
+                 width: float = WIDE) -> Markup:
+    """One bar per row (a rank), each split the same way on a 0-100 % scale, with one legend under them."""
+    narrow = width < NARROW_BELOW
+    size = 11.5
+    label_w = 0.0 if narrow else min(150.0, max((_text_width(r.label + (" ◆ " + r.flag if r.flag else ""), size)
+                                                  for r in rows), default=40) + 10)
+    left, right = 8 + label_w, width - 8
+    row_h = 40.0 if narrow else 28.0
+    bar_h = 18.0
+    probe = _Svg(width, 10, title)
+    legend_h = _swatch_legend(probe, [(s.label, s.color) for s in legend], 8, width - 8, 14)
+    top = 6.0
+    height = top + row_h * len(rows) + 22 + legend_h
+    svg = _Svg(width, height, title)
+    for i, r in enumerate(rows):
+        y = top + row_h * i + (row_h - bar_h - 4 if narrow else (row_h - bar_h) / 2)
+        label = r.label + (f" ◆ {r.flag}" if r.flag else "")
+        if narrow:
+            svg.text(8, y - 4, label, class_="label strong" if r.flag else "label")
+        else:
+            svg.text(left - 8, y + 13, ellipsize(label, label_w - 8, size), class_="label strong" if r.flag
+                     else "label", text_anchor="end", tip=label)
+        x = left
+        for sgm in r.segments:
+            w = (right - left) * max(0.0, sgm.value)
+            svg.open_group(tip=f"{r.label}: {sgm.label} {sgm.value:.1%}" + (f" ({sgm.detail})" if sgm.detail else ""))
+            svg.el("rect", x=x, y=y, width=max(0.0, w), height=bar_h, fill=sgm.color, stroke="#ffffff",
+                   stroke_width="0.5")
+            svg.close_group()
+            if w > _text_width(f"{sgm.value:.0%}", 11) + 6:
+                svg.text(x + w / 2, y + 13, f"{sgm.value:.0%}", class_="onbar", text_anchor="middle")
+            x += w
+        if r.flag:
+            svg.el("rect", x=left - 1, y=y - 1, width=right - left + 2, height=bar_h + 2, fill="none", stroke=INK,
+                   stroke_width="1.5")
+    bottom = top + row_h * len(rows)
+    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
+        x = left + (right - left) * tick
+        svg.text(x, bottom + 12, f"{tick:.0%}", class_="tick",
+                 text_anchor="start" if tick == 0 else "end" if tick == 1 else "middle")
+    _swatch_legend(svg, [(s.label, s.color) for s in legend], 8, width - 8, bottom + 34)
+    return svg.render()
+
+
+def meter(value: float | None, *, color: str = INK, label: str = "", mark: float | None = None,
+          width: float = 84) -> Markup:
+    """A small inline bar (0..1) for a table cell, with an optional reference tick (the 60 % speed-of-light line)."""
+    svg = _Svg(width, 10, label or "share", css_class="bar")
+    svg.el("rect", width=width, height="10", rx="2", fill="#eaeef2")
+    if value is not None:
+        svg.el("rect", width=max(0.8, width * min(1.0, max(0.0, value))), height="10", rx="2", fill=color)
+    if mark is not None:
+        svg.el("line", x1=width * mark, y1="0", x2=width * mark, y2="10", stroke=INK, stroke_width="1")
+    return svg.render()
+
+
 __all__ = ["Band", "HLine", "Line", "Mark", "PALETTE", "Roof", "RoofPoint", "Segment", "bar_chart", "downsample",
-           "gain_pairs", "nice_ticks", "ratio_chart", "roofline", "stacked_bar", "throughput_bullet", "time_series"]
+           "gain_pairs", "histogram", "lanes_chart", "meter", "nice_ticks", "ratio_chart", "roofline", "stacked_bar",
+           "stacked_rows", "throughput_bullet", "time_series"]
 

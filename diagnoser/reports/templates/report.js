@@ -41,6 +41,6 @@
   });
   // On paper nothing can be clicked open: print every collapsed section.
   window.addEventListener("beforeprint", function () {
-    Array.prototype.forEach.call(document.querySelectorAll("details"), function (d) { d.open = true; });
+    Array.prototype.forEach.call(document.querySelectorAll("details:not(.fullname)"), function (d) { d.open = true; });
   });
 })();
