@@ -255,7 +255,8 @@ LAYOUT_JS = """() => {
       if (t.hasAttribute('transform') || t.closest('[transform]') !== t && t.closest('g[transform]')) continue;
       const b = t.getBBox();
       if (b.x < -1 || b.x + b.width > view.width + 1)
-        out.push(`${where}: "${t.textContent}" runs out of the drawing (${b.x.toFixed(0)}..${(b.x + b.width).toFixed(0)} of ${view.width})`);
+        out.push(`${where}: "${t.textContent}" runs out of the drawing ` +
+                 `(${b.x.toFixed(0)}..${(b.x + b.width).toFixed(0)} of ${view.width})`);
     }
     // Labels that name marks and points on the plot never sit on one another.
     const labels = [...svg.querySelectorAll('text.marknum, text.pt, text.lane, text.tick')]
@@ -341,7 +342,9 @@ def test_print_keeps_every_column(browser: Any, shots: Path, pages: dict[str, Pa
             const card = (table.closest('.card') || table.parentElement).getBoundingClientRect();
             for (const cell of table.querySelectorAll('th, td')) {
               const r = cell.getBoundingClientRect();
-              if (r.width < 8 || r.right > card.right + 1) out.push(`${cell.textContent.trim().slice(0, 40)}: ${r.width.toFixed(0)} px wide, right ${r.right.toFixed(0)} > ${card.right.toFixed(0)}`);
+              if (r.width < 8 || r.right > card.right + 1)
+                out.push(`${cell.textContent.trim().slice(0, 40)}: ${r.width.toFixed(0)} px wide, ` +
+                         `right ${r.right.toFixed(0)} > ${card.right.toFixed(0)}`);
             }
           }
           return out;

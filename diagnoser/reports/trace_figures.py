@@ -215,8 +215,9 @@ def durations_figure(capture: Capture) -> Figure | NotDrawn:
                       [times[i] / total_t for i in range(first, last + 1)],
                       [("p50", d.p50_us), ("p90", d.p90_us), ("p99", d.p99_us)], open_last=open_last)
     short = sum(c for c, e in zip(d.bin_counts, d.bin_edges_us) if e <= 5.0) / total_n
-    caption = (f"{d.count:,} kernels: median {duration_text(d.p50_us)}, p90 {duration_text(d.p90_us)}, p99 {duration_text(d.p99_us)}, longest "
-               f"{duration_text(d.max_us)}. Light bars: share of kernels per duration bin; dark: share of GPU kernel time. ")
+    caption = (f"{d.count:,} kernels: median {duration_text(d.p50_us)}, p90 {duration_text(d.p90_us)}, "
+               f"p99 {duration_text(d.p99_us)}, longest {duration_text(d.max_us)}. Light bars: share of kernels per "
+               "duration bin; dark: share of GPU kernel time. ")
     if short >= 0.5:
         caption += (f"{short:.0%} of the kernels run 5 µs or less, about the time a launch takes: many small "
                     "kernels leave the GPU waiting on the host unless graphs or fusion batch them.")
