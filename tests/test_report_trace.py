@@ -173,6 +173,7 @@ def test_kernel_and_timeline_names_are_escaped() -> None:
                                     host_calls=[HostCall(tid=1, start_us=0.0, dur_us=1.0, kind="launch")])
     page = HtmlRenderer().render(diagnose_capture(capture).report())
     assert page.count("<script") == 1 and "<svg onload" not in page
+    page = page.replace("<wbr>", "")  # the kernel name may wrap after its separators: the only markup added to it
     assert str(escape(XSS_SCRIPT)) in page and str(escape(XSS_IMG)) in page
     assert str(escape(XSS_SVG)) in page  # the full name, under its short one, and in the lane's tooltip
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from diagnoser import __version__
 from diagnoser.diagnosis import SCHEMA_VERSION
@@ -41,6 +41,15 @@ def _finalize(value: Any) -> Any:
     return value
 
 
+def _breakable(text: str) -> Markup:
+    """A long identifier (a kernel name) that may wrap after its separators rather than mid-word: redacted, escaped,
+    then a <wbr> after each _ , < and :: ."""
+    safe = str(escape(redact(text)))
+    for sep in ("_", "&lt;", "::", ","):
+        safe = safe.replace(sep, sep + "<wbr>")
+    return Markup(safe)
+
+
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_TEMPLATES)), autoescape=True,
@@ -52,6 +61,7 @@ def _env() -> jinja2.Environment:
     env.filters["source"] = source_name
     env.filters["sentence"] = lambda v: v[:1].upper() + v[1:]  # "VRAM-limited" stays VRAM, unlike capitalize
     env.filters["us"] = duration_text
+    env.filters["breakable"] = _breakable
     return env
 
 
