@@ -43,9 +43,9 @@ def _finalize(value: Any) -> Any:
 
 def _breakable(text: str) -> Markup:
     """A long identifier (a kernel name) that may wrap after its separators rather than mid-word: redacted, escaped,
-    then a <wbr> after each _ , < and :: ."""
+    then a <wbr> after each _ , / < and :: ."""
     safe = str(escape(redact(text)))
-    for sep in ("_", "&lt;", "::", ","):
+    for sep in ("_", "&lt;", "::", ",", "/"):
         safe = safe.replace(sep, sep + "<wbr>")
     return Markup(safe)
 
