@@ -796,18 +796,27 @@ def _swatch_legend(svg: _Svg, items: Sequence[tuple[str, str]], x0: float, x_max
     return y - y0 + 20
 
 
-def _merged(spans: Sequence[Span], us_per_px: float) -> list[list[Span]]:
-    """Spans closer than a pixel, of one colour, drawn as one: a 5 ms window holds thousands of 2 µs kernels."""
+def _merged(spans: Sequence[Span], us_per_px: float, cap_px: float = 4.0) -> list[list[Span]]:
+    """Ops closer than a pixel drawn as one span of at most `cap_px` pixels (a 5 ms window holds thousands of 2 µs
+    kernels, far more than the pixels that show them); a lone op stays itself, however long."""
     groups: list[list[Span]] = []
-    end = -math.inf
+    start = end = -math.inf
     for sp in sorted(spans, key=lambda sp: sp.start_us):
-        if groups and sp.color == groups[-1][0].color and sp.start_us - end < us_per_px:
+        if groups and sp.start_us - end < us_per_px and end - start < cap_px * us_per_px:
             groups[-1].append(sp)
             end = max(end, sp.start_us + sp.dur_us)
         else:
             groups.append([sp])
-            end = sp.start_us + sp.dur_us
+            start, end = sp.start_us, sp.start_us + sp.dur_us
     return groups
+
+
+def _dominant(group: Sequence[Span]) -> str:
+    """The colour holding most of a merged span's time."""
+    by_color: dict[str, float] = {}
+    for sp in group:
+        by_color[sp.color] = by_color.get(sp.color, 0.0) + sp.dur_us
+    return max(by_color.items(), key=lambda kv: kv[1])[0]
 
 
 def _group_tip(group: Sequence[Span]) -> str:
@@ -818,10 +827,11 @@ def _group_tip(group: Sequence[Span]) -> str:
     by_name: dict[str, float] = {}
     for sp in group:
         by_name[sp.name] = by_name.get(sp.name, 0.0) + sp.dur_us
-    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:3]
-    span = group[-1].start_us + group[-1].dur_us - first.start_us
-    return (f"{len(group)} ops over {_duration(span)} from {_duration(first.start_us)}: "
-            + "; ".join(f"{n} {_duration(t)}" for n, t in top) + ("; ..." if len(by_name) > 3 else ""))
+    total = sum(by_name.values()) or 1.0
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:2]
+    span = max(sp.start_us + sp.dur_us for sp in group) - first.start_us
+    return (f"{len(group)} ops in {_duration(span)} from {_duration(first.start_us)}: "
+            + ", ".join(f"{n} {t / total:.0%}" for n, t in top) + (", ..." if len(by_name) > 2 else ""))
 
 
 def lanes_chart(title: str, lanes: Sequence[Lane], length_us: float, legend: Sequence[tuple[str, str]], *,
@@ -859,7 +869,7 @@ def lanes_chart(title: str, lanes: Sequence[Lane], length_us: float, legend: Seq
             end = max(sp.start_us + sp.dur_us for sp in group)
             svg.open_group(tip=_group_tip(group))
             svg.el("rect", x=sx(start), y=y, width=max(0.6, sx(end) - sx(start)), height=lane_h,
-                   fill=group[0].color)
+                   fill=_dominant(group))
             svg.close_group()
     _swatch_legend(svg, legend, 8, width - 8, bottom + 36)
     return svg.render()

@@ -181,7 +181,8 @@ def trace_window_figure(capture: Capture) -> Figure | NotDrawn:
                + (" (shortened to keep the drawing small)" if tl.capped else "")
                + f": {len(tl.items):,} GPU ops on {len({(i.device, i.stream) for i in tl.items})} stream(s), coloured "
                "by kernel class; host calls above (launches, copies, syncs), idle gaps below coloured by what the GPU "
-               "waited for. Ops closer than a pixel are drawn as one (hover for what it holds). To see every op, "
+               "waited for. Ops closer than a pixel are drawn as one span a few pixels long, in the colour holding most of "
+               "its time (hover for what it holds). To see every op, "
                f"{PERFETTO}" + (f": {trace.path}" if trace.path else "") + ".")
     return Figure("trace-window", title, Lanes(title, lanes, tl.length_us, legend), caption, wide=True)
 
