@@ -109,6 +109,7 @@ def test_views_without_shapes_still_drawn(decode) -> None:  # type: ignore[no-un
     assert all(f'class="chart {v}"' in fig for v in ("full", "wide", "narrow"))
     assert 'class="card wide"' in page[page.rindex("<figure", 0, page.index('data-chart="trace-window"')):]
     assert "ranks" not in [f.key for f in report.figures]  # one rank: nothing to compare
+    assert len(page) < 300_000  # 1,314 ops drawn three times, merged below a pixel
 
 
 def test_ranks_side_by_side_mark_the_straggler(two_ranks) -> None:  # type: ignore[no-untyped-def]
