@@ -20,6 +20,7 @@ the verdict's limiter.
 
 from __future__ import annotations
 
+from diagnoser import signals as S
 from diagnoser.capture import Capture
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis, Finding, Limiter, Regime, Skipped
 from diagnoser.evidence import Evidence, build_evidence
@@ -39,7 +40,7 @@ _CONFLICTS = {
     frozenset({Limiter.VRAM, Limiter.IDLE}),
     frozenset({Limiter.BATCHING, Limiter.IDLE}),
 }
-_ACTIVITY = ("gpu.busy", "gpu.sm_active", "gpu.dram_active", "gpu.tensor_active")
+_ACTIVITY = (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE)
 
 
 def choose_primary(findings: list[Finding], ev: Evidence) -> Finding | None:
@@ -58,13 +59,13 @@ def choose_primary(findings: list[Finding], ev: Evidence) -> Finding | None:
 def _confidence(primary: Finding, findings: list[Finding], ev: Evidence) -> tuple[float, list[str]]:
     conf, reasons = primary.strength, [f"{primary.code} evidence strength {primary.strength:.2f}"]
     activity = [ev[n] for n in _ACTIVITY if n in ev]
-    if not activity and "trace.gpu_idle_frac" not in ev:
+    if not activity and S.TRACE_GPU_IDLE_FRAC not in ev:
         conf *= 0.6
         reasons.append("no GPU activity counter or trace: x0.6")
     elif activity and max(s.n for s in activity) < 5:
         conf *= 0.6
         reasons.append(f"only {max(s.n for s in activity)} GPU samples in the window: x0.6")
-    if primary.limiter in (Limiter.BATCHING, Limiter.IDLE) and "server.waiting" not in ev:
+    if primary.limiter in (Limiter.BATCHING, Limiter.IDLE) and S.SERVER_WAITING not in ev:
         conf *= 0.85
         reasons.append("no server queue metric to separate batching from a light load: x0.85")
     for other in findings:
@@ -89,14 +90,14 @@ def _to_collect(ev: Evidence) -> list[str]:
         wants.append("GPU activity counters: run on the GPU's host with NVML access (diagnoser doctor says what "
                      "is missing)" + (", e.g. diagnoser attach PID --trace 5 to a running server." if trace_only
                                       else "."))
-    if "gpu.dram_active" not in ev and "gpu.tensor_active" not in ev:
+    if S.GPU_DRAM_ACTIVE not in ev and S.GPU_TENSOR_ACTIVE not in ev:
         wants.append("DRAM and tensor-pipe activity, which tell memory-bound from compute-bound kernels: GPM on "
                      "Hopper or newer, or DCGM_FI_PROF_DRAM_ACTIVE and DCGM_FI_PROF_PIPE_TENSOR_ACTIVE from "
                      "dcgm-exporter (--dcgm-exporter/--prometheus).")
     if trace_only and ev.trace is not None and ev.trace.intensity_flop_per_byte is None:
         wants.append("The ops' input shapes (torch.profiler record_shapes=True), so FLOPs and bytes per op, and so the "
                      "roof, can be computed.")
-    if "server.waiting" not in ev and ev.workload != "training":
+    if S.SERVER_WAITING not in ev and ev.workload != "training":
         wants.append("Server metrics (queue, running batch, KV cache): attach with --port to the server's /metrics.")
     if ev.trace is None:
         wants.append("A short torch.profiler trace (attach --trace 5) to attribute idle time and measure intensity.")

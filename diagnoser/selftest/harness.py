@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from diagnoser import physics
+from diagnoser import signals as S
 from diagnoser.capture import Capture, GpuInfo, ModelInfo, TraceSummary, save
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.errors import DiagnoserError, InputError, SourceUnavailable
@@ -282,7 +283,7 @@ def ceiling_tokens_per_s(model: ModelInfo, spec: Any, plan: dict[str, Any], batc
 
 def _measured_rate(ev: Evidence, mode: str, stats: dict[str, Any]) -> float | None:
     """Tokens/s over the window from the workload's own /metrics as attach read them; its totals if unread."""
-    found = ev.get("server.prompt_tokens_per_s" if mode == "prefill" else "server.gen_tokens_per_s")
+    found = ev.get(S.SERVER_PROMPT_TOKENS_PER_S if mode == "prefill" else S.SERVER_GEN_TOKENS_PER_S)
     if found is not None and found.n:
         return found.mean
     value = stats.get("prompt_tokens_per_s" if mode == "prefill" else "gen_tokens_per_s")
