@@ -15,7 +15,8 @@ from diagnoser.capture import HostCall, KernelStat, TimelineGap, TimelineItem, T
 from diagnoser.evidence import build_evidence
 from diagnoser.pipeline import diagnose_capture
 from diagnoser.reports import svg
-from diagnoser.reports.figdata import Bullet, Figure, Histogram, KernelTable, Lane, Lanes, NotDrawn, Span, StackedRows
+from diagnoser.reports.figdata import (Bars, Bullet, Figure, Histogram, KernelTable, Lane, Lanes, NotDrawn, Span,
+                                       StackedRows)
 from diagnoser.reports.figures import build_figures, throughput_marks
 from diagnoser.reports.html import HtmlRenderer
 from diagnoser.reports.trace_figures import KERNEL_STYLE, kernel_table
@@ -127,6 +128,7 @@ def test_ranks_side_by_side_mark_the_straggler(two_ranks) -> None:  # type: igno
     assert trace.straggler[1:30] in fig.caption
     # Communication split by collective in the kernel-class chart, as the trace measured it.
     kernels = _figure(report, "kernels").spec
+    assert isinstance(kernels, Bars)
     items = dict(kernels.items)
     for kind, share in trace.comm_share_by_kind.items():
         if share > 0:
