@@ -228,3 +228,14 @@ def test_terminal_lists_the_top_kernels(launch) -> None:  # type: ignore[no-unty
     assert kernels[0].name in section and f"{kernels[0].share:.1%}" in section
     assert "speed of light" in section and f"{len(kernels) - TOP_KERNELS} more with --verbose" in section
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_rocm_collectives_are_rccl() -> None:
+    outcome = _outcome(FIXTURES / "traces" / "mi300x-ddp8-resnet-train-rank0-step16.json.gz")
+    assert outcome.capture.trace is not None and outcome.capture.trace.platform == "rocm"
+    report = outcome.report()
+    labels = [label for label, _ in _figure(report, "kernels").spec.items]  # type: ignore[union-attr]
+    assert any(label.startswith("RCCL") for label in labels) and not any("NCCL" in label for label in labels)
+    window = _figure(report, "trace-window").spec
+    assert isinstance(window, Lanes)
+    assert ("communication (RCCL)", KERNEL_STYLE["comm"][1]) in window.legend

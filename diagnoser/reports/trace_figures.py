@@ -41,8 +41,14 @@ PERFETTO = ("open the whole trace at ui.perfetto.dev (Open trace file: it is rea
 NEEDS_NEW = "a trace analysed by this version of diagnoser (re-run analyze on the trace file)"
 
 
-def kernel_style(kind: str) -> tuple[str, str]:
-    return KERNEL_STYLE.get(kind, (kind or "other", PALETTE[6]))
+def kernel_style(kind: str, platform: str = "") -> tuple[str, str]:
+    """A class's name and colour; communication is RCCL's on ROCm, NCCL's elsewhere."""
+    label, color = KERNEL_STYLE.get(kind, (kind or "other", PALETTE[6]))
+    return (label.replace("NCCL", "RCCL") if platform == "rocm" else label), color
+
+
+def comm_library(trace: TraceSummary) -> str:
+    return "RCCL" if trace.platform == "rocm" else "NCCL"
 
 
 def duration_text(value: float) -> str:
@@ -108,7 +114,7 @@ def kernel_table(capture: Capture, ev: Evidence) -> KernelTable | NotDrawn:
     gspec, precision, peak = _roofs(capture, ev, trace)
     rows = []
     for k in trace.top_kernels:
-        label, color = kernel_style(k.kind)
+        label, color = kernel_style(k.kind, trace.platform)
         achieved, sol, roof, why = _speed_of_light(k, gspec, precision, peak)
         rows.append(KernelRow(k.name, k.full_name or k.name, label, color, k.count, k.total_us, k.share, k.mean_us,
                               k.p50_us, k.p90_us, achieved, sol, roof, why))
@@ -131,7 +137,7 @@ def kernel_table(capture: Capture, ev: Evidence) -> KernelTable | NotDrawn:
 
 # --- a short window of the timeline -----------------------------------------------------------------------------
 
-def _stream_lanes(tl: TimelineWindow) -> list[Lane]:
+def _stream_lanes(tl: TimelineWindow, platform: str) -> list[Lane]:
     devices = sorted({i.device for i in tl.items})
     keys = sorted({(i.device, i.stream) for i in tl.items})
     lanes = []
@@ -139,7 +145,7 @@ def _stream_lanes(tl: TimelineWindow) -> list[Lane]:
         spans = []
         for i in tl.items:
             if (i.device, i.stream) == (device, stream):
-                label, color = kernel_style(i.kind)
+                label, color = kernel_style(i.kind, platform)
                 name = tl.names[i.name] if 0 <= i.name < len(tl.names) else "?"
                 spans.append(Span(i.start_us, i.dur_us, color, name, label))
         short = f"stream {stream}" if len(devices) == 1 else f"GPU{device} s{stream}"
@@ -163,13 +169,13 @@ def trace_window_figure(capture: Capture) -> Figure | NotDrawn:
                       HOST_STYLE.get(h.kind, ("host call", ""))[0]) for h in tl.host_calls if h.tid == tid]
         lanes.append(Lane(f"host {n}" if len(tids) > 1 else "host", spans, f"host thread {tid}: launch, copy and "
                           "sync calls"))
-    lanes += _stream_lanes(tl)
+    lanes += _stream_lanes(tl, trace.platform)
     if tl.gaps:
         gap_spans = [Span(g.start_us, g.dur_us, IDLE_STYLE.get(g.cause, (g.cause, PALETTE[6]))[1],
                           f"idle: {IDLE_STYLE.get(g.cause, (g.cause, ''))[0]}", "idle") for g in tl.gaps]
         lanes.append(Lane("GPU idle", gap_spans, "device-level idle gaps, coloured by what the GPU waited for"))
     kinds = [k for k in KERNEL_STYLE if any(i.kind == k for i in tl.items)]
-    legend = [kernel_style(k) for k in kinds]
+    legend = [kernel_style(k, trace.platform) for k in kinds]
     legend += [HOST_STYLE[k] for k in HOST_STYLE if any(h.kind == k for h in tl.host_calls)]
     legend += [(f"idle: {IDLE_STYLE[c][0]}", IDLE_STYLE[c][1]) for c in IDLE_STYLE if any(g.cause == c
                                                                                            for g in tl.gaps)]
@@ -177,7 +183,9 @@ def trace_window_figure(capture: Capture) -> Figure | NotDrawn:
     if len(trace.ranks) > 1:  # the analysis keeps the first rank's window
         first = trace.ranks[0]
         where = (f"rank {first.rank}" if first.rank is not None else first.path or "the first rank") + ", " + where
-    caption = (f"{where}{duration_text(tl.length_us)} starting {duration_text(tl.offset_us)} into the analysed window"
+    start = (f"starting {duration_text(tl.offset_us)} into the analysed window" if tl.offset_us >= 0.05
+             else "from the start of the analysed window")
+    caption = (f"{where}{duration_text(tl.length_us)} {start}"
                + (" (shortened to keep the drawing small)" if tl.capped else "")
                + f": {len(tl.items):,} GPU ops on {len({(i.device, i.stream) for i in tl.items})} stream(s), coloured "
                "by kernel class; host calls above (launches, copies, syncs), idle gaps below coloured by what the GPU "
@@ -277,8 +285,8 @@ def collective_items(trace: TraceSummary) -> list[tuple[str, float]]:
     comm = trace.kernel_share.get("comm", 0.0)
     kinds = {k: v for k, v in trace.comm_share_by_kind.items() if v > 0}
     if not comm or not kinds:
-        return [(kernel_style("comm")[0], comm)] if comm else []
-    return [(f"NCCL {COLLECTIVES.get(k, k)}", v) for k, v in kinds.items()]
+        return [(kernel_style("comm", trace.platform)[0], comm)] if comm else []
+    return [(f"{comm_library(trace)} {COLLECTIVES.get(k, k)}", v) for k, v in kinds.items()]
 
 
 __all__ = ["IDLE_STYLE", "KERNEL_STYLE", "collective_items", "duration_text", "durations_figure", "kernel_style",
