@@ -139,6 +139,103 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     tied_embeddings: bool = False  # lm_head shares the input embedding's matrix
 
 
+class KernelStat(msgspec.Struct, kw_only=True):
+    """One kernel name's time in a trace (TraceSummary.top_kernels; docs/traces.md)."""
+
+    name: str  # short readable name (no namespaces, template arguments or parameters)
+    full_name: str = ""  # as the trace spells it (capped at 512 characters)
+    kind: str = ""  # its class, a key of TraceSummary.kernel_share
+    count: int = 0
+    total_us: float = 0.0
+    share: float = 0.0  # of summed GPU-op time (the kernel_share basis)
+    mean_us: float = 0.0
+    p50_us: float = 0.0
+    p90_us: float = 0.0
+    # FLOPs and bytes per call from the launching op's recorded shapes, over the calls that have them (`costed_calls`),
+    # and what those calls achieved: FLOP/s and bytes/s over their own GPU time. None without shapes.
+    costed_calls: int = 0
+    flops_per_call: float | None = None
+    bytes_per_call: float | None = None
+    achieved_flop_per_s: float | None = None
+    achieved_bytes_per_s: float | None = None
+
+
+class DurationStats(msgspec.Struct, kw_only=True):
+    """The distribution of kernel durations (µs): percentiles and a histogram on 1-2-5 bins."""
+
+    count: int = 0
+    mean_us: float = 0.0
+    p10_us: float = 0.0
+    p50_us: float = 0.0
+    p90_us: float = 0.0
+    p99_us: float = 0.0
+    max_us: float = 0.0
+    bin_edges_us: list[float] = msgspec.field(default_factory=list)  # upper edges; the last bin is open
+    bin_counts: list[int] = msgspec.field(default_factory=list)  # len(bin_edges_us) + 1
+    bin_time_us: list[float] = msgspec.field(default_factory=list)  # summed duration per bin
+
+
+class TimelineItem(msgspec.Struct, kw_only=True, array_like=True):
+    """One GPU op in TimelineWindow: times are µs from the window's start; `name` indexes TimelineWindow.names.
+    Encoded as an array in field order (a window holds up to 2,000 of them)."""
+
+    device: int
+    stream: int
+    start_us: float
+    dur_us: float
+    kind: str  # kernel class (gemm, attention, comm, memcpy, ...)
+    name: int
+
+
+class TimelineGap(msgspec.Struct, kw_only=True, array_like=True):
+    """A device-level idle gap inside the window, with its idle cause (a key of idle_frac_by_cause); an array in
+    field order."""
+
+    device: int
+    start_us: float
+    dur_us: float
+    cause: str
+
+
+class HostCall(msgspec.Struct, kw_only=True, array_like=True):
+    """A host launch, copy or sync call inside the window (for a host lane); an array in field order."""
+
+    tid: int
+    start_us: float
+    dur_us: float
+    kind: str  # launch, graph, copy, sync
+
+
+class TimelineWindow(msgspec.Struct, kw_only=True):
+    """A compact window of the GPU timeline around a representative step, to draw (at most `MAX_ITEMS` ops)."""
+
+    label: str = ""  # what the window shows: "ProfilerStep#12", "middle of the GPU activity"
+    start_us: float = 0.0  # trace µs of the window's start
+    offset_us: float = 0.0  # from the analysed window's start
+    length_us: float = 0.0
+    names: list[str] = msgspec.field(default_factory=list)  # short kernel names
+    items: list[TimelineItem] = msgspec.field(default_factory=list)
+    gaps: list[TimelineGap] = msgspec.field(default_factory=list)
+    host_calls: list[HostCall] = msgspec.field(default_factory=list)
+    capped: bool = False  # the window was shortened to keep the item count
+
+
+class RankStat(msgspec.Struct, kw_only=True):
+    """One rank of a multi-rank job (TraceSummary.ranks): fractions are of that rank's own analysed window."""
+
+    rank: int | None = None  # distributedInfo.rank
+    path: str = ""  # file name
+    window_s: float = 0.0
+    gpu_busy_frac: float | None = None
+    compute_frac: float | None = None  # GPU busy with anything but exposed communication
+    comm_frac: float | None = None  # communication kernels running (overlapped or not)
+    comm_exposed_frac: float | None = None  # communication with no compute beside it
+    idle_frac_by_cause: dict[str, float] = msgspec.field(default_factory=dict)
+    kernel_count: int = 0
+    step_ms_p50: float | None = None  # median ProfilerStep duration
+    straggler: bool = False
+
+
 class TraceSummary(msgspec.Struct, kw_only=True):
     """What a torch.profiler trace analysis found, reduced to numbers the evidence layer reads.
 
@@ -169,6 +266,35 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     # Precision most of the costed op time ran at (fp32, tf32, bf16, fp16, fp8); "" when unknown. The ridge point
     # is read at this precision when the capture has no model dtype.
     dtype: str = ""
+    # Data quality (docs/traces.md): the file was cut short; events found (read and left out); events left out, in
+    # all and by reason (malformed_json, bad_field_type, truncated_tail, non_finite_time, negative_time,
+    # negative_duration, missing_time).
+    truncated: bool = False
+    events_total: int = 0
+    events_skipped: int = 0
+    skip_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    # What ran (docs/traces.md): "cuda" | "rocm" | ""; "training" | "inference" | "" with the reasons; ProfilerStep
+    # annotations (None: none); whether the trace holds only part of what ran (a sample of the events, records the
+    # profiler dropped) and why.
+    platform: str = ""
+    workload: str = ""
+    workload_evidence: list[str] = msgspec.field(default_factory=list)
+    steps: int | None = None
+    sampled: bool = False
+    sampled_reason: str = ""
+    # Shares of GPU kernel time: launched from CUDA/HIP graph replays; launched by ops whose FLOPs and bytes are known
+    # (how far intensity_flop_per_byte speaks for the whole trace).
+    graph_kernel_frac: float | None = None
+    costed_time_frac: float | None = None
+    top_kernels: list[KernelStat] = msgspec.field(default_factory=list)
+    kernel_duration_us: DurationStats | None = None
+    timeline: TimelineWindow | None = None
+    # Share of summed GPU-op time by collective (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv,
+    # other): adds up to kernel_share["comm"].
+    comm_share_by_kind: dict[str, float] = msgspec.field(default_factory=dict)
+    # Multi-rank input (a folder or several files of one job): one entry per rank, and a sentence naming a straggler.
+    ranks: list[RankStat] = msgspec.field(default_factory=list)
+    straggler: str = ""
 
 
 class StackFrame(msgspec.Struct, kw_only=True):

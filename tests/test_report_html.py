@@ -65,6 +65,13 @@ def _figure(page: str, key: str) -> str:
     return page[start: page.index("</figure>", start)]
 
 
+def _drawing(page: str, key: str, variant: str = "wide") -> str:
+    """One drawing of a figure: each chart comes drawn for a column ("wide") and for a phone ("narrow")."""
+    fig = _figure(page, key)
+    start = fig.index(f'class="chart {variant}"')
+    return fig[start: fig.index("</svg>", start)]
+
+
 def _csp_hash(text: str) -> str:
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
 
@@ -157,8 +164,9 @@ def test_trace_time_share_and_kernel_classes() -> None:
 def test_throttle_bands_and_power_limit() -> None:
     capture, d = case_diagnosis("throttling")
     page = render_html(d, capture)
-    clocks = _figure(page, "clocks")
-    assert clocks.count("<rect") == 1 and "power cap: 20-60 s" in clocks  # throttled from 20 s to the end
+    for variant in ("wide", "narrow"):
+        clocks = _drawing(page, "clocks", variant)
+        assert clocks.count("<rect") == 1 and "power cap: 20-60 s" in clocks  # throttled from 20 s to the end
     power = _figure(page, "power")
     assert "power limit 500 W" in power and "board default 700 W" in power  # a lowered cap, and the default
 

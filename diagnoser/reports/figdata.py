@@ -71,13 +71,16 @@ class Segment:
 
 @dataclass
 class Mark:
-    """A reference value on a throughput axis (a ceiling). `key` is a stable short name: the same key means the same
-    thing in every report."""
+    """A reference value on a throughput axis (a ceiling). `key` is a stable identifier and `color` its colour: the
+    same key means the same thing, in the same colour, in every report; `short` is the name drawn beside the mark
+    ("batch 1"), `label` the longer one of the legend."""
 
     label: str
     value: float
     detail: str = ""
     key: str = ""
+    short: str = ""
+    color: str = ""
 
 
 # --- figure specs: one per kind of chart -----------------------------------------------------------------------
@@ -124,7 +127,130 @@ class Bullet:
     unit: str = "tokens/s"
 
 
-FigureSpec = TimeSeries | StackedBar | Bars | Roofline | Bullet
+@dataclass
+class GainPair:
+    """One fix of a before/after comparison: the gain the physics predicted for the change made, and the one
+    measured. An upper bound holds when the realised gain stays under it; an estimate when it lands in the band."""
+
+    label: str
+    predicted: float | None
+    realised: float | None
+    upper_bound: bool = False
+    verdict: str = ""
+
+
+@dataclass
+class GainPairs:
+    title: str
+    pairs: list[GainPair]
+    band: float = 0.25  # the agreement band around an estimate, as a fraction of it
+
+
+@dataclass
+class Ratio:
+    """A measured quantity after over before, with the ratio's standard error (relative); `better` says which way is
+    an improvement ("higher", "lower" or "" for neither)."""
+
+    label: str
+    ratio: float
+    error: float | None = None
+    better: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Ratios:
+    title: str
+    items: list[Ratio]
+
+
+# --- trace views ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Span:
+    """One op on a timeline lane: µs from the window's start, its colour (its class or cause) and what it is."""
+
+    start_us: float
+    dur_us: float
+    color: str
+    name: str
+    kind: str = ""
+
+
+@dataclass
+class Lane:
+    label: str  # short, drawn beside the lane ("stream 7", "host 1")
+    spans: list[Span]
+    tip: str = ""  # the long name (thread id, device)
+
+
+@dataclass
+class Lanes:
+    """A short window of the trace: host threads, GPU streams and the GPU's idle gaps as lanes of spans."""
+
+    title: str
+    lanes: list[Lane]
+    length_us: float
+    legend: list[tuple[str, str]]  # (label, colour), in the order drawn
+
+
+@dataclass
+class Histogram:
+    """Kernel durations on 1-2-5 bins: how many kernels, and how much GPU time, fall in each; with percentiles."""
+
+    title: str
+    edges_us: list[float]  # upper edges of the bins shown; the bin before the first starts at edges_us[0] / 2 or 0
+    counts: list[float]  # share of kernels per bin (0..1)
+    times: list[float]  # share of kernel time per bin (0..1)
+    markers: list[tuple[str, float]]  # ("p50", 1.8), in µs
+    open_last: bool = False  # the last bin has no upper edge
+
+
+@dataclass
+class StackedRow:
+    label: str
+    segments: list[Segment]
+    flag: str = ""  # drawn beside the label ("straggler")
+
+
+@dataclass
+class StackedRows:
+    """Several bars of a whole split the same way (one per rank), on one scale with one legend."""
+
+    title: str
+    rows: list[StackedRow]
+    legend: list[Segment]
+
+
+@dataclass
+class KernelRow:
+    """One of the kernels holding the most GPU time, as the kernel table shows it."""
+
+    name: str  # short
+    full_name: str
+    kind: str  # class label
+    color: str
+    count: int
+    total_us: float
+    share: float  # of GPU kernel time
+    mean_us: float
+    p50_us: float
+    p90_us: float
+    achieved: str = ""  # "79 GFLOP/s, 79 GB/s" where the op's shapes were recorded
+    sol: float | None = None  # speed of light: the larger of FLOP/s over the compute roof and bytes/s over HBM's
+    sol_roof: str = ""  # which roof binds ("of HBM 3.35 TB/s")
+    why_no_sol: str = ""
+
+
+@dataclass
+class KernelTable:
+    title: str
+    rows: list[KernelRow]
+    caption: str
+    shown_share: float  # of GPU kernel time, held by the rows
+
+
+FigureSpec = TimeSeries | StackedBar | Bars | Roofline | Bullet | GainPairs | Ratios | Lanes | Histogram | StackedRows
 
 
 @dataclass

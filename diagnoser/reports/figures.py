@@ -20,6 +20,8 @@ from diagnoser.errors import DiagnoserError
 from diagnoser.evidence import Evidence
 from diagnoser.reports.figdata import (PALETTE, Band, Bars, Bullet, Figure, HLine, Line, Mark, NotDrawn, Roof,
                                        Roofline, RoofPoint, Segment, StackedBar, TimeSeries)
+from diagnoser.reports.trace_figures import (IDLE_STYLE, collective_items, durations_figure, ranks_figure,
+                                            trace_window_figure)
 from diagnoser.units import fmt
 
 _OPS = {">=": "≥", "<=": "≤", "==": "=", "=": "="}
@@ -45,19 +47,13 @@ SIGNAL_LABELS = {
     "gpu.nvlink_tx_bps": "NVLink out",
 }
 
-IDLE_CAUSES = {
-    "host": ("host launch gaps", "#D55E00"),
-    "sync": ("host syncs", "#E69F00"),
-    "pageable_memcpy": ("pageable copies", "#CC79A7"),
-    "queue_dry": ("nothing queued", "#56B4E9"),
-    "kernel_overhead": ("kernel-to-kernel gaps", "#F0B37E"),
-}
+IDLE_CAUSES = IDLE_STYLE  # one table of idle causes' names and colours for every chart
 BUSY_COLOR, UNATTRIBUTED_COLOR = "#009E73", "#B8BEC4"
 
 KERNEL_CLASSES = {
     "gemm": "GEMM (matmul)", "attention": "attention", "norm_elementwise": "norm / elementwise",
     "reduction": "reduction", "comm": "communication (NCCL)", "memcpy": "memcpy", "memset": "memset",
-    "other": "other",
+    "other": "other", "embedding": "embedding / gather",
 }
 
 _POINT_STATS = ("mean", "p50", "p90", "p99", "min", "max", "value")
@@ -241,10 +237,12 @@ def kernel_figure(capture: Capture) -> Figure | NotDrawn:
     trace = capture.trace
     if trace is None or not trace.kernel_share:
         return NotDrawn(title, "needs a torch.profiler trace (attach --trace 5 or analyze TRACE)")
-    items = [(KERNEL_CLASSES.get(k, k), v) for k, v in trace.kernel_share.items() if v > 0]
+    items = [(KERNEL_CLASSES.get(k, k), v) for k, v in trace.kernel_share.items() if v > 0 and k != "comm"]
+    items += collective_items(trace)
     chart = Bars(title, items)
     caption = (f"Share of GPU busy time over {trace.kernel_count:,} kernels in the trace"
-               + (f" ({trace.path})" if trace.path else "") + ".")
+               + (f" ({trace.path})" if trace.path else "") + "."
+               + (" Communication is split by collective." if len(collective_items(trace)) > 1 else ""))
     return Figure("kernels", title, chart, caption)
 
 
@@ -341,48 +339,83 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
 
 # --- throughput against physics ------------------------------------------------------------------------------
 
+# Each ceiling keeps its key and colour in every report (Okabe-Ito, apart from the achieved bar's blue).
+MARK_COLORS = {"batch1": PALETTE[1], "observed": PALETTE[5], "ridge": PALETTE[3]}
+
+
+def _batch_text(batch: float) -> str:
+    return f"{batch:.0f}" if abs(batch - round(batch)) < 0.05 else f"{batch:.1f}"
+
+
+def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
+    """The decode ceilings a throughput is read against: one sequence, the observed batch, the ridge batch. Two that
+    fall on the same value (a batch-1 decode) are one mark that says both."""
+    model, gspec = capture.model, ev.gpu_spec
+    ceiling = ev.get("theory.decode_ceiling_tokens_per_s")
+    if ceiling is None or model is None or gspec is None:
+        return []
+    dtype = _weight_dtype(capture)
+    tp = max(1, model.tensor_parallel)
+    context = ev.context_tokens
+    batch = ev.observed_batch()
+
+    def at(b: float) -> float | None:
+        try:
+            return physics.decode_ceiling_tokens_per_s(model, gspec, batch=b, context=context,  # type: ignore[arg-type]
+                                                       dtype=dtype, tp=tp)
+        except DiagnoserError:
+            return None
+
+    marks: list[Mark] = []
+    single = at(1.0)
+    if single is not None:
+        marks.append(Mark("ceiling for one sequence (batch 1)", single, "what a single stream can reach",
+                          key="batch1", short="batch 1", color=MARK_COLORS["batch1"]))
+    observed = ceiling.values[0]
+    b = _batch_text(batch) if batch else ""
+    obs = Mark(f"ceiling at the observed batch {b}".rstrip(), observed,
+               "each step reads the weights and KV cache at full bandwidth", key="observed",
+               short=f"batch {b} (observed)" if b else "observed batch", color=MARK_COLORS["observed"])
+    same = next((m for m in marks if abs(m.value - observed) <= 0.005 * observed), None)
+    if same is not None:
+        same.label, same.short = f"{same.label}, the observed batch", f"batch {b} (observed)"
+        same.detail += "; the batch this capture ran at"
+    else:
+        marks.append(obs)
+    ridge = ev.get("theory.ridge_batch")
+    if ridge is not None and math.isfinite(ridge.values[0]) and ridge.values[0] >= 1:
+        top = at(ridge.values[0])
+        if top is not None and all(abs(m.value - top) > 0.005 * top for m in marks):
+            r = f"{ridge.values[0]:.0f}"
+            marks.append(Mark(f"ceiling at the ridge batch {r}", top, "where decode turns compute-bound",
+                              key="ridge", short=f"batch {r} (ridge)", color=MARK_COLORS["ridge"]))
+    return marks
+
+
 def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     title = "Generation throughput against its physical limits"
     achieved = ev.get("server.gen_tokens_per_s")
-    ceiling = ev.get("theory.decode_ceiling_tokens_per_s")
     model, gspec = capture.model, ev.gpu_spec
-    if ceiling is None or model is None or gspec is None:
+    marks = throughput_marks(capture, ev)
+    if not marks or model is None or gspec is None:
         why = []
         if gspec is None:
             why.append("a GPU in the physics table")
         if model is None or not model.params:
             why.append("the model's shape (--model)")
-        if ceiling is None and not why:
+        if not why:
             why.append("an observed batch (server.running or a trace)")
         return NotDrawn(title, "needs " + " and ".join(why))
     dtype = _weight_dtype(capture)
     tp = max(1, model.tensor_parallel)
     context = ev.context_tokens
-    batch = ev.observed_batch()
-    marks = []
-    try:
-        single = physics.decode_ceiling_tokens_per_s(model, gspec, batch=1, context=context, dtype=dtype, tp=tp)  # type: ignore[arg-type]
-        marks.append(Mark("one sequence (batch 1)", single, "what a single stream can reach"))
-    except DiagnoserError:
-        pass
-    marks.append(Mark(f"ceiling at the observed batch {batch:.1f}" if batch else "ceiling at the observed batch",
-                      ceiling.values[0], "each step reads the weights and KV cache at full bandwidth"))
-    ridge = ev.get("theory.ridge_batch")
-    if ridge is not None and math.isfinite(ridge.values[0]) and ridge.values[0] >= 1:
-        try:
-            top = physics.decode_ceiling_tokens_per_s(model, gspec, batch=ridge.values[0], context=context,  # type: ignore[arg-type]
-                                                      dtype=dtype, tp=tp)
-            marks.append(Mark(f"at the ridge batch {ridge.values[0]:.0f}", top, "where decode turns compute-bound"))
-        except DiagnoserError:
-            pass
     chart = Bullet(title, achieved.mean if achieved is not None else None, marks)
     eff = ev.get("theory.efficiency")
     caption = (f"Decode ceilings for {model.name or 'the model'} ({dtype}, tensor parallel {tp}) on the "
-               f"{gspec.name}"  # type: ignore[attr-defined]
+               f"{gspec.name}"
                + (f" at a mean context of {context} tokens" if context else ", weights only (no context length "
                   "known, so the ceilings are optimistic)") + ": "
-               + "; ".join(f"{i} = {m.detail}" for i, m in enumerate(sorted(marks, key=lambda m: m.value), 1))
-               + ". ")
+               + "; ".join(f"{m.short}: {m.detail}" for m in marks) + ". ")
     if achieved is not None:
         caption += f"Achieved: mean server.gen_tokens_per_s from {source_name(achieved.source)}"
         caption += f", {eff.values[0]:.0%} of the ceiling at this batch." if eff is not None else "."
@@ -396,22 +429,28 @@ def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
 _ORDER = {
     "memory_bandwidth": ("roofline", "activity", "throughput", "timeline", "kernels"),
     "compute": ("roofline", "activity", "kernels", "timeline", "throughput"),
+    "latency": ("roofline", "kernels", "durations", "trace-window", "activity", "timeline", "throughput"),
     "vram": ("kv", "memory", "server", "throughput", "activity"),
     "batching": ("server", "timeline", "activity", "throughput", "roofline"),
-    "host_launch": ("timeline", "host", "activity", "kernels"),
+    "host_launch": ("timeline", "trace-window", "host", "activity", "durations", "kernels"),
     "throttling": ("clocks", "power", "activity"),
-    "interconnect": ("kernels", "links", "timeline", "activity"),
+    "interconnect": ("kernels", "ranks", "trace-window", "links", "timeline", "activity"),
     "idle": ("timeline", "activity", "server", "power"),
     "errors": ("activity", "clocks", "power"),
 }
-_DEFAULT = ("activity", "timeline", "roofline", "throughput", "kernels", "server", "kv", "memory", "tokens",
-            "clocks", "power", "host", "links")
+_DEFAULT = ("activity", "timeline", "roofline", "throughput", "kernels", "ranks", "trace-window", "durations",
+            "server", "kv", "memory", "tokens", "clocks", "power", "host", "links")
 
 
 def build_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[list[Figure], list[NotDrawn]]:
     figures, missing = time_series_figures(capture, ev, d)
+    trace_views: tuple[Figure | NotDrawn, ...] = ()
+    if capture.trace is not None:  # without a trace, the kernel chart's note already says to take one
+        trace_views = (trace_window_figure(capture), durations_figure(capture))
+        if len(capture.trace.ranks) > 1:
+            trace_views += (ranks_figure(capture),)
     for built in (timeline_figure(capture, ev), kernel_figure(capture), roofline_figure(capture, ev),
-                  throughput_figure(capture, ev)):
+                  throughput_figure(capture, ev), *trace_views):
         if isinstance(built, Figure):
             figures.append(built)
         else:

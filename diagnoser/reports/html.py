@@ -16,17 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from diagnoser import __version__
 from diagnoser.diagnosis import SCHEMA_VERSION
 from diagnoser.errors import InputError
 from diagnoser.fileio import write_atomic
 from diagnoser.reports import svg
-from diagnoser.reports.figdata import Bars, Bullet, FigureSpec, Roofline, StackedBar, TimeSeries
+from diagnoser.reports.figdata import (Bars, Bullet, FigureSpec, GainPairs, Histogram, Lanes, Ratios, Roofline,
+                                       StackedBar, StackedRows, TimeSeries)
 from diagnoser.reports.figures import source_name
 from diagnoser.reports.model import VERDICT_COLORS, FleetView, Report
 from diagnoser.reports.redact import redact
+from diagnoser.reports.trace_figures import duration_text
 from diagnoser.units import fmt, gain
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -39,6 +41,15 @@ def _finalize(value: Any) -> Any:
     return value
 
 
+def _breakable(text: str) -> Markup:
+    """A long identifier (a kernel name) that may wrap after its separators rather than mid-word: redacted, escaped,
+    then a <wbr> after each _ , / < and :: ."""
+    safe = str(escape(redact(text)))
+    for sep in ("_", "&lt;", "::", ",", "/"):
+        safe = safe.replace(sep, sep + "<wbr>")
+    return Markup(safe)
+
+
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_TEMPLATES)), autoescape=True,
@@ -49,6 +60,8 @@ def _env() -> jinja2.Environment:
     env.filters["pct"] = lambda v: "n/a" if v is None else f"{v:.0%}"
     env.filters["source"] = source_name
     env.filters["sentence"] = lambda v: v[:1].upper() + v[1:]  # "VRAM-limited" stays VRAM, unlike capitalize
+    env.filters["us"] = duration_text
+    env.filters["breakable"] = _breakable
     return env
 
 
@@ -74,20 +87,43 @@ def _page(template: str, **context: Any) -> str:
                                                 schema_version=SCHEMA_VERSION, **context)
 
 
-def draw(spec: FigureSpec) -> Markup:
-    """One figure's data, drawn as inline SVG."""
+def draw(spec: FigureSpec, width: float | None = None) -> Markup:
+    """One figure's data, drawn as inline SVG `width` user units wide (None: the chart's own width)."""
     if isinstance(spec, TimeSeries):
         return svg.time_series(spec.title, spec.lines, unit=spec.unit, x_max=spec.x_max, y_max=spec.y_max,
-                               hlines=spec.hlines, bands=spec.bands)
+                               hlines=spec.hlines, bands=spec.bands, width=width or svg.WIDE)
     if isinstance(spec, StackedBar):
-        return svg.stacked_bar(spec.title, spec.segments, width=spec.width, note=spec.note)
+        return svg.stacked_bar(spec.title, spec.segments, width=width or spec.width, note=spec.note)
     if isinstance(spec, Bars):
-        return svg.bar_chart(spec.title, spec.items, unit=spec.unit)
+        return svg.bar_chart(spec.title, spec.items, unit=spec.unit, width=width or svg.WIDE)
     if isinstance(spec, Roofline):
-        return svg.roofline(spec.title, spec.bandwidth, spec.roofs, spec.points)
+        return svg.roofline(spec.title, spec.bandwidth, spec.roofs, spec.points, width=width or svg.WIDE)
     if isinstance(spec, Bullet):
-        return svg.throughput_bullet(spec.title, spec.achieved, spec.marks, unit=spec.unit)
+        return svg.throughput_bullet(spec.title, spec.achieved, spec.marks, unit=spec.unit, width=width or svg.WIDE)
+    if isinstance(spec, GainPairs):
+        return svg.gain_pairs(spec.title, spec.pairs, band=spec.band, width=width or svg.WIDE)
+    if isinstance(spec, Ratios):
+        return svg.ratio_chart(spec.title, spec.items, width=width or svg.WIDE)
+    if isinstance(spec, Lanes):
+        return svg.lanes_chart(spec.title, spec.lanes, spec.length_us, spec.legend, width=width or svg.WIDE)
+    if isinstance(spec, Histogram):
+        return svg.histogram(spec.title, spec.edges_us, spec.counts, spec.times, spec.markers,
+                             open_last=spec.open_last, width=width or svg.WIDE)
+    if isinstance(spec, StackedRows):
+        return svg.stacked_rows(spec.title, spec.rows, spec.legend, width=width or svg.WIDE)
     raise TypeError(f"no drawing for {type(spec).__name__}")
+
+
+def draw_both(spec: FigureSpec, wide: bool = False) -> Markup:
+    """The chart at its own width and at a phone's: the stylesheet shows the one that fits its card, so a chart's
+    text keeps its size on any screen instead of shrinking with the drawing. A page-wide chart (`wide`, or a bar
+    drawn wide) comes at a page's width too."""
+    if wide or (isinstance(spec, StackedBar) and spec.width >= svg.FULL_FROM):
+        drawings = [draw(spec, svg.FULL), draw(spec, svg.WIDE)]
+    else:
+        drawings = [draw(spec)]
+    drawings.append(draw(spec, svg.NARROW))
+    return Markup("\n").join(drawings)
 
 
 @dataclass
@@ -104,16 +140,16 @@ class HtmlRenderer:
 
     def render(self, report: Report) -> str:
         d = report.diagnosis
-        figures = [_Drawn(f.key, f.title, draw(f.spec), f.caption, f.wide) for f in report.figures]
+        figures = [_Drawn(f.key, f.title, draw_both(f.spec, f.wide), f.caption, f.wide) for f in report.figures]
         return _page(
             "report.html.j2", d=d, verdict=report.verdict, headline=report.headline, secondary=report.secondary,
             top_fixes=report.top_fixes, all_fixes=report.fixes, withheld=report.withheld, findings=report.findings,
             figures=figures, not_drawn=report.not_drawn, skipped=report.skipped, signals=report.signals,
             ctx=report.ctx, source_names=report.source_names, title=report.title, window_text=report.window_text,
-            regime=report.regime, generated=report.generated)
+            regime=report.regime, generated=report.generated, kernels=report.kernels, meter=svg.meter)
 
     def render_fleet(self, view: FleetView) -> str:
-        chart = draw(view.verdict_chart) if view.verdict_chart is not None else None
+        chart = draw_both(view.verdict_chart) if view.verdict_chart is not None else None
         return _page("fleet.html.j2", report=view.report, rows=view.rows, details=view.details,
                      summary=view.summary, verdict_chart=chart, start=view.start, end=view.end, title=view.title,
                      generated=view.generated)
@@ -137,4 +173,4 @@ def write_fleet_html(view: FleetView, path: str | Path) -> Path:
     return _atomic_write(HtmlRenderer().render_fleet(view), path)
 
 
-__all__ = ["HtmlRenderer", "VERDICT_COLORS", "draw", "write_fleet_html", "write_html"]
+__all__ = ["HtmlRenderer", "VERDICT_COLORS", "draw", "draw_both", "write_fleet_html", "write_html"]

@@ -19,9 +19,10 @@ from diagnoser.diagnosis import (INCONCLUSIVE, LIMITER_LABELS, Benefit, Diagnosi
                                  Regime)
 from diagnoser.evidence import Evidence
 from diagnoser.fleet_model import FleetReport, FleetRow
-from diagnoser.reports.figdata import Figure, NotDrawn, Segment, StackedBar
+from diagnoser.reports.figdata import Figure, KernelTable, NotDrawn, Segment, StackedBar
 from diagnoser.reports.figures import SOURCE_NAMES, build_figures, op_symbol, source_name
 from diagnoser.reports.redact import MASK, redact_argv
+from diagnoser.reports.trace_figures import kernel_table
 from diagnoser.rules.ruleset import RuleSet, default_rules
 from diagnoser.signals import spec
 from diagnoser.units import fmt
@@ -141,6 +142,7 @@ class Report:
     not_drawn: list[NotDrawn]
     regime: str  # "memory-bound regime at 33 % of the bandwidth roof", or ""
     source_names: dict[str, str] = field(default_factory=lambda: dict(SOURCE_NAMES))
+    kernels: KernelTable | None = None  # the kernels holding the GPU time, where a trace names them
     tool_version: str = __version__
 
     @property
@@ -281,6 +283,10 @@ def build_report(capture: Capture, evidence: Evidence, diagnosis: Diagnosis, rul
     rules = rules or default_rules()
     d = diagnosis
     figures, not_drawn = build_figures(capture, evidence, d)
+    kernels = kernel_table(capture, evidence) if capture.trace is not None else None
+    if isinstance(kernels, NotDrawn):
+        not_drawn.append(kernels)
+        kernels = None
     return Report(
         diagnosis=d, title=f"{verdict_label(d)}: {capture.target}", verdict=verdict_label(d),
         headline=headline_sentence(d), window_text=f"{fmt(capture.duration_s, 's')} from {utc(capture.started_at)}",
@@ -290,7 +296,7 @@ def build_report(capture: Capture, evidence: Evidence, diagnosis: Diagnosis, rul
         withheld=[{"title": w.title, "why": w.why, "rule": w.rule, "kind": w.kind.value} for w in d.withheld],
         findings=finding_views(d, rules), skipped=_skipped_views(d, rules), signals=_signal_rows(evidence),
         ctx=_context_views(capture, evidence), figures=figures, not_drawn=not_drawn,
-        regime=_regime_text(d.regime, d.saturation),
+        regime=_regime_text(d.regime, d.saturation), kernels=kernels,
     )
 
 

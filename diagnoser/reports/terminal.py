@@ -18,11 +18,14 @@ from rich.table import Table
 from rich.text import Text
 
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis
+from diagnoser.reports.figdata import KernelTable
 from diagnoser.reports.model import Report, gain_text
 from diagnoser.reports.redact import redact
+from diagnoser.reports.trace_figures import duration_text
 
 MAX_WIDTH = 80
 TOP_FIXES = 3
+TOP_KERNELS = 5
 
 _VERDICT_STYLE = {
     INCONCLUSIVE: "bold yellow", "errors": "bold red", "throttling": "bold red", "vram": "bold magenta",
@@ -58,19 +61,20 @@ class TerminalRenderer:
     def render(self, report: Report, *, verbose: bool = False) -> None:
         d = report.diagnosis
         if not self.plain:
-            for block in self.blocks(d, verbose=verbose, regime=report.regime):
+            for block in self.blocks(d, verbose=verbose, regime=report.regime, kernels=report.kernels):
                 self.console.print(block)
             return
         # Plain text: rich pads table cells to the full width; a file or a pipe gets no trailing blanks.
         with self.console.capture() as captured:
-            for block in self.blocks(d, verbose=verbose, regime=report.regime):
+            for block in self.blocks(d, verbose=verbose, regime=report.regime, kernels=report.kernels):
                 self.console.print(block)
         text = "\n".join(line.rstrip() for line in captured.get().splitlines())
         self.console.file.write(text + "\n")
 
     # --- the blocks, in reading order -----------------------------------------------------------------------
 
-    def blocks(self, d: Diagnosis, *, verbose: bool = False, regime: str = "") -> list[RenderableType]:
+    def blocks(self, d: Diagnosis, *, verbose: bool = False, regime: str = "",
+               kernels: KernelTable | None = None) -> list[RenderableType]:
         out: list[RenderableType] = [self._verdict(d, regime)]
         if d.fixes:
             out.append(self._fixes(d, verbose))
@@ -79,6 +83,8 @@ class TerminalRenderer:
                 [f"{w.title} ({w.rule}): {w.why}." for w in d.withheld])))
         if d.findings:
             out.append(self._evidence(d))
+        if kernels is not None and kernels.rows:
+            out.append(self._kernels(kernels, verbose))
         if d.to_collect:
             out.append(self._section("To sharpen this verdict, collect" if d.fixes else "To reach a verdict, collect",
                                      self._bullets(d.to_collect)))
@@ -180,6 +186,24 @@ class TerminalRenderer:
                     table.add_row("-", redact(c.text()))
                 parts.append(Padding(table, (0, 0, 0, 2)))
         return self._section("Evidence", Group(*parts))
+
+    def _kernels(self, kernels: KernelTable, verbose: bool) -> RenderableType:
+        """The kernels holding the GPU time: share, calls x mean, name, and speed of light where known."""
+        shown = kernels.rows if verbose else kernels.rows[:TOP_KERNELS]
+        table = self._grid(("share", {"no_wrap": True, "justify": "right"}),
+                           ("calls", {"no_wrap": True, "justify": "right"}), ("kernel", {"ratio": 1}))
+        for k in shown:
+            text = Text(redact(k.name))
+            text.append(f"  {k.kind}", style="dim")
+            if k.sol is not None:
+                text.append(f"\nspeed of light {k.sol:.0%} {k.sol_roof}", style="green" if k.sol >= 0.6 else "yellow")
+            table.add_row(f"{k.share:.1%}", f"{k.count:,} x {duration_text(k.mean_us)}", text)
+        parts: list[RenderableType] = [table]
+        more = len(kernels.rows) - len(shown)
+        if more > 0:
+            parts.append(Text(f"{more} more with --verbose; the HTML report (--html) has each one's spread.",
+                              style="dim"))
+        return self._section(kernels.title, Group(*parts))
 
     def _unavailable(self, d: Diagnosis) -> RenderableType:
         table = self._grid(("source", {"no_wrap": True}), ("what", {"ratio": 1}))
