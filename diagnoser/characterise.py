@@ -15,6 +15,7 @@ from diagnoser import signals as S
 from diagnoser.diagnosis import FixKind, Regime
 
 if TYPE_CHECKING:
+    from diagnoser.capture import TraceSummary
     from diagnoser.evidence import Evidence, Quality
 
 # Below this share of GPU time covered by ops with known FLOPs and bytes, the trace's op intensity describes a sliver
@@ -41,7 +42,7 @@ def characterise(ev: Evidence) -> None:
 
 def _platform(ev: Evidence) -> str:
     trace = ev.trace
-    found = str(getattr(trace, "platform", "") or "") if trace is not None else ""
+    found = trace.platform if trace is not None else ""
     if found:
         return found
     if any(g.name for g in ev.meta.gpus):
@@ -51,7 +52,7 @@ def _platform(ev: Evidence) -> str:
 
 def _workload(ev: Evidence) -> str:
     trace = ev.trace
-    found = str(getattr(trace, "workload", "") or "") if trace is not None else ""
+    found = trace.workload if trace is not None else ""
     if found:
         return found
     if ev.meta.server_kind or any(s.startswith("server.") for s in ev.signals):
@@ -77,7 +78,7 @@ def _regime(ev: Evidence) -> tuple[Regime, str]:
         return regime, (f"decode does {intensity:.1f} FLOP per byte read{where}, "
                         f"{'below' if regime is Regime.MEMORY else 'above'} the ridge point {ridge:.0f}")
     traced = ev.value(S.TRACE_INTENSITY)
-    costed = _costed_share(ev)
+    costed = costed_share(ev.trace)
     if traced is not None and ridge and (costed is None or costed >= MIN_COSTED_SHARE):
         regime = Regime.MEMORY if traced < ridge else Regime.COMPUTE
         cover = f" ({costed:.0%} of GPU time costed)" if costed is not None else ""
@@ -94,13 +95,23 @@ def _regime(ev: Evidence) -> tuple[Regime, str]:
     return Regime.UNKNOWN, ""
 
 
-def _costed_share(ev: Evidence) -> float | None:
-    trace = ev.trace
+def costed_share(trace: TraceSummary | None) -> float | None:
+    """Share of GPU kernel time whose op FLOPs and bytes are known (captures before format 2 kept it in `extra`)."""
     if trace is None:
         return None
-    value = getattr(trace, "costed_time_frac", None)
+    value = trace.costed_time_frac
     if value is None:
         value = trace.extra.get("costed_gpu_frac")
+    return float(value) if value is not None else None
+
+
+def graph_share(trace: TraceSummary | None) -> float | None:
+    """Share of GPU kernel time (older captures: of kernels) launched from graph replays."""
+    if trace is None or not trace.kernel_count:
+        return None
+    value = trace.graph_kernel_frac
+    if value is None:
+        value = trace.extra.get("graph_kernel_frac")
     return float(value) if value is not None else None
 
 
@@ -146,16 +157,16 @@ def _quality(ev: Evidence) -> list[Quality]:
     trace = ev.trace
     has_counters = any(n in ev for n in (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE))
     if trace is not None:
-        if getattr(trace, "truncated", False):
+        if trace.truncated:
             out.append(Quality(0.6, "the trace file is cut short: its end is missing, so its shares describe only "
                                     "what was read"))
-        total, skipped = int(getattr(trace, "events_total", 0) or 0), int(getattr(trace, "events_skipped", 0) or 0)
+        total, skipped = trace.events_total, trace.events_skipped
         if total and skipped / total >= 0.01:
             frac = skipped / total
             out.append(Quality(max(0.4, 1.0 - frac), f"{skipped:,} of {total:,} trace events ({frac:.0%}) were "
                                                      "damaged and skipped"))
-        if getattr(trace, "sampled", False):
-            why = getattr(trace, "sampled_reason", "") or "its events are a sample"
+        if trace.sampled:
+            why = trace.sampled_reason or "its events are a sample"
             out.append(Quality(0.7, f"the trace is sampled ({why}): shares and gaps are estimates"))
         kernels = trace.kernel_count
         if not has_counters:
@@ -166,7 +177,7 @@ def _quality(ev: Evidence) -> list[Quality]:
                 out.append(Quality(0.65, f"the trace holds only {kernels} GPU kernels"))
             if 0 < trace.window_s < 0.01:
                 out.append(Quality(0.7, f"the traced window is {trace.window_s * 1e3:.1f} ms"))
-            steps = getattr(trace, "steps", None)
+            steps = trace.steps
             if steps is not None and 0 < steps < 3:
                 out.append(Quality(0.85, f"the trace covers {steps} step{'s' if steps != 1 else ''}"))
     return out

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from diagnoser import signals as S
 from diagnoser.capture import Capture, GpuInfo, ModelInfo, Series, ServingConfig, StackSamples, TraceSummary
+from diagnoser.characterise import graph_share
 from diagnoser.diagnosis import FixKind, Regime
 from diagnoser.signals import spec
 
@@ -389,7 +390,7 @@ _TRACE_FIELDS = {
     S.TRACE_SHORT_KERNEL_FRAC: lambda t: t.short_kernel_frac,
     S.TRACE_KERNELS_PER_S: lambda t: t.kernel_count / t.window_s if t.window_s > 0 and t.kernel_count else None,
     S.TRACE_CUDA_GRAPH_LAUNCHES: lambda t: float(t.cuda_graph_launches) if t.kernel_count else None,
-    S.TRACE_GRAPH_KERNEL_FRAC: lambda t: t.extra.get("graph_kernel_frac") if t.kernel_count else None,
+    S.TRACE_GRAPH_KERNEL_FRAC: graph_share,
     S.TRACE_COMM_EXPOSED_FRAC: lambda t: t.extra.get("comm_exposed_frac") if t.kernel_share.get("comm") else None,
     S.TRACE_INTENSITY: lambda t: t.intensity_flop_per_byte,
     S.TRACE_DECODE_BATCH: lambda t: t.decode_batch,
@@ -472,14 +473,12 @@ def _trace_roofs(capture: Capture, ev: Evidence, gspec: GpuSpec, dtype: str) -> 
     """How close the traced ops ran to each roof, when the trace measured their FLOP/s and bytes/s over ops that
     cover most of the GPU time (the server's rates, when known, take precedence: they cover all of it)."""
     from diagnoser import physics
-    from diagnoser.characterise import MIN_COSTED_SHARE
+    from diagnoser.characterise import MIN_COSTED_SHARE, costed_share
 
     trace = capture.trace
     if trace is None:
         return
-    covered = getattr(trace, "costed_time_frac", None)
-    if covered is None:
-        covered = trace.extra.get("costed_gpu_frac")
+    covered = costed_share(trace)
     if covered is None or covered < MIN_COSTED_SHARE:
         return
     if trace.achieved_bytes_per_s:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from diagnoser import physics
 from diagnoser import signals as S
 from diagnoser.capture import Capture, Series
-from diagnoser.characterise import MIN_COSTED_SHARE
+from diagnoser.characterise import MIN_COSTED_SHARE, costed_share
 from diagnoser.diagnosis import Diagnosis, Finding
 from diagnoser.errors import DiagnoserError
 from diagnoser.evidence import Evidence
@@ -290,9 +290,7 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
         if t_int is None and trace.achieved_flops and trace.achieved_bytes_per_s:
             t_int = trace.achieved_flops / trace.achieved_bytes_per_s
         if t_int and t_int > 0:
-            covered = getattr(trace, "costed_time_frac", None)
-            if covered is None:
-                covered = trace.extra.get("costed_gpu_frac")
+            covered = costed_share(trace)
             good = covered is None or covered >= MIN_COSTED_SHARE
             note = "" if good else (f"the ops with known shapes cover only {covered:.0%} of the GPU time")
             if good and points:
