@@ -60,12 +60,11 @@ def register(app: typer.Typer) -> None:
         from diagnoser import physics
         from diagnoser.pipeline import Pipeline
         from diagnoser.rules import load_thresholds
-
         from diagnoser.traces.decode import parse_size
 
         limit = parse_size(max_trace_size) if max_trace_size is not None else None
         wanted = parse_fail_on(fail_on)
-        overrides = load_thresholds(rules_config) if rules_config else None
+        overrides = load_thresholds(str(rules_config)) if rules_config else None
         model_info = physics.resolve_model(model) if model else None
         if gpu:
             physics.get_gpu(gpu)  # an unknown name is a bad option, before the (long) analysis
@@ -127,7 +126,7 @@ def _us(x: float) -> str:
     return f"{x:.1f} µs"
 
 
-def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list of sections
+def render_analysis(a: TraceAnalysis) -> list[str]:
     """The trace analysis as lines of text."""
     s = a.summary
     out = [f"Trace {a.path}"]
@@ -229,11 +228,11 @@ def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list 
     if s.ranks:
         out.append("Ranks:          busy  compute     comm  exposed  idle (largest cause)         step p50")
         for r in s.ranks:
-            cause = max(r.idle_frac_by_cause.items(), key=lambda kv: kv[1], default=("", 0.0))
+            top_cause = max(r.idle_frac_by_cause.items(), key=lambda kv: kv[1], default=("", 0.0))
             step = f"{r.step_ms_p50:.1f} ms" if r.step_ms_p50 is not None else "-"
             name = f"rank {r.rank}" if r.rank is not None else r.path[:10]
             out.append(f"  {name:<10} {_pct(r.gpu_busy_frac):>7} {_pct(r.compute_frac):>8} {_pct(r.comm_frac):>8} "
-                       f"{_pct(r.comm_exposed_frac):>8}  {_pct(cause[1]):>6} {cause[0]:<20} {step:>9}"
+                       f"{_pct(r.comm_exposed_frac):>8}  {_pct(top_cause[1]):>6} {top_cause[0]:<20} {step:>9}"
                        + ("  <- straggler" if r.straggler else ""))
         if s.straggler:
             out.append(f"  straggler: {s.straggler}")

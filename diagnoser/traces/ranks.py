@@ -183,7 +183,7 @@ def _straggler(stats: list[RankStat]) -> str:
     known = [r for r in stats if r.compute_frac is not None]
     if len(known) < 2:
         return ""
-    median = statistics.median(r.compute_frac for r in known)  # type: ignore[misc]
+    median = statistics.median(r.compute_frac or 0.0 for r in known)
     slow = max(known, key=lambda r: r.compute_frac or 0.0)
     if not median or (slow.compute_frac or 0.0) < STRAGGLER_RATIO * median:
         return ""
