@@ -297,6 +297,52 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     straggler: str = ""
 
 
+class StackFrame(msgspec.Struct, kw_only=True):
+    """One Python frame: function, file (as the sampler shortens it: package-relative) and line."""
+
+    function: str
+    file: str = ""
+    line: int = 0
+
+
+class HotFrame(msgspec.Struct, kw_only=True):
+    """A function of one thread and the share of that thread's active samples it was running in."""
+
+    frame: StackFrame
+    self_frac: float  # with this function innermost
+    total_frac: float  # with it anywhere on the stack
+
+
+class HotStack(msgspec.Struct, kw_only=True):
+    frames: list[StackFrame]  # innermost first, cut to a few frames
+    frac: float  # share of the thread's active samples
+
+
+class ThreadStacks(msgspec.Struct, kw_only=True):
+    """The sampled Python stacks of one thread of the target, reduced to what a finding cites."""
+
+    pid: int
+    tid: int | None = None
+    name: str = ""
+    samples: int = 0  # samples with the thread active (idle threads are not sampled)
+    active_frac: float = 0.0  # share of the window the thread was active in Python
+    role: str = ""  # scheduler, tokenizer, detokenizer, sampling, data movement, serialization, http, "" (unknown)
+    roles: dict[str, float] = msgspec.field(default_factory=dict)  # role -> share of the thread's samples
+    top: list[HotFrame] = msgspec.field(default_factory=list)
+    stacks: list[HotStack] = msgspec.field(default_factory=list)
+
+
+class StackSamples(msgspec.Struct, kw_only=True):
+    """Python stacks sampled from the target during the window (py-spy), busiest threads first."""
+
+    tool: str = "py-spy"
+    rate_hz: float = 0.0
+    duration_s: float = 0.0
+    samples: int = 0
+    errors: int = 0
+    threads: list[ThreadStacks] = msgspec.field(default_factory=list)
+
+
 class TraceCost(msgspec.Struct, kw_only=True):
     """What taking a trace cost the server: its rates in the counter window and while tracing (tracing/cost.py)."""
 
@@ -383,6 +429,8 @@ class Capture(msgspec.Struct, kw_only=True):
     notes: list[str] = msgspec.field(default_factory=list)
     # Set by tests and the demo: a capture that did not come from a GPU says so, and the verdict repeats it.
     cpu_only: bool = False
+    # The target's Python stacks sampled during the window (collectors/stacks.py), when sampling worked.
+    stacks: StackSamples | None = None
 
     def series_named(self, name: str) -> list[Series]:
         return [s for s in self.series if s.name == name]

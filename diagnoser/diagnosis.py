@@ -134,6 +134,11 @@ class Citation:
     op: str = ""  # ">=", "<", ...; empty for context numbers
     threshold: float | None = None
 
+    def __post_init__(self) -> None:
+        # A signal constant is a str subclass; the diagnosis keeps the plain name (msgspec and pickle see a str).
+        if type(self.signal) is not str:
+            object.__setattr__(self, "signal", str.__str__(self.signal))
+
     def text(self) -> str:
         from diagnoser.units import fmt
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from diagnoser import signals as S
-from diagnoser.capture import Capture, GpuInfo, ModelInfo, Series, ServingConfig, TraceSummary
+from diagnoser.capture import Capture, GpuInfo, ModelInfo, Series, ServingConfig, StackSamples, TraceSummary
 from diagnoser.diagnosis import FixKind, Regime
 from diagnoser.signals import spec
 
@@ -186,6 +186,7 @@ class Evidence:
     model: ModelInfo | None = None
     serving: ServingConfig = field(default_factory=ServingConfig)
     trace: TraceSummary | None = None
+    stacks: StackSamples | None = None  # the target's sampled Python stacks (collectors/stacks.py), when taken
     # Fixes the capture shows are already in place, with the evidence that says so.
     in_place: dict[FixKind, str] = field(default_factory=dict)
     workload: str = ""  # inference, training, or ""
@@ -276,7 +277,8 @@ class Evidence:
 # --- building it -------------------------------------------------------------------------------------------
 
 def build_evidence(capture: Capture) -> Evidence:
-    ev = Evidence(meta=_meta(capture), model=capture.model, serving=capture.serving, trace=capture.trace)
+    ev = Evidence(meta=_meta(capture), model=capture.model, serving=capture.serving, trace=capture.trace,
+                  stacks=capture.stacks)
     for signal in _pooled(capture.series):
         ev.add(signal)
     _derive_memory_fraction(capture, ev)

@@ -12,12 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from diagnoser.capture import Capture, save
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.evidence import Evidence, build_evidence
 from diagnoser.rules.engine import diagnose_evidence
 from diagnoser.rules.ruleset import Overrides, RuleSet, default_rules
+
+if TYPE_CHECKING:  # the report model loads jinja-free, but only when a report is asked for
+    from diagnoser.reports.model import Report
 
 Step = Callable[[Capture], None]
 
@@ -31,9 +35,9 @@ class Outcome:
     diagnosis: Diagnosis
     rules: RuleSet
     written: dict[str, Path] = field(default_factory=dict)
-    _report: object | None = field(default=None, repr=False)
+    _report: Report | None = field(default=None, repr=False)
 
-    def report(self):  # type: ignore[no-untyped-def]  (diagnoser.reports.model.Report, imported late: jinja-free)
+    def report(self) -> Report:
         if self._report is None:
             from diagnoser.reports.model import build_report
 

@@ -144,6 +144,151 @@ SERVER_TTFT_P99_S = _sig("server.ttft_p99_s", "s", "Time to first token, p99 ove
 SERVER_ITL_P50_S = _sig("server.itl_p50_s", "s", "Inter-token latency, median over the window.")
 SERVER_ITL_P99_S = _sig("server.itl_p99_s", "s", "Inter-token latency, p99 over the window.")
 SERVER_BATCH_SIZE = _sig("server.batch_size", "sequences", "Sequences per engine iteration (mean over the window).")
+# inference server: what the engines' own pages add (collectors/server_maps.py says which name gives which)
+SERVER_WAITING_DEFERRED = _sig(
+    "server.waiting_deferred", "requests",
+    "Requests waiting for a transient reason (LoRA budget, KV transfer), not for capacity (vLLM).")
+SERVER_KV_USED_TOKENS = _sig("server.kv_used_tokens", "tokens", "KV-cache tokens in use (SGLang num_used_tokens).")
+SERVER_CPU_KV_USAGE = _sig("server.cpu_kv_usage", "ratio", "CPU (swap) KV-cache blocks in use (vLLM V0).")
+SERVER_SWAPPED = _sig("server.swapped", "requests", "Requests swapped out to CPU memory (vLLM V0).")
+SERVER_RETRACTED = _sig(
+    "server.retracted", "requests",
+    "Requests retracted from the running batch for lack of KV space (SGLang gauge).")
+SERVER_RETRACTIONS_PER_S = _sig(
+    "server.retractions_per_s", "1/s",
+    "Requests retracted per second for lack of KV space (SGLang counter).")
+SERVER_PAUSED = _sig(
+    "server.paused", "requests",
+    "Requests paused for lack of KV blocks (TensorRT-LLM in-flight batcher).")
+SERVER_PREFILL_REQUESTS = _sig(
+    "server.prefill_requests", "requests",
+    "Requests in their context (prefill) phase in the current step (TensorRT-LLM).")
+SERVER_BATCH_RESERVED_TOKENS = _sig(
+    "server.batch_reserved_tokens", "tokens",
+    "Tokens the running batch has reserved: prompts plus max_new_tokens (TGI).")
+SERVER_PREFIX_CACHE_HIT_RATE = _sig(
+    "server.prefix_cache_hit_rate", "ratio",
+    "Prompt tokens served from the prefix cache over prompt tokens queried, over the window.")
+SERVER_SPEC_ACCEPTANCE_RATE = _sig(
+    "server.spec_acceptance_rate", "ratio",
+    "Draft tokens accepted over draft tokens proposed (speculative decoding), over the window.")
+SERVER_SPEC_MEAN_ACCEPT_LEN = _sig(
+    "server.spec_mean_accept_len", "tokens",
+    "Tokens emitted per verification step, the bonus token included (speculative decoding).")
+SERVER_SPEC_DRAFT_LEN = _sig(
+    "server.spec_draft_len", "tokens",
+    "Draft tokens proposed per draft (the speculative length k).")
+SERVER_LORA_RUNNING_ADAPTERS = _sig(
+    "server.lora_running_adapters", "adapters",
+    "Distinct LoRA adapters in the running batch.")
+SERVER_LORA_WAITING_ADAPTERS = _sig(
+    "server.lora_waiting_adapters", "adapters",
+    "Distinct LoRA adapters among waiting requests.")
+SERVER_TTFT_MEAN_S = _sig("server.ttft_mean_s", "s", "Time to first token, mean over the window.")
+SERVER_ITL_MEAN_S = _sig("server.itl_mean_s", "s", "Inter-token latency, mean over the window.")
+SERVER_TPOT_P50_S = _sig("server.tpot_p50_s", "s", "Per request, mean time per output token, median over the window.")
+SERVER_TPOT_P99_S = _sig("server.tpot_p99_s", "s", "Per request, mean time per output token, p99 over the window.")
+SERVER_TPOT_MEAN_S = _sig("server.tpot_mean_s", "s", "Per request, mean time per output token, mean over the window.")
+SERVER_QUEUE_TIME_P50_S = _sig(
+    "server.queue_time_p50_s", "s",
+    "Per request, time waiting to be scheduled, median over the window.")
+SERVER_QUEUE_TIME_P99_S = _sig(
+    "server.queue_time_p99_s", "s",
+    "Per request, time waiting to be scheduled, p99 over the window.")
+SERVER_QUEUE_TIME_MEAN_S = _sig(
+    "server.queue_time_mean_s", "s",
+    "Per request, time waiting to be scheduled, mean over the window.")
+SERVER_PREFILL_TIME_P50_S = _sig(
+    "server.prefill_time_p50_s", "s",
+    "Per request, time in prefill, median over the window.")
+SERVER_PREFILL_TIME_P99_S = _sig("server.prefill_time_p99_s", "s", "Per request, time in prefill, p99 over the window.")
+SERVER_PREFILL_TIME_MEAN_S = _sig(
+    "server.prefill_time_mean_s", "s",
+    "Per request, time in prefill, mean over the window.")
+SERVER_PREFILL_TIME_PER_TOKEN_P50_S = _sig(
+    "server.prefill_time_per_token_p50_s", "s",
+    "Per request, prefill time per prompt token, median over the window.")
+SERVER_PREFILL_TIME_PER_TOKEN_P99_S = _sig(
+    "server.prefill_time_per_token_p99_s", "s",
+    "Per request, prefill time per prompt token, p99 over the window.")
+SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S = _sig(
+    "server.prefill_time_per_token_mean_s", "s",
+    "Per request, prefill time per prompt token, mean over the window.")
+SERVER_DECODE_TIME_P50_S = _sig("server.decode_time_p50_s", "s", "Per request, time in decode, median over the window.")
+SERVER_DECODE_TIME_P99_S = _sig("server.decode_time_p99_s", "s", "Per request, time in decode, p99 over the window.")
+SERVER_DECODE_TIME_MEAN_S = _sig("server.decode_time_mean_s", "s", "Per request, time in decode, mean over the window.")
+SERVER_INFERENCE_TIME_P50_S = _sig(
+    "server.inference_time_p50_s", "s",
+    "Per request, time running (prefill + decode), median over the window.")
+SERVER_INFERENCE_TIME_P99_S = _sig(
+    "server.inference_time_p99_s", "s",
+    "Per request, time running (prefill + decode), p99 over the window.")
+SERVER_INFERENCE_TIME_MEAN_S = _sig(
+    "server.inference_time_mean_s", "s",
+    "Per request, time running (prefill + decode), mean over the window.")
+SERVER_E2E_P50_S = _sig("server.e2e_p50_s", "s", "Per request, end-to-end latency, median over the window.")
+SERVER_E2E_P99_S = _sig("server.e2e_p99_s", "s", "Per request, end-to-end latency, p99 over the window.")
+SERVER_E2E_MEAN_S = _sig("server.e2e_mean_s", "s", "Per request, end-to-end latency, mean over the window.")
+SERVER_PREFILL_STEP_P50_S = _sig(
+    "server.prefill_step_p50_s", "s",
+    "One prefill forward pass of a batch, median over the window.")
+SERVER_PREFILL_STEP_P99_S = _sig(
+    "server.prefill_step_p99_s", "s",
+    "One prefill forward pass of a batch, p99 over the window.")
+SERVER_PREFILL_STEP_MEAN_S = _sig(
+    "server.prefill_step_mean_s", "s",
+    "One prefill forward pass of a batch, mean over the window.")
+SERVER_DECODE_STEP_P50_S = _sig(
+    "server.decode_step_p50_s", "s",
+    "One decode forward pass of a batch, median over the window.")
+SERVER_DECODE_STEP_P99_S = _sig(
+    "server.decode_step_p99_s", "s",
+    "One decode forward pass of a batch, p99 over the window.")
+SERVER_DECODE_STEP_MEAN_S = _sig(
+    "server.decode_step_mean_s", "s",
+    "One decode forward pass of a batch, mean over the window.")
+SERVER_PROMPT_LEN_P50 = _sig("server.prompt_len_p50", "tokens", "Prompt tokens per request, median over the window.")
+SERVER_PROMPT_LEN_P99 = _sig("server.prompt_len_p99", "tokens", "Prompt tokens per request, p99 over the window.")
+SERVER_PROMPT_LEN_MEAN = _sig("server.prompt_len_mean", "tokens", "Prompt tokens per request, mean over the window.")
+SERVER_GEN_LEN_P50 = _sig("server.gen_len_p50", "tokens", "Generated tokens per request, median over the window.")
+SERVER_GEN_LEN_P99 = _sig("server.gen_len_p99", "tokens", "Generated tokens per request, p99 over the window.")
+SERVER_GEN_LEN_MEAN = _sig("server.gen_len_mean", "tokens", "Generated tokens per request, mean over the window.")
+SERVER_MAX_TOKENS_P50 = _sig(
+    "server.max_tokens_p50", "tokens",
+    "The max_tokens (max_new_tokens) requests asked for, median over the window.")
+SERVER_MAX_TOKENS_P99 = _sig(
+    "server.max_tokens_p99", "tokens",
+    "The max_tokens (max_new_tokens) requests asked for, p99 over the window.")
+SERVER_MAX_TOKENS_MEAN = _sig(
+    "server.max_tokens_mean", "tokens",
+    "The max_tokens (max_new_tokens) requests asked for, mean over the window.")
+SERVER_MAX_GEN_LEN_P50 = _sig(
+    "server.max_gen_len_p50", "tokens",
+    "Per request, the most tokens any of its n sequences generated, median over the window.")
+SERVER_MAX_GEN_LEN_P99 = _sig(
+    "server.max_gen_len_p99", "tokens",
+    "Per request, the most tokens any of its n sequences generated, p99 over the window.")
+SERVER_MAX_GEN_LEN_MEAN = _sig(
+    "server.max_gen_len_mean", "tokens",
+    "Per request, the most tokens any of its n sequences generated, mean over the window.")
+SERVER_PARAMS_N_P50 = _sig(
+    "server.params_n_p50", "sequences",
+    "The n (parallel sequences) requests asked for, median over the window.")
+SERVER_PARAMS_N_P99 = _sig(
+    "server.params_n_p99", "sequences",
+    "The n (parallel sequences) requests asked for, p99 over the window.")
+SERVER_PARAMS_N_MEAN = _sig(
+    "server.params_n_mean", "sequences",
+    "The n (parallel sequences) requests asked for, mean over the window.")
+SERVER_ITERATION_TOKENS_P50 = _sig(
+    "server.iteration_tokens_p50", "tokens",
+    "Tokens per engine step (prefill + decode), median over the window.")
+SERVER_ITERATION_TOKENS_P99 = _sig(
+    "server.iteration_tokens_p99", "tokens",
+    "Tokens per engine step (prefill + decode), p99 over the window.")
+SERVER_ITERATION_TOKENS_MEAN = _sig(
+    "server.iteration_tokens_mean", "tokens",
+    "Tokens per engine step (prefill + decode), mean over the window.")
 
 # --- trace-derived (one value per window) ---------------------------------------------------------
 TRACE_GPU_IDLE_FRAC = _sig("trace.gpu_idle_frac", "ratio", "Fraction of the traced window no kernel or copy ran.")

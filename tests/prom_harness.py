@@ -68,7 +68,7 @@ PROFILES: dict[str, dict[str, float]] = {
     "bandwidth": dict(gr=0.95, sm=0.85, occ=0.40, tensor=0.22, dram=0.72, fb=0.85, power=560, clock=1980),
     "compute": dict(gr=0.97, sm=0.93, occ=0.30, tensor=0.78, dram=0.35, fb=0.70, power=690, clock=1900),
     "batching": dict(gr=0.30, sm=0.22, occ=0.10, tensor=0.08, dram=0.12, fb=0.60, power=200, clock=1980),
-    "vram": dict(gr=0.80, sm=0.60, occ=0.30, tensor=0.35, dram=0.42, fb=0.995, power=450, clock=1980),
+    "vram": dict(gr=0.80, sm=0.85, occ=0.30, tensor=0.35, dram=0.42, fb=0.995, power=450, clock=1980),
     "throttled": dict(gr=0.92, sm=0.80, occ=0.30, tensor=0.45, dram=0.40, fb=0.80, power=700, clock=1150, pv=0.85),
     "xid": dict(gr=0.60, sm=0.50, occ=0.20, tensor=0.30, dram=0.30, fb=0.50, power=350, clock=1980, xid=79),
 }

@@ -206,3 +206,13 @@ def test_serving_advice_is_withheld_from_a_training_job():
     fixes, withheld = judge_fixes([f], ev)
     assert [x.kind for x in fixes] == [FixKind.LARGER_BATCH]
     assert "training job" in withheld[0].why
+
+
+def test_every_page_that_states_a_threshold_states_the_one_in_force():
+    import string
+
+    for r in default_rules():
+        named = {f for text in r.page.fields().values() for _, f, _, _ in string.Formatter().parse(text) if f}
+        assert named, f"{r.code}'s page states none of its thresholds"
+        odd = {name: t.value * 1.37 + 0.011 for name, t in r.thresholds.items()}
+        assert r.page_for(odd) != r.page_for(), r.code

@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "datasheet's."),
     "selftest": ("selftest", "Run workloads whose limiter is known (bandwidth, compute, batching/launch, VRAM, "
                  "host) under attach, and check each verdict and the physics on this machine."),
+    "compare": ("compare", "Compare two captures or traces: what changed, and each fix's predicted gain against the "
+                "realised one."),
     "report": ("report", "Write an HTML report to forward: verdict, fixes, charts, evidence, context. One file, "
                "works offline."),
     "dcgm": ("dcgm", "Diagnose a GPU, MIG instance, pod or process from DCGM counters (dcgm-exporter or "

@@ -106,7 +106,7 @@ def _notes(s: Setup, kv_known: bool, max_seqs: int | None) -> list[str]:
     notes = []
     if not fits(s.model, s.gpu, s.dtype, s.tp * s.pp):
         notes.append(f"The weights do not fit in {DEFAULT_MEM_FRACTION:.0%} of one {s.gpu.name} at tp {s.tp}"
-                     + (f" x pp {s.pp}" if s.pp > 1 else "") + "; the speeds below assume they did (try --tp or a "
+                     + (f" x pp {s.pp}" if s.pp > 1 else "") + "; the speeds assume they did (try --tp or a "
                      "smaller --dtype).")
     if not kv_known:
         notes.append("KV cache not counted: pass --layers, --kv-heads and --head-dim to size it.")
@@ -345,6 +345,9 @@ def render(r: dict[str, Any], console: Console) -> None:
                   + (f" x{st['tp']}" if st["tp"] > 1 else "") + (f" x pp {st['pp']}" if st["pp"] > 1 else ""))
     console.print(f"batch {st['batch']}, context {st['context']:,}, {st['dtype']} weights, {st['kv_dtype']} KV; "
                   "ceilings from datasheet peaks", style="dim")
+    # Caveats first: they qualify the numbers that follow.
+    for note in r["notes"]:
+        console.print(Padding(f"Note: {note}", (0, 0, 0, 0)))
     table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False)
     table.add_column(min_width=22, max_width=24, no_wrap=True)
     table.add_column(overflow="fold")
@@ -360,8 +363,6 @@ def render(r: dict[str, Any], console: Console) -> None:
                                       REALISED_PREFIX).strip() + ".", (0, 0, 0, 2)), style="dim")
         for w in r["what_ifs"]:
             _render_what_if(w, console)
-    for note in r["notes"]:
-        console.print(Padding(f"Note: {note}", (0, 0, 0, 0)))
 
 
 def _list_models(as_json: bool) -> None:

@@ -74,10 +74,11 @@ _HINTS = {
 class NvmlUnavailable(Exception):
     """NVML cannot be used on this machine; `reason` is one sentence, `hint` how to fix it."""
 
-    def __init__(self, reason: str, hint: str = "") -> None:
+    def __init__(self, reason: str, hint: str = "", *, no_gpu: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.hint = hint
+        self.no_gpu = no_gpu  # no driver or no GPU at all (not merely unreadable)
 
 
 class _DeviceLost(Exception):
@@ -96,7 +97,7 @@ def open_nvml() -> tuple[Any, int]:
     except seam.LibraryNotFound:
         raise NvmlUnavailable("no NVIDIA driver on this machine (NVML library libnvidia-ml.so.1 not found)",
                               "run diagnoser on the GPU's host, or in a container started with the NVIDIA "
-                              "container toolkit (--gpus)") from None
+                              "container toolkit (--gpus)", no_gpu=True) from None
     except seam.DriverNotLoaded:
         raise NvmlUnavailable("the NVIDIA driver is not loaded", "load the driver (nvidia-smi should work)") from None
     except seam.NoPermission:
@@ -111,7 +112,7 @@ def open_nvml() -> tuple[Any, int]:
     if count == 0:
         shutdown_nvml(nv)
         raise NvmlUnavailable("NVML sees no GPU on this machine",
-                              "check the container's GPU assignment (NVIDIA_VISIBLE_DEVICES, --gpus)")
+                              "check the container's GPU assignment (NVIDIA_VISIBLE_DEVICES, --gpus)", no_gpu=True)
     return nv, count
 
 

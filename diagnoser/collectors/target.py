@@ -32,6 +32,7 @@ _CMDLINE_KINDS = (
     ("tritonserver", "triton"),
 )
 TRITON_METRICS_PORT = 8002
+METRICS_PATHS = ("/metrics", "/v1/metrics")
 MAX_PROBED_PORTS = 8
 
 # Serving flags worth knowing for the diagnosis: flag -> key in Capture.serving.
@@ -114,9 +115,9 @@ def _check_url(url: str) -> None:
 
 
 def _better_kind(from_metrics: str | None, from_cmdline: str) -> str:
-    if from_metrics and (from_cmdline == "unknown" or from_metrics == "demo"):
-        return from_metrics
-    return from_cmdline if from_cmdline != "unknown" else (from_metrics or "unknown")
+    """The page's names decide: a process whose command line says vllm but serves tgi_ metrics is read as TGI (a
+    wrapper, a router, a renamed binary); the command line only stands in when the page names no engine."""
+    return from_metrics or from_cmdline
 
 
 def check_process(pid: int) -> psutil.Process:
@@ -246,12 +247,13 @@ def _discover_metrics(target: AttachTarget, host: str, timeout: float) -> None:
     """Find the server's /metrics: on --port (or Triton's metrics port), else on any port the tree listens on."""
     candidates: list[str] = []
     if target.port is not None:
-        candidates.append(f"http://{host}:{target.port}/metrics")
+        candidates += _paths(host, target.port)
         if target.server_kind == "triton" and target.port != TRITON_METRICS_PORT:
-            candidates.append(f"http://{host}:{TRITON_METRICS_PORT}/metrics")
+            candidates += _paths(host, TRITON_METRICS_PORT)
     elif target.pid is not None:
         ports = listening_ports(target.pid)[:MAX_PROBED_PORTS]
-        candidates.extend(f"http://{h}:{p}/metrics" for p, h in ports)
+        for p, h in ports:
+            candidates += _paths(h, p)
         if not ports:
             target.metrics_problem = (f"process {target.pid} listens on no TCP port, so no server metrics were found "
                                       "(give --port or --metrics-url)")
@@ -261,15 +263,22 @@ def _discover_metrics(target: AttachTarget, host: str, timeout: float) -> None:
         try:
             kind, _ = probe(url, timeout)
         except MetricsError as exc:
-            problems.append(str(exc).rstrip("."))
+            if not url.endswith(METRICS_PATHS[1]):  # NIM's path is a second guess: its failure says nothing new
+                problems.append(str(exc).rstrip("."))
             continue
         if kind is None:
-            problems.append(f"{url} serves metrics of no known inference server")
+            if not url.endswith(METRICS_PATHS[1]):
+                problems.append(f"{url} serves metrics of no known inference server")
             continue
         target.metrics_url = url
         target.server_kind = _better_kind(kind, target.server_kind)
         return
     target.metrics_problem = "no server metrics: " + "; ".join(problems[:3]) if problems else "no server metrics found"
+
+
+def _paths(host: str, port: int) -> list[str]:
+    """/metrics, then NVIDIA NIM's /v1/metrics (tried only when /metrics gives no engine's page)."""
+    return [f"http://{host}:{port}{path}" for path in METRICS_PATHS]
 
 
 def kind_from_cmdline(cmdline: list[str]) -> str | None:

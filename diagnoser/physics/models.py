@@ -292,7 +292,8 @@ def _name_from_path(path: Path) -> str:
     for part in reversed(path.parts):
         if part.startswith("models--"):
             return part.removeprefix("models--").replace("--", "/")
-    return path.parent.name or path.stem
+    # A checkpoint's config.json is named by its folder; any other file (llama-2-7b.json) by its own name.
+    return (path.parent.name or path.stem) if path.name == "config.json" else path.stem
 
 
 def load_hf_config(path: str | Path) -> ModelInfo:

@@ -4,6 +4,8 @@ and ranks the fixes they propose (judge.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Rule, Threshold, rule
 from diagnoser.rules.engine import diagnose, diagnose_evidence
 from diagnoser.rules.ruleset import RuleResults, RuleSet, default_rules, load_overrides
@@ -23,7 +25,7 @@ def get_rule(code: str) -> Rule | None:
     return default_rules().get(code)
 
 
-def load_thresholds(path: str) -> dict[str, dict[str, float]]:
+def load_thresholds(path: str | Path) -> dict[str, dict[str, float]]:
     """Threshold overrides from a TOML file, checked against the shipped rules."""
     return load_overrides(path, default_rules())
 

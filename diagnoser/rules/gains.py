@@ -90,40 +90,34 @@ def _kv_dtype(ev: Evidence, model: ModelInfo) -> str:
     return physics.kv_cache_dtype(model, None, _dtype(ev))
 
 
-def _realised(ev: Evidence, ratio: float, basis: str) -> Gain:
-    """A bytes-only change (same batch) at the measured efficiency e: 1 / (1 - e + e / ratio)."""
+def efficiency(ev: Evidence) -> float | None:
+    """Measured tokens/s over the decode ceiling, when both are known (physics realises gains from it)."""
     eff = ev.value(S.THEORY_EFFICIENCY)
-    if eff is None or eff <= 0:
-        return Gain(ratio, f"{basis}: {ratio:.2f}x at the floor (no measured token rate, so the time beyond the "
-                           "floor is not known: an upper bound)", GainKind.UPPER_BOUND)
-    e = min(1.0, eff)
-    realised = 1.0 / (1.0 - e + e / ratio)
-    return Gain(realised, f"{basis}: {ratio:.2f}x at the floor; the step runs at {e:.0%} of its ceiling and the "
-                          f"time beyond the floor stays, so about {realised:.2f}x")
+    return min(1.0, eff) if eff is not None and eff > 0 else None
+
+
+def _from_what_if(w: physics.WhatIf, basis: str, *, bytes_only: bool) -> Gain:
+    """A what-if's gain: realised at the measured efficiency (the time beyond the roofline stays) when there is one;
+    else the ceiling ratio, which for a change of bytes alone is the most it could give."""
+    if w.speedup is None:
+        return Gain.unknown(f"{basis}: {w.explanation}")
+    if w.realised_speedup is not None:
+        return Gain(w.realised_speedup, f"{basis}: x{w.speedup:.2f} at the ceiling; the step runs at "
+                                        f"{w.efficiency:.0%} of it and the time beyond the roofline stays, so about "
+                                        f"x{w.realised_speedup:.2f}")
+    if bytes_only:
+        return Gain(w.speedup, f"{basis}: x{w.speedup:.2f} at the floor (no measured token rate, so the time beyond "
+                               "the floor is not known: an upper bound)", GainKind.UPPER_BOUND)
+    return Gain(w.speedup, f"{basis}: x{w.speedup:.2f} between the ceilings (no measured token rate: the step is "
+                           "assumed to keep its share of the ceiling)")
 
 
 # --- batching -------------------------------------------------------------------------------------------------
 
-def _step_split(ev: Evidence, batch: float) -> tuple[float, float, float] | None:
-    """The measured decode step: (step time, GPU-busy part, host part) from the token rate and the busy fraction.
-
-    When the batch or the bytes change, the part of the step the GPU was busy scales with the GPU work (the ceiling
-    ratio: measured on an H100, batch 1 -> 16 gave 12.3x against 13.2x predicted this way), while the part it sat
-    idle waiting for the host stays per step (host work per step barely grows with the batch)."""
-    gen = ev.value(S.SERVER_GEN_TOKENS_PER_S)
-    if gen is None or gen <= 0:
-        return None
-    step = max(1.0, batch) / gen
-    busy = ev.busy_fraction()
-    busy = 1.0 if busy is None else min(1.0, max(0.0, busy))
-    return step, step * busy, step * (1.0 - busy)
-
-
 def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | None = None) -> Gain:
-    """Throughput multiplier of decoding at a larger batch (factor x the observed one, or a target), from the
-    decode step time batch / ceiling, capped by the sequences whose KV cache fits; with a measured token rate, the
-    host part of the measured step stays per step (see _step_split). A speed gain only when requests wait (and then
-    bounded by running + waiting); else capacity."""
+    """Throughput multiplier of decoding at a larger batch (factor x the observed one, or a target), capped by the
+    sequences whose KV cache fits; realised at the measured efficiency (physics.what_if). A speed gain only when
+    requests wait (and then bounded by running + waiting); else capacity."""
     mg = _model_and_gpu(ev)
     batch = ev.observed_batch()
     if mg is None or batch is None:
@@ -132,9 +126,9 @@ def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | Non
     new = target if target is not None else batch * (factor or 1.0)
     dtype, tp = _dtype(ev), max(1, model.tensor_parallel)
     ctx, ctx_text = _context(ev)
+    fraction, where = _mem_fraction(ev)
     notes = ""
     if physics.has_kv_shape(model):
-        fraction, where = _mem_fraction(ev)
         room = physics.max_concurrent_sequences(model, gpu, ctx, fraction, tp=tp, dtype=dtype)
         if room < new:
             new, notes = float(room), f", capped by the {room} sequences whose KV cache fits{where}"
@@ -145,22 +139,10 @@ def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | Non
     new = max(new, batch)
     if new <= batch:
         return Gain.unknown(f"no larger batch fits in memory at {ctx_text}")
-    b0, b1 = max(1.0, batch), max(1.0, new)
-    floor0 = physics.decode_step_s(model, gpu, b0, ctx, dtype=dtype, tp=tp)
-    floor1 = physics.decode_step_s(model, gpu, b1, ctx, dtype=dtype, tp=tp)
-    split = _step_split(ev, b0)
-    if split is None:
-        ratio = (b1 / floor1) / (b0 / floor0)
-        basis = (f"decode ceiling at batch {new:.0f} vs {batch:.1f} on {gpu.name}, {ctx_text}{notes} "
-                 f"({b1 / floor1:.0f} vs {b0 / floor0:.0f} tokens/s)")
-    else:
-        step, gpu_part, host = split
-        step1 = host + gpu_part * floor1 / floor0
-        ratio = (b1 / step1) / (b0 / step)
-        basis = (f"batch {new:.0f} vs {batch:.1f} on {gpu.name}, {ctx_text}{notes}: the GPU part of the measured "
-                 f"{step * 1e3:.1f} ms step grows with the floor ({floor0 * 1e3:.2f} -> {floor1 * 1e3:.2f} ms), the "
-                 f"{host * 1e3:.1f} ms the GPU waits on the host stays")
-    g = capped(Gain(ratio, basis))
+    w = physics.what_if(model, gpu, dtype, max(1.0, batch), ctx, tp, new_batch=max(1.0, new),
+                        efficiency=efficiency(ev), mem_fraction=fraction)
+    g = capped(_from_what_if(w, f"batch {new:.0f} vs {batch:.1f} on {gpu.name}, {ctx_text}{notes}",
+                             bytes_only=False))
     if speed:
         return g
     if want is None:
@@ -174,9 +156,9 @@ def dtype_gain(ev: Evidence, new_dtype: str) -> Gain:
     """Throughput multiplier of serving the weights in another precision at the observed batch.
 
     The ceilings' ratio is what a step running at its floor would gain. A step measured at efficiency e of its
-    ceiling spends (1 - e) of its time beyond the floor (norms, casts, softmax, launch gaps), which fewer weight
-    bytes do not shorten, so the realised gain is 1 / (1 - e + e / ratio). Measured on an H100 (2.4B decoder, batch
-    1, CUDA graphs, e = 0.33): FP8 weights gave 1.12x against 1.19x predicted this way and 1.97x from the ceilings
+    ceiling spends the time beyond the roofline (norms, casts, softmax, launch gaps) whatever the weights' bytes, so
+    the realised gain is about 1 / (1 - e + e / ratio). Measured on an H100 (2.4B decoder, batch 1, CUDA graphs,
+    e = 0.33): FP8 weights gave 1.12x against 1.18x predicted this way and 1.9x from the ceilings
     (tests/fixtures/gpu)."""
     mg = _model_and_gpu(ev)
     if mg is None:
@@ -189,20 +171,14 @@ def dtype_gain(ev: Evidence, new_dtype: str) -> Gain:
     ctx, ctx_text = _context(ev)
     if physics.bytes_per_element(new_dtype) >= physics.bytes_per_element(dtype):
         return Gain.unknown(f"weights are already {dtype}")
-    before = physics.decode_ceiling_tokens_per_s(model, gpu, batch=batch, context=ctx, dtype=dtype, tp=tp)
-    after = physics.decode_ceiling_tokens_per_s(model, gpu, batch=batch, context=ctx, dtype=new_dtype, tp=tp)
-    if before <= 0:
-        return Gain.unknown("decode ceiling not computable")
-    return _realised(ev, after / before, f"decode ceiling with {new_dtype} weights vs {dtype} at batch {batch:.0f} "
-                                         f"on {gpu.name}, {ctx_text}")
+    w = physics.what_if(model, gpu, dtype, max(1.0, batch), ctx, tp, new_dtype=new_dtype, efficiency=efficiency(ev))
+    return _from_what_if(w, f"decode ceiling with {new_dtype} weights vs {dtype} at batch {batch:.0f} on {gpu.name}, "
+                            f"{ctx_text}", bytes_only=True)
 
 
 def kv_dtype_gain(ev: Evidence, new_kv: str = "fp8") -> Gain:
-    """An FP8 (or INT8) KV cache: half the KV bytes each step reads and twice the sequences that fit.
-
-    At the observed batch the step reads weights + batch x context x KV bytes; with requests waiting (or preempted)
-    the batch may also grow, up to the sequences that now fit and the demand. The time beyond the floor per step
-    stays (measured: step time - floor), so the realised gain is batch' / (floor' + overhead) over batch / step."""
+    """An FP8 (or INT8) KV cache: half the KV bytes each step reads and twice the sequences that fit; with requests
+    waiting the batch grows into the freed memory, up to the demand (physics.kv_dtype_what_if)."""
     mg = _model_and_gpu(ev)
     batch = ev.observed_batch()
     if mg is None or batch is None:
@@ -216,31 +192,39 @@ def kv_dtype_gain(ev: Evidence, new_kv: str = "fp8") -> Gain:
     if physics.bytes_per_element(new_kv) >= physics.bytes_per_element(old_kv):
         return Gain.unknown(f"the KV cache is already {old_kv}")
     ctx, ctx_text = _context(ev)
-    kv_ratio = physics.bytes_per_element(new_kv) / physics.bytes_per_element(old_kv)
-    step = lambda b, kv: physics.decode_floor_s(model, gpu, b, ctx, dtype=dtype, kv_dtype=kv, tp=tp)  # noqa: E731
-    floor = step(max(1.0, batch), old_kv)
-    kv_share = 1.0 - physics.decode_floor_s(model, gpu, max(1.0, batch), 0, dtype=dtype, tp=tp) / floor
-    new_batch, grew = batch, ""
+    fraction, _ = _mem_fraction(ev)
     want = demand(ev)
-    if want is not None and want > batch + 0.5:
-        new_batch = min(want, batch / kv_ratio)
-        grew = f"; the batch grows from {batch:.0f} to {new_batch:.0f} (twice the sequences fit; demand " \
-               f"{want:.0f})"
-    split = _step_split(ev, batch)
-    if split is not None:
-        measured_step, gpu_part, host = split
-        beyond = max(0.0, gpu_part - floor)  # GPU time beyond the floor: kernels' inefficiency, per sequence
-        after = new_batch / (host + beyond * new_batch / max(1.0, batch) + step(max(1.0, new_batch), new_kv))
-        gain = after / (max(1.0, batch) / measured_step)
-        basis = (f"KV is {kv_share:.0%} of the bytes a step reads at batch {batch:.0f}, {ctx_text}; {new_kv} KV halves "
-                 f"them{grew}; of the measured {measured_step * 1e3:.1f} ms step, the GPU time beyond the floor grows "
-                 "with the batch and the time waiting on the host stays")
-        return capped(Gain(gain, basis, GainKind.ESTIMATE, Benefit.SPEED))
-    before = batch / step(max(1.0, batch), old_kv)
-    after = new_batch / step(max(1.0, new_batch), new_kv)
-    basis = (f"KV is {kv_share:.0%} of the bytes a step reads at batch {batch:.0f}, {ctx_text}; {new_kv} KV halves "
-             f"them{grew}: ceiling ratio at the floor (no measured token rate: an upper bound)")
-    return capped(Gain(after / before, basis, GainKind.UPPER_BOUND))
+    grows = want is not None and want > batch + 0.5
+    pool = ev.get(S.SERVER_KV_USAGE)
+    if grows and want is not None and pool is not None and pool.p90 >= 0.9:
+        # The server's KV pool is full at this batch: its size in bytes is what it is, so the smaller KV fits
+        # bytes-ratio times the sequences in it, whatever else the GPU's memory holds.
+        ratio = physics.bytes_per_element(old_kv) / physics.bytes_per_element(new_kv)
+        want = min(want, max(1.0, batch) * ratio)
+    w = physics.kv_dtype_what_if(model, gpu, max(1.0, batch), ctx, new_kv_dtype=new_kv, dtype=dtype, tp=tp,
+                                 demand=want if grows else None, efficiency=efficiency(ev), mem_fraction=fraction)
+    kv_share = 1.0 - physics.decode_floor_s(model, gpu, max(1.0, batch), 0, dtype=dtype, tp=tp) / \
+        physics.decode_floor_s(model, gpu, max(1.0, batch), ctx, dtype=dtype, tp=tp)
+    grew = f"; the batch grows {w.before_batch:.0f} -> {w.after_batch:.0f}" if w.after_batch != w.before_batch else ""
+    return capped(_from_what_if(w, f"KV is {kv_share:.0%} of the bytes a step reads at batch {batch:.0f}, {ctx_text}; "
+                                   f"{new_kv} KV halves them and twice the sequences fit{grew}", bytes_only=not grows))
+
+
+def tp_gain(ev: Evidence, new_tp: int) -> Gain:
+    """Sharding over more GPUs: each reads its share of the weights and KV, plus two all-reduces a layer
+    (physics.tp_what_if): sublinear, and realised at the measured efficiency."""
+    mg = _model_and_gpu(ev)
+    batch = ev.observed_batch()
+    if mg is None or batch is None:
+        return Gain.unknown("needs the model's shape, a recognised GPU and the running batch to predict")
+    model, gpu = mg
+    tp = max(1, model.tensor_parallel)
+    ctx, ctx_text = _context(ev)
+    w = physics.tp_what_if(model, gpu, max(1.0, batch), ctx, new_tp, tp=tp, dtype=_dtype(ev),
+                           efficiency=efficiency(ev))
+    note = "; ".join(a for a in w.assumptions if "all-reduce" in a or "collective" in a)
+    return _from_what_if(w, f"tensor parallel {tp} -> {new_tp} on {gpu.name}, {ctx_text}"
+                            + (f" ({note})" if note else ""), bytes_only=False)
 
 
 # --- kernels and the floor ----------------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def pcie_saturated(c: Check) -> Finding | None:
     uses=(S.GPU_PCIE_REPLAYS,),
     thresholds={"errors": Threshold(0.0, "any XID or double-bit ECC error above this count", "count")},
     page=Page(
-        detects="Any XID error or uncorrectable (double-bit) ECC error during the window.",
+        detects="XID errors or uncorrectable (double-bit) ECC errors above {errors} during the window.",
         why="XIDs signal driver-visible faults (from an application's illegal access to a GPU falling off the "
         "bus); uncorrectable ECC errors kill the processes that touch the memory and need a reset or a "
         "retired page. Performance numbers from a failing GPU mean little.",

@@ -12,6 +12,7 @@ from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Evidence
 from diagnoser.rules import gains
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.stacks import HotCode, hot_code
 
 _GRAPHS = "Capture the decode step in CUDA graphs (vLLM does by default unless --enforce-eager; torch.compile " \
     "mode='reduce-overhead'; SGLang --cuda-graph-max-bs) so one launch replaces hundreds."
@@ -30,7 +31,15 @@ def _graphs_title(ev: Evidence) -> str:
     return "Launch with HIP graphs" if ev.platform == "rocm" else "Launch with CUDA graphs"
 
 
-def _offload(c: Check, g: Gain) -> None:
+def _offload(c: Check, g: Gain, hot: HotCode | None = None) -> None:
+    if hot is not None:
+        # The sampled stacks name the code: the fix starts from it.
+        c.fix(FixKind.OFFLOAD_HOST_WORK, "Take the hot Python code off the serving loop", f"Start with "
+              f"{hot.function} ({hot.self_frac:.0%} of the samples of thread {hot.thread or '?'}, "
+              f"{hot.role or 'role unknown'} by its frames): move it to another process or thread, batch it, or "
+              "make it cheaper (vectorise, cache, or drop per-step Python work); tokenise and detokenise outside "
+              "the engine loop.", g)
+        return
     if c.ev.workload == "training":
         c.fix(FixKind.OFFLOAD_HOST_WORK, "Take host work off the training step's path", "Load and transform data in "
               "DataLoader workers (num_workers, pin_memory=True, prefetch), keep logging and metric reads "
@@ -59,7 +68,10 @@ def _offload(c: Check, g: Gain) -> None:
         why="Python serving loops (scheduling, sampling, detokenising, launching kernels) run on one thread; when "
         "that thread is saturated the GPU waits between steps however fast it is.",
         fixes=_GRAPHS + " Move tokenisation/detokenisation to other processes (vLLM's API server does), enable "
-        "asynchronous scheduling/output processing, use a faster CPU. The gain is at most 1 / busy.",
+        "asynchronous scheduling/output processing, use a faster CPU. The gain is at most 1 / busy. When the "
+        "target's Python stacks were sampled (py-spy, see docs/attach.md), the finding and the first fix name the "
+        "busiest thread's hottest function and what it does (scheduler, tokenizer, detokenizer, sampling, model "
+        "forward, data movement).",
         sources="Nsight Systems CPU-bound heuristics; nvitop-style per-thread CPU; MLPerf inference practice "
         "(CPUBottleneck: GPU < 10 % and CPU > 90 %).",
     ),
@@ -77,10 +89,12 @@ def serving_thread_saturated(c: Check) -> Finding | None:
         c.cite(busy_sig, "mean", "<", c.t["busy_max"])
     bound = Gain(1.0 / max(0.05, busy_frac), f"if the GPU were kept busy: 1 / {busy_frac:.0%} busy",
                  GainKind.UPPER_BOUND)
-    _offload(c, bound)
+    hot = hot_code(c.ev.stacks, limit=1)
+    _offload(c, bound, hot[0] if hot else None)
     c.fix(FixKind.CUDA_GRAPHS, _graphs_title(c.ev), _graphs_action(c.ev), bound)
+    where = f" Sampled stacks: {hot[0].cite()}." if hot else ""
     return c.finding(0.7, f"The server's busiest thread uses {thread.p50:.0%} of a core while the GPU is busy "
-                     f"{busy_frac:.0%}: the host sets the pace.")
+                     f"{busy_frac:.0%}: the host sets the pace.{where}")
 
 
 @rule(

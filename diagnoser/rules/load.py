@@ -43,13 +43,16 @@ def _batching_fixes(c: Check, busy: float | None) -> None:
     limiter=Limiter.BATCHING,
     summary="The GPU is busy less than half the time while requests sit in the queue.",
     requires=(_BUSY, S.SERVER_WAITING),
-    uses=(S.SERVER_RUNNING,),
+    uses=(S.SERVER_RUNNING, S.SERVER_KV_USAGE),
     thresholds={
         "busy_mean": Threshold(0.50, "GPU busy fraction below which the GPU is underused", "ratio"),
         "waiting_mean": Threshold(1.0, "mean queued requests that show demand is there", "requests"),
+        "kv_usage_max": Threshold(0.90, "KV use (p90) above which the KV cache, not the scheduler, holds the queue "
+                                  "(VRAM001)", "ratio"),
     },
     page=Page(
-        detects="GPU busy under {busy_mean} of the window while on average at least {waiting_mean} waits in the queue.",
+        detects="GPU busy under {busy_mean} of the window while on average at least {waiting_mean} waits in the queue, "
+        "and the KV cache has room (under {kv_usage_max}).",
         why="The work is there but does not reach the GPU: the scheduler admits too few sequences per step, or "
         "requests are served one at a time. Every idle moment is throughput lost for nothing.",
         fixes="Raise the batch limits (max-num-seqs, max-num-batched-tokens), use continuous batching, check the "
@@ -61,8 +64,13 @@ def gpu_idle_while_requests_wait(c: Check) -> Finding | None:
     busy, waiting = busy_signal(c), c.req(S.SERVER_WAITING)
     if busy.mean >= c.t["busy_mean"] or waiting.mean < c.t["waiting_mean"]:
         return None
+    kv = c.opt(S.SERVER_KV_USAGE)
+    if kv is not None and kv.p90 >= c.t["kv_usage_max"]:
+        return None  # the queue waits for KV memory: VRAM001
     c.cite(busy, "mean", "<", c.t["busy_mean"])
     c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
+    if kv is not None:
+        c.cite(kv, "p90", "<", c.t["kv_usage_max"])
     _batching_fixes(c, busy.mean)
     return c.finding(0.85, f"The GPU is busy {busy.mean:.0%} of the time while {waiting.mean:.1f} requests wait "
                      "on average: work is queued but not batched.")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from diagnoser import signals as S
-from diagnoser.diagnosis import Finding, FixKind, Limiter
+from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
 from diagnoser.rules import gains
 from diagnoser.rules.base import Check, Gain, Page, Threshold, rule
 
@@ -11,14 +11,22 @@ from diagnoser.rules.base import Check, Gain, Page, Threshold, rule
 def _kv_fixes(c: Check) -> None:
     """More room for the KV cache: the free memory, fewer bytes per token, fewer weight bytes, more GPUs."""
     mem = c.opt(S.GPU_MEM_USED_FRAC)
-    if mem is not None and mem.p90 < c.t["mem_free_for_kv"]:
-        want = gains.demand(c.ev)
+    if mem is None or mem.p90 < c.t["mem_free_for_kv"]:
+        want, batch = gains.demand(c.ev), c.ev.observed_batch()
         g = gains.batch_gain(c.ev, target=want) if want is not None else Gain.unknown(
             "needs the queue length to bound the gain by the demand")
-        c.cite(mem, "p90", "<", c.t["mem_free_for_kv"])
-        c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory", f"Only {mem.p90:.0%} of the device memory is in "
-              "use: raise the KV cache's share (vLLM --gpu-memory-utilization, SGLang --mem-fraction-static, a "
-              "larger KV pool) so the waiting requests can run.", g)
+        if g.value is None and want is not None and batch:
+            g = Gain(want / batch, f"the waiting requests running too: {want:.0f} sequences for {batch:.0f} "
+                                   "(the model's shape or the GPU is unknown, so the step is assumed not to slow)",
+                     GainKind.UPPER_BOUND)
+        if mem is not None:
+            c.cite(mem, "p90", "<", c.t["mem_free_for_kv"])
+            where = f"Only {mem.p90:.0%} of the device memory is in use: raise"
+        else:
+            where = "If the device has memory free (its use was not read), raise"
+        c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory", f"{where} the KV cache's share (vLLM "
+              "--gpu-memory-utilization, SGLang --mem-fraction-static, a larger KV pool) so the waiting requests "
+              "can run.", g)
     c.fix(FixKind.FP8_KV, "Store the KV cache in FP8", "Start the server with an FP8 KV cache (vLLM: "
           "--kv-cache-dtype fp8); each token's KV then takes half the bytes, so twice the sequences fit and each "
           "decode step reads half the KV bytes.", gains.kv_dtype_gain(c.ev, "fp8"))

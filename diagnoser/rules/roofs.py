@@ -74,8 +74,10 @@ def _compute_fixes(c: Check) -> None:
         c.fix(FixKind.SPLIT_PREFILL, "Split prefill from decode", "Chunked prefill (vLLM --enable-chunked-prefill, a "
               "smaller --max-num-batched-tokens) keeps long prompts from stalling decode; or disaggregate prefill to "
               "its own GPUs.")
+    tp = c.ev.model.tensor_parallel if c.ev.model is not None else 1
     c.fix(FixKind.ADD_GPUS, "Add GPUs", "Tensor or data parallelism: compute-bound work scales with the number of "
-          "GPUs (tensor parallelism less than linearly: each layer ends in an all-reduce).")
+          "GPUs (tensor parallelism less than linearly: each layer ends in an all-reduce; replicas scale linearly "
+          "with the load offered).", gains.tp_gain(c.ev, 2 * max(1, tp)))
 
 
 # --- memory bandwidth ---------------------------------------------------------------------------------------------

@@ -158,6 +158,6 @@ def load_overrides(path: str | Path, rules: RuleSet) -> dict[str, dict[str, floa
 def default_rules() -> RuleSet:
     """The shipped rules, VRAM first (if it does not fit nothing else helps), then the roofs and latency, load,
     host, hardware and serving."""
-    from diagnoser.rules import hardware, host, load, memory, roofs
+    from diagnoser.rules import hardware, host, load, memory, roofs, serving
 
-    return RuleSet((*memory.RULES, *roofs.RULES, *load.RULES, *host.RULES, *hardware.RULES))
+    return RuleSet((*memory.RULES, *roofs.RULES, *load.RULES, *host.RULES, *hardware.RULES, *serving.RULES))
