@@ -9,14 +9,16 @@ skipped), then the diagnosis the rules draw from it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
-from diagnoser.traces import TraceAnalysis, analyze_trace, capture_from_trace
-from diagnoser.traces.analysis import WINDOWS
-from diagnoser.traces.timeline import IDLE_CAUSES
+from diagnoser.traces.windows import WINDOWS
+
+if TYPE_CHECKING:
+    from diagnoser.traces import TraceAnalysis
 
 _CAUSE_TEXT = {
     "host": "host had not launched yet",
@@ -60,6 +62,7 @@ def register(app: typer.Typer) -> None:
         from diagnoser import physics
         from diagnoser.pipeline import Pipeline
         from diagnoser.rules import load_thresholds
+        from diagnoser.traces import analyze_trace, capture_from_trace
         from diagnoser.traces.decode import parse_size
 
         limit = parse_size(max_trace_size) if max_trace_size is not None else None
@@ -91,6 +94,7 @@ def register(app: typer.Typer) -> None:
 def _quick_look(trace: list[Path], window: str, gpu: str | None, limit: int | None, model_info: object,
                 pipeline: object, *, err: bool) -> None:
     """The quick look: a verdict from part of the trace, printed (on stderr with --json) before the exact one."""
+    from diagnoser.traces import capture_from_trace
     from diagnoser.traces.analysis import quick_look
 
     if len(trace) != 1:
@@ -128,6 +132,8 @@ def _us(x: float) -> str:
 
 def render_analysis(a: TraceAnalysis) -> list[str]:
     """The trace analysis as lines of text."""
+    from diagnoser.traces.timeline import IDLE_CAUSES
+
     s = a.summary
     out = [f"Trace {a.path}"]
     if a.ranks:

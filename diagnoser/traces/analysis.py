@@ -69,8 +69,10 @@ from diagnoser.traces.timeline import (
     build_timeline,
     device_order,
 )
+from diagnoser.traces.windows import (
+    WINDOWS,  # defined apart so that the CLI's help needs no analysis
+)
 
-WINDOWS = ("auto", "trace", "gpu", "steps")
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 LIVE_WINDOW_KEY = "diagnoser_window"
 
