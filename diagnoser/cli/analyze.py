@@ -190,7 +190,8 @@ def render_analysis(a: TraceAnalysis) -> list[str]:
     if s.graph_kernel_frac:
         out.append(f"  {_pct(s.graph_kernel_frac)} of kernel time ran in CUDA/HIP graph replays")
     if s.launch_call_us_p50 is not None:
-        out.append(f"Launches: {k.launched if k else 0} kernels launched one by one, launch call p50 "
+        launched = k.launched if k else sum(r.kernels.launched for r in a.ranks if r.kernels is not None)
+        out.append(f"Launches: {launched} kernels launched one by one, launch call p50 "
                    f"{s.launch_call_us_p50:.1f} µs, launch-to-start p50 {s.launch_delay_us_p50:.1f} µs, "
                    f"{_pct(s.short_kernel_frac)} shorter than their launch; CUDA graph replays: "
                    f"{s.cuda_graph_launches}")
