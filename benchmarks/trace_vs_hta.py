@@ -167,8 +167,7 @@ def make_big(source: Path, copies: int, dest: Path) -> Path:
     tmp = out.with_suffix(".part")
     with open(tmp, "w") as f:
         f.write("{\n")
-        for k, v in data.items():
-            f.write(f'  {json.dumps(k)}: {json.dumps(v)},\n')
+        f.writelines(f'  {json.dumps(k)}: {json.dumps(v)},\n' for k, v in data.items())
         f.write('  "traceEvents": [\n')
         f.write(",\n".join("  " + json.dumps(e) for e in meta))
         for c in range(copies):
@@ -278,8 +277,8 @@ def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeou
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    lines = ["Wall seconds, CPU seconds of the whole process tree in brackets (user+sys; children included), peak RSS "
-             "of the largest process, load average while it ran.", ""]
+    lines = [("Wall seconds, CPU seconds of the whole process tree (user+sys, children included), peak RSS of the "
+              "largest process, load average while it ran."), ""]
     for r in results:
         t = r["tools"]
         lines.append(f"### {Path(r['trace']).name} ({r['bytes'] / 1e6:.0f} MB)")
@@ -293,7 +292,7 @@ def report(results: list[dict[str, Any]]) -> str:
             lines.append(f"| {name} | {v['wall_s']:.2f} | {v['cpu_s']:.2f} | {v['rss_mb']:.0f} | {v['load']:.1f} |")
         ratios = []
 
-        def wall(name: str) -> float | None:
+        def wall(name: str, t: dict[str, Any] = t) -> float | None:
             return t.get(name, {}).get("wall_s")
 
         for name in t:
@@ -315,8 +314,8 @@ def report(results: list[dict[str, Any]]) -> str:
                 parts.append(f"RSS ours/HTA {rss / hrss:.2f}")
             ratios.append(" ".join(parts))
         lines += [""] + [f"- {x}" for x in ratios] + [""]
-    lines += ["| trace | tool | window ms | idle % | COMPUTATION % | COMMUNICATION % | MEMORY % "
-              "| host-wait % of idle | kernel-wait % of idle |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [("| trace | tool | window ms | idle % | COMPUTATION % | COMMUNICATION % | MEMORY % "
+               "| host-wait % of idle | kernel-wait % of idle |"), "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         for tool in ("ours", "hta"):
             n = r.get(tool)

@@ -137,8 +137,8 @@ def _tiny(meta: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("log, reason", [
     ({"WARNING": ["WARNING:2026-01-01 1:1 CuptiActivityApi.cpp:326] Dropped 1234 activity records"]},
      "dropped 1234 activity records"),
-    ({"WARNING": ["WARNING:... CuptiActivityApi.cpp:161] Exceeded max GPU buffer count (1025 >= 1024) - terminating "
-                  "tracing"]}, "stopped recording early"),
+    ({"WARNING": [("WARNING:... CuptiActivityApi.cpp:161] Exceeded max GPU buffer count (1025 >= 1024) - "
+                   "terminating tracing")]}, "stopped recording early"),
     ({"INFO": ["INFO:... Record counts: Out-of-range = 0, CUPTI stopped early? = 1"]}, "stopped recording early"),
 ])
 def test_dropped_records_in_the_profiler_log_make_a_trace_sampled(tmp_path: Path, log: dict[str, Any],
@@ -147,8 +147,8 @@ def test_dropped_records_in_the_profiler_log_make_a_trace_sampled(tmp_path: Path
     path.write_text(json.dumps(_tiny(log)))
     s = analyze_trace(path).summary
     assert s.sampled and reason in s.sampled_reason
-    path.write_text(json.dumps(_tiny({"INFO": ["INFO:... Record counts: Out-of-range = 4181, CUPTI stopped early? "
-                                               "= 0"]})))
+    line = "INFO:... Record counts: Out-of-range = 4181, CUPTI stopped early? = 0"
+    path.write_text(json.dumps(_tiny({"INFO": [line]})))
     assert not analyze_trace(path).summary.sampled
 
 
@@ -187,6 +187,7 @@ def test_costed_time_is_the_kernel_time_launched_by_shaped_ops() -> None:
     # the top GEMM of the eager trace has FLOPs and an achieved rate from its launching op's shapes
     gemm = next(k for k in launch.top_kernels if k.kind == "gemm")
     assert gemm.costed_calls > 0 and gemm.flops_per_call and gemm.achieved_flop_per_s
+    assert gemm.flops_per_call is not None and gemm.achieved_flop_per_s is not None
     assert gemm.achieved_flop_per_s == pytest.approx(gemm.flops_per_call * gemm.costed_calls /
                                                      (gemm.costed_calls * gemm.mean_us / 1e6), rel=0.5)
 

@@ -9,14 +9,16 @@ skipped), then the diagnosis the rules draw from it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
-from diagnoser.traces import TraceAnalysis, analyze_trace, capture_from_trace
-from diagnoser.traces.analysis import WINDOWS
-from diagnoser.traces.timeline import IDLE_CAUSES
+from diagnoser.traces.windows import WINDOWS
+
+if TYPE_CHECKING:
+    from diagnoser.traces import TraceAnalysis
 
 _CAUSE_TEXT = {
     "host": "host had not launched yet",
@@ -60,12 +62,12 @@ def register(app: typer.Typer) -> None:
         from diagnoser import physics
         from diagnoser.pipeline import Pipeline
         from diagnoser.rules import load_thresholds
-
+        from diagnoser.traces import analyze_trace, capture_from_trace
         from diagnoser.traces.decode import parse_size
 
         limit = parse_size(max_trace_size) if max_trace_size is not None else None
         wanted = parse_fail_on(fail_on)
-        overrides = load_thresholds(rules_config) if rules_config else None
+        overrides = load_thresholds(str(rules_config)) if rules_config else None
         model_info = physics.resolve_model(model) if model else None
         if gpu:
             physics.get_gpu(gpu)  # an unknown name is a bad option, before the (long) analysis
@@ -92,6 +94,7 @@ def register(app: typer.Typer) -> None:
 def _quick_look(trace: list[Path], window: str, gpu: str | None, limit: int | None, model_info: object,
                 pipeline: object, *, err: bool) -> None:
     """The quick look: a verdict from part of the trace, printed (on stderr with --json) before the exact one."""
+    from diagnoser.traces import capture_from_trace
     from diagnoser.traces.analysis import quick_look
 
     if len(trace) != 1:
@@ -127,8 +130,10 @@ def _us(x: float) -> str:
     return f"{x:.1f} µs"
 
 
-def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list of sections
+def render_analysis(a: TraceAnalysis) -> list[str]:
     """The trace analysis as lines of text."""
+    from diagnoser.traces.timeline import IDLE_CAUSES
+
     s = a.summary
     out = [f"Trace {a.path}"]
     if a.ranks:
@@ -185,7 +190,8 @@ def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list 
     if s.graph_kernel_frac:
         out.append(f"  {_pct(s.graph_kernel_frac)} of kernel time ran in CUDA/HIP graph replays")
     if s.launch_call_us_p50 is not None:
-        out.append(f"Launches: {k.launched if k else 0} kernels launched one by one, launch call p50 "
+        launched = k.launched if k else sum(r.kernels.launched for r in a.ranks if r.kernels is not None)
+        out.append(f"Launches: {launched} kernels launched one by one, launch call p50 "
                    f"{s.launch_call_us_p50:.1f} µs, launch-to-start p50 {s.launch_delay_us_p50:.1f} µs, "
                    f"{_pct(s.short_kernel_frac)} shorter than their launch; CUDA graph replays: "
                    f"{s.cuda_graph_launches}")
@@ -229,11 +235,11 @@ def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list 
     if s.ranks:
         out.append("Ranks:          busy  compute     comm  exposed  idle (largest cause)         step p50")
         for r in s.ranks:
-            cause = max(r.idle_frac_by_cause.items(), key=lambda kv: kv[1], default=("", 0.0))
+            top_cause = max(r.idle_frac_by_cause.items(), key=lambda kv: kv[1], default=("", 0.0))
             step = f"{r.step_ms_p50:.1f} ms" if r.step_ms_p50 is not None else "-"
             name = f"rank {r.rank}" if r.rank is not None else r.path[:10]
             out.append(f"  {name:<10} {_pct(r.gpu_busy_frac):>7} {_pct(r.compute_frac):>8} {_pct(r.comm_frac):>8} "
-                       f"{_pct(r.comm_exposed_frac):>8}  {_pct(cause[1]):>6} {cause[0]:<20} {step:>9}"
+                       f"{_pct(r.comm_exposed_frac):>8}  {_pct(top_cause[1]):>6} {top_cause[0]:<20} {step:>9}"
                        + ("  <- straggler" if r.straggler else ""))
         if s.straggler:
             out.append(f"  straggler: {s.straggler}")

@@ -13,19 +13,27 @@ The analysed window:
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from operator import add
 from dataclasses import dataclass, field
+from operator import add
 from pathlib import Path
 from typing import Any
 
-from diagnoser.capture import Capture, GpuInfo, ModelInfo, TimelineWindow, TraceSummary, new_capture
+from diagnoser.capture import (
+    Capture,
+    GpuInfo,
+    ModelInfo,
+    TimelineWindow,
+    TraceSummary,
+    new_capture,
+)
 from diagnoser.traces import facts
-from diagnoser.traces.classify import ATTENTION, COMM, GEMM, KERNEL_CLASSES
+from diagnoser.traces.classify import ATTENTION, GEMM
 from diagnoser.traces.decode import (
     SKIP_BAD_TYPE,
     SKIP_MALFORMED,
@@ -37,7 +45,12 @@ from diagnoser.traces.decode import (
     DecodeStats,
     TraceError,
 )
-from diagnoser.traces.kernels import COMM_KINDS, KernelStats, comm_overlap_us, kernel_stats
+from diagnoser.traces.kernels import (
+    COMM_KINDS,
+    KernelStats,
+    comm_overlap_us,
+    kernel_stats,
+)
 from diagnoser.traces.ops import (
     LaunchIndex,
     OpsSummary,
@@ -46,8 +59,8 @@ from diagnoser.traces.ops import (
     covered_kernel_us,
     kernel_costs,
 )
-from diagnoser.traces.snapshot import build_window, choose_range
 from diagnoser.traces.phases import Phases, find_phases
+from diagnoser.traces.snapshot import build_window, choose_range
 from diagnoser.traces.tables import Tables
 from diagnoser.traces.timeline import (
     IDLE_CAUSES,
@@ -57,8 +70,10 @@ from diagnoser.traces.timeline import (
     build_timeline,
     device_order,
 )
+from diagnoser.traces.windows import (
+    WINDOWS,  # defined apart so that the CLI's help needs no analysis
+)
 
-WINDOWS = ("auto", "trace", "gpu", "steps")
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 LIVE_WINDOW_KEY = "diagnoser_window"
 
@@ -239,7 +254,20 @@ def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = Non
     return analyze_tables(t, window=window, gpu_name=gpu_name)
 
 
-def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:  # noqa: C901
+def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:
+    """The analysis of decoded columns. The cyclic garbage collector is paused meanwhile: the analysis builds lists of
+    millions of numbers and no cycles, and each full collection would walk all of them (15 % of the analysis of an
+    800 MB trace)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _analyze_tables(t, window, gpu_name)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalysis:
     skipped: list[str] = list(t.stats.notes)
     reasons = t.stats.skips + t.skips
     if reasons:
@@ -367,7 +395,7 @@ def _steps_span(t: Tables, launches: Launches, trace_span: tuple[float, float] |
 
 
 def _devices(meta: dict[str, Any]) -> list[DeviceInfo]:
-    out = []
+    out: list[DeviceInfo] = []
     props = meta.get("deviceProperties")
     if isinstance(props, list):
         for p in props:
@@ -534,9 +562,9 @@ def capture_from_trace(analysis: TraceAnalysis, *, model: ModelInfo | None = Non
                                 memory_total_bytes=spec.memory_bytes, spec_name=spec.key))
     else:
         for d in devices:
-            spec = physics.match_gpu(d.name, d.memory_bytes)
+            match = physics.match_gpu(d.name, d.memory_bytes)
             cap.gpus.append(GpuInfo(index=d.index, name=d.name, memory_total_bytes=d.memory_bytes,
-                                    cuda_capability=d.capability, spec_name=spec.key if spec else None))
+                                    cuda_capability=d.capability, spec_name=match.key if match else None))
     cap.trace = analysis.summary
     cap.model = model
     cap.cpu_only = not analysis.summary.devices

@@ -28,14 +28,14 @@ KERNEL_CLASSES = (GEMM, ATTENTION, EMBEDDING, NORM_ELEMENTWISE, REDUCTION, COMM,
 _COMM = re.compile(
     r"nccl|rccl|hccl|msccl|nvshmem|cross_device_reduce|custom_?all_?reduce|all_?reduce|allgather|all_?gather"
     r"|reduce_?scatter|all_?to_?all|deep_?ep|two_shot|one_shot_all|multimem",
-    re.I,
+    re.IGNORECASE,
 )
 # FlashAttention 1-3, xFormers/CUTLASS fmha, cuDNN SDPA, FlashInfer, vLLM/SGLang paged and Triton attention, the
 # KV-cache write that belongs to the attention block.
 _ATTENTION = re.compile(
     r"flash|fmha|attention|attn|_fwd_kernel|_fwd_grouped_kernel|_bwd_kernel|mha_|paged|BatchDecode|BatchPrefill|SinglePrefill"
     r"|SingleDecode|decode_kernel|reshape_and_cache|concat_and_cache|mla_|sdpa|softmax_fwd_.*kv",
-    re.I,
+    re.IGNORECASE,
 )
 # fbgemm/TorchRec embedding tables (split_embedding_* forward and backward with the fused optimizer), index bounds
 # checks, pooled-embedding and KJT permutes, jagged tensors, the UVM cache; ATen's embedding and index_select.
@@ -43,7 +43,7 @@ _EMBEDDING = re.compile(
     r"split_embedding|(?<!rotary_)embedding|bounds_check_indices|(?<![A-Za-z])permute_(?:pooled|2D|1D|sparse|multi|data|seq)"
     r"|jagged|lxu_cache|linearize_cache|lfu_cache|lru_cache|batch_index_select|index_select|indexSelect"
     r"|segment_sum_csr|reorder_batched_ad",
-    re.I,
+    re.IGNORECASE,
 )
 # cuBLAS/cuBLASLt (incl. Hopper nvjet_*), CUTLASS, cuDNN implicit-GEMM convolutions, Triton matmul templates,
 # quantised GEMMs (Marlin, Machete, GPTQ/AWQ, FP8 scaled_mm), MoE grouped GEMMs, split-K reductions of cuBLAS; on
@@ -54,19 +54,19 @@ _GEMM = re.compile(
     r"|i8816|splitK|splitk|marlin|machete|gptq|awq|scaled_mm|fused_moe|moe_align|grouped_mm|wgrad|dgrad|fprop"
     r"|implicit_convolve|conv2d|convolve|winograd|fft2d|fft_|tensorop|triton_tem_|scudnn|hcudnn|884cudnn|1688cudnn"
     r"|_interior_nn|_small_nn|_large_nn|_medium_nn",
-    re.I,
+    re.IGNORECASE,
 )
 _REDUCTION = re.compile(
     r"reduce|reduction|softmax|SoftMax|argmax|argmin|topk|top_k|top_p|sort|cumsum|scan|sampling|sampler"
     r"|logsumexp|triton_red_|triton_per_|\bsum\b|nll_loss|cross_entropy",
-    re.I,
+    re.IGNORECASE,
 )
 _NORM_ELEMENTWISE = re.compile(
     r"elementwise|vectorized|unrolled|layer_?norm|rms_?norm|batch_?norm|group_?norm|bn_f|bn_b|instance_?norm"
     r"|act_and_mul|silu|gelu|relu|tanh|sigmoid|rotary|rope|triton_poi_|copy|Copy|fill|index|gather|scatter"
     r"|cat_|CatArray|transpose|permute|nchwTo|nhwcTo|pool|dropout|where|masked|arange|distribution"
     r"|clamp|add_kernel|mul_kernel|quant|dequant|scale|bias|epilogue|multi_tensor_apply|lamb|adam",
-    re.I,
+    re.IGNORECASE,
 )
 
 

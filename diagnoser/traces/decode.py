@@ -254,7 +254,7 @@ class TraceFile:
 
 # --- limits and opening ------------------------------------------------------------------------------------------
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
 def parse_size(value: str) -> int:
@@ -866,5 +866,19 @@ def decode_whole(path: str | Path) -> list[Event]:
     return msgspec.json.decode(data, type=_Whole, strict=False).traceEvents
 
 
-__all__ = ["Args", "Cat", "DecodeStats", "Event", "Ph", "SKIP_REASONS", "TraceError", "TraceFile", "decode_events",
-           "decode_whole", "iter_event_chunks", "max_trace_bytes", "parse_size", "read_json_bytes"]
+__all__ = [
+    "SKIP_REASONS",
+    "Args",
+    "Cat",
+    "DecodeStats",
+    "Event",
+    "Ph",
+    "TraceError",
+    "TraceFile",
+    "decode_events",
+    "decode_whole",
+    "iter_event_chunks",
+    "max_trace_bytes",
+    "parse_size",
+    "read_json_bytes",
+]

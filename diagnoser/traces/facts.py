@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable
+from itertools import pairwise
 from typing import Any
 
 from diagnoser.traces.classify import COMM, STEP_PREFIX, kernel_class
@@ -24,8 +25,8 @@ INFERENCE = "inference"
 
 _ROCM_KERNEL = re.compile(r"^Cijk_|MIOpen|miopen|^igemm_|^_ZN2ck|\bck::|ck_tile|rocprim|__hip_|hipblaslt|rocblas"
                           r"|_ZN5aiter|aiter::|_mfma|mfma_|sgl_hip")
-_ROCM_DEVICE = re.compile(r"\bAMD\b|Instinct|Radeon|\bMI\d{3}", re.I)
-_CUDA_DEVICE = re.compile(r"NVIDIA|Tesla|Quadro|GeForce|RTX|\b[AHBL]\d{2,3}\b|\bGH200\b|\bGB200\b", re.I)
+_ROCM_DEVICE = re.compile(r"\bAMD\b|Instinct|Radeon|\bMI\d{3}", re.IGNORECASE)
+_CUDA_DEVICE = re.compile(r"NVIDIA|Tesla|Quadro|GeForce|RTX|\b[AHBL]\d{2,3}\b|\bGH200\b|\bGB200\b", re.IGNORECASE)
 
 
 def platform(t: Tables, devices: Iterable[str]) -> tuple[str, str]:
@@ -73,11 +74,11 @@ _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^#
                           r"|^torch::autograd::AccumulateGrad$")
 _OPTIMIZER_OP = re.compile(r"^Optimizer\.(step|zero_grad)#|^aten::_fused_(adam|adamw|sgd)|^aten::_foreach_(addcdiv|"
                            r"addcmul|lerp)_?$|fused_adam|FusedAdam|^Optimizer")
-_BACKWARD_KERNEL = re.compile(r"backward|_bwd|bwd_|wgrad|dgrad|_grad_|grad_input|grad_weight|Backward", re.I)
-_OPTIMIZER_KERNEL = re.compile(r"Adam|SGD|sgd_|LambFunctor|lamb_|adagrad|fused_optim|multi_tensor_(adam|sgd|lamb)", re.I)
+_BACKWARD_KERNEL = re.compile(r"backward|_bwd|bwd_|wgrad|dgrad|_grad_|grad_input|grad_weight|Backward", re.IGNORECASE)
+_OPTIMIZER_KERNEL = re.compile(r"Adam|SGD|sgd_|LambFunctor|lamb_|adagrad|fused_optim|multi_tensor_(adam|sgd|lamb)", re.IGNORECASE)
 _SERVING = re.compile(r"vllm|sglang|execute_model|model_runner|decode|prefill|generate|step\[(DECODE|EXTEND|PREFILL)"
                       r"|paged_attention|flash_fwd_splitkv|flashinfer|BatchDecode|reshape_and_cache|tensorrt_llm",
-                      re.I)
+                      re.IGNORECASE)
 MIN_OPS = 50  # CPU ops (or kernels) a trace needs before the absence of backward ops says "inference"
 MIN_KERNELS = 100
 
@@ -165,7 +166,7 @@ def sampling(t: Tables) -> tuple[bool, str]:
         return True, "CUPTI stopped recording early (the profiler's log in the trace says so)"
     ids = sorted(set(t.ext_ids[:SAMPLE_IDS]))
     if len(ids) >= MIN_IDS:
-        gaps = [b - a for a, b in zip(ids, ids[1:])]
+        gaps = [b - a for a, b in pairwise(ids)]
         consecutive = gaps.count(1) / len(gaps)
         if consecutive < MIN_CONSECUTIVE_IDS:
             near = [g for g in gaps if g <= 1000]  # (large jumps are other threads' or steps' numbering)

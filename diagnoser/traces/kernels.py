@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from functools import lru_cache
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from diagnoser.capture import DurationStats, KernelStat
 from diagnoser.traces.classify import (
@@ -74,7 +74,7 @@ def kernel_stats(t: Tables, selected: list[int], launches: Launches, top: int = 
     achieved rates."""
     ks = KernelStats()
     names = t.names
-    g_kind, g_dur, g_name, g_ts, g_bytes, g_graph = t.g_kind, t.g_dur, t.g_name, t.g_ts, t.g_bytes, t.g_graph
+    g_kind, g_dur, g_name, g_ts, g_bytes = t.g_kind, t.g_dur, t.g_name, t.g_ts, t.g_bytes
     r_kind, r_ts, r_dur = t.r_kind, t.r_ts, t.r_dur
     of_gpu = launches.of_gpu
     # Per name first (a trace has few distinct names), then per class from the per-name totals.
@@ -145,7 +145,7 @@ def _graph_kernels(t: Tables, kernels: list[int], launches: Launches) -> set[int
 
 def _top_stats(t: Tables, selected: list[int], ranked: list[tuple[int, list]], class_of_name: dict[int, str],
                total: float, costs: dict[int, tuple[float, float]]) -> list[KernelStat]:
-    wanted = {nid: [] for nid, _ in ranked}  # name id -> its ops' indices
+    wanted: dict[int, list[int]] = {nid: [] for nid, _ in ranked}  # name id -> its ops' indices
     g_name = t.g_name
     for i in selected:
         ops = wanted.get(g_name[i])
@@ -211,11 +211,11 @@ def duration_stats(durations: list[float]) -> DurationStats | None:
 # vLLM/SGLang custom all-reduce, and the collective names of c10d ops, record_param_comms and kernel args.
 _KIND_PATTERNS = (
     ("all_reduce", re.compile(r"all_?reduce|AllReduce|cross_device_reduce|one_shot|two_shot|multimem_all_reduce",
-                              re.I)),
-    ("reduce_scatter", re.compile(r"reduce_?scatter|ReduceScatter", re.I)),
-    ("all_gather", re.compile(r"all_?gather|AllGather", re.I)),
-    ("all_to_all", re.compile(r"all_?to_?all|AllToAll|alltoall|deep_?ep|dispatch|combine", re.I)),
-    ("send_recv", re.compile(r"SendRecv|send_?recv|\bSend\b|\bRecv\b|_Send|_Recv|p2p|sendrecv", re.I)),
+                              re.IGNORECASE)),
+    ("reduce_scatter", re.compile(r"reduce_?scatter|ReduceScatter", re.IGNORECASE)),
+    ("all_gather", re.compile(r"all_?gather|AllGather", re.IGNORECASE)),
+    ("all_to_all", re.compile(r"all_?to_?all|AllToAll|alltoall|deep_?ep|dispatch|combine", re.IGNORECASE)),
+    ("send_recv", re.compile(r"SendRecv|send_?recv|\bSend\b|\bRecv\b|_Send|_Recv|p2p|sendrecv", re.IGNORECASE)),
 )
 
 

@@ -36,7 +36,7 @@ _NOISE = frozenset({
 })
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TELLING = re.compile(r"Functor|Ops$|_kernel_cuda|_kernel|kernel_|Op$|_impl$|^cutlass|tensorop|gemm|Adam|SGD|Lamb|"
-                      r"Norm|norm|softmax|Softmax|copy|fill|Fill", re.I)
+                      r"Norm|norm|softmax|Softmax|copy|fill|Fill", re.IGNORECASE)
 _SOURCE_NAME = re.compile(r"<(?P<n>\d+)")
 
 
@@ -51,8 +51,7 @@ def short_name(name: str) -> str:
     if name.startswith("Cijk_"):
         return _tensile(name)
     text = name.strip().replace("(anonymous namespace)::", "")
-    if text.startswith("void "):
-        text = text[5:]
+    text = text.removeprefix("void ")
     qual, targs = _split(text)
     base = qual.rsplit("::", 1)[-1] or qual
     if base in _GENERIC and targs:

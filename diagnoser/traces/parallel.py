@@ -34,7 +34,6 @@ from diagnoser.traces.decode import (
     PREFIX,
     WHOLE,
     DecodeStats,
-    TraceError,
     TraceFile,
     _open_stream,
     decode_chunk,

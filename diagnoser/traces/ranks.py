@@ -112,7 +112,11 @@ def _what_ran(s: TraceSummary, ranks: list[TraceAnalysis]) -> None:
     sampled = [r for r in ranks if r.summary.sampled]
     if sampled:
         s.sampled = True
-        s.sampled_reason = "; ".join(f"{r.path.name}: {r.summary.sampled_reason}" for r in sampled)
+        reasons = {r.summary.sampled_reason for r in sampled}
+        if len(reasons) == 1 and len(sampled) == len(ranks):
+            s.sampled_reason = f"every rank: {reasons.pop()}"
+        else:
+            s.sampled_reason = "; ".join(f"{r.path.name}: {r.summary.sampled_reason}" for r in sampled)
 
 
 def _merge_top(tops: list[list[KernelStat]], grand: float) -> list[KernelStat]:
@@ -183,7 +187,7 @@ def _straggler(stats: list[RankStat]) -> str:
     known = [r for r in stats if r.compute_frac is not None]
     if len(known) < 2:
         return ""
-    median = statistics.median(r.compute_frac for r in known)  # type: ignore[misc]
+    median = statistics.median(r.compute_frac or 0.0 for r in known)
     slow = max(known, key=lambda r: r.compute_frac or 0.0)
     if not median or (slow.compute_frac or 0.0) < STRAGGLER_RATIO * median:
         return ""

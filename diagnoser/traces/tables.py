@@ -12,9 +12,9 @@ from __future__ import annotations
 import gc
 from array import array
 from collections import Counter
+from dataclasses import dataclass, field
 from itertools import compress
 from operator import add, attrgetter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -317,7 +317,8 @@ def _comm_ops(t: Tables, ops: list[Event]) -> None:
     collective a communication kernel ran for when the kernel itself does not say."""
     for e in ops:
         coll = e.args.collective if e.args is not None and e.args.collective else e.name
-        t.comm_ops.append((t.tid(e.tid), e.ts, e.ts + e.dur, coll))  # type: ignore[operator]
+        if e.ts is not None and e.dur is not None:
+            t.comm_ops.append((t.tid(e.tid), e.ts, e.ts + e.dur, coll))
 
 
 def _truncate(n: int, *columns: array) -> None:

@@ -118,9 +118,8 @@ class HostActivity:
         while busy < need:
             ns = starts[i] if i < n_s else b
             ne = ends[j] if j < n_e else b
-            nxt = ns if ns < ne else ne
-            if nxt > b:
-                nxt = b
+            nxt = min(ne, ns)
+            nxt = min(nxt, b)
             if open_now > 0:
                 busy += nxt - t
             if nxt >= b:
@@ -220,9 +219,9 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
         if e <= w0 or s >= w1:
             continue
         n += 1
-        if s < w0:
+        if s < w0:  # noqa: PLR1730 - an if is cheaper than max() in this loop over every GPU op
             s = w0
-        if e > w1:
+        if e > w1:  # noqa: PLR1730
             e = w1
         st = g_stream[i]
         streams[st] = streams.get(st, 0.0) + (e - s)
