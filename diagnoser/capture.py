@@ -285,6 +285,9 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     # Shares of GPU kernel time: launched from CUDA/HIP graph replays; launched by ops whose FLOPs and bytes are known
     # (how far intensity_flop_per_byte speaks for the whole trace).
     graph_kernel_frac: float | None = None
+    # The longest single idle gap over the window: near 1, the window holds one long pause (a warm-up, a stray
+    # kernel long before the steps) and its idle shares describe that pause, not the workload.
+    longest_gap_frac: float | None = None
     costed_time_frac: float | None = None
     top_kernels: list[KernelStat] = msgspec.field(default_factory=list)
     kernel_duration_us: DurationStats | None = None

@@ -165,6 +165,10 @@ def _quality(ev: Evidence) -> list[Quality]:
             frac = skipped / total
             out.append(Quality(max(0.4, 1.0 - frac), f"{skipped:,} of {total:,} trace events ({frac:.0%}) were "
                                                      "damaged and skipped"))
+        if trace.longest_gap_frac is not None and trace.longest_gap_frac >= 0.5:
+            out.append(Quality(0.5, f"one idle gap is {trace.longest_gap_frac:.0%} of the traced window: the window "
+                                    "holds a long pause (a warm-up, a stray kernel before the steps), and its idle "
+                                    "shares describe that pause more than the workload"))
         if trace.sampled:
             why = trace.sampled_reason or "its events are a sample"
             out.append(Quality(0.7, f"the trace is sampled ({why}): shares and gaps are estimates"))
@@ -181,3 +185,24 @@ def _quality(ev: Evidence) -> list[Quality]:
             if steps is not None and 0 < steps < 3:
                 out.append(Quality(0.85, f"the trace covers {steps} step{'s' if steps != 1 else ''}"))
     return out
+
+
+# GEMM-name markers of FP32 data: cuBLAS sgemm, CUTLASS s1688/s16816 (TF32 tensor ops on float data), cuDNN
+# scudnn, TF32 implicit GEMMs. Only GEMMs are read: elementwise kernels of a 16-bit model often accumulate in float
+# and would look FP32 by their template arguments.
+_FP32_GEMM_MARKS = ("sgemm", "s1688gemm", "s16816gemm", "scudnn", "tf32")
+_LOW_PRECISION_MARKS = ("h1688", "h16816", "bf16", "bfloat16", "half", "fp16", "e4m3", "e5m2", "fp8", "i8816", "int8")
+
+
+def fp32_share(trace: TraceSummary | None) -> float | None:
+    """Share of GPU busy time in the top kernels that are FP32/TF32 GEMMs by name (a lower bound: only the listed
+    kernels are read), or None without top kernels."""
+    if trace is None or not trace.top_kernels:
+        return None
+    share = 0.0
+    for k in trace.top_kernels:
+        name = (k.full_name or k.name).lower()
+        if k.kind == "gemm" and any(m in name for m in _FP32_GEMM_MARKS) \
+                and not any(m in name for m in _LOW_PRECISION_MARKS):
+            share += k.share
+    return share

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from diagnoser import signals as S
 from diagnoser.capture import Capture, GpuInfo, ModelInfo, Series, ServingConfig, StackSamples, TraceSummary
-from diagnoser.characterise import graph_share
+from diagnoser.characterise import fp32_share, graph_share
 from diagnoser.diagnosis import FixKind, Regime
 from diagnoser.signals import spec
 
@@ -382,6 +382,11 @@ _TRACE_FIELDS = {
     S.TRACE_IDLE_PAGEABLE_MEMCPY_FRAC: lambda t: t.idle_frac_by_cause.get("pageable_memcpy"),
     S.TRACE_IDLE_QUEUE_DRY_FRAC: lambda t: t.idle_frac_by_cause.get("queue_dry"),
     S.TRACE_IDLE_KERNEL_OVERHEAD_FRAC: lambda t: t.idle_frac_by_cause.get("kernel_overhead"),
+    S.TRACE_IDLE_STREAM_WAIT_FRAC: lambda t: t.idle_frac_by_cause.get("stream_wait"),
+    S.TRACE_SHARE_EMBEDDING: lambda t: t.kernel_share.get("embedding"),
+    S.TRACE_SHARE_ALL_TO_ALL: lambda t: t.comm_share_by_kind.get("all_to_all") or None,
+    S.TRACE_RANK_IMBALANCE: lambda t: _rank_imbalance(t),
+    S.TRACE_FP32_SHARE: lambda t: fp32_share(t),
     S.TRACE_SHARE_GEMM: lambda t: t.kernel_share.get("gemm"),
     S.TRACE_SHARE_ATTENTION: lambda t: t.kernel_share.get("attention"),
     S.TRACE_SHARE_COMM: lambda t: t.kernel_share.get("comm"),
@@ -396,6 +401,15 @@ _TRACE_FIELDS = {
     S.TRACE_DECODE_BATCH: lambda t: t.decode_batch,
     S.TRACE_PREFILL_FRAC: lambda t: t.prefill_frac,
 }
+
+
+def _rank_imbalance(trace: TraceSummary) -> float | None:
+    """The busiest rank's compute share over the median rank's (the straggler's lead), for two ranks or more."""
+    shares = sorted(r.compute_frac for r in trace.ranks if r.compute_frac)
+    if len(shares) < 2:
+        return None
+    median = shares[len(shares) // 2] if len(shares) % 2 else (shares[len(shares) // 2 - 1] + shares[len(shares) // 2]) / 2
+    return shares[-1] / median if median > 0 else None
 
 
 def _trace_signals(trace: TraceSummary) -> Iterator[Signal]:

@@ -311,6 +311,20 @@ TRACE_SHARE_ELEMENTWISE = _sig(
 TRACE_SHORT_KERNEL_FRAC = _sig("trace.short_kernel_frac", "ratio", "Kernels shorter than their own launch call.")
 TRACE_KERNELS_PER_S = _sig("trace.kernels_per_s", "1/s", "Kernels launched per second of the window.")
 TRACE_CUDA_GRAPH_LAUNCHES = _sig("trace.cuda_graph_launches", "count", "CUDA graph replays in the window.")
+TRACE_IDLE_STREAM_WAIT_FRAC = _sig(
+    "trace.idle.stream_wait_frac", "ratio",
+    "Idle time while work was already queued: waits on another stream, an event or a collective, not on the host.")
+TRACE_SHARE_EMBEDDING = _sig(
+    "trace.share.embedding", "ratio",
+    "Share of GPU busy time in embedding gathers and permutes (fbgemm split_embedding_*, index_select): memory-bound.")
+TRACE_SHARE_ALL_TO_ALL = _sig(
+    "trace.share.all_to_all", "ratio", "Share of GPU busy time in all-to-all collectives (MoE, sharded embeddings).")
+TRACE_FP32_SHARE = _sig(
+    "trace.fp32_share", "ratio",
+    "Share of GPU busy time in the trace's top kernels that are FP32 or TF32 GEMMs (by their names).")
+TRACE_RANK_IMBALANCE = _sig(
+    "trace.rank_imbalance", "ratio",
+    "The busiest rank's compute share over the median rank's, in a multi-rank trace (1 = balanced).")
 TRACE_GRAPH_KERNEL_FRAC = _sig(
     "trace.graph_kernel_frac", "ratio",
     "Share of the traced kernels launched from CUDA (or HIP) graph replays.")

@@ -111,6 +111,9 @@ def test_no_forbidden_fix_and_no_gain_beyond_the_measured_split(case: tuple[dict
         fix = offered.get(kind)
         if fix is not None and fix.gain is not None:
             assert fix.gain <= most, f"{kind} promises {fix.gain:.2f}x > {most}: {fix.basis}"
+    for word in spec.get("fix_text_lacks", []):
+        for f in d.fixes:
+            assert word not in f.title + " " + f.action, f"{f.kind.value} says {word}: {f.title}: {f.action}"
     for kind in spec.get("capacity", []):
         fix = offered.get(kind)
         if fix is not None:

@@ -190,4 +190,83 @@ def gpu_errors(c: Check) -> Finding | None:
                      + " during the window.")
 
 
-RULES = (clocks_throttled, communication_bound, pcie_saturated, gpu_errors)
+@rule(
+    code="NET003",
+    name="collective-waits",
+    limiter=Limiter.INTERCONNECT,
+    summary="The GPU idles with work queued, waiting on another stream or a collective, not on the host.",
+    requires=(S.TRACE_IDLE_STREAM_WAIT_FRAC, S.TRACE_SHARE_COMM),
+    uses=(S.TRACE_RANK_IMBALANCE, S.TRACE_SHARE_ALL_TO_ALL),
+    thresholds={
+        "wait_frac": Threshold(0.15, "share of the window idle with work queued on the device", "ratio"),
+        "comm_share": Threshold(0.05, "communication kernels' share of busy time that makes the waits collective "
+                                "ones", "ratio"),
+    },
+    page=Page(
+        detects="At least {wait_frac} of the traced window idle while the next kernels were already queued (the host "
+        "had launched them long before), in a trace with communication kernels (at least {comm_share} of busy "
+        "time).",
+        why="A GPU with work queued that does not run it is waiting: on an event another stream records, on a "
+        "collective whose peers have not arrived, on a copy. The host is not the limiter there (graphs or faster "
+        "launches would not help); the slowest peer or the serial dependency between streams is.",
+        fixes="Overlap the collectives with compute (DDP bucket sizes, all-to-all dispatch overlapped with expert or "
+        "dense compute), balance the ranks' work so none waits for a straggler (embedding-table sharding, data), and "
+        "look in the timeline for which stream's event the idle one waits on.",
+        sources="HolisticTraceAnalysis idle-time breakdown (queue length, cross-stream waits); Nsight Systems NCCL "
+        "and stream-dependency views.",
+    ),
+)
+def collective_waits(c: Check) -> Finding | None:
+    wait, comm = c.req(S.TRACE_IDLE_STREAM_WAIT_FRAC), c.req(S.TRACE_SHARE_COMM)
+    if wait.value < c.t["wait_frac"] or comm.value < c.t["comm_share"]:
+        return None
+    c.cite(wait, "value", ">=", c.t["wait_frac"])
+    c.cite(comm, "value", ">=", c.t["comm_share"])
+    g = gains.removal(wait.value, "the waits on other streams and collectives")
+    if c.ev.workload == "training":
+        c.fix(FixKind.OVERLAP_COMM, "Overlap the collectives with compute", "Start each collective as soon as its "
+              "input is ready and keep compute queued behind it (DDP bucket_cap_mb, torch.distributed async ops, "
+              "TorchRec pipelined all-to-all), so waits on peers hide behind work.", g)
+        c.fix(FixKind.BALANCE_RANKS, "Balance the ranks", "A collective finishes when its slowest rank arrives: "
+              "rebalance the work (embedding-table sharding plan, data per rank) so no rank idles waiting.", g)
+    else:
+        c.fix(FixKind.REDUCE_TP, "Wait less on collectives per token", "Fewer tensor-parallel ranks with more "
+              "replicas, TP only within NVLink, overlapped or custom all-reduce.", g)
+    return c.finding(0.5 + min(0.35, wait.value), f"The GPU sat idle {wait.value:.0%} of the traced window with "
+                     "work already queued, waiting on other streams and collectives rather than on the host.")
+
+
+@rule(
+    code="NET004",
+    name="straggler-rank",
+    limiter=Limiter.INTERCONNECT,
+    summary="One rank of a multi-rank job computes clearly longer than the others: they wait for it in collectives.",
+    requires=(S.TRACE_RANK_IMBALANCE,),
+    thresholds={"imbalance": Threshold(1.10, "busiest rank's compute share over the median rank's")},
+    page=Page(
+        detects="In a trace of several ranks of one job, the busiest rank's compute share at least {imbalance}x the "
+        "median rank's.",
+        why="Every collective ends when its slowest rank arrives, so each step runs at the straggler's pace and the "
+        "other ranks' lead is spent waiting.",
+        fixes="Balance the work across ranks (sharding plan, batch per rank, data skew); check the straggler's GPU "
+        "for throttling or errors. The gain is at most the straggler's lead over the median.",
+        sources="HolisticTraceAnalysis temporal breakdown across ranks; MLPerf training practice.",
+    ),
+)
+def straggler_rank(c: Check) -> Finding | None:
+    imbalance = c.req(S.TRACE_RANK_IMBALANCE)
+    if imbalance.value < c.t["imbalance"]:
+        return None
+    c.cite(imbalance, "value", ">=", c.t["imbalance"])
+    c.fix(FixKind.BALANCE_RANKS, "Balance the ranks", "Give the straggler less work (or find why it is slow: its "
+          "GPU's clocks and errors, its shard's size) so the others stop waiting for it in each collective.",
+          Gain(imbalance.value, f"every rank at the median's pace: the straggler's lead x{imbalance.value:.2f}",
+               GainKind.UPPER_BOUND))
+    straggler = c.ev.trace.straggler if c.ev.trace is not None else ""
+    return c.finding(0.55 + min(0.3, imbalance.value - c.t["imbalance"]),
+                     (straggler[:1].upper() + straggler[1:].rstrip(".") + ": " if straggler else "")
+                     + f"the busiest rank computes {imbalance.value:.2f}x the median rank's share, and the others "
+                     "wait for it in every collective.")
+
+
+RULES = (clocks_throttled, communication_bound, collective_waits, straggler_rank, pcie_saturated, gpu_errors)

@@ -15,7 +15,8 @@ from diagnoser.diagnosis import Finding, FixKind, Limiter, Regime
 from diagnoser.evidence import Evidence
 from diagnoser.physics import bytes_per_element
 from diagnoser.rules import gains
-from diagnoser.rules.base import AnyOf, Check, Page, Threshold, rule
+from diagnoser.diagnosis import GainKind
+from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
 
 _NCU = "Nsight Compute speed-of-light: under 60 % of peak reads as latency issues, a 10-point split names the " \
     "heavier unit; XProf: memory- or compute-bound when HBM or the MXU exceeds 70 % with the other under 50 %, " \
@@ -26,6 +27,20 @@ _PHYSICS = "Seed physics: t_token >= weight_bytes / HBM_bandwidth; arithmetic in
 
 def graphs(ev: Evidence) -> str:
     return "HIP graphs" if ev.platform == "rocm" else "CUDA graphs"
+
+
+def top_kernels_text(ev: Evidence, n: int = 3) -> str:
+    """The kernels that hold the time, with how close each gets to its roof when its op's shapes were recorded."""
+    trace, gpu = ev.trace, ev.gpu_spec
+    if trace is None or not trace.top_kernels:
+        return ""
+    parts = []
+    for k in trace.top_kernels[:n]:
+        text = f"{k.name} {k.share:.0%}"
+        if gpu is not None and k.achieved_bytes_per_s:
+            text += f" at {k.achieved_bytes_per_s / gpu.hbm_bytes_per_s:.0%} of the bandwidth roof"
+        parts.append(text)
+    return " Top kernels by time: " + "; ".join(parts) + "."
 
 
 def _memory_regime_fixes(c: Check) -> None:
@@ -309,6 +324,7 @@ def kernel_bound(c: Check) -> Finding | None:
     if small is not None and small.value >= 0.15:
         c.cite(small, "value")
         message += f" {small.value:.0%} of the GPU time is in norm, elementwise and reduction kernels."
+    message += top_kernels_text(c.ev)
     _kernel_fixes(c, regime)
     if regime is Regime.MEMORY:
         _memory_regime_fixes(c)
@@ -360,12 +376,61 @@ def busy_gpu_roof_unknown(c: Check) -> Finding | None:
         c.cite(small, "value")
         message += (f". Of the busy time, {gemm.value:.0%} is in GEMMs and {small.value:.0%} in norm, elementwise and "
                     "reduction kernels")
+    message = message + "." + top_kernels_text(c.ev) if c.ev.trace is not None and c.ev.trace.top_kernels else \
+        message + "."
     if small is not None and small.value >= 0.15:
         c.fix(FixKind.FUSE_KERNELS, "Fuse the small kernels", "Fuse the norms, activations, casts and softmax between "
               "the matmuls (torch.compile, fused kernels): whatever the roof, their reads and writes through HBM "
               "and their launches are time the matmuls do not need.", gains.fusion_gain(c.ev))
-    return c.finding(0.45, message + ".", regime=c.ev.regime)
+    return c.finding(0.45, message, regime=c.ev.regime)
 
 
-RULES = (dram_bandwidth_saturated, decode_at_bandwidth_floor, compute_saturated, kernel_bound,
+@rule(
+    code="CMP003",
+    name="fp32-matmuls",
+    limiter=Limiter.COMPUTE,
+    summary="The GPU's matmuls run on FP32 data (FP32 or TF32 GEMMs) where 16-bit data would double their rate.",
+    requires=(S.TRACE_FP32_SHARE, AnyOf(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC)),
+    uses=(S.TRACE_SHARE_ELEMENTWISE,),
+    thresholds={"fp32_share": Threshold(0.10, "share of GPU busy time in FP32/TF32 GEMMs (by kernel name)",
+                                        "ratio")},
+    page=Page(
+        detects="At least {fp32_share} of GPU busy time in GEMM kernels whose names say FP32 or TF32 data (cuBLAS "
+        "sgemm, CUTLASS s1688/s16816 tensor-op GEMMs, cuDNN scudnn), among the trace's top kernels.",
+        why="FP32 matmuls run at the FP32 or TF32 rate, a half or less of the BF16 rate, and move twice the bytes; "
+        "norms and elementwise kernels on FP32 activations read and write twice the bytes as well.",
+        fixes="Training: automatic mixed precision (torch.autocast(dtype=torch.bfloat16), or fp16 with a "
+        "GradScaler). Serving: the model in bf16. The gain is at most that of the matmuls at the 16-bit rate and "
+        "the elementwise kernels at half the bytes, over the time the GPU is busy.",
+        sources="NVIDIA's mixed-precision training guide; PyTorch AMP documentation; datasheet TF32/BF16 rates.",
+    ),
+)
+def fp32_matmuls(c: Check) -> Finding | None:
+    share = c.req(S.TRACE_FP32_SHARE)
+    if share.value < c.t["fp32_share"]:
+        return None
+    busy_sig = c.first(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC)
+    busy = busy_sig.mean if busy_sig.name == S.GPU_BUSY else 1.0 - busy_sig.value
+    c.cite(share, "value", ">=", c.t["fp32_share"])
+    c.cite(busy_sig, "mean" if busy_sig.name == S.GPU_BUSY else "value")
+    gpu = c.ev.gpu_spec
+    rate = gpu.flops["bf16"] / gpu.flops.get("tf32", gpu.flops["fp32"]) if gpu is not None and "bf16" in gpu.flops \
+        else 2.0
+    small = c.opt(S.TRACE_SHARE_ELEMENTWISE)
+    w_gemm, w_small = busy * share.value, busy * (small.value if small is not None else 0.0)
+    after = 1.0 - w_gemm - w_small + w_gemm / rate + w_small / 2.0
+    gain = Gain(1.0 / after, f"FP32/TF32 GEMMs ({w_gemm:.0%} of the window) at the BF16 rate (x{rate:.1f}) and "
+                             f"elementwise kernels ({w_small:.0%}) at half the bytes", GainKind.UPPER_BOUND)
+    if c.ev.workload == "training":
+        c.fix(FixKind.MIXED_PRECISION, "Train in mixed precision", "Wrap the forward pass and loss in "
+              "torch.autocast(device_type='cuda', dtype=torch.bfloat16) (or fp16 with torch.amp.GradScaler): "
+              "matmuls at the 16-bit tensor rate, activations at half the bytes.", gain)
+    else:
+        c.fix(FixKind.MIXED_PRECISION, "Serve the model in 16-bit", "Load the weights and run the model in bf16 "
+              "(model.to(torch.bfloat16), or the engine's --dtype bfloat16).", gain)
+    return c.finding(0.45, f"{share.value:.0%} of the GPU's busy time is in FP32/TF32 matmuls, at half or less of "
+                     "the 16-bit tensor rate.", regime=Regime.COMPUTE)
+
+
+RULES = (dram_bandwidth_saturated, decode_at_bandwidth_floor, compute_saturated, fp32_matmuls, kernel_bound,
          busy_gpu_roof_unknown)

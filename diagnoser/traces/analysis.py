@@ -490,6 +490,9 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
         elif a.ops is None or not a.ops.runs:
             s.costed_time_frac = 0.0
     s.timeline = a.snapshot
+    gaps = [g.length for tl in a.timelines for g in tl.longest_gaps]
+    if gaps and s.window_s > 0:
+        s.longest_gap_frac = min(1.0, max(gaps) / (s.window_s * 1e6))
     if k is not None and k.total_us > 0:
         s.kernel_share = k.shares()
         s.kernel_count = k.kernels
