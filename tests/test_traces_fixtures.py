@@ -154,7 +154,9 @@ def test_fixture_captures_diagnose_as_host_bound(alexnet: TraceAnalysis, ddp: Tr
         cap = capture_from_trace(analysis)
         assert cap.gpus and cap.gpus[0].name == "NVIDIA A100-PG509-200"
         d = diagnose(cap)
-        assert d.verdict == "host_launch"
+        # AlexNet's window is mostly one long pause, so its host-bound lean stays under the confidence a verdict
+        # needs (tests/expectations/trace-a100-alexnet-forward.toml); the finding is there either way.
+        assert d.verdict == "host_launch" or analysis is alexnet and d.verdict == "inconclusive"
         assert any(f.code == "HOST002" for f in d.findings)
 
 
