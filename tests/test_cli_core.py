@@ -136,3 +136,26 @@ def test_an_unexpected_error_is_one_sentence_not_a_traceback(tmp_path, monkeypat
     err = capsys.readouterr().err.strip()
     assert err.startswith("diagnoser: internal error (TypeError: unsupported format string") and "\n" not in err
     assert "Traceback" not in err
+
+
+def test_help_and_version_import_no_command_module():
+    # Commands load when they run: the root help lists them from cli.app.COMMANDS without importing their code.
+    for args in (["--help"], ["--version"]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "diagnoser", *args], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+        loaded = sorted(m for m in imported if m.startswith(("diagnoser.cli.", "diagnoser.rules", "diagnoser.collectors",
+                                                              "diagnoser.reports", "diagnoser.physics"))
+                        and m not in ("diagnoser.cli.app",))
+        assert loaded == [], f"{args}: {loaded}"
+
+
+def test_every_command_summary_is_its_docstring_and_every_module_registers():
+    from diagnoser.cli.app import COMMANDS
+
+    for name, (module, summary) in COMMANDS.items():
+        result = runner.invoke(app, [name, "--help"])
+        assert result.exit_code == 0, (name, result.output)
+        words = " ".join(result.output.replace("│", " ").split())
+        assert " ".join(summary.split()) in words, (name, summary)

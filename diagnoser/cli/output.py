@@ -4,12 +4,15 @@ command that ends in a verdict (diagnose, attach, analyze, dcgm, demo, ...)."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from diagnoser.diagnosis import INCONCLUSIVE, Limiter
 from diagnoser.errors import EXIT_FAIL_ON, InputError
-from diagnoser.pipeline import Outcome
+
+if TYPE_CHECKING:  # the pipeline (evidence, rules, physics) loads when a command runs, not for its --help
+    from diagnoser.pipeline import Outcome
 
 FAIL_ON_HELP = ("Exit 1 when the verdict is one of these (comma-separated): "
                 + ", ".join(l.value for l in Limiter) + f", {INCONCLUSIVE}, or 'any'.")
