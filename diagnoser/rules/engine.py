@@ -21,6 +21,7 @@ from diagnoser.capture import Capture
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis, Finding, Fix, Limiter, Skipped
 from diagnoser.errors import InputError
 from diagnoser.evidence import Evidence, build_evidence
+from diagnoser.fileio import read_text_bounded
 from diagnoser.rules.base import RULES, Check, Rule
 
 if sys.version_info >= (3, 11):
@@ -49,7 +50,7 @@ def load_thresholds(path: str | Path) -> dict[str, dict[str, float]]:
     """Threshold overrides from a TOML file: [thresholds.BW001] dram_active_mean = 0.45"""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_text_bounded(path))  # bounded: never /dev/zero into memory
     except FileNotFoundError:
         raise InputError(f"no rules config at {path}.") from None
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
