@@ -15,6 +15,7 @@ import typer
 
 from diagnoser import __version__
 from diagnoser.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, DiagnoserError
+from diagnoser.textsafe import one_line
 
 COMMAND_MODULES = (
     "attach",
@@ -62,7 +63,7 @@ for _name in COMMAND_MODULES:
 
 
 def fail(message: str, code: int) -> None:
-    typer.echo(f"diagnoser: {message}", err=True)
+    typer.echo(f"diagnoser: {one_line(message)}", err=True)
     raise SystemExit(code)
 
 
