@@ -128,7 +128,7 @@ class Hop:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            do_GET = do_POST = _any  # noqa: N815
+            do_GET = do_POST = _any
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -169,8 +169,7 @@ def _gzip_bomb(path: Path, gib: int = 4) -> Path:
     co = zlib.compressobj(9, zlib.DEFLATED, 31)
     chunk = b"\0" * (16 << 20)
     with open(path, "wb") as f:
-        for _ in range(gib * 64):
-            f.write(co.compress(chunk))
+        f.writelines(co.compress(chunk) for _ in range(gib * 64))
         f.write(co.flush())
     return path
 
@@ -204,9 +203,9 @@ def test_an_endless_json_stream_is_bounded(tmp_path: Path) -> None:
     """A pipe that never ends (here: a FIFO fed '{' then spaces) is cut at the limit, not read to the end."""
     fifo = tmp_path / "capture.fifo"
     os.mkfifo(fifo)
-    feeder = subprocess.Popen([sys.executable, "-c", f"import sys\nf = open({str(fifo)!r}, 'wb')\nf.write(b'{{')\n"
-                               "chunk = b' ' * (1 << 20)\ntry:\n    while True: f.write(chunk)\n"
-                               "except BrokenPipeError:\n    pass\n"])
+    feed = (f"f = open({str(fifo)!r}, 'wb')\nf.write(b'{{')\nchunk = b' ' * (1 << 20)\n"
+            "try:\n    while True: f.write(chunk)\nexcept BrokenPipeError:\n    pass\n")
+    feeder = subprocess.Popen([sys.executable, "-c", feed])
     try:
         code, err, peak = _peak_run("diagnose", str(fifo))
     finally:

@@ -151,14 +151,15 @@ def test_dcgm_model_name_label_reaches_the_terminal_escaped(tmp_path: Path) -> N
 # --- gpus, doctor: names from the driver and from processes ---------------------------------------------------------
 
 def test_gpus_and_doctor_show_hostile_names_escaped() -> None:
-    from tests.test_collect_nvml import _app
     from diagnoser.cli import doctor as doctor_cli
     from diagnoser.cli import gpus as gpus_cli
+    from tests.test_collect_nvml import _app
 
-    named = subprocess.Popen([sys.executable, "-c", "import ctypes, sys, time\n"
-                              "ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\n"
-                              "print('ok', flush=True)\ntime.sleep(120)", "\x1b[2J\x1b]52;c;YQ\x07"],
-                             stdout=subprocess.PIPE, text=True)
+    # A process that names itself (prctl PR_SET_NAME, 15 bytes) with a clear-screen and a clipboard write.
+    script = ("import ctypes, sys, time\nctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\n"
+              "print('ok', flush=True)\ntime.sleep(120)")
+    named = subprocess.Popen([sys.executable, "-c", script, "\x1b[2J\x1b]52;c;YQ\x07"], stdout=subprocess.PIPE,
+                             text=True)
     assert named.stdout is not None and named.stdout.readline().strip() == "ok"
     gpu = FakeGpu(name=f"NVIDIA H100{CLEAR}{CLIPBOARD}", processes=[FakeProcess(named.pid)])
     runner = CliRunner()

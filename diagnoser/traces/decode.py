@@ -28,6 +28,10 @@ import msgspec
 from diagnoser.errors import InputError
 
 
+# Malformed JSON: msgspec raises UnicodeDecodeError, not DecodeError, for bytes that are not UTF-8 inside a string.
+_MALFORMED = (msgspec.DecodeError, UnicodeDecodeError)
+
+
 class TraceError(InputError):
     """The file is not a readable trace; the message is one sentence for the user."""
 
@@ -293,7 +297,7 @@ def _parse_head_metadata(head: bytes, tf: TraceFile) -> None:
         return
     try:
         meta = _ANY.decode(text + b"}")
-    except msgspec.DecodeError:
+    except _MALFORMED:
         tf.stats.notes.append("the metadata before traceEvents is malformed and was ignored")
         return
     if isinstance(meta, dict):
@@ -308,7 +312,7 @@ def _parse_tail_metadata(tail: bytes, tf: TraceFile) -> None:
         text = text[1:]
     try:
         meta = _ANY.decode(b"{" + text)
-    except msgspec.DecodeError:
+    except _MALFORMED:
         tf.stats.notes.append("the metadata after traceEvents is malformed and was ignored")
         return
     if isinstance(meta, dict):
@@ -381,8 +385,9 @@ def _decode_in_place(buf: bytearray, start: int, cut: int, stats: DecodeStats) -
     try:
         return _EVENTS.decode(memoryview(buf)[start - 1 : cut + 2])
     except msgspec.ValidationError:
-        return _decode_leniently(bytes(buf[start - 1 : cut + 2]), stats)
-    except msgspec.DecodeError as exc:
+        events = _decode_leniently(bytes(buf[start - 1 : cut + 2]), stats)
+        return events if events is not None else _salvage(bytes(buf[start - 1 : cut + 2]), stats)
+    except _MALFORMED as exc:
         if "truncated" in str(exc):
             buf[start - 1], buf[cut + 1] = before, after
             return None
@@ -395,16 +400,21 @@ def _decode_chunk(buf: bytearray | bytes, start: int, cut: int, stats: DecodeSta
     try:
         return _EVENTS.decode(data)
     except msgspec.ValidationError:
-        return _decode_leniently(data, stats)
-    except msgspec.DecodeError as exc:
+        events = _decode_leniently(data, stats)
+        return events if events is not None else _salvage(data, stats)
+    except _MALFORMED as exc:
         if "truncated" in str(exc):
             return None
         return _salvage(data, stats)
 
 
-def _decode_leniently(data: bytes, stats: DecodeStats) -> list[Event]:
-    """Decode event by event, dropping those whose fields have unexpected types."""
-    raw = _ANY.decode(data)
+def _decode_leniently(data: bytes, stats: DecodeStats) -> list[Event] | None:
+    """Decode event by event, dropping those whose fields have unexpected types; None when the chunk is malformed
+    too (the typed decoder can stop at a wrong type before it reaches the damage): the caller salvages it."""
+    try:
+        raw = _ANY.decode(data)
+    except _MALFORMED:
+        return None
     out: list[Event] = []
     for item in raw if isinstance(raw, list) else ():
         try:
@@ -457,9 +467,12 @@ def _try_decode(body: bytearray, start: int, end: int, stats: DecodeStats) -> li
         try:
             return _EVENTS.decode(data)
         except msgspec.ValidationError:
-            return _decode_leniently(data, stats)
-        except msgspec.DecodeError:
-            cut = _last_boundary(body, start, cut)
+            events = _decode_leniently(data, stats)
+            if events is not None:
+                return events
+        except _MALFORMED:
+            pass
+        cut = _last_boundary(body, start, cut)
     return None
 
 
