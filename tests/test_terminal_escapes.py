@@ -225,3 +225,29 @@ def test_agent_once_summary_lines_are_escaped(tmp_path: Path) -> None:
     assert_no_raw_controls(out, "agent --once's summary")
     assert_no_raw_controls(err, "the agent's log")
     assert "no-such-process-\\x1b[2J" in out
+
+
+# --- fleet: node, pod and model labels from Prometheus ------------------------------------------------------------
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_fleet_table_shows_hostile_labels_escaped(tty: bool) -> None:
+    import io
+
+    from rich.console import Console
+
+    from diagnoser.cli.fleet import render_fleet
+    from diagnoser.fleet import FleetGroup
+    from tests.test_report_cases import fleet_report
+
+    report = fleet_report()
+    first = report.rows[0]
+    first.node, first.pod, first.model_name = f"node{CLEAR}", f"pod{CLIPBOARD}[link=http://evil]x[/link]", HOSTILE
+    report.errors.append(f"node {CLEAR}: scrape failed {CSI_C1}")
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=tty, no_color=not tty, highlight=False)
+    render_fleet(report, console, groups=[FleetGroup(name=f"model {CLIPBOARD}", rows=report.rows)],
+                 notes=[f"note {CLEAR}"])
+    text = out.getvalue()
+    for sequence in ("\x1b[2J", "\x1b]52;", "\x1b]8;", "\x9b", "\u202e", "\x07"):
+        assert sequence not in text, f"{sequence!r} reached the fleet table"
+    assert "\\x1b[2J" in text
