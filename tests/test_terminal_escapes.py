@@ -251,3 +251,24 @@ def test_fleet_table_shows_hostile_labels_escaped(tty: bool) -> None:
     for sequence in ("\x1b[2J", "\x1b]52;", "\x1b]8;", "\x9b", "\u202e", "\x07"):
         assert sequence not in text, f"{sequence!r} reached the fleet table"
     assert "\\x1b[2J" in text
+
+
+# --- analyze: kernel and op names from a trace file ---------------------------------------------------------------
+
+def test_analyze_shows_hostile_kernel_names_escaped(tmp_path: Path) -> None:
+    events: list[dict[str, object]] = [{"ph": "X", "cat": "cpu_op", "name": f"aten::mm{CLEAR}", "pid": 1, "tid": 1,
+                                        "ts": 0, "dur": 50, "args": {"External id": 1}}]
+    for i in range(20):
+        t = 100 + i * 100
+        events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t,
+                    "dur": 5, "args": {"correlation": i + 10, "External id": 1}},
+                   {"ph": "X", "cat": "kernel", "name": f"evil_gemm_kernel{CLIPBOARD}", "pid": 0, "tid": 7,
+                    "ts": t + 10, "dur": 60, "args": {"correlation": i + 10, "stream": 7, "device": 0}}]
+    trace = tmp_path / "hostile.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    result = subprocess.run([sys.executable, "-m", "diagnoser", "analyze", str(trace)], cwd=REPO, env=ENV,
+                            capture_output=True, timeout=180, check=False)
+    out = result.stdout.decode(errors="replace")
+    assert result.returncode == 0, result.stderr
+    assert_no_raw_controls(out, "analyze's output")
+    assert "evil_gemm_kernel\\x1b]52;c;ZXZpbA==" in out

@@ -14,6 +14,7 @@ import typer
 from diagnoser.capture import save as save_capture
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
+from diagnoser.textsafe import printable
 from diagnoser.traces import TraceAnalysis, analyze_trace, capture_from_trace
 from diagnoser.traces.analysis import WINDOWS
 from diagnoser.traces.timeline import IDLE_CAUSES
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
             diagnosis.context["trace"] = analysis.to_dict()
         else:
             for line in render_analysis(analysis):
-                typer.echo(line)
+                typer.echo(printable(line))  # kernel and op names come from the trace file
             if save is not None:
                 typer.echo(f"Capture saved to {save}.")
             typer.echo("")
