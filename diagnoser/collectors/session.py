@@ -120,7 +120,8 @@ class Sampler:
             self.elapsed_s = end
             for c in reversed(self.collectors):
                 self._guard(c, "stop", end)
-            self.capture.duration_s = round(end, 3)
+            # Rounded up to the millisecond: never shorter than its last sample (times are kept to 0.1 ms).
+            self.capture.duration_s = math.ceil(end * 1000) / 1000
         finally:
             self.cpu_s = time.thread_time() - cpu0
             self.started.set()
