@@ -9,7 +9,6 @@ On disk a capture is gzip-compressed JSON with a format tag and version (see doc
 from __future__ import annotations
 
 import gzip
-import io
 import math
 import os
 import time
@@ -20,7 +19,7 @@ from typing import Any
 import msgspec
 
 from diagnoser.errors import InputError
-from diagnoser.fileio import write_atomic
+from diagnoser.fileio import TooLarge, read_bounded, write_atomic
 
 FORMAT_NAME = "diagnoser-capture"
 # Bump when a change is not backward compatible; add a migration in _MIGRATIONS from the old version.
@@ -494,60 +493,150 @@ def dumps(capture: Capture) -> bytes:
     return gzip.compress(body, compresslevel=6, mtime=0)
 
 
-def loads(data: bytes, *, origin: str = "capture") -> Capture:
+# Bounds of what a capture may be, on disk and decompressed. A 10 s window of one GPU is about 40 kB of JSON (20 bytes
+# a point); 256 MiB holds about 18 hours of one GPU sampled at 10 Hz, or two of eight GPUs. Beyond it a file is not a
+# capture diagnoser wrote (a gzip bomb, /dev/zero, a mistaken path) and is refused before it fills memory.
+MAX_CAPTURE_BYTES = 256 << 20
+
+
+def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
+    """Decode a capture (gzip-compressed or plain JSON), checked against its typed schema.
+
+    Wrong types anywhere (`series` as a string, a number as text, a number too large to be finite) reject the file
+    in one sentence: that is not what diagnoser writes, and guessing would change a verdict silently. Inside a
+    series, points that are no reading (null, as diagnoser 0.1.0 wrote NaN) are dropped, and a series whose times and
+    values do not pair up (different lengths) is dropped whole; each with a note in the capture, which the verdict
+    repeats: the rest of the window is still evidence, and the reader is told what was left out.
+    """
     if data[:2] == b"\x1f\x8b":
         try:
-            data = _gunzip_bounded(data)
+            data = _gunzip_bounded(data, MAX_CAPTURE_BYTES)
+        except TooLarge:
+            raise CaptureError(f"{origin} decompresses to more than {MAX_CAPTURE_BYTES >> 20} MiB; that is not a "
+                               "capture diagnoser wrote (the limit is about 18 hours of one GPU).") from None
         except (OSError, EOFError, zlib.error) as exc:
             raise CaptureError(f"{origin} is not a readable capture: its gzip stream is damaged ({exc}).") from None
     try:
         env = msgspec.json.decode(data, type=_Envelope)
     except msgspec.DecodeError as exc:
-        raise CaptureError(f"{origin} is not a diagnoser capture: {exc}.") from None
+        raise CaptureError(f"{origin} is not a diagnoser capture: {_sentence(exc)}.") from None
     if env.format != FORMAT_NAME:
-        raise CaptureError(f"{origin} is a '{env.format}' file, not a diagnoser capture.")
+        raise CaptureError(f"{origin} is a '{_quote(env.format)}' file, not a diagnoser capture.")
     if env.version > FORMAT_VERSION:
         raise CaptureError(
             f"{origin} uses capture format version {env.version}, newer than this diagnoser reads "
             f"(up to {FORMAT_VERSION}); upgrade diagnoser to read it."
         )
+    if any(v not in _MIGRATIONS for v in range(env.version, FORMAT_VERSION)):
+        raise CaptureError(f"{origin} uses capture format version {env.version}, which this diagnoser cannot "
+                           f"read (it reads {FORMAT_VERSION}).")
+    notes: list[str] = []
+    unpaired: list[str] = []
     try:
+        capture: Capture | None = None
         if env.version == FORMAT_VERSION:
             try:
-                return msgspec.json.decode(env.capture, type=Capture)
+                capture = msgspec.json.decode(env.capture, type=Capture)
             except msgspec.ValidationError:
                 pass  # retried below, on the generic path that can repair what earlier writers got wrong
-        raw = msgspec.json.decode(env.capture)
-        for v in range(env.version, FORMAT_VERSION):
-            raw = _MIGRATIONS[v](raw)
-        return msgspec.convert(_drop_null_points(raw), type=Capture)
-    except (msgspec.ValidationError, msgspec.DecodeError, KeyError, TypeError) as exc:
-        raise CaptureError(f"{origin} is a damaged capture (version {env.version}): {exc}.") from None
+        if capture is None:
+            raw = msgspec.json.decode(env.capture)
+            for v in range(env.version, FORMAT_VERSION):
+                raw = _MIGRATIONS[v](raw)
+            capture = msgspec.convert(_drop_null_points(raw, notes, unpaired), type=Capture)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise CaptureError(f"{origin} is a damaged capture (version {env.version}): {_sentence(exc)}.") from None
+    _check_window(capture, origin)
+    _drop_unpaired(capture, notes, unpaired)
+    capture.notes.extend(notes)
+    return capture
 
 
-def _drop_null_points(raw: Any) -> Any:
+def _sentence(exc: Exception) -> str:
+    """msgspec's message ("Expected `float`, got `str` - at `$.series[0].values[3]`") as part of one sentence."""
+    return _quote(str(exc)).rstrip(".")
+
+
+def _quote(text: str, limit: int = 200) -> str:
+    """Text from the file, shortened; control characters are escaped where the sentence is printed."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_window(capture: Capture, origin: str) -> None:
+    if not (math.isfinite(capture.started_at) and math.isfinite(capture.duration_s) and capture.duration_s >= 0):
+        raise CaptureError(f"{origin} is a damaged capture: its window (start {capture.started_at}, "
+                           f"{capture.duration_s} s) is not a finite, non-negative time.")
+
+
+def _drop_null_points(raw: Any, notes: list[str], unpaired: list[str]) -> Any:
     """diagnoser 0.1.0 wrote a counter's NaN (GPM's first interval on Hopper) as JSON null; such a point is no
-    reading, so it is dropped and the rest of the capture is kept."""
-    for series in raw.get("series", []) if isinstance(raw, dict) else []:
+    reading, so it is dropped (with a note) and the rest of the capture is kept. A series with nulls whose times and
+    values differ in length cannot be repaired without guessing the pairing: it is taken out (`unpaired`). Anything
+    that is not shaped like a series is left for the typed conversion to reject."""
+    series_list = raw.get("series") if isinstance(raw, dict) else None
+    if not isinstance(series_list, list):
+        return raw
+    dropped = 0
+    for series in list(series_list):
+        if not isinstance(series, dict):
+            continue
         values, times = series.get("values"), series.get("times")
-        if isinstance(values, list) and isinstance(times, list) and None in values and len(values) == len(times):
-            kept = [(t, v) for t, v in zip(times, values, strict=True) if v is not None]
-            series["times"], series["values"] = [t for t, _ in kept], [v for _, v in kept]
+        if not (isinstance(values, list) and isinstance(times, list)) or (None not in values and None not in times):
+            continue
+        if len(values) != len(times):
+            unpaired.append(_unpaired(str(series.get("name", "?")), len(times), len(values)))
+            series_list.remove(series)
+            continue
+        kept = [(t, v) for t, v in zip(times, values, strict=True) if t is not None and v is not None]
+        dropped += len(values) - len(kept)
+        series["times"], series["values"] = [t for t, _ in kept], [v for _, v in kept]
+    if dropped:
+        notes.append(f"{dropped} point{'s' if dropped != 1 else ''} recorded as null (no reading) were left out of "
+                     "the capture's series.")
     return raw
 
 
-# A capture is megabytes at most; refuse a gzip bomb rather than filling memory.
-_MAX_CAPTURE_BYTES = 2 << 30
+def _unpaired(name: str, times: int, values: int) -> str:
+    return f"{_quote(name, 60)} ({times} times, {values} values)"
 
 
-def _gunzip_bounded(data: bytes) -> bytes:
-    out = io.BytesIO()
-    with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
-        while chunk := f.read(1 << 20):
-            out.write(chunk)
-            if out.tell() > _MAX_CAPTURE_BYTES:
-                raise OSError("decompresses to more than 2 GiB")
-    return out.getvalue()
+def _drop_unpaired(capture: Capture, notes: list[str], unpaired: list[str]) -> None:
+    """Series whose times and values differ in length cannot be paired: dropped whole, said in a note (with those
+    the null repair already took out)."""
+    kept = [s for s in capture.series if len(s.times) == len(s.values)]
+    unpaired += [_unpaired(s.name, len(s.times), len(s.values)) for s in capture.series
+                 if len(s.times) != len(s.values)]
+    capture.series = kept
+    if unpaired:
+        shown = ", ".join(unpaired[:3]) + (f" and {len(unpaired) - 3} more" if len(unpaired) > 3 else "")
+        notes.append(f"The capture file is damaged: {len(unpaired)} series whose times and values do not pair up "
+                     f"were left out: {shown}.")
+
+
+def _gunzip_bounded(data: bytes | bytearray, limit: int) -> bytearray:
+    """Decompress every gzip member of `data`, refusing (TooLarge) as soon as the output passes `limit`: bounded
+    while decompressing, never after."""
+    out = bytearray()
+    view = memoryview(data)
+    while view:
+        inflater = zlib.decompressobj(wbits=31)
+        pending: bytes | memoryview = view
+        while not inflater.eof:
+            chunk = inflater.decompress(pending, _CHUNK_OUT)
+            out += chunk
+            if len(out) > limit:
+                raise TooLarge(limit)
+            pending = inflater.unconsumed_tail
+            if not chunk and not pending:
+                break  # the input is used up and the member has no end
+        if not inflater.eof:
+            raise EOFError("the gzip stream ends early (a truncated file)")
+        rest = inflater.unused_data
+        view = memoryview(rest) if rest.strip(b"\0") else memoryview(b"")  # trailing zero padding is no member
+    return out
+
+
+_CHUNK_OUT = 1 << 20
 
 
 def save(capture: Capture, path: str | Path) -> Path:
@@ -563,11 +652,25 @@ def save(capture: Capture, path: str | Path) -> Path:
 def load(path: str | Path) -> Capture:
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_CAPTURE_BYTES, _capture_head)
     except FileNotFoundError:
         raise CaptureError(f"no capture file at {path}.") from None
     except IsADirectoryError:
         raise CaptureError(f"{path} is a directory, not a capture file.") from None
+    except TooLarge as exc:
+        raise CaptureError(f"{path} is {exc}; that is not a capture diagnoser wrote.") from None
+    except _NotACapture:
+        raise CaptureError(f"{path} is not a diagnoser capture: it is neither gzip nor JSON.") from None
     except OSError as exc:
         raise CaptureError(f"cannot read {path}: {exc.strerror or exc}.") from None
     return loads(data, origin=str(path))
+
+
+def _capture_head(head: bytes) -> None:
+    """A capture starts with gzip's magic bytes or a JSON object: zeros (/dev/zero) or binary are refused at once."""
+    if head[:2] != b"\x1f\x8b" and not head.lstrip(b" \t\r\n").startswith(b"{"):
+        raise _NotACapture
+
+
+class _NotACapture(OSError):
+    pass

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# System packages the tests use: a real Prometheus and a real headless Chromium (Debian packages).
+# System packages the tests use: a real Prometheus and a real headless Chromium (Debian packages), and stress-ng
+# for the load run (scripts/stress.sh).
 # Idempotent: installs only what is missing. Needs root (or sudo) and the Debian package mirrors.
 set -euo pipefail
 
@@ -7,6 +8,7 @@ PACKAGES=(
   prometheus       # DCGM/fleet tests: a real Prometheus the tests start on 127.0.0.1 (the package's service is not used)
   chromium         # HTML report tests: a real headless browser (driven through playwright's pip package)
   chromium-driver
+  stress-ng        # scripts/stress.sh: keeps every core busy while the process and signal tests run (not in CI)
 )
 
 missing=()

@@ -63,6 +63,10 @@ def host_window(pid: int, duration: float, period: float = 0.25, schedstat: bool
     return capture
 
 
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def series(capture: Capture, name: str) -> list[float]:
     found = capture.series_named(name)
     return found[0].values if found else []
@@ -75,12 +79,16 @@ def test_tree_cpu_threads_memory_and_busiest_thread(tree_target, schedstat):
     assert grandchild in capture.process.children
     busiest = series(capture, "host.target_busiest_thread")
     assert len(busiest) >= 5 and all(0.0 <= v <= 1.0 for v in busiest)
-    # the spinner gets a large share of a core even on a loaded 2-core machine; nothing else in the tree spins
-    assert sorted(busiest)[len(busiest) // 2] > 0.2
+    # Nothing else in the tree spins: the spinner's share is most of the tree's CPU, measured in the same window
+    # (a ratio against a peer: on a loaded 2-core machine both shrink together; 0.2 of a core is not guaranteed).
+    tree_cpu = series(capture, "host.target_cpu")
+    assert _median(busiest) > 0 and _median(busiest) >= 0.5 * _median(tree_cpu), (busiest, tree_cpu)
     note = next(n for n in capture.notes if n.startswith("Busiest thread"))
     assert "'spinner'" in note and f"pid {grandchild}" in note
     assert min(series(capture, "host.target_cpu")) >= 0.0
-    assert max(series(capture, "host.target_cpu")) >= max(busiest) - 0.05  # the tree includes its busiest thread
+    # The tree includes its busiest thread: compared over the window (one sample's maxima of two counters read at
+    # different instants, with 10 ms clock ticks, differ by more than that under load).
+    assert sum(tree_cpu) / len(tree_cpu) >= sum(busiest) / len(busiest) - 0.05
     assert min(series(capture, "host.target_rss_bytes")) >= 64 << 20  # the grandchild's ballast counts
     assert min(series(capture, "host.target_threads")) >= 3  # parent + grandchild main + spinner
     assert max(series(capture, "host.target_ctx_switches_per_s")) > 0

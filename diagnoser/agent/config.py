@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnoser.errors import InputError
+from diagnoser.fileio import read_text_bounded
 from diagnoser.units import parse_duration
 
 if sys.version_info >= (3, 11):
@@ -223,7 +224,7 @@ _TOP_LEVEL = set(_SECTIONS) | {"targets", "thresholds"}
 
 def read_config_file(path: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_text_bounded(path))  # bounded: never /dev/zero into memory
     except FileNotFoundError:
         raise InputError(f"no agent config at {path}.") from None
     except (OSError, UnicodeDecodeError) as exc:

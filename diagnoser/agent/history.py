@@ -13,6 +13,7 @@ until the store's pages fit a size, and hands the freed pages back to the file s
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 import zlib
@@ -113,6 +114,8 @@ class HistoryStore:
         except OSError as exc:
             raise InputError(f"cannot create the folder for the history store {self.path}: "
                              f"{exc.strerror or exc}.") from None
+        if create:
+            _make_private(self.path)
         try:
             self._db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                        check_same_thread=False)
@@ -275,6 +278,13 @@ class HistoryStore:
             raise InputError(f"cannot read the history store {self.path}: {exc}.") from None
         return [_record(r) for r in rows]
 
+    def report_dirs(self) -> set[str]:
+        """The report folders the stored runs name."""
+        try:
+            return {r[0] for r in self._db.execute("SELECT DISTINCT report_dir FROM runs WHERE report_dir != ''")}
+        except sqlite3.Error as exc:
+            raise InputError(f"cannot read the history store {self.path}: {exc}.") from None
+
     def targets(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT DISTINCT target FROM runs ORDER BY target")]
 
@@ -291,6 +301,21 @@ class HistoryStore:
         except sqlite3.Error as exc:
             raise InputError(f"cannot read the history store {self.path}: {exc}.") from None
         return row[0] if row else None
+
+
+def _make_private(path: Path) -> None:
+    """Create the store (and its -wal and -shm files, which SQLite creates with the database file's mode) readable
+    by its owner only: runs hold command lines, pod names and verdicts. A store an older version left 0644 is made
+    private too; one we do not own is left as it is (the open then says whether it can be used)."""
+    for suffix in ("", "-wal", "-shm"):
+        name = Path(str(path) + suffix)
+        try:
+            if suffix == "":
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o600))
+            if name.exists() and name.stat().st_uid == os.geteuid() and name.stat().st_mode & 0o077:
+                os.chmod(name, 0o600)
+        except OSError:
+            continue  # no permission: sqlite3.connect says so in its own words
 
 
 def _record(row: tuple[Any, ...]) -> RunRecord:

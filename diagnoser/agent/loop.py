@@ -38,6 +38,7 @@ STOP_GRACE_S = 3.0  # after SIGTERM, how long workers get to store what they cap
 DISCOVERY_TIMEOUT_S = 30.0
 _POLL_S = 0.1
 _WORK_PREFIX = ".agent-work-"
+_TAIL_BYTES = 64 << 10
 
 
 @dataclass
@@ -81,6 +82,7 @@ class Agent:
         self.server: MetricsServer | None = None
         self.cycles = 0
         self._workdir = self._make_workdir()
+        self._sweep_reports()
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -117,6 +119,25 @@ class Agent:
         except OSError as exc:
             self.store.close()
             raise InputError(f"cannot write to the agent's state folder {parent}: {exc.strerror or exc}.") from None
+
+    def _sweep_reports(self) -> None:
+        """Remove report folders no history row names (left by an agent killed between a worker's rename and the
+        row's commit); not while another live agent shares this state folder, which may be between the two."""
+        if self.reports is None:
+            return
+        mine = self._workdir.name
+        for other in self.cfg.db_path.parent.glob(_WORK_PREFIX + "*"):
+            pid = other.name[len(_WORK_PREFIX):].split("-")[0]
+            if other.name != mine and pid.isdigit() and pid_alive(int(pid)):
+                return
+        try:
+            removed = self.reports.sweep(self.store.report_dirs())
+        except DiagnoserError as exc:
+            self.log.emit("reports_sweep_failed", error=str(exc))
+            return
+        if removed:
+            self.log.emit("reports_swept", folders=len(removed),
+                          reason="report folders without a history row (the agent was killed mid-run)")
 
     # --- the loop ------------------------------------------------------------------------------------------
 
@@ -359,7 +380,10 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 def _tail(path: Path, limit: int = 400) -> str:
     """The last non-empty line of a worker's stderr: its one sentence (or the last line of a traceback)."""
     try:
-        lines = [l.strip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
+        with open(path, "rb") as f:  # the end only: a worker's stderr can be a long traceback, or anything
+            f.seek(max(0, os.fstat(f.fileno()).st_size - _TAIL_BYTES))
+            text = f.read(_TAIL_BYTES).decode(errors="replace")
+        lines = [l.strip() for l in text.splitlines() if l.strip()]
     except OSError:
         return ""
     return lines[-1][:limit] if lines else ""

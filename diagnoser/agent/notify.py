@@ -3,7 +3,9 @@
 A verdict change is logged as {"event": "verdict_change", "target": ..., "from": ..., "to": ...} (one line). The
 webhook gets one POST per cycle with every change of that cycle, from a single sender thread: a slow or dead
 endpoint never stalls the loop (the POST has a timeout), is never retried (the next change is the next try), and
-changes that arrive while a POST is still in flight wait for the next one rather than piling up in memory.
+changes that arrive while a POST is still in flight wait for the next one rather than piling up in memory. A
+redirect is followed only to the configured scheme, host and port, and only one that keeps the POST (307/308);
+any other is a failed POST, logged (`webhook_failed`, with where it pointed) and counted, never a silent loss.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from diagnoser import __version__
 
 # Pending changes kept for the next POST while one is in flight; beyond this the oldest are dropped and counted.
 MAX_PENDING = 256
+# Redirects followed within the configured host (307/308 only); a loop of them is a failed POST.
+MAX_REDIRECTS = 3
 
 
 class EventLog:
@@ -102,24 +106,73 @@ class Webhook:
     def _post(self, batch: list[dict[str, Any]]) -> None:
         body = json.dumps({"source": "diagnoser-agent", "version": __version__, "changes": batch},
                           default=str).encode()
-        request = urllib.request.Request(self.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json", "User-Agent": "diagnoser"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 (configured URL)
-                response.read(1 << 16)
-            self.sent += 1
-        except urllib.error.HTTPError as exc:
-            self._failed(f"HTTP {exc.code} ({exc.reason})", len(batch))
-        except urllib.error.URLError as exc:
-            self._failed(str(getattr(exc.reason, "strerror", None) or exc.reason), len(batch))
-        except (OSError, ValueError) as exc:
-            self._failed(str(exc) or type(exc).__name__, len(batch))
+        url = self.url
+        for _ in range(MAX_REDIRECTS + 1):
+            request = urllib.request.Request(url, data=body, method="POST",
+                                             headers={"Content-Type": "application/json", "User-Agent": "diagnoser"})
+            try:
+                with _OPENER.open(request, timeout=self.timeout_s) as response:
+                    response.read(1 << 16)
+                self.sent += 1
+                return
+            except urllib.error.HTTPError as exc:
+                location = exc.headers.get("Location", "") if exc.headers else ""
+                exc.close()
+                if not 300 <= exc.code < 400:
+                    self._failed(f"HTTP {exc.code} ({exc.reason})", len(batch))
+                    return
+                target = urllib.parse.urljoin(url, location)
+                refused = _redirect_refusal(self.url, target, exc.code)
+                if refused:
+                    self._failed(refused, len(batch))
+                    return
+                url = target
+            except urllib.error.URLError as exc:
+                self._failed(str(getattr(exc.reason, "strerror", None) or exc.reason), len(batch))
+                return
+            except (OSError, ValueError) as exc:
+                self._failed(str(exc) or type(exc).__name__, len(batch))
+                return
+        self._failed(f"more than {MAX_REDIRECTS} redirects", len(batch))
 
     def _failed(self, reason: str, n: int) -> None:
         self.failed += 1
         if self.on_error is not None:
             self.on_error()
         self.log.emit("webhook_failed", url=_safe_url(self.url), reason=reason, changes=n)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib follows 301/302/303 by itself, to any host, turning the POST into a GET: the changes (and any token
+    in the URL's path) would go where the configured endpoint points. Here every 3xx reaches `_post`, which decides."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    try:
+        port = parts.port or default
+    except ValueError:
+        port = None
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+def _redirect_refusal(configured: str, target: str, code: int) -> str:
+    """Why a redirect is not followed (empty when it is): only 307/308 (they keep the POST and its body) to the
+    scheme, host and port of the configured URL."""
+    where = _safe_url(target) or "nowhere"
+    if _origin(target) != _origin(configured):
+        return (f"redirected (HTTP {code}) to another host, {where}; not followed: changes are only posted to the "
+                "configured host")
+    if code not in (307, 308):
+        return f"redirected (HTTP {code}) to {where}, which would turn the POST into a GET; not followed"
+    return ""
 
 
 def _safe_url(url: str) -> str:

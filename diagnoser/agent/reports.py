@@ -6,7 +6,9 @@
 
 A run is assembled in a hidden `.partial-*` folder and renamed into place when complete, and each file in it is
 written to a temporary name, flushed and renamed, so a crash or kill leaves either a complete run folder or none.
-Rotation removes the oldest complete folders beyond `keep` and any `.partial-*` left by a killed run.
+Rotation removes the oldest complete folders beyond `keep` and any `.partial-*` left by a killed run; at start the
+agent sweeps complete folders that no history row names (the agent was killed between a worker's rename and the
+row's commit).
 """
 
 from __future__ import annotations
@@ -105,6 +107,28 @@ class RunReports:
         for p in complete[:max(0, excess)]:
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
+        return removed
+
+
+    def all_runs(self) -> list[Path]:
+        """Complete run folders of every target under the root (the folders `finalize` names)."""
+        if not self.root.is_dir():
+            return []
+        return [run for folder in self.root.iterdir() if folder.is_dir() and not folder.is_symlink()
+                for run in folder.iterdir() if run.is_dir() and not run.is_symlink() and _STAMP.match(run.name)]
+
+    def sweep(self, recorded: set[str]) -> list[Path]:
+        """Remove complete run folders that no history row names (`recorded`: the rows' report_dir values).
+
+        A worker renames its folder into place before the agent stores the run's row; an agent killed between the
+        two (kill -9, a power cut) leaves a report the history does not know, which rotation would count against
+        `keep` and `diagnoser history` would never show. Called once at start, before any worker runs."""
+        known = {os.path.realpath(p) for p in recorded if p}
+        removed = []
+        for run in self.all_runs():
+            if os.path.realpath(run) not in known:
+                shutil.rmtree(run, ignore_errors=True)
+                removed.append(run)
         return removed
 
 

@@ -87,6 +87,7 @@ def find_by_match(pattern: str) -> tuple[int, str]:
 
 def resolve(spec: TargetSpec, sources: SourcesConfig) -> tuple[Any, list[str]]:
     """The collectors' AttachTarget for a spec, and notes about how it was found."""
+    from diagnoser.collectors.server_metrics import MetricsError
     from diagnoser.collectors.target import resolve_target
 
     notes: list[str] = []
@@ -100,7 +101,14 @@ def resolve(spec: TargetSpec, sources: SourcesConfig) -> tuple[Any, list[str]]:
         url, port = url or f"http://{spec.host}:{port}/metrics", None
     if not sources.server_metrics:
         url = None
-    target = resolve_target(pid=pid, port=port, metrics_url=url)
+    try:
+        target = resolve_target(pid=pid, port=port, metrics_url=url)
+    except MetricsError as exc:
+        if url is None or (pid is None and port is None):
+            raise  # the endpoint is all there is of this target: without it there is nothing to diagnose
+        # Beside a process the server's /metrics is one source among several: down or over-size, the run goes on.
+        target = resolve_target(pid=pid, port=port)
+        target.metrics_url, target.metrics_problem = None, str(exc).rstrip(".")
     if not sources.server_metrics:
         target.metrics_url = None
         target.metrics_problem = "server metrics are turned off in the agent's [sources]"

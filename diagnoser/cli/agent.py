@@ -11,6 +11,7 @@ import typer
 
 from diagnoser.cli.common import handles_errors
 from diagnoser.errors import EXIT_INTERRUPTED, EXIT_UNAVAILABLE
+from diagnoser.textsafe import one_line
 
 
 def _flags(**given: Any) -> dict[str, Any]:
@@ -97,13 +98,13 @@ def register(app: typer.Typer) -> None:
                 signal.signal(sig, handler)
         for run in report.runs:
             what = f"{run.verdict} ({run.confidence:.2f})" if run.status == "ok" else f"{run.status}: {run.error}"
-            sys.stdout.write(f"{run.target}: {what}\n")
+            sys.stdout.write(one_line(f"{run.target}: {what}") + "\n")  # errors quote targets' answers
         if not report.runs and report.skipped:
             typer.echo("diagnoser: interrupted before any target was diagnosed.", err=True)
             raise typer.Exit(EXIT_INTERRUPTED)
         if not report.runs:
             why = (report.discovery_error or "no target was given").rstrip(".")
-            typer.echo(f"diagnoser: nothing to diagnose: {why}.", err=True)
+            typer.echo(one_line(f"diagnoser: nothing to diagnose: {why}."), err=True)
             raise typer.Exit(EXIT_UNAVAILABLE)
         if report.failed:
             raise typer.Exit(EXIT_UNAVAILABLE)

@@ -15,6 +15,7 @@ import typer
 
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
+from diagnoser.textsafe import printable
 from diagnoser.traces.windows import WINDOWS
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def register(app: typer.Typer) -> None:
             outcome.diagnosis.context["trace"] = analysis.to_dict()
         else:
             for line in render_analysis(analysis):
-                typer.echo(line)
+                typer.echo(printable(line))  # kernel and op names come from the trace file
             if save is not None:
                 typer.echo(f"Capture saved to {save}.")
             typer.echo("")

@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 
 from diagnoser import __version__
 from diagnoser.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, DiagnoserError
+from diagnoser.textsafe import one_line
 
 # name -> (module in diagnoser.cli, summary); the summary is the first sentence of the command's docstring.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -104,7 +105,7 @@ def _root(
 
 
 def fail(message: str, code: int) -> None:
-    typer.echo(f"diagnoser: {message}", err=True)
+    typer.echo(f"diagnoser: {one_line(message)}", err=True)
     raise SystemExit(code)
 
 

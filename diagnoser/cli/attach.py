@@ -1,7 +1,8 @@
 """`diagnoser attach PID | --port PORT`: observe a running server for a window, then give the verdict.
 
 No restart and no code change: NVML/GPM for the GPU, psutil for the host, the server's own /metrics. Ctrl-C ends the
-window early and still diagnoses (and saves, with --save) what was collected.
+window early and still diagnoses (and saves, with --save) what was collected; so does SIGTERM, after which the
+command exits 143.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.collectors.base import DEFAULT_DURATION_S, DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 from diagnoser.errors import DiagnoserError, InputError
+from diagnoser.fileio import check_writable
+from diagnoser.interrupts import arm, ends_window_on_signals
+from diagnoser.textsafe import one_line
 from diagnoser.units import fmt
 
 if TYPE_CHECKING:  # the collectors (NVML, psutil, HTTP) load when the command runs, not with every CLI call
@@ -49,7 +53,8 @@ class LiveView:
             self.live.__exit__(*exc)
 
     def say(self, message: str) -> None:
-        self.console.print(message, markup=False, highlight=False, soft_wrap=True)
+        # Messages quote command lines and endpoints' answers: control characters are shown, not sent.
+        self.console.print(one_line(message), markup=False, highlight=False, soft_wrap=True)
 
     def __call__(self, p: Progress) -> None:
         if p.cpu_only and not self.said_cpu_only:
@@ -61,7 +66,7 @@ class LiveView:
 
 
 def _line(text: str) -> Text:
-    return Text(text, no_wrap=True, overflow="ellipsis")  # one line, cut to the terminal's width
+    return Text(one_line(text), no_wrap=True, overflow="ellipsis")  # one line, cut to the terminal's width
 
 
 def progress_line(p: Progress) -> str:
@@ -131,6 +136,7 @@ def add_model(capture: Capture, model: ModelInfo | None, target: AttachTarget) -
 def register(app: typer.Typer) -> None:
     @app.command("attach")
     @handles_errors
+    @ends_window_on_signals
     def attach_cmd(
         pid: int | None = typer.Argument(None, help="PID of the server; its child processes are included."),
         port: int | None = typer.Option(None, "--port", help="Attach to the process listening on this TCP port "
@@ -173,13 +179,18 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--interval must be at least {MIN_INTERVAL_S:g} s, not {interval:g}.")
         if usd_per_gpu_hour is not None and not usd_per_gpu_hour >= 0:
             raise InputError(f"--usd-per-gpu-hour must be zero or more, not {usd_per_gpu_hour:g}.")
+        for option, path in (("--save", save_to), ("--html", html)):
+            if path is not None:
+                check_writable(path, option)
         user_model = resolve_model(model) if model is not None else None
         target = resolve_target(pid, port, metrics_url)
         pipeline = Pipeline(overrides=overrides, save_to=save_to, html=html)
 
         def observe() -> Capture:
+            stop = arm()  # SIGINT/SIGTERM now end the window, which is still saved and diagnosed (interrupts.py)
             with LiveView(f"attaching to {target.description} for {duration:g} s (Ctrl-C ends early)") as view:
-                capture = collect(target, duration, interval, on_sample=view)
+                capture = collect(target, duration, interval, on_sample=view, stop_event=stop.event)
+            stop.check_captured(any(s.values for s in capture.series))
             capture.origin = "attach"
             if usd_per_gpu_hour is not None:
                 capture.serving.usd_per_gpu_hour = usd_per_gpu_hour

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import typer
 
 from diagnoser.errors import EXIT_INTERRUPTED, DiagnoserError
+from diagnoser.textsafe import one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -23,7 +24,7 @@ def handles_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except DiagnoserError as exc:
-            typer.echo(f"diagnoser: {exc}", err=True)
+            typer.echo(f"diagnoser: {one_line(str(exc))}", err=True)  # errors quote labels, names, answers
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             typer.echo("diagnoser: interrupted.", err=True)

@@ -3,7 +3,6 @@ endpoint (live, for --duration seconds) or from Prometheus (any past window)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import typer
@@ -14,6 +13,8 @@ from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.collectors.dcgm import GpuSelector, collect_dcgm_into, describe_target, selector_for_pid
 from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.errors import InputError
+from diagnoser.fileio import check_writable
+from diagnoser.interrupts import arm, ends_window_on_signals
 from diagnoser.rules import load_thresholds
 
 
@@ -33,6 +34,7 @@ def build_selector(*, gpu: int | None, uuid: str | None, pod: str | None, node: 
 def register(app: typer.Typer) -> None:
     @app.command("dcgm")
     @handles_errors
+    @ends_window_on_signals
     def dcgm_cmd(
         exporter: str = typer.Option(None, "--dcgm-exporter", help="A dcgm-exporter endpoint to sample live, e.g. "
                                      "http://node:9400/metrics."),
@@ -69,17 +71,19 @@ def register(app: typer.Typer) -> None:
         overrides = load_thresholds(rules_config) if rules_config else None
         selector = build_selector(gpu=gpu, uuid=uuid, pod=pod, node=node, mig_instance=mig_instance, pid=pid,
                                   live=exporter is not None)
+        for option, path in (("--save", save_to), ("--html", html)):
+            if path is not None:
+                check_writable(path, option)
         if exporter is not None:
-            capture = new_capture(f"dcgm-exporter {exporter}", duration_s=duration)
-            started = time.monotonic()
-            try:
-                targets = collect_dcgm_into(capture, exporter_url=exporter, selector=selector, duration_s=duration,
-                                            interval_s=interval, timeout_s=timeout)
-                capture.target = f"{describe_target(targets)} (dcgm-exporter {exporter})"
-            except KeyboardInterrupt:
-                if not capture.series:
-                    raise
-                capture.notes.append(f"Interrupted after {time.monotonic() - started:.1f} s of the planned "
+            # The window's length is the time it was read for (set when it ends), not the one planned.
+            capture = new_capture(f"dcgm-exporter {exporter}")
+            stop = arm()  # SIGINT/SIGTERM end the window; what was read is still saved and diagnosed
+            targets = collect_dcgm_into(capture, exporter_url=exporter, selector=selector, duration_s=duration,
+                                        interval_s=interval, timeout_s=timeout, stop=stop.event)
+            capture.target = f"{describe_target(targets)} (dcgm-exporter {exporter})"
+            stop.check_captured(bool(capture.series))
+            if stop.stopped:
+                capture.notes.append(f"Interrupted {stop.event.how} after {capture.duration_s:.1f} s of the planned "
                                      f"{duration:g} s; the diagnosis covers what was read.")
         else:
             window = resolve_window(since=since, start=start, end=end, at=at, default_s=1800.0)

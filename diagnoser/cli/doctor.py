@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from diagnoser.cli.common import handles_errors, print_json
+from diagnoser.textsafe import printable
 
 _STYLE = {"ok": "green", "limited": "yellow", "missing": "red"}
 
@@ -27,9 +28,10 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json([c.to_dict() for c in checks])
             return
-        console = Console(highlight=False)
+        console = Console(highlight=False, markup=False)
         table = Table("source", "status", "detail", box=None, show_lines=False)
         for c in checks:
-            detail = c.detail + (f"\n-> {c.fix}" if c.fix else "")
+            # Details quote endpoints' answers and driver strings: control characters shown, not sent.
+            detail = printable(c.detail) + (f"\n-> {printable(c.fix)}" if c.fix else "")
             table.add_row(c.source, Text(c.status, style=_STYLE.get(c.status, "dim")), Text(detail))
         console.print(table)

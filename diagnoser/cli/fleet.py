@@ -29,6 +29,7 @@ from diagnoser.fleet import (
 from diagnoser.fleet_model import FleetReport, FleetRow
 from diagnoser.physics import match_gpu
 from diagnoser.rules import load_thresholds
+from diagnoser.textsafe import one_line, printable
 
 SHORT_VERDICT = {
     "vram": "vram", "memory_bandwidth": "bandwidth", "compute": "compute", "batching": "batching",
@@ -68,8 +69,10 @@ def _table(rows: list[FleetRow]) -> Table:
         table.add_row(
             _money(r.usd_per_hour_at_stake) if r.usd_per_gpu_hour else "?",
             Text(verdict, style="yellow" if d.verdict == INCONCLUSIVE else "bold"),
-            f"{d.confidence:.2f}", f"{r.busy:.0%}" if r.busy is not None else "-", r.node, r.gpu,
-            _model_short(r.model_name), "/".join(x for x in (r.namespace, r.pod) if x) or "-",
+            f"{d.confidence:.2f}", f"{r.busy:.0%}" if r.busy is not None else "-",
+            # Labels from Prometheus: Text (no markup), control characters shown (diagnoser/textsafe.py).
+            Text(one_line(r.node)), Text(one_line(r.gpu)), Text(one_line(_model_short(r.model_name))),
+            Text(one_line("/".join(x for x in (r.namespace, r.pod) if x) or "-")),
         )
     return table
 
@@ -104,7 +107,7 @@ def render_fleet(report: FleetReport, console: Console, *, groups: list[FleetGro
             if shown >= budget:
                 break
             take = g.rows[: budget - shown]
-            console.print(Text(f"\n{g.name}: {len(g.rows)} GPU{'s' if len(g.rows) != 1 else ''}, "
+            console.print(Text(f"\n{one_line(g.name)}: {len(g.rows)} GPU{'s' if len(g.rows) != 1 else ''}, "
                                f"${_money(g.usd_per_hour_at_stake)}/h at stake; {_verdict_counts(g.rows)}",
                                style="bold"), overflow="fold")
             console.print(_table(take))
@@ -121,9 +124,9 @@ def render_fleet(report: FleetReport, console: Console, *, groups: list[FleetGro
         console.print("* partial: the GPU's series have gaps, stop early or lack fields whose query failed.",
                       markup=False, style="dim")
     for error in report.errors:
-        console.print(Text(f"! {error}", style="yellow"), overflow="fold")
+        console.print(Text(f"! {printable(error)}", style="yellow"), overflow="fold")
     for note in notes or []:
-        console.print(Text(note, style="dim"), overflow="fold")
+        console.print(Text(printable(note), style="dim"), overflow="fold")
 
 
 def register(app: typer.Typer) -> None:
@@ -173,7 +176,7 @@ def register(app: typer.Typer) -> None:
                 raise InputError(f"cannot write {html}: {exc.strerror or exc}.") from None
             typer.echo(f"diagnoser: wrote {written}", err=True)
         for error in report.errors:
-            typer.echo(f"diagnoser: warning: {error}", err=True)
+            typer.echo(f"diagnoser: warning: {one_line(error)}", err=True)
         if as_json:
             with gc_paused():  # tens of MB of dicts that all live until printed (see diagnoser.fleet.gc_paused)
                 doc = report_dict(report, limit)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from diagnoser.cli.common import handles_errors, print_json
 from diagnoser.errors import SourceUnavailable
+from diagnoser.textsafe import one_line
 from diagnoser.units import fmt
 
 if TYPE_CHECKING:
@@ -56,18 +57,19 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(data)
             return
-        console = Console(highlight=False)
+        # Names come from the driver and from processes: no markup, control characters shown (textsafe.py).
+        console = Console(highlight=False, markup=False)
         table = Table("GPU", "name", "memory", "busy", "temp", "power", "processes", box=None)
         for d in data:
             total = d["memory_total_bytes"]
             used = d["memory_used_bytes"]
             memory = f"{fmt(used, 'bytes')} / {fmt(total, 'bytes')}" if used is not None and total else "n/a"
-            procs = ", ".join(f"{p['pid']} {p['name']} ({p['user']}) {fmt(p['used_bytes'], 'bytes')}"
-                              for p in d["processes"]) or "-"
-            name = d["name"] + (" [MIG]" if d["mig_mode"] else "")
+            procs = one_line(", ".join(f"{p['pid']} {p['name']} ({p['user']}) {fmt(p['used_bytes'], 'bytes')}"
+                                       for p in d["processes"]) or "-")
+            name = one_line(d["name"]) + (" [MIG]" if d["mig_mode"] else "")
             power = fmt(d["power_w"], "W") + (f" / {fmt(d['power_limit_w'], 'W')}" if d["power_limit_w"] else "")
             table.add_row(str(d["index"]), name, memory, fmt(d["busy"], "ratio"), fmt(d["temp_c"], "C"), power, procs)
         console.print(table)
         for d in data:
             for problem in d["problems"]:
-                console.print(f"GPU {d['index']}: could not read {problem}", markup=False)
+                console.print(one_line(f"GPU {d['index']}: could not read {problem}"), markup=False)

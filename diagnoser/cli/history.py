@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from diagnoser.cli.common import handles_errors, print_json
+from diagnoser.textsafe import one_line
 
 
 def _when(ts: float) -> str:
@@ -43,27 +44,30 @@ def register(app: typer.Typer) -> None:
                 name: {"timeline": [s.to_dict() for s in segments(runs)], "runs": [r.summary() for r in runs]}
                 for name, runs in per_target.items()}})
             return
-        console = Console(color_system=None if not sys.stdout.isatty() else "auto", highlight=False)
+        # Rows hold targets' errors and headlines: no markup, control characters shown, not sent (textsafe.py).
+        console = Console(color_system=None if not sys.stdout.isatty() else "auto", highlight=False, markup=False)
         if not per_target:
             which = f"target {target}" if target else "any target"
-            console.print(f"No runs of {which} in the history since {_when(start) if start else 'the start'}.")
+            console.print(one_line(f"No runs of {which} in the history since "
+                                   f"{_when(start) if start else 'the start'}."))
             return
         for name, runs in per_target.items():
-            table = Table(title=f"{name}: {len(runs)} run(s)", title_justify="left", show_edge=False, pad_edge=False)
+            table = Table(title=one_line(f"{name}: {len(runs)} run(s)"), title_justify="left", show_edge=False,
+                          pad_edge=False)
             if every_run:
                 for col in ("time (UTC)", "outcome", "conf.", "efficiency", "top fix", "detail"):
                     table.add_column(col)
                 for r in runs:
                     table.add_row(_when(r.started_at), outcome(r), _num(r.confidence), _pct(r.efficiency),
-                                  _fix(r.top_fix, r.top_fix_gain), r.error or r.headline)
+                                  one_line(_fix(r.top_fix, r.top_fix_gain)), one_line(r.error or r.headline))
             else:
                 for col in ("from (UTC)", "to (UTC)", "runs", "outcome", "mean conf.", "latest"):
                     table.add_column(col)
                 for s in segments(runs):
                     last = s.last
                     detail = last.error if last.status != "ok" else _fix(last.top_fix, last.top_fix_gain)
-                    table.add_row(_when(s.first_at), _when(s.last_at), str(s.runs), s.outcome,
-                                  _num(s.confidence_mean), detail)
+                    table.add_row(_when(s.first_at), _when(s.last_at), str(s.runs), one_line(s.outcome),
+                                  _num(s.confidence_mean), one_line(detail))
             console.print(table)
             console.print()
 

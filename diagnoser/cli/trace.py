@@ -9,6 +9,7 @@ import typer
 
 from diagnoser.cli.common import handles_errors
 from diagnoser.errors import InputError
+from diagnoser.textsafe import printable
 
 
 def register(app: typer.Typer) -> None:
@@ -43,4 +44,4 @@ def register(app: typer.Typer) -> None:
 
             typer.echo("")
             for line in render_analysis(analyze_trace(acquired.path)):
-                typer.echo(line)
+                typer.echo(printable(line))  # kernel and op names come from the traced process

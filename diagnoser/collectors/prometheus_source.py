@@ -203,7 +203,11 @@ class PromClient:
             result = fn()
         finally:
             session.keyed = False
-        return [s if isinstance(s, KeyedSeries) else KeyedSeries.from_dict(s) for s in result]
+        try:
+            return [s if isinstance(s, KeyedSeries) else KeyedSeries.from_dict(s) for s in result]
+        except (AttributeError, TypeError, ValueError):  # a series or a point of another shape than Prometheus's
+            raise PromError(f"{self.url} does not answer like a Prometheus server (its series are not Prometheus's).",
+                            "not_prometheus") from None
 
     def _timeout_message(self) -> str:
         return (f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s (raise --timeout or shorten "
@@ -273,7 +277,10 @@ class KeyedSeries(msgspec.Struct):
         """From generically decoded JSON (the fallback when the typed decode refuses an answer)."""
         m = series.get("metric") or {}
         value = series.get("value")
-        return cls(_Labels(m.get("UUID", ""), m.get("uuid", ""), m.get("GPU_I_ID", "")),
+        labels = [m.get(name, "") for name in ("UUID", "uuid", "GPU_I_ID")]
+        if not all(isinstance(v, str) for v in labels):
+            raise TypeError("a label value that is not a string")
+        return cls(_Labels(*labels),
                    [(float(t), float(v)) for t, v in series.get("values") or ()],
                    (float(value[0]), float(value[1])) if value else None)
 

@@ -79,9 +79,13 @@ class Sampler:
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> bool:
+        """Wait for the window to end (its duration written, its collectors stopped); True once it has.
+
+        Waits on an Event, not on Thread.join: a KeyboardInterrupt that lands inside Thread.join makes CPython
+        (3.11, 3.12) mark a thread that is still running as finished, and the caller then read a capture whose
+        window had not ended ("ended early after 0.0 s" while the samples covered 4 s)."""
         assert self._thread is not None
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return self.finished.wait(timeout)
 
     def latest(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -124,7 +128,8 @@ class Sampler:
             self.elapsed_s = end
             for c in reversed(self.collectors):
                 self._guard(c, "stop", end)
-            self.capture.duration_s = round(end, 3)
+            # Rounded up to the millisecond: never shorter than its last sample (times are kept to 0.1 ms).
+            self.capture.duration_s = math.ceil(end * 1000) / 1000
         finally:
             self.cpu_s = time.thread_time() - cpu0
             self.started.set()
@@ -218,21 +223,23 @@ def run_sampler(sampler: Sampler, on_sample: Callable[[Progress], None] | None =
 
     sampler.start()
     interrupted = False
-    try:
-        while not sampler.join(_PROGRESS_S):
+    while True:
+        try:
+            if sampler.join(_PROGRESS_S):
+                break
             if sampler.started.is_set():
                 report()
-    except KeyboardInterrupt:
-        interrupted = True
-        sampler.stop_event.set()
-        while not sampler.join(0.5):
-            pass  # the sampler finishes its current tick and stops its collectors; a second Ctrl-C is for the CLI
+        except KeyboardInterrupt:
+            # End the window and wait for the sampler's last tick and its collectors' stop (one collector call at
+            # most): what it sampled is the capture. Further Ctrl-Cs meanwhile are absorbed the same way.
+            interrupted = True
+            sampler.stop_event.set()
     if sampler.tree is not None and capture.process is not None:
         capture.process.children = sorted(set(capture.process.children) | set(sampler.tree.children()))
     if sampler.tree is not None and sampler.tree.exited_at is not None and capture.process is not None:
         capture.process.exited_at_s = round(sampler.tree.exited_at, 3)
     elif interrupted or (sampler.stop_event.is_set() and sampler.elapsed_s < sampler.duration_s - 1e-3):
-        how = "by Ctrl-C" if interrupted else "on request"
+        how = "by Ctrl-C" if interrupted else str(getattr(sampler.stop_event, "how", "on request"))
         capture.notes.append(f"The window was ended early {how} after {capture.duration_s:.1f} s of the "
                              f"{sampler.duration_s:g} s asked for.")
     report()

@@ -17,6 +17,7 @@ import msgspec
 
 from diagnoser.capture import ServingConfig, Capture, ModelInfo
 from diagnoser.errors import InputError
+from diagnoser.fileio import read_text_bounded
 from diagnoser.physics.precision import bytes_per_element, normalise_dtype
 
 # Bundled configs (diagnoser/data/models/<stem>.json) and the Hugging Face repository each was copied from.
@@ -309,7 +310,7 @@ def load_hf_config(path: str | Path) -> ModelInfo:
     if not path.is_file():
         raise InputError(f"no config file at {path}.")
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = json.loads(read_text_bounded(path))  # bounded: a config path may be a huge or endless file
     except json.JSONDecodeError as exc:
         raise InputError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
     except (OSError, UnicodeDecodeError) as exc:

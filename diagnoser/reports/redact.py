@@ -3,13 +3,16 @@
 Reports get forwarded to whole teams, so a token in a server's command line (`--api-key sk-...`), an environment
 dump (`HF_TOKEN=hf_...`) or a URL with credentials (`https://user:pass@host`) must never reach one. Redaction is by
 name (flags, variables and query parameters whose name says secret) and by shape (well-known token formats), and is
-idempotent: redacting twice gives the same text.
+idempotent: redacting twice gives the same text. Control characters (terminal escape sequences) come out as visible
+escapes (diagnoser/textsafe.py), so whatever a report shows cannot drive the terminal it is shown on.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+
+from diagnoser.textsafe import printable
 
 MASK = "[redacted]"
 
@@ -97,6 +100,7 @@ def redact(text: str) -> str:
     flags and variables (`--api-key X`, `--token=X`, `HF_TOKEN=X`), auth headers, and well-known token shapes."""
     if not text:
         return text
+    # Every report line passes here: control characters (terminal escapes) are shown, never sent (textsafe.py).
     out = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     out = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{MASK}", out)  # before "name: value" takes "Bearer"
     out = _QUERY_PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}" if is_secret_name(m.group(2))
@@ -106,7 +110,7 @@ def redact(text: str) -> str:
                                 if is_secret_name(m.group(1)) and m.group(3) != MASK else m.group(0), out)
     out = _QUOTED_PAIR.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{_mask_value(m.group(4))}"
                            if is_secret_name(m.group(2)) else m.group(0), out)
-    return _TOKEN_SHAPES.sub(MASK, out)
+    return printable(_TOKEN_SHAPES.sub(MASK, out))
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:

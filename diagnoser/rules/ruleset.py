@@ -17,6 +17,7 @@ from types import MappingProxyType
 from diagnoser.diagnosis import Finding, Skipped
 from diagnoser.errors import InputError
 from diagnoser.evidence import Evidence
+from diagnoser.fileio import read_text_bounded
 from diagnoser.rules.base import AnyOf, Check, Rule
 
 if sys.version_info >= (3, 11):
@@ -129,7 +130,7 @@ def load_overrides(path: str | Path, rules: RuleSet) -> dict[str, dict[str, floa
     """Threshold overrides from a TOML file: [thresholds.BW001] dram_active_mean = 0.45"""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_text_bounded(path))  # bounded: a path to /dev/zero never fills memory
     except FileNotFoundError:
         raise InputError(f"no rules config at {path}.") from None
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
