@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from diagnoser.capture import Capture, save
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.evidence import Evidence, build_evidence
+from diagnoser.fileio import check_writable
 from diagnoser.rules.engine import diagnose_evidence
 from diagnoser.rules.ruleset import Overrides, RuleSet, default_rules
 
@@ -53,6 +54,10 @@ class Pipeline:
                  on_saved: Callable[[Path], None] | None = None) -> None:
         base = rules or default_rules()
         self.rules = base.with_overrides(overrides) if overrides else base
+        # An output that cannot be written is found now, before a window is observed, not after it.
+        for option, path in (("--save", save_to), ("--html", html)):
+            if path is not None:
+                check_writable(path, option)
         self.save_to = save_to
         self.html = html
         self.on_saved = on_saved

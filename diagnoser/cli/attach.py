@@ -21,7 +21,6 @@ from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.collectors.base import DEFAULT_DURATION_S, DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 from diagnoser.errors import DiagnoserError, InputError
-from diagnoser.fileio import check_writable
 from diagnoser.interrupts import arm, ends_window_on_signals
 from diagnoser.textsafe import one_line
 from diagnoser.units import fmt
@@ -179,12 +178,9 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--interval must be at least {MIN_INTERVAL_S:g} s, not {interval:g}.")
         if usd_per_gpu_hour is not None and not usd_per_gpu_hour >= 0:
             raise InputError(f"--usd-per-gpu-hour must be zero or more, not {usd_per_gpu_hour:g}.")
-        for option, path in (("--save", save_to), ("--html", html)):
-            if path is not None:
-                check_writable(path, option)
         user_model = resolve_model(model) if model is not None else None
+        pipeline = Pipeline(overrides=overrides, save_to=save_to, html=html)  # outputs checked before any probe
         target = resolve_target(pid, port, metrics_url)
-        pipeline = Pipeline(overrides=overrides, save_to=save_to, html=html)
 
         def observe() -> Capture:
             stop = arm()  # SIGINT/SIGTERM now end the window, which is still saved and diagnosed (interrupts.py)

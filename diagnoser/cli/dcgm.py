@@ -13,7 +13,6 @@ from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.collectors.dcgm import GpuSelector, collect_dcgm_into, describe_target, selector_for_pid
 from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.errors import InputError
-from diagnoser.fileio import check_writable
 from diagnoser.interrupts import arm, ends_window_on_signals
 from diagnoser.rules import load_thresholds
 
@@ -71,9 +70,9 @@ def register(app: typer.Typer) -> None:
         overrides = load_thresholds(rules_config) if rules_config else None
         selector = build_selector(gpu=gpu, uuid=uuid, pod=pod, node=node, mig_instance=mig_instance, pid=pid,
                                   live=exporter is not None)
-        for option, path in (("--save", save_to), ("--html", html)):
-            if path is not None:
-                check_writable(path, option)
+        from diagnoser.pipeline import Pipeline
+
+        pipeline = Pipeline(overrides=overrides, save_to=save_to, html=html)  # checks the outputs before the window
         if exporter is not None:
             # The window's length is the time it was read for (set when it ends), not the one planned.
             capture = new_capture(f"dcgm-exporter {exporter}")
@@ -92,9 +91,6 @@ def register(app: typer.Typer) -> None:
                                         end=window.end, timeout_s=timeout)
             capture.target = f"{describe_target(targets)} (Prometheus {prometheus})"
             capture.host = targets[0].node or capture.host
-        from diagnoser.pipeline import Pipeline
-
-        pipeline = Pipeline(overrides=overrides, save_to=save_to, html=html)
         pipeline.checkpoint(capture)
         if save_to is not None:
             typer.echo(f"diagnoser: saved the capture to {save_to}", err=True)
