@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from diagnoser import signals as S
 from diagnoser.capture import Capture, ModelInfo, TraceCost
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
@@ -72,12 +73,12 @@ def progress_line(p: Progress) -> str:
     """'4.2/10 s  GPU busy 63 %  ...' from the newest numbers; absent signals are left out, never shown as 0."""
     v = p.latest
     parts = [f"{min(p.elapsed_s, p.duration_s):4.1f}/{p.duration_s:g} s"]
-    for name, label, unit in (("gpu.busy", "GPU busy", "ratio"), ("gpu.sm_active", "SM", "ratio"),
-                              ("gpu.dram_active", "DRAM", "ratio"), ("gpu.mem_used_bytes", "mem", "bytes"),
-                              ("gpu.power_w", "power", "W"), ("host.target_cpu", "CPU", "cores"),
-                              ("host.target_busiest_thread", "top thread", "ratio"),
-                              ("server.running", "running", ""), ("server.waiting", "waiting", ""),
-                              ("server.kv_usage", "KV", "ratio"), ("server.gen_tokens_per_s", "gen", "tok/s")):
+    for name, label, unit in ((S.GPU_BUSY, "GPU busy", "ratio"), (S.GPU_SM_ACTIVE, "SM", "ratio"),
+                              (S.GPU_DRAM_ACTIVE, "DRAM", "ratio"), (S.GPU_MEM_USED_BYTES, "mem", "bytes"),
+                              (S.GPU_POWER_W, "power", "W"), (S.HOST_TARGET_CPU, "CPU", "cores"),
+                              (S.HOST_TARGET_BUSIEST_THREAD, "top thread", "ratio"),
+                              (S.SERVER_RUNNING, "running", ""), (S.SERVER_WAITING, "waiting", ""),
+                              (S.SERVER_KV_USAGE, "KV", "ratio"), (S.SERVER_GEN_TOKENS_PER_S, "gen", "tok/s")):
         if name in v:
             parts.append(f"{label} {fmt(v[name], unit)}")
     return "  ".join(parts)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from diagnoser import signals as S
 from diagnoser.compare import AGREEMENT, Comparison, Measure
 from diagnoser.diagnosis import LIMITER_LABELS, Limiter
 from diagnoser.reports.figdata import Figure, GainPair, GainPairs, NotDrawn, Ratio, Ratios
@@ -81,10 +82,10 @@ def render_json(c: Comparison) -> str:
 # --- the HTML page's view: the report's visual language for a before/after pair ------------------------------
 
 COMPARE_LABELS = {
-    "server.requests_per_s": "requests finished/s", "server.ttft_p50_s": "time to first token p50",
-    "server.ttft_p99_s": "time to first token p99", "server.itl_p50_s": "inter-token latency p50",
-    "server.itl_p99_s": "inter-token latency p99", "trace.gpu_idle_frac": "GPU idle (trace)",
-    "theory.efficiency": "share of the decode ceiling",
+    S.SERVER_REQUESTS_PER_S: "requests finished/s", S.SERVER_TTFT_P50_S: "time to first token p50",
+    S.SERVER_TTFT_P99_S: "time to first token p99", S.SERVER_ITL_P50_S: "inter-token latency p50",
+    S.SERVER_ITL_P99_S: "inter-token latency p99", S.TRACE_GPU_IDLE_FRAC: "GPU idle (trace)",
+    S.THEORY_EFFICIENCY: "share of the decode ceiling",
 }
 
 
@@ -143,8 +144,8 @@ def _gains_figure(c: Comparison) -> Figure | NotDrawn:
     return Figure("gains", title, GainPairs(title, pairs, band=AGREEMENT), caption)
 
 
-_BETTER = {"server.gen_tokens_per_s": "higher", "server.prompt_tokens_per_s": "higher",
-           "server.requests_per_s": "higher", "theory.efficiency": "higher", "trace.gpu_idle_frac": "lower"}
+_BETTER = {S.SERVER_GEN_TOKENS_PER_S: "higher", S.SERVER_PROMPT_TOKENS_PER_S: "higher",
+           S.SERVER_REQUESTS_PER_S: "higher", S.THEORY_EFFICIENCY: "higher", S.TRACE_GPU_IDLE_FRAC: "lower"}
 
 
 def _ratios_figure(c: Comparison) -> Figure | NotDrawn:

@@ -18,10 +18,30 @@ from diagnoser.characterise import MIN_COSTED_SHARE, costed_share
 from diagnoser.diagnosis import Diagnosis, Finding
 from diagnoser.errors import DiagnoserError
 from diagnoser.evidence import Evidence
-from diagnoser.reports.figdata import (PALETTE, Band, Bars, Bullet, Figure, HLine, Line, Mark, NotDrawn, Roof,
-                                       Roofline, RoofPoint, Segment, StackedBar, TimeSeries)
-from diagnoser.reports.trace_figures import (IDLE_STYLE, collective_items, durations_figure, ranks_figure,
-                                            trace_window_figure)
+from diagnoser.reports.figdata import (
+    PALETTE,
+    Band,
+    Bars,
+    Bullet,
+    Figure,
+    HLine,
+    Line,
+    Mark,
+    NotDrawn,
+    Roof,
+    Roofline,
+    RoofPoint,
+    Segment,
+    StackedBar,
+    TimeSeries,
+)
+from diagnoser.reports.trace_figures import (
+    IDLE_STYLE,
+    collective_items,
+    durations_figure,
+    ranks_figure,
+    trace_window_figure,
+)
 from diagnoser.units import fmt
 
 _OPS = {">=": "≥", "<=": "≤", "==": "=", "=": "="}
@@ -36,15 +56,15 @@ SOURCE_NAMES = {
 }
 
 SIGNAL_LABELS = {
-    "gpu.busy": "GPU busy (kernel running)", "gpu.sm_active": "SM active", "gpu.tensor_active": "tensor pipes active",
-    "gpu.dram_active": "DRAM active", "gpu.mem_busy": "memory controller busy", "gpu.sm_occupancy": "SM occupancy",
-    "gpu.mem_used_bytes": "device memory used", "proc.gpu_mem_bytes": "held by the target process",
-    "gpu.sm_clock_frac": "SM clock / max", "gpu.power_w": "board power", "gpu.temp_c": "temperature",
-    "server.running": "running (batch)", "server.waiting": "waiting (queue)", "server.kv_usage": "KV cache used",
-    "server.gen_tokens_per_s": "generated tokens/s", "server.prompt_tokens_per_s": "prompt tokens/s",
-    "host.target_busiest_thread": "busiest server thread (of one core)", "host.cpu_frac": "whole host CPU",
-    "gpu.pcie_rx_bps": "PCIe to GPU", "gpu.pcie_tx_bps": "PCIe from GPU", "gpu.nvlink_rx_bps": "NVLink in",
-    "gpu.nvlink_tx_bps": "NVLink out",
+    S.GPU_BUSY: "GPU busy (kernel running)", S.GPU_SM_ACTIVE: "SM active", S.GPU_TENSOR_ACTIVE: "tensor pipes active",
+    S.GPU_DRAM_ACTIVE: "DRAM active", S.GPU_MEM_BUSY: "memory controller busy", S.GPU_SM_OCCUPANCY: "SM occupancy",
+    S.GPU_MEM_USED_BYTES: "device memory used", S.PROC_GPU_MEM_BYTES: "held by the target process",
+    S.GPU_SM_CLOCK_FRAC: "SM clock / max", S.GPU_POWER_W: "board power", S.GPU_TEMP_C: "temperature",
+    S.SERVER_RUNNING: "running (batch)", S.SERVER_WAITING: "waiting (queue)", S.SERVER_KV_USAGE: "KV cache used",
+    S.SERVER_GEN_TOKENS_PER_S: "generated tokens/s", S.SERVER_PROMPT_TOKENS_PER_S: "prompt tokens/s",
+    S.HOST_TARGET_BUSIEST_THREAD: "busiest server thread (of one core)", S.HOST_CPU_FRAC: "whole host CPU",
+    S.GPU_PCIE_RX_BPS: "PCIe to GPU", S.GPU_PCIE_TX_BPS: "PCIe from GPU", S.GPU_NVLINK_RX_BPS: "NVLink in",
+    S.GPU_NVLINK_TX_BPS: "NVLink out",
 }
 
 IDLE_CAUSES = IDLE_STYLE  # one table of idle causes' names and colours for every chart
@@ -75,17 +95,17 @@ class _Panel:
 
 
 _PANELS = (
-    _Panel("activity", "GPU activity over the window", ("gpu.busy", "gpu.sm_active", "gpu.tensor_active",
-                                                        "gpu.dram_active"), "ratio", 1.0),
-    _Panel("memory", "Device memory used", ("gpu.mem_used_bytes", "proc.gpu_mem_bytes"), "bytes"),
-    _Panel("kv", "KV cache use", ("server.kv_usage",), "ratio", 1.0),
-    _Panel("server", "Server: running batch and queue", ("server.running", "server.waiting"), "requests"),
-    _Panel("tokens", "Server throughput", ("server.gen_tokens_per_s", "server.prompt_tokens_per_s"), "tokens/s"),
-    _Panel("clocks", "SM clock (shaded: power or thermal throttling)", ("gpu.sm_clock_frac",), "ratio", 1.0),
-    _Panel("power", "Board power", ("gpu.power_w",), "W"),
-    _Panel("host", "Host CPU", ("host.target_busiest_thread", "host.cpu_frac"), "ratio", 1.0),
-    _Panel("links", "PCIe and NVLink traffic", ("gpu.pcie_rx_bps", "gpu.pcie_tx_bps", "gpu.nvlink_rx_bps",
-                                                "gpu.nvlink_tx_bps"), "B/s"),
+    _Panel("activity", "GPU activity over the window", (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_TENSOR_ACTIVE,
+                                                        S.GPU_DRAM_ACTIVE), "ratio", 1.0),
+    _Panel("memory", "Device memory used", (S.GPU_MEM_USED_BYTES, S.PROC_GPU_MEM_BYTES), "bytes"),
+    _Panel("kv", "KV cache use", (S.SERVER_KV_USAGE,), "ratio", 1.0),
+    _Panel("server", "Server: running batch and queue", (S.SERVER_RUNNING, S.SERVER_WAITING), "requests"),
+    _Panel("tokens", "Server throughput", (S.SERVER_GEN_TOKENS_PER_S, S.SERVER_PROMPT_TOKENS_PER_S), "tokens/s"),
+    _Panel("clocks", "SM clock (shaded: power or thermal throttling)", (S.GPU_SM_CLOCK_FRAC,), "ratio", 1.0),
+    _Panel("power", "Board power", (S.GPU_POWER_W,), "W"),
+    _Panel("host", "Host CPU", (S.HOST_TARGET_BUSIEST_THREAD, S.HOST_CPU_FRAC), "ratio", 1.0),
+    _Panel("links", "PCIe and NVLink traffic", (S.GPU_PCIE_RX_BPS, S.GPU_PCIE_TX_BPS, S.GPU_NVLINK_RX_BPS,
+                                                S.GPU_NVLINK_TX_BPS), "B/s"),
 )
 
 _MAX_LINES = 8
@@ -130,7 +150,7 @@ def _threshold_lines(findings: Sequence[Finding], signals: Sequence[str], named:
 
 def _throttle_bands(capture: Capture) -> list[Band]:
     bands: list[Band] = []
-    for name, label in (("gpu.throttle.power", "power cap"), ("gpu.throttle.thermal", "thermal slowdown")):
+    for name, label in ((S.GPU_THROTTLE_POWER, "power cap"), (S.GPU_THROTTLE_THERMAL, "thermal slowdown")):
         for s in capture.series_named(name):
             start = None
             step = (s.times[-1] - s.times[0]) / max(1, len(s.times) - 1) if len(s.times) > 1 else 1.0
@@ -146,7 +166,7 @@ def _throttle_bands(capture: Capture) -> list[Band]:
 
 
 def _memory_total(capture: Capture, ev: Evidence) -> float | None:
-    total = ev.get("gpu.mem_total_bytes")
+    total = ev.get(S.GPU_MEM_TOTAL_BYTES)
     return total.max if total is not None else None
 
 
@@ -167,13 +187,13 @@ def time_series_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[l
             if total:
                 hlines.append(HLine(total, f"device total {fmt(total, 'bytes')}"))
                 y_max = total
-                hlines += _threshold_lines(d.findings, ("gpu.mem_used_frac",), named=False, scale=total)
+                hlines += _threshold_lines(d.findings, (S.GPU_MEM_USED_FRAC,), named=False, scale=total)
         if panel.key == "clocks":
             bands = _throttle_bands(capture)
             if bands:
                 notes.append("shaded: clock event reason power cap or thermal slowdown active")
         if panel.key == "power":
-            limit = ev.get("gpu.power_limit_w")
+            limit = ev.get(S.GPU_POWER_LIMIT_W)
             value = limit.max if limit is not None else next((g.power_limit_w for g in capture.gpus
                                                               if g.power_limit_w), None)
             if value:
@@ -222,14 +242,14 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
         return Figure("timeline", title, chart, f"Share{window}, from the torch.profiler trace"
                       + (f" ({trace.path})" if trace.path else "") + ": idle time split by what the GPU was waiting "
                       "for.")
-    busy = ev.get("gpu.busy")
+    busy = ev.get(S.GPU_BUSY)
     if busy is not None:
         segments = [Segment("busy", busy.mean, BUSY_COLOR, "a kernel was running"),
                     Segment("idle", max(0.0, 1.0 - busy.mean), UNATTRIBUTED_COLOR, "cause needs a trace")]
         chart = StackedBar(title, segments)
         return Figure("timeline", title, chart, f"Mean of gpu.busy from {source_name(busy.source)} over "
                       f"{busy.n} samples. A torch.profiler trace (attach --trace 5) splits the idle time by cause.")
-    return NotDrawn(title, "needs gpu.busy or a torch.profiler trace: " + ev.why_missing("gpu.busy"))
+    return NotDrawn(title, "needs gpu.busy or a torch.profiler trace: " + ev.why_missing(S.GPU_BUSY))
 
 
 def kernel_figure(capture: Capture) -> Figure | NotDrawn:
@@ -349,7 +369,7 @@ def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
     """The decode ceilings a throughput is read against: one sequence, the observed batch, the ridge batch. Two that
     fall on the same value (a batch-1 decode) are one mark that says both."""
     model, gspec = capture.model, ev.gpu_spec
-    ceiling = ev.get("theory.decode_ceiling_tokens_per_s")
+    ceiling = ev.get(S.THEORY_DECODE_CEILING_TOKENS_PER_S)
     if ceiling is None or model is None or gspec is None:
         return []
     dtype = _weight_dtype(capture)
@@ -380,7 +400,7 @@ def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
         same.detail += "; the batch this capture ran at"
     else:
         marks.append(obs)
-    ridge = ev.get("theory.ridge_batch")
+    ridge = ev.get(S.THEORY_RIDGE_BATCH)
     if ridge is not None and math.isfinite(ridge.values[0]) and ridge.values[0] >= 1:
         top = at(ridge.values[0])
         if top is not None and all(abs(m.value - top) > 0.005 * top for m in marks):
@@ -392,7 +412,7 @@ def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
 
 def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     title = "Generation throughput against its physical limits"
-    achieved = ev.get("server.gen_tokens_per_s")
+    achieved = ev.get(S.SERVER_GEN_TOKENS_PER_S)
     model, gspec = capture.model, ev.gpu_spec
     marks = throughput_marks(capture, ev)
     if not marks or model is None or gspec is None:
@@ -408,7 +428,7 @@ def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     tp = max(1, model.tensor_parallel)
     context = ev.context_tokens
     chart = Bullet(title, achieved.mean if achieved is not None else None, marks)
-    eff = ev.get("theory.efficiency")
+    eff = ev.get(S.THEORY_EFFICIENCY)
     caption = (f"Decode ceilings for {model.name or 'the model'} ({dtype}, tensor parallel {tp}) on the "
                f"{gspec.name}"
                + (f" at a mean context of {context} tokens" if context else ", weights only (no context length "
