@@ -84,7 +84,8 @@ from diagnoser.agent.config import SourcesConfig, TargetSpec
 from diagnoser.agent.history import HistoryStore, RunRecord
 from diagnoser.agent.reports import RunReports
 from diagnoser.agent.worker import build_job, run_job
-port, names, every, window, root = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5])
+port, names, every = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+window, root = float(sys.argv[4]), Path(sys.argv[5])
 store = HistoryStore(root / "history.db")
 reports = RunReports(root / "reports", keep=5)
 stop = threading.Event()
@@ -151,7 +152,7 @@ def slope(xs: list[float], ys: list[float]) -> float:
         return float("nan")
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else float("nan")
 
 
 def summarize(samples: list[dict[str, float]], warmup_frac: float = 0.1) -> dict[str, Any]:
@@ -208,7 +209,7 @@ def main() -> int:
                  "--window", f"{args.window}s", "--sample-interval", "0.1s", "--grace", "30s", "--max-parallel", "2",
                  "--targets", targets, "--db", str(work / "agent" / "history.db"), "--max-db-mb", "2",
                  "--keep-reports", "5", "--metrics-port", str(metrics_port)]
-    log = open(work / "agent.log", "w")
+    log = open(work / "agent.log", "w")  # noqa: SIM115  (closed in the finally below, after the agent stops)
     agent = subprocess.Popen(agent_cmd, stdout=log, stderr=log, env=ENV)
     peer = None
     if not args.no_peer:

@@ -36,15 +36,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import psutil  # noqa: E402
+import psutil
 
-from diagnoser.capture import new_capture  # noqa: E402
-from diagnoser.collectors.gpm import GpmCollector  # noqa: E402
-from diagnoser.collectors.nvml import NvmlCollector, NvmlUnavailable, open_nvml  # noqa: E402
-from diagnoser.collectors.process import ProcessTree  # noqa: E402
-from diagnoser.collectors.server_metrics import fetch_metrics, parse_samples  # noqa: E402
-from diagnoser.collectors.session import Sampler, build_collectors  # noqa: E402
-from diagnoser.collectors.target import resolve_target  # noqa: E402
+from diagnoser.capture import new_capture
+from diagnoser.collectors.gpm import GpmCollector
+from diagnoser.collectors.nvml import NvmlCollector, NvmlUnavailable, open_nvml
+from diagnoser.collectors.process import ProcessTree
+from diagnoser.collectors.server_metrics import fetch_metrics, parse_samples
+from diagnoser.collectors.session import Sampler, build_collectors
+from diagnoser.collectors.target import resolve_target
 
 OUT = REPO / "benchmarks" / "out"
 PY = sys.executable

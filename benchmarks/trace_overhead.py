@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.pairs):
             base, base_cost = load.rate_over(args.window, proc.pid)
             result: dict[str, object] = {}
-            t = threading.Thread(target=lambda: result.update(
+            t = threading.Thread(target=lambda result=result, i=i: result.update(
                 a=acquire_trace_detailed(proc.pid, args.window, tmp / f"out{i}")))
             t.start()
             # count only inside the window: from the hook's "started" to the timer's stop

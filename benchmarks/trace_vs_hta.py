@@ -235,7 +235,8 @@ def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeou
     tools: dict[str, list[str]] = {}
     for n in jobs:
         tools[f"cli-j{n or 'all'}"] = [diagnoser, "analyze", str(path), "--json", "-j", str(n or os.cpu_count())]
-        tools[f"lib-j{n or 'all'}"] = [sys.executable, "-m", "diagnoser.traces", str(path), "-j", str(n or os.cpu_count())]
+        tools[f"lib-j{n or 'all'}"] = [sys.executable, "-m", "diagnoser.traces", str(path), "-j",
+                                       str(n or os.cpu_count())]
     tools["decode-stream"] = [sys.executable, "-c", _DECODE_STREAM, str(path)]
     if mb <= whole_max_mb:
         tools["decode-whole"] = [sys.executable, "-c", _DECODE_WHOLE, str(path)]

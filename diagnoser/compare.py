@@ -109,13 +109,13 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for p, out in zip(self.predictions, d["predictions"]):
+        for p, out in zip(self.predictions, d["predictions"], strict=True):
             out["kind"] = p.kind.value
             out["error"] = p.error
-        for c, out in zip(self.changes, d["changes"]):
+        for c, out in zip(self.changes, d["changes"], strict=True):
             out["fix"] = c.fix.value if c.fix is not None else None
         for group in ("rates", "latencies", "activity"):
-            for m, out in zip(getattr(self, group), d[group]):
+            for m, out in zip(getattr(self, group), d[group], strict=True):
                 out["ratio"] = m.ratio
                 out["ratio_error"] = m.ratio_error
         return d
@@ -180,7 +180,8 @@ def _changes(before: Outcome, after: Outcome) -> list[Change]:
         out.append(Change("gpu", ga or "-", gb or "-"))
     ba, bb = before.evidence.observed_batch(), after.evidence.observed_batch()
     if ba is not None and bb is not None and abs(bb - ba) > max(0.5, 0.1 * ba):
-        out.append(Change("running batch (measured)", f"{ba:.1f}", f"{bb:.1f}", FixKind.BATCH_MORE if bb > ba else None))
+        out.append(Change("running batch (measured)", f"{ba:.1f}", f"{bb:.1f}",
+                          FixKind.BATCH_MORE if bb > ba else None))
     graphs = [o.evidence.value(S.TRACE_GRAPH_KERNEL_FRAC) for o in (before, after)]
     if graphs[0] is not None and graphs[1] is not None and graphs[1] - graphs[0] >= 0.3:
         out.append(Change("kernels in graph replays (trace)", f"{graphs[0]:.0%}", f"{graphs[1]:.0%}",
@@ -215,7 +216,7 @@ def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float |
         return None, ""
     try:
         g = ask()
-    except Exception as exc:  # noqa: BLE001  (a what-if the physics cannot answer is said, not fatal)
+    except Exception as exc:
         return None, f"the physics could not answer for this change ({exc})"
     return g.value, g.basis
 

@@ -230,7 +230,7 @@ class Diagnosis:
         d["schema_version"] = SCHEMA_VERSION
         d["confidence_label"] = self.confidence_label
         d["verdict_label"] = self.limiter.label if self.limiter else INCONCLUSIVE
-        return _plain(d)  # type: ignore[no-any-return]
+        return _plain(d)
 
 
 def _plain(obj: Any) -> Any:

@@ -10,8 +10,9 @@ unavailable sources.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,8 +45,8 @@ class Signal:
 
     @classmethod
     def from_stats(cls, name: str, unit: str, sources: tuple[str, ...], *, mean: float, p50: float | None = None,
-                   p90: float | None = None, p99: float | None = None, max: float | None = None,  # noqa: A002
-                   min: float | None = None, n: int = 1) -> Signal:  # noqa: A002
+                   p90: float | None = None, p99: float | None = None, max: float | None = None,
+                   min: float | None = None, n: int = 1) -> Signal:
         known = {"mean": mean, "p50": p50, "p90": p90, "p99": p99, "max": max, "min": min}
         return cls(name, unit, sources, (), (), {k: float(v) for k, v in known.items() if v is not None}, max_(n, 1))
 
@@ -84,12 +85,12 @@ class Signal:
     def p99(self) -> float:
         return self.quantile(0.99)
 
-    def _stat_or(self, name: str, pick: object) -> float:
+    def _stat_or(self, name: str, pick: Callable[[list[float]], float]) -> float:
         assert self.stats is not None
         if name in self.stats:
             return self.stats[name]
         known = list(self.stats.values())
-        return pick(known)  # type: ignore[operator,no-any-return]
+        return pick(known)
 
     def quantile(self, q: float) -> float:
         """Linear-interpolated quantile (numpy's default method); from the nearest known statistic for a signal
@@ -114,7 +115,7 @@ class Signal:
                 return 1.0 if self.mean >= threshold else 0.0
             if threshold <= points[0][1]:
                 return 1.0 - points[0][0]
-            for (q0, v0), (q1, v1) in zip(points, points[1:]):
+            for (q0, v0), (q1, v1) in zip(points, points[1:], strict=False):
                 if v0 <= threshold <= v1:
                     share = q0 + (q1 - q0) * ((threshold - v0) / (v1 - v0) if v1 > v0 else 1.0)
                     return 1.0 - share
@@ -339,7 +340,7 @@ def _pooled(series: Iterable[Series]) -> Iterator[Signal]:
             times = tuple(t for s in members for t in s.times)
         else:
             values = tuple(v for s in members for v in s.values if not math.isnan(v))
-            times = tuple(t for s in members for t, v in zip(s.times, s.values) if not math.isnan(v))
+            times = tuple(t for s in members for t, v in zip(s.times, s.values, strict=True) if not math.isnan(v))
         if not values:
             continue
         sources = (members[0].source,) if len(members) == 1 else tuple(sorted({s.source for s in members}))
@@ -408,7 +409,7 @@ def _rank_imbalance(trace: TraceSummary) -> float | None:
     shares = sorted(r.compute_frac for r in trace.ranks if r.compute_frac)
     if len(shares) < 2:
         return None
-    median = shares[len(shares) // 2] if len(shares) % 2 else (shares[len(shares) // 2 - 1] + shares[len(shares) // 2]) / 2
+    median = statistics.median(shares)
     return shares[-1] / median if median > 0 else None
 
 

@@ -71,7 +71,8 @@ GPU_FP16_ACTIVE = _sig("gpu.fp16_active", "ratio", "Non-tensor FP16 pipe activit
 GPU_FP32_ACTIVE = _sig("gpu.fp32_active", "ratio", "FP32 pipe activity.")
 GPU_DRAM_ACTIVE = _sig(
     "gpu.dram_active", "ratio",
-    "Fraction of cycles the memory interface was busy (GPM DRAM_BW_UTIL, DCGM DRAM_ACTIVE); ~0.8 is the practical peak.")
+    "Fraction of cycles the memory interface was busy (GPM DRAM_BW_UTIL, DCGM DRAM_ACTIVE); ~0.8 is the practical "
+    "peak.")
 GPU_MEM_BUSY = _sig("gpu.mem_busy", "ratio", "NVML utilization.memory: time the memory controller was busy (coarse).")
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -358,7 +359,8 @@ THEORY_COMPUTE_ROOF_FRAC = _sig(
 THEORY_EFFICIENCY = _sig("theory.efficiency", "ratio", "Achieved generation tokens/s over the decode ceiling.")
 THEORY_DECODE_SHARE = _sig(
     "theory.decode_share", "ratio",
-    "Decode's share of the least GPU time the served tokens need (decode at its ceiling vs prefill at the tensor peak).")
+    "Decode's share of the least GPU time the served tokens need (decode at its ceiling vs prefill at the tensor "
+    "peak).")
 
 # --- energy and cost (derived from measured rates and power) --------------------------------------
 ENERGY_TOKENS_PER_JOULE = _sig("energy.tokens_per_joule", "tokens/J", "Generated tokens per joule of GPU board energy.")

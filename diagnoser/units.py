@@ -7,8 +7,8 @@ import re
 
 from diagnoser.errors import InputError
 
-_BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
-_SI = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+_BINARY: tuple[tuple[str, float], ...] = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+_SI: tuple[tuple[str, float], ...] = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
 
 
 def fmt(value: float | None, unit: str = "") -> str:

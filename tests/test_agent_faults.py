@@ -23,6 +23,7 @@ from diagnoser.errors import SourceUnavailable
 from tests.reference import TRICKLE_SERVER
 from tests.test_agent_loop import ENV, AgentProcess, DemoServer, agent_cmd, free_port, metric, rows, scrape, wait_until
 
+
 # Serves HTTP headers promising a big body, then trickles it a byte at a time: every read returns before the
 # socket timeout, so a client without an overall deadline waits forever. A hung server, as seen from outside.
 def workers_of(agent_pid: int) -> list[psutil.Process]:
@@ -135,22 +136,22 @@ class FakeNvml:
     def __init__(self, pids_per_gpu: list[list[int]]) -> None:
         self.pids_per_gpu = pids_per_gpu
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         pass
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         pass
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.pids_per_gpu)
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetName(self, handle: int) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, handle: int) -> str:
         return "NVIDIA H100 80GB HBM3"
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         return [SimpleNamespace(pid=p, usedGpuMemory=1 << 30) for p in self.pids_per_gpu[handle]]
 
     def __getattr__(self, name: str) -> Any:

@@ -16,9 +16,9 @@ import msgspec
 import pytest
 
 from diagnoser.capture import Capture, load
-from diagnoser.rules import diagnose
 from diagnoser.collectors.server_metrics import MetricsError, probe
 from diagnoser.demo.loadgen import run_load
+from diagnoser.rules import diagnose
 
 PY = sys.executable
 CLI = [PY, "-m", "diagnoser"]

@@ -122,4 +122,4 @@ def test_console_script_on_a_real_gpu_trace(tmp_path: Path) -> None:
     doc = json.loads(done.stdout)
     assert doc["verdict"] == "host_launch"
     assert doc["context"]["trace"]["kernels"]["count_by_class"]["comm"] == 21
-    assert "ProfilerSteps (3, last one kept)" == doc["context"]["trace"]["window_policy"]
+    assert doc["context"]["trace"]["window_policy"] == "ProfilerSteps (3, last one kept)"

@@ -85,7 +85,7 @@ def test_a_port_with_nothing_listening():
 
 
 class _Garbage(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = b"<!doctype html><html><body><h1>It works!</h1></body></html>\n"
         self.send_response(200)
         self.send_header("Content-Type", "text/html")

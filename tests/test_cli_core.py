@@ -117,9 +117,9 @@ def test_cli_start_does_not_import_torch():
 
 def test_an_unexpected_error_is_one_sentence_not_a_traceback(tmp_path, monkeypatch, capsys):
     # A bug of ours must still end in one sentence and its own exit code (70), never a traceback.
+    from diagnoser.capture import save
     from diagnoser.cli.app import main
     from tests.factories import make_capture
-    from diagnoser.capture import save
 
     path = save(make_capture({"gpu.busy": 0.5}), tmp_path / "c.dgc")
 
@@ -154,7 +154,7 @@ def test_help_and_version_import_no_command_module():
 def test_every_command_summary_is_its_docstring_and_every_module_registers():
     from diagnoser.cli.app import COMMANDS
 
-    for name, (module, summary) in COMMANDS.items():
+    for name, (_module, summary) in COMMANDS.items():
         result = runner.invoke(app, [name, "--help"])
         assert result.exit_code == 0, (name, result.output)
         words = " ".join(result.output.replace("│", " ").split())

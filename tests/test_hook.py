@@ -17,11 +17,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from diagnoser.errors import SourceUnavailable  # noqa: E402
-from diagnoser.traces import analyze_trace  # noqa: E402
-from diagnoser.tracing import acquire_trace, protocol  # noqa: E402
-from diagnoser.tracing.acquire import acquire_trace_detailed  # noqa: E402
-from diagnoser.tracing.hook_client import catches_signal, find_hooked  # noqa: E402
+from diagnoser.errors import SourceUnavailable
+from diagnoser.traces import analyze_trace
+from diagnoser.tracing import acquire_trace, protocol
+from diagnoser.tracing.acquire import acquire_trace_detailed
+from diagnoser.tracing.hook_client import catches_signal, find_hooked
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from diagnoser.capture import ServingConfig, Capture, ProcessInfo, ServerInfo, TraceSummary
+from diagnoser.capture import Capture, ProcessInfo, ServerInfo, ServingConfig, TraceSummary
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.fleet_model import FleetReport, FleetRow
 from diagnoser.rules import diagnose

@@ -15,8 +15,18 @@ from diagnoser.capture import HostCall, KernelStat, TimelineGap, TimelineItem, T
 from diagnoser.evidence import build_evidence
 from diagnoser.pipeline import diagnose_capture
 from diagnoser.reports import svg
-from diagnoser.reports.figdata import (Bars, Bullet, Figure, Histogram, KernelTable, Lane, Lanes, NotDrawn, Span,
-                                       StackedRows)
+from diagnoser.reports.figdata import (
+    Bars,
+    Bullet,
+    Figure,
+    Histogram,
+    KernelTable,
+    Lane,
+    Lanes,
+    NotDrawn,
+    Span,
+    StackedRows,
+)
 from diagnoser.reports.figures import build_figures, throughput_marks
 from diagnoser.reports.html import HtmlRenderer
 from diagnoser.reports.trace_figures import KERNEL_STYLE, kernel_table
@@ -66,7 +76,7 @@ def test_kernel_table_with_shapes_has_speed_of_light(launch) -> None:  # type: i
     assert isinstance(table, KernelTable) and gpu is not None
     assert [r.name for r in table.rows] == [k.name for k in trace.top_kernels]
     assert table.shown_share == pytest.approx(sum(k.share for k in trace.top_kernels))
-    costed = [(r, k) for r, k in zip(table.rows, trace.top_kernels) if k.costed_calls]
+    costed = [(r, k) for r, k in zip(table.rows, trace.top_kernels, strict=False) if k.costed_calls]
     assert costed, "the launch trace was recorded with shapes"
     peak = gpu.flops[trace.dtype]  # bf16 on the H100
     for row, k in costed:
@@ -74,7 +84,7 @@ def test_kernel_table_with_shapes_has_speed_of_light(launch) -> None:  # type: i
         assert row.sol == pytest.approx(max(flop, byte))
         assert ("HBM" in row.sol_roof) == (byte >= flop)
         assert row.achieved and not row.why_no_sol
-    for row, k in zip(table.rows, trace.top_kernels):
+    for row, k in zip(table.rows, trace.top_kernels, strict=False):
         if not k.costed_calls:
             assert row.sol is None and row.why_no_sol == "needs its op's shapes"
         assert row.color == KERNEL_STYLE[k.kind][1]
@@ -121,7 +131,7 @@ def test_ranks_side_by_side_mark_the_straggler(two_ranks) -> None:  # type: igno
     assert isinstance(fig.spec, StackedRows)
     flagged = [row.label for row in fig.spec.rows if row.flag == "straggler"]
     assert flagged == [f"rank {r.rank}" for r in trace.ranks if r.straggler]
-    for row, rank in zip(fig.spec.rows, sorted(trace.ranks, key=lambda r: r.rank)):
+    for row, rank in zip(fig.spec.rows, sorted(trace.ranks, key=lambda r: r.rank), strict=True):
         assert sum(s.value for s in row.segments) == pytest.approx(1.0, abs=0.002)
         assert row.segments[0].value == pytest.approx(rank.compute_frac)
         assert row.segments[1].value == pytest.approx(rank.comm_exposed_frac)

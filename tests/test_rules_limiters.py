@@ -155,7 +155,6 @@ def test_memory_full_alone_is_weak():
 
 def test_small_batch_decode_names_the_regime_the_gap_and_capacity_apart():
     from diagnoser.diagnosis import Benefit, FixKind, Regime
-
     from diagnoser.evidence import build_evidence
 
     capture = make_capture(**CASES["latency-small-batch-decode"][0])

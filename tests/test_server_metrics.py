@@ -43,7 +43,7 @@ class Endpoint:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 owner.hits += 1
                 data = owner.body.encode()
                 self.send_response(owner.status)
@@ -76,7 +76,7 @@ def scrapes(ep: Endpoint, kind: str | None, bodies: list[str], times: list[float
     capture = new_capture("test")
     collector = ServerMetricsCollector(ep.url, kind)
     collector.start(capture)
-    for body, t in zip(bodies, times):
+    for body, t in zip(bodies, times, strict=True):
         ep.body = body
         collector.sample(t)
     collector.stop(times[-1])  # no extra scrape: the last sample is at the end

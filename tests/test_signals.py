@@ -115,7 +115,7 @@ def assert_window_is_its_samples(capture: Capture, slack_s: float) -> None:
     """The saved window length is the span of the samples: none after its end, and its end no later than the last
     sample plus `slack_s` (the final sample at the window's end, or one period of the slowest source)."""
     last = last_sample(capture)
-    assert 0 < capture.duration_s, capture.duration_s
+    assert capture.duration_s > 0, capture.duration_s
     assert last <= capture.duration_s + 1e-3, (last, capture.duration_s)
     assert capture.duration_s - last <= slack_s, (last, capture.duration_s)
 

@@ -160,7 +160,7 @@ def _graph_share(path: Path) -> float:
     evs = events(path)
     graph_calls = {e["args"]["correlation"] for e in evs if e.get("cat") in ("cuda_runtime", "cuda_driver")
                    and e["name"] in ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")}
-    kernels = [e for e in window_ops(path, ("kernel",))]
+    kernels = list(window_ops(path, ("kernel",)))
     shared = {c for c, n in Counter(k["args"]["correlation"] for k in kernels).items() if n > 1}
     total = sum(k["dur"] for k in kernels)
     return sum(k["dur"] for k in kernels if k["args"]["correlation"] in shared | graph_calls) / total
@@ -327,7 +327,7 @@ def test_a_folder_of_ranks_is_compared_rank_by_rank() -> None:
     for a in (job, files):
         s = a.summary
         assert [r.rank for r in s.ranks] == [0, 1]
-        for r, path in zip(s.ranks, ("rank-0.json.gz", "rank-1.json.gz")):
+        for r, path in zip(s.ranks, ("rank-0.json.gz", "rank-1.json.gz"), strict=True):
             single = analysis(SAMPLED / path).summary
             assert r.path == path and r.gpu_busy_frac == pytest.approx(single.gpu_busy_frac)
             assert r.kernel_count == single.kernel_count

@@ -52,7 +52,7 @@ def _model():  # type: ignore[no-untyped-def]
         def forward(self, tokens, caches):  # type: ignore[no-untyped-def]
             x = self.emb(tokens)
             new = []
-            for block, cache in zip(self.blocks, caches):
+            for block, cache in zip(self.blocks, caches, strict=True):
                 x, kv = block(x, cache)
                 new.append(kv)
             return self.head(x[:, -1]).argmax(-1), new

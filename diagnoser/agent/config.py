@@ -338,11 +338,11 @@ def _apply(cfg: AgentConfig, merged: dict[str, Any], where: str) -> None:
     if "sources.server_metrics" in merged:
         src.server_metrics = _bool(merged["sources.server_metrics"], f"{where}: sources.server_metrics")
     for key in ("dcgm_exporter", "prometheus"):
-        value = merged.get(f"sources.{key}")
-        if value:
-            if not str(value).startswith(("http://", "https://")):
-                raise InputError(f"{where}: sources.{key} must be an http(s) URL, not '{value}'.")
-            setattr(src, key, str(value))
+        url = merged.get(f"sources.{key}")
+        if url:
+            if not str(url).startswith(("http://", "https://")):
+                raise InputError(f"{where}: sources.{key} must be an http(s) URL, not '{url}'.")
+            setattr(src, key, str(url))
 
 
 def _bool(value: Any, what: str) -> bool:

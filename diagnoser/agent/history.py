@@ -255,7 +255,8 @@ class HistoryStore:
 
     def runs(self, *, target: str | None = None, since: float | None = None, limit: int | None = None,
              with_diagnosis: bool = False, newest_first: bool = False) -> list[RunRecord]:
-        where, args = [], []  # type: ignore[var-annotated]
+        where: list[str] = []
+        args: list[object] = []
         if target is not None:
             where.append("target = ?")
             args.append(target)
@@ -327,7 +328,8 @@ def _record(row: tuple[Any, ...]) -> RunRecord:
         diagnosis = None  # one damaged blob must not hide the rest of the timeline
     return RunRecord(id=id_, target=target, started_at=started, finished_at=finished, status=status, verdict=verdict,
                      confidence=conf, efficiency=eff, top_fix=fix, top_fix_rule=fix_rule or "", top_fix_gain=gain,
-                     headline=headline, error=error, gpu=gpu, pod=pod, report_dir=report, problems=json.loads(problems or "[]"), diagnosis=diagnosis)
+                     headline=headline, error=error, gpu=gpu, pod=pod, report_dir=report,
+                      problems=json.loads(problems or "[]"), diagnosis=diagnosis)
 
 
 @dataclass

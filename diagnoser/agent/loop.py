@@ -159,7 +159,7 @@ class Agent:
             t0 = time.monotonic()
             try:
                 self.run_cycle()
-            except Exception as exc:  # a bug or a full disk must not end an unattended agent  # noqa: BLE001
+            except Exception as exc:  # a bug or a full disk must not end an unattended agent
                 self.log.emit("cycle_failed", error=f"{type(exc).__name__}: {exc}")
             delay = self.next_delay(time.monotonic() - t0)
         self.log.emit("agent_stopped", cycles=self.cycles)
@@ -171,7 +171,7 @@ class Agent:
         if self.cfg.discovering:
             found, error = self._discover()
             report.discovery_error = error
-            taken = {t.name for t in targets} | {t.pid for t in targets if t.pid is not None}  # type: ignore[misc]
+            taken = {t.name for t in targets} | {t.pid for t in targets if t.pid is not None}
             targets += [t for t in found if t.name not in taken and t.pid not in taken]
         if not targets:
             self.log.emit("no_targets", reason=report.discovery_error or "nothing configured and nothing found")
@@ -383,7 +383,7 @@ def _tail(path: Path, limit: int = 400) -> str:
         with open(path, "rb") as f:  # the end only: a worker's stderr can be a long traceback, or anything
             f.seek(max(0, os.fstat(f.fileno()).st_size - _TAIL_BYTES))
             text = f.read(_TAIL_BYTES).decode(errors="replace")
-        lines = [l.strip() for l in text.splitlines() if l.strip()]
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
     except OSError:
         return ""
     return lines[-1][:limit] if lines else ""

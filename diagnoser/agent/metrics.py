@@ -34,11 +34,11 @@ from prometheus_client.registry import CollectorRegistry
 
 from diagnoser import __version__
 from diagnoser.agent.history import OK, RunRecord
-from diagnoser.fileio import write_atomic
 from diagnoser.diagnosis import INCONCLUSIVE, Limiter
 from diagnoser.errors import InputError, SourceUnavailable
+from diagnoser.fileio import write_atomic
 
-VERDICTS = tuple(l.value for l in Limiter) + (INCONCLUSIVE,)
+VERDICTS = tuple(lim.value for lim in Limiter) + (INCONCLUSIVE,)
 _TARGET_LABELS = ["target", "gpu", "pod"]
 
 
@@ -208,7 +208,7 @@ class AgentMetrics:
 
     def registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)  # type: ignore[arg-type]
+        registry.register(self)
         return registry
 
     def exposition(self) -> bytes:

@@ -51,9 +51,7 @@ def is_change(previous: str | None, current: str | None, *, include_inconclusive
     """A verdict change worth telling: both sides known and different; inconclusive only when asked for."""
     if previous is None or current is None or previous == current:
         return False
-    if not include_inconclusive and "inconclusive" in (previous, current):
-        return False
-    return True
+    return include_inconclusive or "inconclusive" not in (previous, current)
 
 
 class Webhook:

@@ -13,7 +13,6 @@ row's commit).
 
 from __future__ import annotations
 
-
 import os
 import re
 import shutil

@@ -30,12 +30,12 @@ _STOP = threading.Event()
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: _STOP.set())
 
+from diagnoser import signals as S  # noqa: E402
 from diagnoser.agent.config import SourcesConfig, TargetSpec  # noqa: E402
 from diagnoser.agent.reports import RunReports  # noqa: E402
-from diagnoser.fileio import write_atomic  # noqa: E402
-from diagnoser import signals as S  # noqa: E402
 from diagnoser.capture import Capture  # noqa: E402
 from diagnoser.errors import EXIT_INPUT, EXIT_UNAVAILABLE, DiagnoserError, SourceUnavailable  # noqa: E402
+from diagnoser.fileio import write_atomic  # noqa: E402
 
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 # Where a climb from a GPU process towards its server stops: init systems, shells, container runtimes.
@@ -226,7 +226,7 @@ def run_job(job: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
             _write_html(pipeline, outcome, result)
     except DiagnoserError as exc:
         result.update(status="error", error=str(exc))
-    except Exception as exc:  # a bug in diagnosis: the capture is kept for a bug report  # noqa: BLE001
+    except Exception as exc:  # a bug in diagnosis: the capture is kept for a bug report
         traceback.print_exc(file=sys.stderr)
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.update(status="error", error=f"internal error while diagnosing: {last}")
@@ -363,7 +363,7 @@ def main(argv: list[str]) -> int:
         result = run_job(job, stop)
     except DiagnoserError as exc:
         result, code = {"status": "error", "error": str(exc)}, exc.exit_code
-    except Exception as exc:  # a bug: report it as this run's error, the agent goes on  # noqa: BLE001
+    except Exception as exc:  # a bug: report it as this run's error, the agent goes on
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         traceback.print_exc(file=sys.stderr)
         result, code = {"status": "error", "error": f"internal error: {last}"}, EXIT_UNAVAILABLE + 1

@@ -144,7 +144,7 @@ class Calibrator:
     def _capability(self) -> tuple[int, int]:
         if self.kind != "cuda":
             return (0, 0)
-        return tuple(self.torch.cuda.get_device_capability(self.device))  # type: ignore[return-value]
+        return tuple(self.torch.cuda.get_device_capability(self.device))
 
     def precisions(self) -> list[str]:
         """Precisions to measure here; the others go to `skipped` with the reason."""

@@ -8,14 +8,13 @@ returned there: a CPU calibration (`diagnoser calibrate --device cpu`) is stored
 
 from __future__ import annotations
 
-from diagnoser.fileio import write_atomic
-
 import os
 from pathlib import Path
 
 import msgspec
 
 from diagnoser.errors import InputError
+from diagnoser.fileio import write_atomic
 
 FORMAT_NAME = "diagnoser-calibration"
 FORMAT_VERSION = 1

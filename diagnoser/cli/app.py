@@ -20,7 +20,6 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-
 from diagnoser import __version__
 from diagnoser.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, DiagnoserError
 from diagnoser.textsafe import one_line

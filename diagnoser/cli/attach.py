@@ -94,12 +94,13 @@ def add_trace(capture: Capture, target: AttachTarget, seconds: float, out_dir: P
     if target.pid is None:
         capture.mark_unavailable("trace", "trace.*", "--trace needs a process to trace (give a PID or --port)")
         return
+    pid = target.pid
     server_url = target.metrics_url.rsplit("/metrics", 1)[0] if target.metrics_url else None
     means = {s.name: sum(s.values) / len(s.values) for s in capture.series
              if s.name.startswith("server.") and s.values}
     view.say(f"diagnoser: tracing pid {target.pid} for {seconds:g} s")
     try:
-        acquired, spent = cost.measure(lambda: acquire_trace_detailed(target.pid, seconds, out_dir, server_url),
+        acquired, spent = cost.measure(lambda: acquire_trace_detailed(pid, seconds, out_dir, server_url),
                                        target.metrics_url, cost.window_rates(means))
         spent.pauses_ms = acquired.pauses_ms()
         view.say(f"diagnoser: trace written to {acquired.path} (via {acquired.method})")
@@ -111,7 +112,7 @@ def add_trace(capture: Capture, target: AttachTarget, seconds: float, out_dir: P
     except DiagnoserError as exc:
         capture.mark_unavailable("trace", "trace.*", str(exc).rstrip("."))
         view.say(f"diagnoser: no trace: {exc}")
-    except Exception as exc:  # noqa: BLE001  (the counter window must survive a tracing failure)
+    except Exception as exc:
         capture.mark_unavailable("trace", "trace.*", f"tracing failed ({type(exc).__name__}: {exc})")
         view.say(f"diagnoser: no trace: tracing failed ({type(exc).__name__}: {exc}).")
 

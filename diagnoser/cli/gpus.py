@@ -36,7 +36,7 @@ def _row_dict(row: GpuRow) -> dict[str, Any]:
         "memory_used_bytes": row.used_bytes, "busy": row.busy, "temp_c": row.temp_c, "power_w": row.power_w,
         "power_limit_w": info.power_limit_w, "mig_mode": info.mig_mode, "spec": info.spec_name,
         "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "gpu_instance": p.gpu_instance,
-                       **dict(zip(("name", "user"), _process_name(p.pid)))} for p in row.processes],
+                       **dict(zip(("name", "user"), _process_name(p.pid), strict=True))} for p in row.processes],
         "problems": row.problems,
     }
 

@@ -30,8 +30,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show how each target's verdict changed over time (from `diagnoser agent`'s history)."""
         from diagnoser.agent.config import state_dir
-        from diagnoser.units import parse_duration
         from diagnoser.agent.history import HistoryStore, outcome, segments
+        from diagnoser.units import parse_duration
 
         window = parse_duration(since, "--since")
         start = time.time() - window if window > 0 else None

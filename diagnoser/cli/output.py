@@ -15,14 +15,14 @@ if TYPE_CHECKING:  # the pipeline (evidence, rules, physics) loads when a comman
     from diagnoser.pipeline import Outcome
 
 FAIL_ON_HELP = ("Exit 1 when the verdict is one of these (comma-separated): "
-                + ", ".join(l.value for l in Limiter) + f", {INCONCLUSIVE}, or 'any'.")
+                + ", ".join(lim.value for lim in Limiter) + f", {INCONCLUSIVE}, or 'any'.")
 
 
 def parse_fail_on(value: str | None) -> set[str]:
     if not value:
         return set()
     names = {v.strip().lower().replace("-", "_") for v in value.split(",") if v.strip()}
-    known = {l.value for l in Limiter} | {INCONCLUSIVE, "any"}
+    known = {lim.value for lim in Limiter} | {INCONCLUSIVE, "any"}
     unknown = names - known
     if unknown:
         raise InputError(f"--fail-on got unknown limiter(s) {', '.join(sorted(unknown))}; "

@@ -12,9 +12,9 @@ from rich.table import Table
 
 from diagnoser.cli.common import handles_errors, print_json
 from diagnoser.errors import EXIT_FAIL_ON, InputError
-from diagnoser.selftest.scenarios import DEFAULT_ORDER
 from diagnoser.selftest.harness import SelftestReport, resolve_device, run_selftest, scenario_names
 from diagnoser.selftest.record import record_fixtures
+from diagnoser.selftest.scenarios import DEFAULT_ORDER
 from diagnoser.units import fmt
 
 

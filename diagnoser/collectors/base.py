@@ -22,7 +22,8 @@ MIN_INTERVAL_S = 0.01
 class Collector(Protocol):
     name: str
     # Seconds between samples; None means every sampler tick.
-    period_s: float | None
+    @property
+    def period_s(self) -> float | None: ...
 
     def start(self, capture: Capture) -> None: ...
 

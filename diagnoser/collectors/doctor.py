@@ -203,7 +203,8 @@ def stack_sampling() -> SourceCheck:
     binary = find_py_spy()
     if binary is None:
         return SourceCheck("Python stacks (py-spy)", MISSING, "py-spy is not installed", INSTALL_HINT)
-    child = subprocess.Popen([sys.executable, "-c", "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.05)"],
+    busy_loop = "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.05)"
+    child = subprocess.Popen([sys.executable, "-c", busy_loop],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         assert child.stdout is not None
@@ -260,7 +261,7 @@ def find_servers(limit: int = 5) -> list[tuple[int, str, str]]:
     except psutil.Error:
         return []
     found: list[tuple[int, str, str]] = []
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     for c in conns:
         if c.status != psutil.CONN_LISTEN or not c.pid or not c.laddr or len(found) >= limit:
             continue
@@ -270,7 +271,7 @@ def find_servers(limit: int = 5) -> list[tuple[int, str, str]]:
             continue
         if kind is None or (c.pid, c.laddr.port) in seen:
             continue
-        seen.add((c.pid, c.laddr.port))  # type: ignore[arg-type]
+        seen.add((c.pid, c.laddr.port))
         ip = c.laddr.ip if c.laddr.ip not in ("0.0.0.0", "::", "") else "127.0.0.1"
         url = f"http://{f'[{ip}]' if ':' in ip else ip}:{c.laddr.port}/metrics"
         try:

@@ -157,7 +157,7 @@ def gpu_info(nv: Any, index: int, handle: Any) -> GpuInfo:
 
         matched = physics.match_gpu(info.name, info.memory_total_bytes)
         info.spec_name = getattr(matched, "name", None) if matched is not None else None
-    except Exception:  # the physics table is optional for collection  # noqa: BLE001
+    except Exception:  # the physics table is optional for collection
         info.spec_name = None
     # Roofs `diagnoser calibrate` measured for this GPU and driver replace the datasheet's (never raises).
     from diagnoser.calibration.store import lookup

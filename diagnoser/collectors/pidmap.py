@@ -56,7 +56,8 @@ def _same_procfs(a: Path, b: Path) -> bool:
 
 @dataclass
 class PidMapping:
-    """NVML PID -> the target's PID in our view; `problem` says why nothing matched when that is not just 'not on GPU'."""
+    """NVML PID -> the target's PID in our view; `problem` says why nothing matched when that is not just 'not on
+    GPU'."""
 
     nvml_to_target: dict[int, int] = field(default_factory=dict)
     method: str = ""

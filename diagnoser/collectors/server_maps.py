@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 from diagnoser import signals as S
 
 
+def _absent(reasons: dict[S.Sig, str]) -> dict[str, str]:
+    """Why a server never reports a signal, keyed by plain names (lookups come with the names a capture holds)."""
+    return {str(k): v for k, v in reasons.items()}
+
+
 @dataclass(frozen=True)
 class Gauge:
     specs: tuple[str, ...]
@@ -327,13 +332,14 @@ TRITON_MAP = ServerMap(
         "gen_len": Hist(("nv_llm_output_token_len",)),
     },
     config_names=(_T + "kv_cache_block_metrics", _T + "request_metrics"),
-    absent={s: "Triton reports requests and executions; tokens, KV cache and token latencies only with the "
-               "TensorRT-LLM backend's nv_trt_llm_* metrics"
-            for s in (S.SERVER_RUNNING, S.SERVER_KV_USAGE, S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_GEN_TOKENS_PER_S)}
+    absent=_absent(dict.fromkeys((S.SERVER_RUNNING, S.SERVER_KV_USAGE, S.SERVER_PROMPT_TOKENS_PER_S,
+                          S.SERVER_GEN_TOKENS_PER_S),
+                         "Triton reports requests and executions; tokens, KV cache and token latencies only with the "
+                         "TensorRT-LLM backend's nv_trt_llm_* metrics")
     | {S.SERVER_PREEMPTIONS_PER_S: "TensorRT-LLM pauses requests when KV blocks run out (server.paused), it has "
                                    "no preemption counter",
        S.SERVER_ITL_P50_S: "Triton exposes no inter-token latency metric",
-       S.SERVER_ITL_P99_S: "Triton exposes no inter-token latency metric"},
+       S.SERVER_ITL_P99_S: "Triton exposes no inter-token latency metric"}),
 )
 
 # --- NVIDIA NIM for LLMs (documented table; names without a prefix, served at /v1/metrics) -------------------------

@@ -120,7 +120,7 @@ def fetch_metrics(url: str, timeout: float = FETCH_TIMEOUT_S) -> str:
         if isinstance(reason, (TimeoutError, socket.timeout)):
             raise MetricsError(f"{url} did not answer within {timeout:g} s.") from None
         raise MetricsError(f"cannot reach {url}: {getattr(reason, 'strerror', None) or reason}.") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise MetricsError(f"{url} did not answer within {timeout:g} s.") from None
     except (OSError, ValueError) as exc:
         raise MetricsError(f"cannot read {url}: {exc}.") from None
@@ -149,7 +149,7 @@ class Fetcher:
                 self.close()
                 raise MetricsError(f"{self.url} did not finish answering within "
                                    f"{self.timeout * ANSWER_DEADLINE_FACTOR:g} s.") from None
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 self.close()
                 raise MetricsError(f"{self.url} did not answer within {self.timeout:g} s.") from None
             except (http.client.HTTPException, OSError):
@@ -510,7 +510,7 @@ _TYPED = {"kv_block_size": "block_size", "kv_cache_dtype": "kv_cache_dtype",
 
 def _int(text: str | None) -> int | None:
     try:
-        value = float(text) if text not in (None, "", "None") else None  # type: ignore[arg-type]
+        value = float(text) if text not in (None, "", "None") else None
     except ValueError:
         return None
     return int(value) if value is not None and math.isfinite(value) and value >= 0 else None
@@ -518,7 +518,7 @@ def _int(text: str | None) -> int | None:
 
 def _float(text: str | None) -> float | None:
     try:
-        value = float(text) if text not in (None, "", "None") else None  # type: ignore[arg-type]
+        value = float(text) if text not in (None, "", "None") else None
     except ValueError:
         return None
     return value if value is not None and math.isfinite(value) else None

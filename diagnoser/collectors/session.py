@@ -18,9 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import psutil
-
 import msgspec
+import psutil
 
 from diagnoser.capture import Capture, ServerInfo, new_capture
 from diagnoser.collectors.base import (

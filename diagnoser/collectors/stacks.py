@@ -151,7 +151,8 @@ class StackCollector:
             proc.kill()
             proc.communicate()
             capture.mark_unavailable("stacks", "stacks.*",
-                                     f"py-spy did not write its samples within {STOP_TIMEOUT_S:g} s of the window's end")
+                                     f"py-spy did not write its samples within {STOP_TIMEOUT_S:g} s of the window's "
+                                     "end")
             return
         stderr = err.decode("utf-8", "replace")
         if self._out is None or not self._out.is_file() or self._out.stat().st_size == 0:

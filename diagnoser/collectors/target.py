@@ -198,7 +198,8 @@ def find_listener(port: int) -> tuple[int, str]:
                                 "which: run diagnoser as that user or as root, or give the PID.")
     # Several listeners (SO_REUSEPORT workers): attach to the topmost, whose tree holds the others.
     pid = min(pids, key=lambda p: (_depth_in(p, pids), p))
-    return pid, _reach_host(listening[0].laddr.ip)
+    addr = listening[0].laddr
+    return pid, _reach_host(addr.ip if addr else "127.0.0.1")
 
 
 def _depth_in(pid: int, pids: set[int]) -> int:
@@ -311,7 +312,8 @@ def serving_from_cmdline(cmdline: list[str]) -> ServingConfig:
         kind = ServingConfig.__annotations__.get(target, "")
         if target in fields and target != "extra":
             parsed = _number(value)
-            if "int" in str(kind) and isinstance(parsed, int) or "float" in str(kind) and isinstance(parsed, (int, float)):
+            as_int = "int" in str(kind) and isinstance(parsed, int)
+            if as_int or "float" in str(kind) and isinstance(parsed, (int, float)):
                 known[target] = float(parsed) if "float" in str(kind) else parsed
                 continue
             if str(kind).startswith("str"):

@@ -206,7 +206,7 @@ class Engine:
         positions = [r.cached_tokens for r in batch]
         nexts = self.model.decode([r.slot for r in batch], positions, [r.output[-1] for r in batch])  # type: ignore[misc]
         now = time.monotonic()
-        for req, token in zip(batch, nexts):
+        for req, token in zip(batch, nexts, strict=True):
             self._emit(req, token, now)
         return len(batch)
 

@@ -54,7 +54,7 @@ def check_loopback(url: str) -> tuple[str, int]:
     if parsed.scheme != "http" or not host:
         raise ValueError(f"the load generator needs an http://127.0.0.1:PORT URL, not {url!r}")
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve {host}: {exc}") from None
     if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):

@@ -9,8 +9,9 @@ own prefix.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -79,13 +80,16 @@ class TinyDecoder(nn.Module):
         self.v_cache = torch.zeros(cache_shape, device=device, dtype=dtype)
         self.device = torch.device(device)
 
+    def _blocks(self) -> Iterable[Block]:
+        return cast("Iterable[Block]", self.blocks)  # a ModuleList types its items as Module
+
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: list[int]) -> int:
         """Run a whole prompt into the slot's cache; returns the next token (greedy)."""
         n = len(tokens)
         ids = torch.tensor([tokens], device=self.device)
         x = self.embed(ids) + self.pos(torch.arange(n, device=self.device))[None]
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self._blocks()):
             q, k, v = block.split(x)
             self.k_cache[i, slot, :, :n] = k[0]
             self.v_cache[i, slot, :, :n] = v[0]
@@ -100,7 +104,7 @@ class TinyDecoder(nn.Module):
         span = max(positions) + 1
         x = self.embed(torch.tensor(tokens, device=self.device))[:, None] + self.pos(pos_t)[:, None]
         mask = (torch.arange(span, device=self.device)[None, :] <= pos_t[:, None])[:, None, None, :]
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self._blocks()):
             q, k, v = block.split(x)
             self.k_cache[i, slot_t, :, pos_t] = k[:, :, 0]
             self.v_cache[i, slot_t, :, pos_t] = v[:, :, 0]

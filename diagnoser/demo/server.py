@@ -52,7 +52,7 @@ class _Handler(BaseHTTPRequestHandler):
     engine: Any = None
     metrics_text: Any = None
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per request would drown the demo's output
 
     def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
@@ -68,7 +68,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, code: int, obj: Any) -> None:
         self._send(code, json.dumps(obj).encode())
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             self._send(200, self.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
@@ -77,7 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": f"no such endpoint {path}"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         from diagnoser.demo.engine import RequestError
 
         if self.path.split("?", 1)[0] != "/v1/completions":
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     server_thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                      name="http", daemon=True)
     server_thread.start()
-    host, port = httpd.server_address[:2]
+    host, port = str(httpd.server_address[0]), httpd.server_address[1]
     print(f"diagnoser-demo-server ready on http://{host}:{port} (device {device}, {cfg.params() / 1e6:.1f} M "
           f"params, max {args.max_num_seqs} sequences, KV {args.kv_tokens} tokens)", flush=True)
     started = time.monotonic()

@@ -140,7 +140,7 @@ class _Hook:
                     self._answer_busy()
                 return
             self._start()
-        except Exception as exc:  # noqa: BLE001 - the server must never see an exception from the hook
+        except Exception as exc:
             self._report_failure(exc)
         finally:
             self.in_handler = False
@@ -195,14 +195,14 @@ class _Hook:
         try:
             profiler, all_threads = _new_profiler()
             profiler.start()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _stop_quietly(profiler)
             self._status(rid, "error", message=f"the profiler did not start: {type(exc).__name__}: {exc}")
             return
         try:
             profiler.add_metadata_json(_WINDOW_KEY, json.dumps({"pid": self.pid, "seconds": seconds,
                                                                  "request": rid, "all_threads": all_threads}))
-        except Exception:  # noqa: BLE001 - metadata is a nicety; an old torch may lack it
+        except Exception:
             pass
         pause_ms = (time.perf_counter() - t0) * 1e3
         session = _Session(rid, seconds, out_dir, profiler, time.monotonic(), pause_ms, all_threads)
@@ -232,7 +232,7 @@ class _Hook:
             tmp = session.out_dir / f".{final.name}.part"
             session.profiler.export_chrome_trace(str(tmp))
             os.replace(tmp, final)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _stop_quietly(session.profiler)
             self._status(session.request_id, "error", message=f"the trace could not be written: "
                          f"{type(exc).__name__}: {exc}")
@@ -294,7 +294,7 @@ def _stop_quietly(profiler: Any) -> None:
         return
     try:
         profiler.stop()
-    except Exception:  # noqa: BLE001 - already stopped, or never started
+    except Exception:
         pass
 
 
@@ -318,7 +318,7 @@ def _after_fork_in_child() -> None:
 def _warn(message: str) -> None:
     try:
         sys.stderr.write(message + "\n")
-    except Exception:  # noqa: BLE001 - stderr may be closed in a daemon
+    except Exception:
         pass
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from diagnoser.capture import ServingConfig, Capture, ModelInfo
+from diagnoser.capture import Capture, ModelInfo, ServingConfig
 from diagnoser.errors import InputError
 from diagnoser.fileio import read_text_bounded
 from diagnoser.physics.precision import bytes_per_element, normalise_dtype
@@ -322,7 +322,7 @@ def load_hf_config(path: str | Path) -> ModelInfo:
 
 
 def _bundled_dir() -> Path:
-    return Path(str(resources.files("diagnoser").joinpath("data", "models")))
+    return Path(str(resources.files("diagnoser").joinpath("data").joinpath("models")))
 
 
 def bundled_models() -> list[str]:

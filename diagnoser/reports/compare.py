@@ -81,7 +81,7 @@ def render_json(c: Comparison) -> str:
 
 # --- the HTML page's view: the report's visual language for a before/after pair ------------------------------
 
-COMPARE_LABELS = {
+COMPARE_LABELS: dict[str, str] = {
     S.SERVER_REQUESTS_PER_S: "requests finished/s", S.SERVER_TTFT_P50_S: "time to first token p50",
     S.SERVER_TTFT_P99_S: "time to first token p99", S.SERVER_ITL_P50_S: "inter-token latency p50",
     S.SERVER_ITL_P99_S: "inter-token latency p99", S.TRACE_GPU_IDLE_FRAC: "GPU idle (trace)",
@@ -144,7 +144,7 @@ def _gains_figure(c: Comparison) -> Figure | NotDrawn:
     return Figure("gains", title, GainPairs(title, pairs, band=AGREEMENT), caption)
 
 
-_BETTER = {S.SERVER_GEN_TOKENS_PER_S: "higher", S.SERVER_PROMPT_TOKENS_PER_S: "higher",
+_BETTER: dict[str, str] = {S.SERVER_GEN_TOKENS_PER_S: "higher", S.SERVER_PROMPT_TOKENS_PER_S: "higher",
            S.SERVER_REQUESTS_PER_S: "higher", S.THEORY_EFFICIENCY: "higher", S.TRACE_GPU_IDLE_FRAC: "lower"}
 
 

@@ -55,7 +55,7 @@ SOURCE_NAMES = {
     "trace": "torch.profiler trace", "physics": "physics model", "user": "user input",
 }
 
-SIGNAL_LABELS = {
+SIGNAL_LABELS: dict[str, str] = {
     S.GPU_BUSY: "GPU busy (kernel running)", S.GPU_SM_ACTIVE: "SM active", S.GPU_TENSOR_ACTIVE: "tensor pipes active",
     S.GPU_DRAM_ACTIVE: "DRAM active", S.GPU_MEM_BUSY: "memory controller busy", S.GPU_SM_OCCUPANCY: "SM occupancy",
     S.GPU_MEM_USED_BYTES: "device memory used", S.PROC_GPU_MEM_BYTES: "held by the target process",
@@ -154,7 +154,7 @@ def _throttle_bands(capture: Capture) -> list[Band]:
         for s in capture.series_named(name):
             start = None
             step = (s.times[-1] - s.times[0]) / max(1, len(s.times) - 1) if len(s.times) > 1 else 1.0
-            for t, v in zip(s.times, s.values):
+            for t, v in zip(s.times, s.values, strict=True):
                 if v >= 0.5 and start is None:
                     start = t
                 elif v < 0.5 and start is not None:
@@ -315,7 +315,8 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
             note = "" if good else (f"the ops with known shapes cover only {covered:.0%} of the GPU time")
             if good and points:
                 good, note = False, "the physics of the whole decode step describes the work better"
-            points.append(RoofPoint("trace ops", t_int, trace.achieved_flops, color=PALETTE[5], trusted=good, note=note))
+            points.append(RoofPoint("trace ops", t_int, trace.achieved_flops, color=PALETTE[5], trusted=good,
+                                    note=note))
             sources.append("trace: time-weighted FLOP/byte of the ops with known shapes"
                            + (f" ({covered:.0%} of GPU time)" if covered is not None else ""))
     tensor, dram = ev.get(S.GPU_TENSOR_ACTIVE), ev.get(S.GPU_DRAM_ACTIVE)
@@ -340,7 +341,8 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
                         "fields)")
     trusted = next((p for p in points if p.trusted), None)
     chart = Roofline(title, bandwidth, roofs, points)
-    caption = (f"Roofs of the {gspec.name} ({'measured by diagnoser calibrate' if ev.meta.measured_roofs else gspec.source}): "
+    roofs_from = "measured by diagnoser calibrate" if ev.meta.measured_roofs else gspec.source
+    caption = (f"Roofs of the {gspec.name} ({roofs_from}): "
                f"{fmt(bandwidth, 'B/s')} memory, {fmt(flops[compute], 'FLOP/s')} {compute.upper()} dense tensor "
                f"peak; ridge {flops[compute] / bandwidth:.0f} FLOP/byte. Left of the ridge work waits on memory, "
                f"right of it on math. Points: " + "; ".join(sources) + ". ")
@@ -379,7 +381,7 @@ def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
 
     def at(b: float) -> float | None:
         try:
-            return physics.decode_ceiling_tokens_per_s(model, gspec, batch=b, context=context,  # type: ignore[arg-type]
+            return physics.decode_ceiling_tokens_per_s(model, gspec, batch=b, context=context,
                                                        dtype=dtype, tp=tp)
         except DiagnoserError:
             return None

@@ -23,8 +23,19 @@ from diagnoser.diagnosis import SCHEMA_VERSION
 from diagnoser.errors import InputError
 from diagnoser.fileio import write_atomic
 from diagnoser.reports import svg
-from diagnoser.reports.figdata import (Bars, Bullet, FigureSpec, GainPairs, Histogram, Lanes, Ratios, Roofline,
-                                       StackedBar, StackedRows, TimeSeries)
+from diagnoser.reports.figdata import (
+    Bars,
+    Bullet,
+    FigureSpec,
+    GainPairs,
+    Histogram,
+    Lanes,
+    Ratios,
+    Roofline,
+    StackedBar,
+    StackedRows,
+    TimeSeries,
+)
 from diagnoser.reports.figures import source_name
 from diagnoser.reports.model import VERDICT_COLORS, FleetView, Report
 from diagnoser.reports.redact import redact

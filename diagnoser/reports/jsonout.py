@@ -50,7 +50,7 @@ class JsonRenderer:
 def fleet_json(report: FleetReport) -> dict[str, Any]:
     """A fleet report published the same way: every row's diagnosis redacted, non-finite numbers as null."""
     doc = report.to_dict()
-    for row, out in zip(report.rows, doc["rows"]):
+    for row, out in zip(report.rows, doc["rows"], strict=True):
         out["diagnosis"] = diagnosis_json(row.diagnosis)
     cleaned = redact_obj(_finite(doc))
     assert isinstance(cleaned, dict)

@@ -15,8 +15,7 @@ from typing import Any
 
 from diagnoser import __version__, physics
 from diagnoser.capture import Capture
-from diagnoser.diagnosis import (INCONCLUSIVE, LIMITER_LABELS, Benefit, Diagnosis, Fix, GainKind, Limiter,
-                                 Regime)
+from diagnoser.diagnosis import INCONCLUSIVE, LIMITER_LABELS, Benefit, Diagnosis, Fix, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence
 from diagnoser.fleet_model import FleetReport, FleetRow
 from diagnoser.reports.figdata import Figure, KernelTable, NotDrawn, Segment, StackedBar

@@ -71,7 +71,7 @@ def is_secret_name(name: str) -> bool:
     if "".join(parts) in _SECRET_NAMES:
         return True
     # "api_key", "secret-access-key", "x-api-key": also check adjacent pairs ("api"+"key" -> "apikey").
-    pairs = {a + b for a, b in zip(parts, parts[1:])}
+    pairs = {a + b for a, b in zip(parts, parts[1:], strict=False)}
     return any(p in _SECRET_PARTS for p in parts) or bool(pairs & (_SECRET_NAMES | _SECRET_PARTS))
 
 

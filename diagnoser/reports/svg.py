@@ -13,8 +13,22 @@ from collections.abc import Sequence
 
 from markupsafe import Markup, escape
 
-from diagnoser.reports.figdata import (PALETTE, ROOF, Band, GainPair, HLine, Lane, Line, Mark, Ratio, Roof,
-                                       RoofPoint, Segment, Span, StackedRow)
+from diagnoser.reports.figdata import (
+    PALETTE,
+    ROOF,
+    Band,
+    GainPair,
+    HLine,
+    Lane,
+    Line,
+    Mark,
+    Ratio,
+    Roof,
+    RoofPoint,
+    Segment,
+    Span,
+    StackedRow,
+)
 from diagnoser.reports.redact import redact
 from diagnoser.units import fmt
 
@@ -204,7 +218,7 @@ def _time_label(seconds: float, span: float) -> str:
 def downsample(times: Sequence[float], values: Sequence[float], buckets: int = 300) -> list[tuple[float, float]]:
     """At most ~2 x buckets points for drawing: each bucket keeps its min and max in time order, so spikes stay
     visible. NaNs are kept as breaks."""
-    pts = list(zip(times, values))
+    pts = list(zip(times, values, strict=True))
     if len(pts) <= 2 * buckets:
         return pts
     t0, t1 = pts[0][0], pts[-1][0]
@@ -243,7 +257,7 @@ def time_series(title: str, lines: Sequence[Line], *, unit: str, x_max: float | 
     lines = [ln for ln in lines if ln.values]
     svg = _Svg(width, height, title)
     colors = [ln.color or PALETTE[i % len(PALETTE)] for i, ln in enumerate(lines)]
-    legend_h = _legend(svg, [(ln.label, c, ln.dashed) for ln, c in zip(lines, colors)], 8, width - 8)
+    legend_h = _legend(svg, [(ln.label, c, ln.dashed) for ln, c in zip(lines, colors, strict=True)], 8, width - 8)
     left, right, top, bottom = 58.0, width - 14, 10.0 + legend_h, height - 26
     finite = [v for ln in lines for v in ln.values if math.isfinite(v)]
     top_value = max(finite + [h.value for h in hlines if math.isfinite(h.value)] + [0.0])
@@ -275,7 +289,7 @@ def time_series(title: str, lines: Sequence[Line], *, unit: str, x_max: float | 
         svg.el("line", x1=x, y1=bottom, x2=x, y2=bottom + 4, stroke=MUTED, stroke_width="1")
         svg.text(x, bottom + 19, _time_label(tick, x_hi), class_="tick", text_anchor="middle")
     svg.el("line", x1=left, y1=bottom, x2=right, y2=bottom, stroke=MUTED, stroke_width="1")
-    for ln, color in zip(lines, colors):
+    for ln, color in zip(lines, colors, strict=True):
         pts = downsample(ln.times, ln.values, buckets=300 if width >= NARROW_BELOW else 150)
         _polyline(svg, [(sx(t), sy(v) if math.isfinite(v) else math.nan) for t, v in pts], color, ln.dashed,
                   tip=f"{ln.label}: mean {fmt(_mean(ln.values), unit)}, max {fmt(_max(ln.values), unit)}")
@@ -301,7 +315,7 @@ def _max(values: Sequence[float]) -> float:
 def _polyline(svg: _Svg, pts: list[tuple[float, float]], color: str, dashed: bool, tip: str) -> None:
     """A path broken at NaNs and at time gaps; a lone sample is drawn as a dot."""
     xs = [x for x, _ in pts]
-    steps = sorted(b - a for a, b in zip(xs, xs[1:]) if b > a)
+    steps = sorted(b - a for a, b in zip(xs, xs[1:], strict=False) if b > a)
     gap = steps[len(steps) // 2] * 5 if steps else math.inf
     runs: list[list[tuple[float, float]]] = [[]]
     prev_x = None
@@ -422,7 +436,7 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
     label_slots: list[float] = []
     boxes: list[tuple[float, float, float, float]] = []  # the point labels drawn, so the ridge's avoids them
     legend_y = bottom + 56
-    for p, detail, lines in zip(shown, details, legend_lines):
+    for p, detail, lines in zip(shown, details, legend_lines, strict=True):
         x = sx(p.intensity)
         # A point that does not describe the workload is hollow, and the legend says why.
         fill, stroke = (p.color, "#ffffff") if p.trusted else ("#ffffff", p.color)
@@ -583,7 +597,7 @@ def throughput_bullet(title: str, achieved: float | None, marks: Sequence[Mark],
 
     names = [ellipsize(m.short or m.label, right - left, size) for m in marks]
     spans = []
-    for m, name in zip(marks, names):
+    for m, name in zip(marks, names, strict=True):
         w = _text_width(name, size) * BOLD
         x0 = min(max(sx(m.value) - w / 2, left - 8), right + 16 - w)
         spans.append((x0, x0 + w))
@@ -603,7 +617,7 @@ def throughput_bullet(title: str, achieved: float | None, marks: Sequence[Mark],
         svg.open_group(tip=f"achieved {achieved:,.0f} {unit}")
         svg.el("rect", x=left, y=bar_y + 5, width=max(1.0, sx(achieved) - left), height=bar_h - 10, fill=PALETTE[0])
         svg.close_group()
-    for m, name, (x0, _), row in zip(marks, names, spans, rows):
+    for m, name, (x0, _), row in zip(marks, names, spans, rows, strict=True):
         x = sx(m.value)
         color = m.color or PALETTE[6]
         text_y = bar_y - 6 - row_h * row
@@ -615,7 +629,7 @@ def throughput_bullet(title: str, achieved: float | None, marks: Sequence[Mark],
         svg.text(x0, text_y, name, class_="marknum", fill=color)
         svg.close_group()
     y = bar_y + bar_h + 40
-    for m, lines in zip(marks, legend_lines):
+    for m, lines in zip(marks, legend_lines, strict=True):
         svg.el("rect", x=left, y=y - 10, width="12", height="12", fill=m.color or PALETTE[6])
         for i, line in enumerate(lines):
             svg.text(left + 18, y + 16 * i, line, class_="legend", tip=(m.detail or None) if i == 0 else None)
@@ -741,7 +755,7 @@ def ratio_chart(title: str, items: Sequence[Ratio], *, width: float = WIDE) -> M
         svg.text(x, bottom + 16, _x_label(tick), class_="tick", text_anchor="middle")
     one = sx(1.0)
     svg.el("line", x1=one, y1=top - 4, x2=one, y2=bottom, stroke=INK, stroke_width="1.2")
-    for i, (it, (a, b)) in enumerate(zip(items, spans)):
+    for i, (it, (a, b)) in enumerate(zip(items, spans, strict=True)):
         y = top + row * i + (row - 8 if narrow else row / 2 + 1)
         if narrow:
             svg.text(10, top + row * i + 12, ellipsize(it.label, width - 20, size), class_="label halo", tip=it.label)
@@ -935,7 +949,7 @@ def histogram(title: str, edges_us: Sequence[float], counts: Sequence[float], ti
         text = (_duration(edge) if edge else "0") if not (open_last and i == n) else f"{_duration(edge)} (max)"
         anchor = "start" if i == 0 else "end" if x > right - 24 else "middle"
         svg.text(x, bottom + 14, text, class_="tick", text_anchor=anchor)
-    for (text, x), (a, _), row in zip(shown, spans, rows):
+    for (text, x), (a, _), row in zip(shown, spans, rows, strict=True):
         y = top - 6 - 14 * row
         svg.el("line", x1=x, y1=y + 3, x2=x, y2=bottom, stroke=INK, stroke_width="1", stroke_dasharray="3 3")
         svg.text(a, y, text, class_="marknum")

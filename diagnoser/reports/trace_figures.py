@@ -14,8 +14,20 @@ from diagnoser.capture import Capture, DurationStats, KernelStat, RankStat, Time
 from diagnoser.errors import DiagnoserError
 from diagnoser.evidence import Evidence
 from diagnoser.physics.gpus import GpuSpec
-from diagnoser.reports.figdata import (PALETTE, Figure, Histogram, KernelRow, KernelTable, Lane, Lanes, NotDrawn,
-                                       Segment, Span, StackedRow, StackedRows)
+from diagnoser.reports.figdata import (
+    PALETTE,
+    Figure,
+    Histogram,
+    KernelRow,
+    KernelTable,
+    Lane,
+    Lanes,
+    NotDrawn,
+    Segment,
+    Span,
+    StackedRow,
+    StackedRows,
+)
 from diagnoser.units import fmt
 
 # Kernel classes (the keys of TraceSummary.kernel_share) in the report's words and colours: colours apart from the
@@ -189,8 +201,8 @@ def trace_window_figure(capture: Capture) -> Figure | NotDrawn:
                + (" (shortened to keep the drawing small)" if tl.capped else "")
                + f": {len(tl.items):,} GPU ops on {len({(i.device, i.stream) for i in tl.items})} stream(s), coloured "
                "by kernel class; host calls above (launches, copies, syncs), idle gaps below coloured by what the GPU "
-               "waited for. Ops closer than a pixel are drawn as one span a few pixels long, in the colour holding most of "
-               "its time (hover for what it holds). To see every op, "
+               "waited for. Ops closer than a pixel are drawn as one span a few pixels long, in the colour holding "
+               "most of its time (hover for what it holds). To see every op, "
                f"{PERFETTO}" + (f": {trace.path}" if trace.path else "") + ".")
     return Figure("trace-window", title, Lanes(title, lanes, tl.length_us, legend), caption, wide=True)
 
@@ -223,7 +235,7 @@ def durations_figure(capture: Capture) -> Figure | NotDrawn:
     chart = Histogram(title, [lower, *edges], [d.bin_counts[i] / total_n for i in range(first, last + 1)],
                       [times[i] / total_t for i in range(first, last + 1)],
                       [("p50", d.p50_us), ("p90", d.p90_us), ("p99", d.p99_us)], open_last=open_last)
-    short = sum(c for c, e in zip(d.bin_counts, d.bin_edges_us) if e <= 5.0) / total_n
+    short = sum(c for c, e in zip(d.bin_counts, d.bin_edges_us, strict=False) if e <= 5.0) / total_n
     caption = (f"{d.count:,} kernels: median {duration_text(d.p50_us)}, p90 {duration_text(d.p90_us)}, "
                f"p99 {duration_text(d.p99_us)}, longest {duration_text(d.max_us)}. Light bars: share of kernels per "
                "duration bin; dark: share of GPU kernel time. ")

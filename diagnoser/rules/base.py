@@ -224,7 +224,7 @@ def _check_names(code: str, what: str, names: tuple[str, ...]) -> None:
     for name in names:
         try:
             known(name)
-        except Exception:  # noqa: BLE001  (InputError: an unknown signal is a bug in the rule)
+        except Exception:
             raise ValueError(f"rule {code} {what} unknown signal '{name}'") from None
 
 

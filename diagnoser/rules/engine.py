@@ -152,7 +152,8 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
     if ev.meta.exited_at_s is not None:
         notes.append(f"The target process exited {ev.meta.exited_at_s:.1f} s into the window; the diagnosis covers "
                      "what was captured until then.")
-    unavailable = [{"source": u.source, "what": u.what, "reason": u.reason, "hint": u.hint} for u in ev.meta.unavailable]
+    unavailable = [{"source": u.source, "what": u.what, "reason": u.reason, "hint": u.hint}
+                   for u in ev.meta.unavailable]
     common = dict(target=ev.meta.target, skipped=skipped, passed=passed, unavailable=unavailable, notes=notes,
                   context=_context(ev), workload=ev.workload)
     if primary is None:

@@ -16,7 +16,7 @@ import math
 from diagnoser import physics
 from diagnoser import signals as S
 from diagnoser.capture import ModelInfo
-from diagnoser.diagnosis import Benefit, GainKind
+from diagnoser.diagnosis import GainKind
 from diagnoser.errors import InputError
 from diagnoser.evidence import Evidence
 from diagnoser.physics import GpuSpec

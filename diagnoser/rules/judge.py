@@ -35,7 +35,8 @@ def _bounded(fix: Fix, ev: Evidence) -> Fix:
         bound = floor_bound(ev)
     if bound is not None and fix.gain > bound[0] + 1e-9:
         fix = replace(fix, gain=bound[0], gain_kind=GainKind.UPPER_BOUND,
-                      capped=(fix.capped + "; " if fix.capped else "") + f"bounded by {bound[1]} (from {fix.gain:.2f}x)")
+                      capped=(fix.capped + "; " if fix.capped else "")
+                      + f"bounded by {bound[1]} (from {fix.gain:.2f}x)")
     return _cap(fix)
 
 

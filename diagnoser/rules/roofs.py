@@ -11,11 +11,10 @@ reaches 50 %.
 from __future__ import annotations
 
 from diagnoser import signals as S
-from diagnoser.diagnosis import Finding, FixKind, Limiter, Regime
+from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence
 from diagnoser.physics import bytes_per_element
 from diagnoser.rules import gains
-from diagnoser.diagnosis import GainKind
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
 
 _NCU = "Nsight Compute speed-of-light: under 60 % of peak reads as latency issues, a 10-point split names the " \

@@ -32,7 +32,8 @@ def _prefill_share(c: Check) -> tuple[float, str] | None:
     if pre is not None and dec is not None and pre.mean + dec.mean > 0:
         c.cite(pre, "value")
         c.cite(dec, "value")
-        return pre.mean / (pre.mean + dec.mean), "prefill's share of requests' running time (prefill / (prefill + decode))"
+        return pre.mean / (pre.mean + dec.mean), \
+            "prefill's share of requests' running time (prefill / (prefill + decode))"
     return None
 
 
@@ -43,7 +44,7 @@ def _value(s: Signal) -> float:
 def _number(text: str | None) -> float | None:
     """A number kept as text in ServingConfig.extra (max_loras, shared_prefix_frac); None when absent or not one."""
     try:
-        return float(text) if text not in (None, "") else None  # type: ignore[arg-type]
+        return float(text) if text not in (None, "") else None
     except ValueError:
         return None
 
@@ -214,7 +215,8 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
     name="itl-inflated-by-prefill",
     limiter=Limiter.BATCHING,
     summary="Some decode steps are much slower than the median: prefill work shares them.",
-    requires=(S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S, AnyOf(S.SERVER_ITERATION_TOKENS_P99, S.SERVER_PREFILL_STEP_MEAN_S)),
+    requires=(S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S,
+              AnyOf(S.SERVER_ITERATION_TOKENS_P99, S.SERVER_PREFILL_STEP_MEAN_S)),
     uses=(S.SERVER_ITERATION_TOKENS_P50, S.SERVER_DECODE_STEP_MEAN_S, S.SERVER_PROMPT_TOKENS_PER_S),
     thresholds={
         "itl_ratio": Threshold(3.0, "p99 / p50 inter-token latency at which the tail counts as inflated"),
@@ -346,7 +348,8 @@ def speculative_decoding_not_paying(c: Check) -> Finding | None:
     name="kv-preemption-churn",
     limiter=Limiter.VRAM,
     summary="Requests are preempted, retracted, swapped or paused for lack of KV memory and redo their work.",
-    requires=(AnyOf(S.SERVER_PREEMPTIONS_PER_S, S.SERVER_RETRACTIONS_PER_S, S.SERVER_SWAPPED, S.SERVER_RETRACTED, S.SERVER_PAUSED),),
+    requires=(AnyOf(S.SERVER_PREEMPTIONS_PER_S, S.SERVER_RETRACTIONS_PER_S, S.SERVER_SWAPPED, S.SERVER_RETRACTED,
+                    S.SERVER_PAUSED),),
     uses=(S.SERVER_REQUESTS_PER_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_GEN_LEN_MEAN, S.SERVER_PROMPT_TOKENS_PER_S,
           S.THEORY_DECODE_SHARE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
     thresholds={

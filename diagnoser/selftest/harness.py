@@ -200,7 +200,7 @@ class _TraceWindow:
             self.status = f"trace of {seconds:g} s: {Path(path).name}"
         except DiagnoserError as exc:
             self.status = f"trace failed: {exc}"
-        except Exception as exc:  # a trace is extra evidence; its failure must not lose the window  # noqa: BLE001
+        except Exception as exc:  # a trace is extra evidence; its failure must not lose the window
             self.status = f"trace failed: {type(exc).__name__}: {exc}"
 
 

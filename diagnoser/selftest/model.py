@@ -21,7 +21,6 @@ from torch.nn import functional as F
 
 from diagnoser.selftest.scenarios import Shape
 
-
 FP8 = torch.float8_e4m3fn
 
 
@@ -33,6 +32,9 @@ class Fp8Linear(nn.Module):
     well inside e4m3's range. The input must already be FP8 (see `Layer.act`): a layer's q, k and v projections share
     one cast of their input, as they would share a fused norm-and-quantise kernel. Activations are cast with a static
     scale of 1 (vLLM's static activation scheme); the inputs here are normalised or small, far below e4m3's 448."""
+
+    scale: torch.Tensor  # buffers, registered in __init__
+    one: torch.Tensor
 
     def __init__(self, in_features: int, out_features: int, out_dtype: torch.dtype) -> None:
         super().__init__()

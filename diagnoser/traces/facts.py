@@ -75,7 +75,8 @@ _BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^#
 _OPTIMIZER_OP = re.compile(r"^Optimizer\.(step|zero_grad)#|^aten::_fused_(adam|adamw|sgd)|^aten::_foreach_(addcdiv|"
                            r"addcmul|lerp)_?$|fused_adam|FusedAdam|^Optimizer")
 _BACKWARD_KERNEL = re.compile(r"backward|_bwd|bwd_|wgrad|dgrad|_grad_|grad_input|grad_weight|Backward", re.IGNORECASE)
-_OPTIMIZER_KERNEL = re.compile(r"Adam|SGD|sgd_|LambFunctor|lamb_|adagrad|fused_optim|multi_tensor_(adam|sgd|lamb)", re.IGNORECASE)
+_OPTIMIZER_KERNEL = re.compile(r"Adam|SGD|sgd_|LambFunctor|lamb_|adagrad|fused_optim|multi_tensor_(adam|sgd|lamb)",
+                               re.IGNORECASE)
 _SERVING = re.compile(r"vllm|sglang|execute_model|model_runner|decode|prefill|generate|step\[(DECODE|EXTEND|PREFILL)"
                       r"|paged_attention|flash_fwd_splitkv|flashinfer|BatchDecode|reshape_and_cache|tensorrt_llm",
                       re.IGNORECASE)

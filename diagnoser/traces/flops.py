@@ -76,7 +76,7 @@ def _shape(dims: Sequence[object], i: int) -> list[int] | None:
     s = dims[i]
     if not isinstance(s, list) or not s or not all(isinstance(d, int) and d >= 0 for d in s):
         return None
-    return s  # type: ignore[return-value]
+    return s
 
 
 _INT_LIST = re.compile(r"-?\d+")
@@ -197,11 +197,11 @@ def _conv(name: str, dims: Sequence[object], types: Sequence[str], concrete: Seq
         stride = _expand(_ints(concrete, i_stride, [1]), spatial)
         dilation = _expand(_ints(concrete, i_dil, [1]), spatial)
         if "same" in pad_text:
-            out_sp = [(s + st - 1) // st for s, st in zip(in_sp, stride)]
+            out_sp = [(s + st - 1) // st for s, st in zip(in_sp, stride, strict=True)]
         else:
             pad = _expand(_ints(concrete, i_pad, [0]), spatial)
             out_sp = [(s + 2 * p - d * (k - 1) - 1) // st + 1
-                      for s, p, d, k, st in zip(in_sp, pad, dilation, kernel, stride)]
+                      for s, p, d, k, st in zip(in_sp, pad, dilation, kernel, stride, strict=True)]
         if any(o <= 0 for o in out_sp):
             return None
         flops = 2.0 * n * c_out * _numel(out_sp) * (c_in // groups) * _numel(kernel)

@@ -111,7 +111,7 @@ def kernel_stats(t: Tables, selected: list[int], launches: Launches, top: int = 
     graph = _graph_kernels(t, kernels, launches)
     ks.graph_kernels = len(graph)
     ks.graph_kernel_us = sum(g_dur[i] for i in graph)
-    single = [(i, li) for i, li in zip(selected, launch_of)
+    single = [(i, li) for i, li in zip(selected, launch_of, strict=True)
               if li is not None and g_kind[i] == GPU_KERNEL and i not in graph and r_kind[li] == LAUNCH_KIND_KERNEL]
     ks.launched = len(single)
     ks.launch_call_us = [r_dur[li] for _, li in single]
@@ -323,13 +323,13 @@ def comm_overlap_us(t: Tables, order: list[int], window: tuple[float, float]) ->
         e = s + g_dur[i]
         if e <= w0 or s >= w1:
             continue
-        if s < w0:  # noqa: PLR1730 - an if is faster than max() in this loop over every GPU op
+        if s < w0:
             s = w0
-        if e > w1:  # noqa: PLR1730
+        if e > w1:
             e = w1
         runs = comm if g_name[i] in comm_names else comp
         if runs and s <= runs[-1][1]:
-            if e > runs[-1][1]:  # noqa: PLR1730
+            if e > runs[-1][1]:
                 runs[-1][1] = e
         else:
             runs.append([s, e])

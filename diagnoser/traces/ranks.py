@@ -178,8 +178,8 @@ def _merge_durations(parts: list[DurationStats | None]) -> DurationStats | None:
     return DurationStats(count=n, mean_us=wmean("mean_us"), p10_us=wmean("p10_us"), p50_us=wmean("p50_us"),
                          p90_us=wmean("p90_us"), p99_us=wmean("p99_us"), max_us=max(d.max_us for d in ds),
                          bin_edges_us=list(ds[0].bin_edges_us),
-                         bin_counts=[sum(c) for c in zip(*(d.bin_counts for d in ds))],
-                         bin_time_us=[sum(c) for c in zip(*(d.bin_time_us for d in ds))])
+                         bin_counts=[sum(c) for c in zip(*(d.bin_counts for d in ds), strict=True)],
+                         bin_time_us=[sum(c) for c in zip(*(d.bin_time_us for d in ds), strict=True)])
 
 
 def _straggler(stats: list[RankStat]) -> str:

@@ -275,7 +275,8 @@ def _ingest(t: Tables, events: list[Event]) -> None:
             _other(t, e)
 
 
-def _checked(t: Tables, events: list[Event], complete_only: bool = True) -> tuple[list[Event], list[float], list[float]]:
+def _checked(t: Tables, events: list[Event],
+             complete_only: bool = True) -> tuple[list[Event], list[float], list[float]]:
     """The events of a batch with both times, and their ts and dur; complete events without one are counted in
     t.skips. (The decoder already refused negative and non-finite times.)
 
@@ -284,9 +285,9 @@ def _checked(t: Tables, events: list[Event], complete_only: bool = True) -> tupl
     ts = list(map(_TS, events))
     durs = list(map(_DUR, events))
     if None not in durs and None not in ts:  # only complete events carry a duration
-        return events, ts, durs  # type: ignore[return-value]
+        return events, ts, durs
     keep: list[Event] = []
-    for e, ph, s, d in zip(events, map(_PH, events), ts, durs):
+    for e, ph, s, d in zip(events, map(_PH, events), ts, durs, strict=True):
         if ph is not _PH_X:
             if not complete_only:
                 keep.append(e)
@@ -307,7 +308,7 @@ def _external_ids(t: Tables, ops: list[Event]) -> None:
     if None in ids:
         ids = [i for i in ids if i is not None]
     try:
-        t.ext_ids.fromlist(ids)  # type: ignore[arg-type]
+        t.ext_ids.fromlist(ids)
     except OverflowError:
         t.ext_ids.fromlist([i for i in ids if -(1 << 63) <= i < (1 << 63)])  # type: ignore[operator]
 
@@ -336,7 +337,7 @@ def _host_activity(t: Tables, events: list[Event], ts: list[float], durs: list[f
         return events
     except (TypeError, OverflowError):
         _truncate(n0, t.h_tid, t.h_ts, t.h_end)
-    for e, s, d in zip(events, ts, durs):
+    for e, s, d in zip(events, ts, durs, strict=True):
         t.h_tid.append(t.tid(e.tid))
         t.h_ts.append(s)
         t.h_end.append(s + d)
@@ -348,23 +349,24 @@ def _name_ids(t: Tables, events: list[Event]) -> list[int]:
     get = t.name_ids.get
     ids = [get(e.name) for e in events]
     if None in ids:
-        ids = [t.name_id(e.name) if i is None else i for e, i in zip(events, ids)]
+        ids = [t.name_id(e.name) if i is None else i for e, i in zip(events, ids, strict=True)]
     return ids  # type: ignore[return-value]
 
 
 def _runtime_calls(t: Tables, calls: list[Event], kinds: list[int]) -> None:
     n0 = len(t.r_ts)
     try:
-        t.r_ts.fromlist([e.ts for e in calls])  # type: ignore[misc]
-        t.r_dur.fromlist([e.dur for e in calls])  # type: ignore[misc]
-        t.r_tid.fromlist([e.tid for e in calls])  # type: ignore[misc]
-        t.r_corr.fromlist([e.args.correlation for e in calls])  # type: ignore[union-attr,misc]
+        t.r_ts.fromlist([e.ts for e in calls])
+        t.r_dur.fromlist([e.dur for e in calls])
+        t.r_tid.fromlist([e.tid for e in calls])
+        # Fast path: args without correlation (None) raise AttributeError, handled by the slow path below.
+        t.r_corr.fromlist([e.args.correlation for e in calls])  # type: ignore[union-attr]
     except (TypeError, AttributeError, OverflowError):
         _truncate(n0, t.r_ts, t.r_dur, t.r_tid, t.r_corr)
         for e in calls:
             args = e.args
-            t.r_ts.append(e.ts)  # type: ignore[arg-type]
-            t.r_dur.append(e.dur)  # type: ignore[arg-type]
+            t.r_ts.append(e.ts)
+            t.r_dur.append(e.dur)
             t.r_tid.append(t.tid(e.tid))
             t.r_corr.append(_int64(args.correlation if args is not None else None, -1))
     t.r_kind.fromlist(kinds)
@@ -377,9 +379,9 @@ def _gpu_work(t: Tables, events: list[Event], ts: list[float], durs: list[float]
         t.g_ts.fromlist(ts)
         t.g_dur.fromlist(durs)
         args = [e.args for e in events]
-        t.g_dev.fromlist([a.device for a in args])  # type: ignore[union-attr,misc]
-        t.g_stream.fromlist([a.stream for a in args])  # type: ignore[union-attr,misc]
-        t.g_corr.fromlist([a.correlation for a in args])  # type: ignore[union-attr,misc]
+        t.g_dev.fromlist([a.device for a in args])  # type: ignore[union-attr]
+        t.g_stream.fromlist([a.stream for a in args])  # type: ignore[union-attr]
+        t.g_corr.fromlist([a.correlation for a in args])  # type: ignore[union-attr]
     except (TypeError, AttributeError, OverflowError):  # args without device/stream/correlation, or out of range
         _truncate(n0, t.g_ts, t.g_dur, t.g_dev, t.g_stream, t.g_corr)
         _gpu_work_slowly(t, events)
@@ -417,8 +419,8 @@ def _gpu_work_slowly(t: Tables, events: list[Event]) -> None:
         t.g_dev.append(dev)
         t.g_stream.append(stream)
         t.g_kind.append(_GPU_CATS[e.cat])
-        t.g_ts.append(e.ts)  # type: ignore[arg-type]
-        t.g_dur.append(e.dur)  # type: ignore[arg-type]
+        t.g_ts.append(e.ts)
+        t.g_dur.append(e.dur)
         t.g_name.append(t.name_id(e.name))
         t.g_corr.append(_int64(args.correlation, -1))
         t.g_bytes.append(_int64(args.nbytes, -1))

@@ -140,7 +140,7 @@ class Launches:
     def __init__(self, t: Tables) -> None:
         self.t = t
         # later duplicates of a correlation id win, as with a dict built in a loop
-        self.by_corr: dict[int, int] = dict(zip(t.r_corr, range(len(t.r_corr))))
+        self.by_corr: dict[int, int] = dict(zip(t.r_corr, range(len(t.r_corr)), strict=True))
         self.by_corr.pop(-1, None)
         sync_idx = [i for i, k in enumerate(t.r_kind) if k == LAUNCH_KIND_SYNC]
         sync_idx.sort(key=t.r_ts.__getitem__)
@@ -175,7 +175,7 @@ def _gpu_sync_intervals(t: Tables, device: int) -> tuple[list[float], list[float
     """cuda_sync records on this device that mirror a host wait, as sorted starts and the running max of their
     ends. (Stream-wait-event records are device-side waits: a gap they explain is stream_wait either way.)"""
     host: list[tuple[float, float]] = []
-    for dev, is_host, ts, dur in zip(t.s_dev, t.s_host, t.s_ts, t.s_dur):
+    for dev, is_host, ts, dur in zip(t.s_dev, t.s_host, t.s_ts, t.s_dur, strict=True):
         if dev == device and is_host:
             host.append((ts, ts + dur))
     host.sort()
@@ -207,7 +207,7 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
     # Sweep the ops in start order: the union of their intervals is the busy time; what lies between is a gap,
     # remembered with the op that ends it (next) and the one that ended last before it (prev).
     starts = [g_ts[i] for i in order]
-    ends = [s + g_dur[i] for s, i in zip(starts, order)]
+    ends = [s + g_dur[i] for s, i in zip(starts, order, strict=True)]
     g_stream = t.g_stream
     gaps: list[tuple[float, float, int | None, int | None]] = []
     streams: dict[int, float] = {}
@@ -215,13 +215,13 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
     cur_end = w0
     prev_op: int | None = None
     n = 0
-    for s, e, i in zip(starts, ends, order):
+    for s, e, i in zip(starts, ends, order, strict=True):
         if e <= w0 or s >= w1:
             continue
         n += 1
-        if s < w0:  # noqa: PLR1730 - an if is cheaper than max() in this loop over every GPU op
+        if s < w0:
             s = w0
-        if e > w1:  # noqa: PLR1730
+        if e > w1:
             e = w1
         st = g_stream[i]
         streams[st] = streams.get(st, 0.0) + (e - s)
@@ -248,7 +248,7 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
     g0s = [g[0] for g in gaps]
     host_sync = _open_flags(launches.sync_start, launches.sync_end_max, g0s)
     if gs_start:
-        host_sync = [x or y for x, y in zip(host_sync, _open_flags(gs_start, gs_end_max, g0s))]
+        host_sync = [x or y for x, y in zip(host_sync, _open_flags(gs_start, gs_end_max, g0s), strict=True)]
 
     def cause(g0: float, g1: float, nxt: int | None, prev: int | None, sync_open: bool) -> str:
         # A host-to-device copy from pageable memory drains the stream and blocks the host (the driver stages
@@ -284,7 +284,7 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
     special = pageable_htod | to_host
     causes: list[str] = []
     append = causes.append
-    for (g0, g1, nxt, prev), sync_open in zip(gaps, host_sync):
+    for (g0, g1, nxt, prev), sync_open in zip(gaps, host_sync, strict=True):
         launch = of_gpu[nxt] if nxt is not None else None
         if sync_open or launch is None or (special and (g_name[nxt] in special  # type: ignore[index]
                                                          or (prev is not None and g_name[prev] in special))):
@@ -295,7 +295,7 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
             append("host" if g1 - g0 < QUEUE_DRY_MIN_US else cause(g0, g1, nxt, prev, False))
     idle = tl.idle_us_by_cause
     counts = tl.gaps_by_cause
-    for (g0, g1, _, _), c in zip(gaps, causes):
+    for (g0, g1, _, _), c in zip(gaps, causes, strict=True):
         idle[c] += g1 - g0
         counts[c] += 1
     order = heapq.nlargest(keep_longest, range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])
@@ -317,4 +317,4 @@ def _open_flags(starts: list[float], ends_max: list[float], xs: list[float]) -> 
     if not starts:
         return [False] * len(xs)
     idx = list(map(bisect_right, repeat(starts), xs))
-    return [i > 0 and ends_max[i - 1] >= x - SYNC_SLACK_US for i, x in zip(idx, xs)]
+    return [i > 0 and ends_max[i - 1] >= x - SYNC_SLACK_US for i, x in zip(idx, xs, strict=True)]

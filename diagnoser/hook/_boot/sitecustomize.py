@@ -10,7 +10,7 @@ import sys
 if os.environ.get("DIAGNOSER_HOOK_AUTO") == "1":
     try:
         import diagnoser.hook  # noqa: F401  (installs the trigger)
-    except Exception as exc:  # noqa: BLE001 - never stop the server from starting
+    except Exception as exc:
         sys.stderr.write(f"diagnoser.hook: not installed in pid {os.getpid()}: {exc}\n")
 
 
