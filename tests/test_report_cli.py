@@ -24,6 +24,11 @@ def capture_file(tmp_path: Path) -> Path:
 
 def test_report_command_writes_the_file(capture_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "reports" / "r.html"
+    # A folder that is not there is refused in one sentence, and not created (a typo must not make folders).
+    missing = run("report", str(capture_file), "-o", str(out))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    assert not out.parent.exists()
+    out.parent.mkdir()
     result = run("report", str(capture_file), "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(out)
@@ -76,7 +81,7 @@ def test_unwritable_output_keeps_the_capture(capture_file: Path, tmp_path: Path)
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     result = run("report", str(capture_file), "-o", str(blocker / "r.html"))
-    assert result.returncode == 2 and "cannot write the report" in result.stderr
+    assert result.returncode == 2 and "is not a folder" in result.stderr
     assert "Traceback" not in result.stderr
     refused = run("report", str(capture_file), "-o", str(capture_file))
     assert refused.returncode == 2 and "would overwrite the capture" in refused.stderr
