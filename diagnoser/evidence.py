@@ -6,9 +6,10 @@ capture's list of unavailable sources.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from diagnoser.capture import Capture, GpuInfo, Series
@@ -75,6 +76,81 @@ class Signal:
     @property
     def source(self) -> str:
         return "+".join(self.sources)
+
+    @classmethod
+    def from_stats(cls, name: str, unit: str, sources: Iterable[str], *, mean: float, p50: float | None = None,
+                   p90: float | None = None, max: float | None = None, min: float | None = None,
+                   n: int = 1, frac_above: Mapping[float, float] | None = None) -> Signal:
+        """A signal known only by statistics that a time-series engine computed over the window (the fleet's
+        triage reads these instead of the samples): mean, quantiles and extremes answer from them; `frac_above`
+        from the fractions given for exact thresholds, else from the piecewise-linear distribution through the
+        known quantiles. `n` is the number of samples the statistics summarise."""
+        return _StatsSignal(name, unit, tuple(sources), (mean,), (), count=n if n > 1 else 1, s_mean=mean, s_p50=p50,
+                            s_p90=p90, s_max=max, s_min=min, fractions=tuple(sorted((frac_above or {}).items())))
+
+
+@dataclass(frozen=True)
+class _StatsSignal(Signal):
+    """Signal.from_stats: statistics without the samples."""
+
+    count: int = 1
+    s_mean: float = 0.0
+    s_p50: float | None = None
+    s_p90: float | None = None
+    s_max: float | None = None
+    s_min: float | None = None
+    fractions: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def n(self) -> int:
+        return self.count
+
+    @property
+    def mean(self) -> float:
+        return self.s_mean
+
+    def _knots(self) -> list[tuple[float, float]]:
+        """(cumulative share, value) pairs known, in order of share."""
+        known = ((0.0, self.s_min), (0.5, self.s_p50), (0.9, self.s_p90), (1.0, self.s_max))
+        return [(q, v) for q, v in known if v is not None]
+
+    @property
+    def min(self) -> float:
+        return self.s_min if self.s_min is not None else self.quantile(0.0)
+
+    @property
+    def max(self) -> float:
+        return self.s_max if self.s_max is not None else self.quantile(1.0)
+
+    def quantile(self, q: float) -> float:
+        """Interpolated between the known quantiles; beyond them, the nearest one (the mean when none is known)."""
+        knots = self._knots()
+        if not knots:
+            return self.s_mean
+        if q <= knots[0][0]:
+            return knots[0][1]
+        for (qa, va), (qb, vb) in itertools.pairwise(knots):
+            if q <= qb:
+                return va + (vb - va) * (q - qa) / (qb - qa)
+        return knots[-1][1]
+
+    def frac_above(self, threshold: float) -> float:
+        for t, frac in self.fractions:
+            if t == threshold:
+                return frac
+        knots = self._knots()
+        if not knots:
+            return 1.0 if self.s_mean >= threshold else 0.0
+        if threshold <= knots[0][1]:
+            return 1.0 - knots[0][0]
+        for (qa, va), (qb, vb) in itertools.pairwise(knots):
+            if threshold <= vb:
+                below = qa if vb == va else qa + (qb - qa) * (threshold - va) / (vb - va)
+                return 1.0 - below
+        return 0.0
+
+    def frac_below(self, threshold: float) -> float:
+        return 1.0 - self.frac_above(threshold)
 
 
 @dataclass

@@ -134,7 +134,7 @@ def test_endpoints_that_are_down_or_not_dcgm_exporter(legacy) -> None:  # type: 
         port = s.getsockname()[1]
     cases = [
         (f"http://127.0.0.1:{port}/metrics", 3, "is unreachable (connection refused)"),
-        (legacy.url().replace("/metrics", "/healthz"), 3, "did not return Prometheus text format"),
+        (legacy.url().replace("/metrics", "/healthz"), 3, "serves no DCGM_* metrics"),
         (legacy.url(99), 3, "answered HTTP 404"),
         ("node:9400/metrics", 2, "wants an http(s) URL"),
     ]

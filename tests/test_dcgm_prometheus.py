@@ -160,8 +160,8 @@ class StopsPrometheus(PromClient):
         super().__init__(url, timeout_s=10)
         self.prom, self.after = prom, after
 
-    def _call(self, fn):  # type: ignore[no-untyped-def]
-        result = super()._call(fn)
+    def _call(self, endpoint: str, params: dict[str, str], method: str = "POST") -> bytes:
+        result = super()._call(endpoint, params, method)
         if self.queries == self.after:
             self.prom.stop()
         return result
@@ -252,7 +252,11 @@ def test_something_that_is_not_prometheus(tmp_path) -> None:  # type: ignore[no-
     with ExporterProcess(legacy_fleet(), tmp_path) as exporter:
         base = exporter.url().removesuffix("/metrics")
         r = cli("fleet", "--prometheus", base, "--since", "5m")
-    one_sentence_error(r, 3, "answered HTTP 404")
+        # An exporter's URL given as Prometheus: the error says which command reads it.
+        one_sentence_error(r, 3, "is a dcgm-exporter endpoint, not Prometheus",
+                           f"diagnoser dcgm --dcgm-exporter {exporter.url()}")
+        r = cli("fleet", "--prometheus", base + "/healthz", "--since", "5m")
+    one_sentence_error(r, 3, "answered HTTP ")
     r = cli("fleet", "--prometheus", "localhost:9090")
     one_sentence_error(r, 2, "wants an http(s) URL")
 

@@ -138,7 +138,8 @@ def test_large_fleets_read_fewer_values_per_gpu_unless_asked() -> None:
 def test_field_answers_decode_straight_into_keys_and_floats() -> None:
     """The typed decode of a field query keeps only the key labels, turns value strings into floats, and falls
     back to the generic decode for what it refuses ("+Inf", an error body), with the same result."""
-    from diagnoser.collectors.prometheus_source import KeyedSeries, _decode_json, _values_by_step
+    from diagnoser.collectors.prom_client import KeyedSeries, _decode_json
+    from diagnoser.collectors.prometheus_source import _values_by_step
 
     body = (b'{"status":"success","data":{"resultType":"matrix","result":['
             b'{"metric":{"Hostname":"n1","UUID":"GPU-a","pod":"p1","modelName":"H100"},'

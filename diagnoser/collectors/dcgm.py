@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -232,11 +233,12 @@ def identity_from_labels(labels: Mapping[str, str], *, exported_pods: bool = Fal
     else:
         pod_names, ns_names, ct_names = POD_LABELS[1:], NAMESPACE_LABELS[1:], CONTAINER_LABELS[1:]
     pod, namespace, container = _first(labels, pod_names), _first(labels, ns_names), _first(labels, ct_names)
+    c = clean_label
     return GpuIdentity(
-        key=(uuid, mig_id), index=index, model=labels.get("modelName", "") or labels.get("model_name", ""),
-        node=node, uuid_label=uuid_label or "UUID", mig_id=mig_id, mig_profile=labels.get("GPU_I_PROFILE", ""),
-        device=labels.get("device", ""), driver=labels.get("DCGM_FI_DRIVER_VERSION", ""),
-        pods=[(namespace, pod)] if pod else [], containers=[container] if container else [],
+        key=(c(uuid), c(mig_id)), index=index, model=c(labels.get("modelName", "") or labels.get("model_name", "")),
+        node=c(node), uuid_label=uuid_label or "UUID", mig_id=c(mig_id), mig_profile=c(labels.get("GPU_I_PROFILE", "")),
+        device=c(labels.get("device", "")), driver=c(labels.get("DCGM_FI_DRIVER_VERSION", "")),
+        pods=[(c(namespace), c(pod))] if pod else [], containers=[c(container)] if container else [],
     )
 
 
@@ -282,49 +284,132 @@ class Scrape:
     gpus: dict[GpuKey, GpuIdentity] = field(default_factory=dict)
     values: dict[GpuKey, dict[str, float]] = field(default_factory=dict)
     metric_names: set[str] = field(default_factory=set)  # every DCGM_* metric present, known or not
+    malformed: int = 0  # lines of known fields that did not parse (skipped)
 
     @property
     def fields_seen(self) -> set[str]:
         return {key for per_gpu in self.values.values() for key in per_gpu}
 
 
-def parse_exporter_text(text: str, at: float | None = None, *, origin: str = "dcgm-exporter") -> Scrape:
-    """Parse dcgm-exporter's Prometheus text with prometheus_client's parser.
+# One label pair of the text format: name="value" with \\, \" and \n escapes, then an optional comma.
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = re.compile(r"\\(.)")
+# C0 and C1 control characters: never part of a real label, and an ESC reaching a terminal is an attack.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def clean_label(value: str) -> str:
+    """A label value without control characters (a modelName carrying ESC sequences must not reach a terminal)."""
+    return value if value.isprintable() else _CONTROL.sub("", value)
+
+
+def field_of_name(name: str) -> DcgmField | None:
+    """The field of a metric name, in either case: some exporters and relabelings write `dcgm_fi_*`."""
+    known = FIELD_OF_NAME.get(name)
+    if known is None and name[:5] == "dcgm_":
+        known = FIELD_OF_NAME.get(name.upper())
+    return known
+
+
+def _parse_labels(text: str) -> dict[str, str] | None:
+    """The inside of {...}; None when it is not the text format."""
+    labels: dict[str, str] = {}
+    pos = 0
+    end = len(text)
+    while pos < end:
+        found = _LABEL.match(text, pos)
+        if found is None:
+            return labels if not text[pos:].strip() else None
+        value = found.group(2)
+        if "\\" in value:
+            value = _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+        labels[found.group(1)] = value
+        pos = found.end()
+    return labels
+
+
+class _ScrapeBuilder:
+    """Accumulates the known fields of an exporter page, line by line, as the bytes arrive."""
+
+    def __init__(self, at: float) -> None:
+        self.scrape = Scrape(at=at)
+        self.sums: dict[GpuKey, dict[str, list[float]]] = {}
+        self.lines = 0  # lines that were samples of the text format (any metric)
+
+    def feed(self, line: bytes) -> None:
+        if not line or line[:1] == b"#":
+            return
+        if line[:5] not in (b"DCGM_", b"dcgm_"):
+            if line[:1].isalpha() or line[:1] == b"_":
+                self.lines += 1
+            return
+        text = line.decode("utf-8", "replace").rstrip("\r")
+        brace = text.find("{")
+        if brace < 0:
+            name, _, rest = text.partition(" ")
+            labels: dict[str, str] | None = {}
+        else:
+            name = text[:brace]
+            close = text.rfind("}")
+            labels = _parse_labels(text[brace + 1:close]) if close > brace else None
+            rest = text[close + 1:] if close > brace else ""
+        self.lines += 1
+        name = name.strip()
+        if name.endswith("_total") and field_of_name(name[:-6]) is not None:
+            name = name[:-6]  # a counter a client library exposed with _total; the exporter's name has none
+        self.scrape.metric_names.add(name.upper() if name[:5] == "dcgm_" else name)
+        known = field_of_name(name)
+        if known is None:
+            return
+        parts = rest.split()
+        if labels is None or not parts:
+            self.scrape.malformed += 1
+            return
+        try:
+            value = float(parts[0])
+        except ValueError:
+            self.scrape.malformed += 1
+            return
+        ident = identity_from_labels(labels)
+        if ident is None:
+            return
+        if ident.key in self.scrape.gpus:
+            self.scrape.gpus[ident.key].merge(ident)
+        else:
+            self.scrape.gpus[ident.key] = ident
+        if math.isnan(value) or math.isinf(value):
+            return
+        acc = self.sums.setdefault(ident.key, {}).setdefault(known.key, [0.0, 0.0])
+        acc[0] += value
+        acc[1] += 1
+
+    def finish(self) -> Scrape:
+        for key, per_field in self.sums.items():
+            self.scrape.values[key] = {name: total / count for name, (total, count) in per_field.items()}
+        return self.scrape
+
+
+def parse_exporter_lines(lines: Iterable[bytes], at: float | None = None, *,
+                         origin: str = "dcgm-exporter") -> Scrape:
+    """Parse dcgm-exporter's text (Prometheus exposition format) line by line, keeping only the known DCGM fields:
+    other metrics are skipped at the first bytes of their line, so a large page costs little beyond reading it.
 
     Several series of one GPU (one per pod when pods time-share it) carry the same device value; they are averaged.
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    scrape = Scrape(at=time.time() if at is None else at)
-    sums: dict[GpuKey, dict[str, list[float]]] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                name = sample.name
-                if family.type == "counter" and name.endswith("_total") and name[:-6] in FIELD_OF_NAME:
-                    name = name[:-6]  # the parser appends _total to counter samples; the exporter's name has none
-                if name.startswith("DCGM_"):
-                    scrape.metric_names.add(name)
-                known = FIELD_OF_NAME.get(name)
-                if known is None:
-                    continue
-                ident = identity_from_labels(sample.labels)
-                if ident is None:
-                    continue
-                if ident.key in scrape.gpus:
-                    scrape.gpus[ident.key].merge(ident)
-                else:
-                    scrape.gpus[ident.key] = ident
-                if sample.value is None or math.isnan(sample.value):
-                    continue
-                acc = sums.setdefault(ident.key, {}).setdefault(known.key, [0.0, 0.0])
-                acc[0] += float(sample.value)
-                acc[1] += 1
-    except (ValueError, TypeError, IndexError) as exc:
-        raise SourceUnavailable(f"{origin} did not return Prometheus text format ({exc}).") from None
-    for key, per_field in sums.items():
-        scrape.values[key] = {name: total / count for name, (total, count) in per_field.items()}
+    A malformed line of a known field is skipped and counted; a page with DCGM lines none of which parse is not
+    the text format."""
+    builder = _ScrapeBuilder(time.time() if at is None else at)
+    for line in lines:
+        builder.feed(line)
+    scrape = builder.finish()
+    if scrape.malformed and not scrape.values and not scrape.gpus:
+        raise SourceUnavailable(f"{origin} did not return Prometheus text format ({scrape.malformed} lines of DCGM "
+                                "fields did not parse).")
     return scrape
+
+
+def parse_exporter_text(text: str, at: float | None = None, *, origin: str = "dcgm-exporter") -> Scrape:
+    """parse_exporter_lines over a whole page held in memory."""
+    return parse_exporter_lines((line.encode() for line in text.splitlines()), at, origin=origin)
 
 
 # --- choosing the target -----------------------------------------------------------------------------------------------

@@ -4,11 +4,8 @@ NVML). Failures become one sentence (SourceUnavailable); what was read before a 
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 
 from diagnoser.capture import Capture
 from diagnoser.collectors.dcgm import (
@@ -23,48 +20,55 @@ from diagnoser.collectors.dcgm import (
     inherit_device_fields,
     mark_missing,
     parent_key,
-    parse_exporter_text,
+    parse_exporter_lines,
     select_gpus,
 )
+from diagnoser.collectors.http import MIB, FetchError, lines, stream
 from diagnoser.errors import InputError, SourceUnavailable
 
 
-class ExporterScraper:
-    """Reads one dcgm-exporter endpoint (http://node:9400/metrics); failures become one sentence."""
+# An exporter page for 8 GPUs with every field and NVLink entity is a few MB: far above that is no exporter page.
+MAX_PAGE_BYTES = 32 * MIB
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+
+class ExporterScraper:
+    """Reads one dcgm-exporter endpoint (http://node:9400/metrics) within one deadline and a size cap, parsing the
+    page as it arrives; failures become one sentence."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0, *, max_bytes: int = MAX_PAGE_BYTES) -> None:
         if not url.startswith(("http://", "https://")):
             raise InputError(f"--dcgm-exporter wants an http(s) URL such as http://node:9400/metrics, not '{url}'.")
         self.url = url
         self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
 
     def scrape(self) -> Scrape:
         at = time.time()
+        origin = f"dcgm-exporter at {self.url}"
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as response:  # noqa: S310 (user's URL)
-                body = response.read()
-        except urllib.error.HTTPError as exc:
-            raise SourceUnavailable(f"dcgm-exporter at {self.url} answered HTTP {exc.code} ({exc.reason}).") from None
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, (socket.timeout, TimeoutError)):
-                raise SourceUnavailable(f"dcgm-exporter at {self.url} did not answer within {self.timeout_s:g} s.") \
-                    from None
-            raise SourceUnavailable(f"dcgm-exporter at {self.url} is unreachable ({_reason_text(reason)}).") from None
-        except (socket.timeout, TimeoutError):
-            raise SourceUnavailable(f"dcgm-exporter at {self.url} did not answer within {self.timeout_s:g} s.") from None
-        except OSError as exc:
-            raise SourceUnavailable(f"dcgm-exporter at {self.url} is unreachable ({_reason_text(exc)}).") from None
-        scrape = parse_exporter_text(body.decode("utf-8", errors="replace"), at, origin=f"dcgm-exporter at {self.url}")
+            with stream(self.url, timeout_s=self.timeout_s, max_bytes=self.max_bytes,
+                        headers={"Accept": "text/plain;version=0.0.4"}) as body:
+                scrape = parse_exporter_lines(lines(body), at, origin=origin)
+        except FetchError as exc:
+            raise SourceUnavailable(self._failure(exc)) from None
         if not scrape.metric_names:
             raise SourceUnavailable(f"{self.url} serves no DCGM_* metrics: is it a dcgm-exporter endpoint?")
         return scrape
 
-
-def _reason_text(reason: object) -> str:
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror.lower()
-    return str(reason)
+    def _failure(self, exc: FetchError) -> str:
+        origin = f"dcgm-exporter at {self.url}"
+        if exc.kind == "timeout":
+            return f"{origin} did not send its page within {self.timeout_s:g} s."
+        if exc.kind == "status":
+            return f"{origin} answered {exc.reason}."
+        if exc.kind == "truncated":
+            return f"{origin} sent a truncated page ({exc.reason}): the exporter or a proxy broke off; try again."
+        if exc.kind == "too_large":
+            return (f"{origin} sent a page too large to be one node's exporter ({exc.reason}): is the URL an "
+                    "exporter's /metrics?")
+        if exc.kind == "bad_url":
+            return f"--dcgm-exporter: {exc.reason}."
+        return f"{origin} is unreachable ({exc.reason})."
 
 
 class DcgmExporterCollector:
@@ -180,4 +184,4 @@ class DcgmExporterCollector:
             return dict(self._newest)
 
 
-__all__ = ["ExporterScraper", "DcgmExporterCollector"]
+__all__ = ["MAX_PAGE_BYTES", "DcgmExporterCollector", "ExporterScraper"]
