@@ -39,6 +39,7 @@ _SPECS = [
     SignalSpec("gpu.mem_clock_frac", "ratio", "Memory clock over its maximum."),
     SignalSpec("gpu.power_w", "W", "Board power."),
     SignalSpec("gpu.power_limit_w", "W", "Enforced power limit."),
+    SignalSpec("gpu.power_default_limit_w", "W", "The board's default power limit (NVML/DCGM power management default): an enforced limit below it is a lowered cap."),
     SignalSpec("gpu.temp_c", "C", "GPU temperature."),
     SignalSpec("gpu.throttle.power", "ratio", "1 while clocks are held down by the power cap (software or hardware), else 0."),
     SignalSpec("gpu.throttle.thermal", "ratio", "1 while clocks are held down by a thermal slowdown, else 0."),

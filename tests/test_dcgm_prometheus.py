@@ -90,7 +90,8 @@ def test_dcgm46_names_and_lowercase_hostname_by_node_and_index(dcgm_stack) -> No
     assert "commented out" in missing["gpu.sm_active"]["reason"]
     assert "dcgm-counters.csv" in missing["gpu.sm_active"]["hint"]
     assert "DCGM_FI_DEV_POWER_VIOLATION" in missing["gpu.throttle.power"]["hint"]
-    assert "DCGM_FI_DEV_MAX_SM_CLOCK" in missing["gpu.sm_clock_frac"]["reason"]
+    assert "gpu.sm_clock_frac" not in missing  # the H100's maximum clock from the spec table stands in
+    assert any("1980 MHz maximum from the spec table" in n for n in d["notes"])
     assert "gpu.busy" not in missing and "gpu.dram_active" not in missing
 
 
@@ -182,12 +183,13 @@ def own_stack(tmp_path):  # type: ignore[no-untyped-def]
 def test_prometheus_stopped_mid_query_keeps_partial_results(own_stack) -> None:  # type: ignore[no-untyped-def]
     prom, exporter = own_stack
     window = Window(time.time() - 6, time.time())
-    # The GPU list, the metric names, GR_ENGINE_ACTIVE and GPU_UTIL answered; then Prometheus dies.
+    # The metric names, the GPU list, GR_ENGINE_ACTIVE's and SM_ACTIVE's statistics answered; then Prometheus dies.
     client = StopsPrometheus(prom.url, prom, after=4)
     report = run_fleet(client, window, workers=1)
     assert len(report.rows) == len(exporter.fleet.gpus)
-    assert all(r.partial for r in report.rows)
-    assert any("field queries failed" in e and "unreachable" in e for e in report.errors)
+    assert all(r.partial and r.basis == "statistics" for r in report.rows)
+    assert any("statistic queries failed" in e and "unreachable" in e for e in report.errors)
+    assert any("could not be read" in e and "their rows come from statistics" in e for e in report.errors)
     by_uuid = {(r.uuid, r.gpu): r for r in report.rows}
     idle = next(g for g in exporter.fleet.gpus if g.profile == "idle")
     row = by_uuid[(idle.uuid, str(idle.index))]
@@ -205,7 +207,7 @@ def test_every_field_query_failing_is_fatal(own_stack) -> None:  # type: ignore[
     prom, _ = own_stack
     client = StopsPrometheus(prom.url, prom, after=2)  # only the GPU list and the metric names answered
     with pytest.raises(SourceUnavailable, match="no counter could be read"):
-        run_fleet(client, Window(time.time() - 6, time.time()), workers=2)
+        run_fleet(client, Window(time.time() - 6, time.time()), workers=1)
 
 
 def test_query_limits_are_reported_as_rejections(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -127,14 +127,6 @@ def test_fast_json_is_the_models_own_dict() -> None:
     assert json.loads(dumps_json(report_dict(report))) == json.loads(json.dumps(report.to_dict()))
 
 
-def test_large_fleets_read_fewer_values_per_gpu_unless_asked() -> None:
-    from diagnoser.fleet import DEFAULT_POINTS, LARGE_FLEET_GPUS, LARGE_FLEET_POINTS, points_for
-
-    assert points_for(100, None) == points_for(LARGE_FLEET_GPUS, None) == DEFAULT_POINTS
-    assert points_for(LARGE_FLEET_GPUS + 1, None) == LARGE_FLEET_POINTS < DEFAULT_POINTS
-    assert points_for(10_000, 60) == 60 and points_for(10, 5) == 5  # what the user asked for always wins
-
-
 def test_field_answers_decode_straight_into_keys_and_floats() -> None:
     """The typed decode of a field query keeps only the key labels, turns value strings into floats, and falls
     back to the generic decode for what it refuses ("+Inf", an error body), with the same result."""

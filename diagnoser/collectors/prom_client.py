@@ -44,6 +44,7 @@ class _Labels(msgspec.Struct):
     UUID: str = ""
     uuid: str = ""
     GPU_I_ID: str = ""
+    name: str = msgspec.field(default="", name="__name__")  # set in answers that keep it (recorded series)
 
     @property
     def key(self) -> GpuKey:
@@ -151,6 +152,18 @@ def _error_text(body: bytes) -> str:
 def _looks_like_timeout(text: str) -> bool:
     low = text.lower()
     return "timeout" in low or "timed out" in low or "deadline exceeded" in low
+
+
+def parse_headers(items: Sequence[str]) -> dict[str, str]:
+    """--header 'Name: value' options as a dict; a malformed one is the user's to fix."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or any(c in name for c in " \t\r\n") or any(c in value for c in "\r\n"):
+            raise InputError(f"--header wants 'Name: value', not '{item}'.")
+        out[name] = value
+    return out
 
 
 class PromClient:
@@ -297,4 +310,4 @@ class PromClient:
         return result
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "KeyedSeries", "PromClient", "PromError", "vector_values"]
+__all__ = ["DEFAULT_MAX_BYTES", "KeyedSeries", "PromClient", "PromError", "parse_headers", "vector_values"]

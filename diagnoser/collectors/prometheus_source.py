@@ -155,18 +155,31 @@ def field_query(f: DcgmField, name: str, lookback_s: float, matchers: str = "", 
     the query itself; the duplicates (one series per pod sharing a GPU) are merged here instead. `unless` names
     metrics whose GPUs are left out (those have a better field).
     """
-    query = f"{_FUNCTIONS[f.reduce]}({_selector(matchers, name)}[{_duration(lookback_s)}])"
+    if f.bits:
+        # The share of samples with one of the field's clock-event bits set (a subquery: PromQL tests bits only
+        # on instant vectors).
+        inner = bits_expr(_selector(matchers, name), f.bits)
+        query = f"avg_over_time(({inner})[{_duration(lookback_s)}:{_duration(max(1.0, lookback_s / 10))}])"
+    else:
+        query = f"{_FUNCTIONS[f.reduce]}({_selector(matchers, name)}[{_duration(lookback_s)}])"
     if unless:
         inner = ", ".join(x for x in (f'__name__=~"{"|".join(unless)}"', matchers) if x)
         query += f" unless on ({BY}) {{{inner}}}"
     return query
 
 
+def bits_expr(selector: str, mask: int) -> str:
+    """1 where any bit of `mask` is set in the selected clock-event mask, else 0: PromQL has no bitwise operators,
+    so each bit is floor(x / bit) % 2."""
+    terms = [f"floor({selector} / {1 << b}) % 2" for b in range(mask.bit_length()) if mask >> b & 1]
+    return terms[0] if len(terms) == 1 else f"clamp_max({' + '.join(terms)}, 1)"
+
+
 def discovery_query(f: DcgmField, window_s: float, matchers: str = "") -> str:
     """Every label set of the anchor field over the window, with its number of samples (an instant query)."""
     labels = ", ".join(IDENTITY_LABELS)
     return " or ".join(f"max by ({labels}) (count_over_time({_selector(matchers, name)}[{_duration(window_s)}]))"
-                       for name in f.names)
+                       for name in f.query_names)
 
 
 def _key_of(metric: dict[str, str]) -> GpuKey:
@@ -395,14 +408,15 @@ class WindowQuery:
             existing: set[str] | None = set(self.client.label_values("__name__", self.window.start, self.window.end))
         except PromError:
             existing = None  # older or proxied Prometheus: ask for every name
-        jobs = [(f, name, matchers) for f in self.fields for name in f.names if existing is None or name in existing]
+        jobs = [(f, name, matchers) for f in self.fields for name in (f.query_names if existing is not None else f.names)
+                if existing is None or name in existing]
         allowed = None if keys is None else set(keys) | {parent_key(k) for k in keys}
         # A constant needs only its latest value: a short lookback reads a fraction of the samples.
         last_lookback = min(self.window.length_s, max(300.0, 4 * interval))
 
         def run(job: tuple[DcgmField, str, str]) -> tuple[DcgmField, dict[GpuKey, array] | None, str]:
             f, name, where = job
-            better = FIELDS_BY_KEY[f.fallback_for].names if f.fallback_for else ()
+            better = FIELDS_BY_KEY[f.fallback_for].query_names if f.fallback_for else ()
             unless = [n for n in better if existing is None or n in existing]
             try:
                 if f.reduce in WHOLE_WINDOW:  # one value per GPU, placed at the last step

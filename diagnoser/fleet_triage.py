@@ -1,0 +1,150 @@
+"""The fleet's triage: each GPU diagnosed by the normal rule engine from the window statistics the time-series engine
+computed (collectors/prom_stats.py), with no samples in hand.
+
+Each statistic becomes a `Signal.from_stats` (mean, p90, max answer from it; the throttled share answers the rules'
+"share of samples above 0.5" exactly, being the mean of a 0/1 signal), the GPU gets a small capture of its own (its
+identity, what is missing and why), and `diagnose_evidence` runs as for any capture. What is shared by most GPUs is
+built once: the physics signals per GPU model, and the list of missing signals per set of signals present.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from diagnoser import __version__
+from diagnoser.capture import Capture, GpuInfo, Unavailable
+from diagnoser.collectors.dcgm import MIB, GpuIdentity, gpu_info, mark_missing, spec_max_clock
+from diagnoser.collectors.prom_stats import WindowStats
+from diagnoser.diagnosis import Diagnosis
+from diagnoser.evidence import Evidence, Signal, build_evidence
+from diagnoser.rules.engine import Thresholds, diagnose_evidence
+from diagnoser.signals import spec
+
+SOURCES = ("dcgm",)
+
+
+@dataclass
+class Triage:
+    """What the triage of a whole fleet shares: the statistics, and caches of what most GPUs have in common."""
+
+    stats: WindowStats
+    thresholds: Thresholds | None = None
+    _templates: dict[tuple[str, int | None], Evidence] = field(default_factory=dict)
+    _missing: dict[tuple[frozenset[str], bool], list[Unavailable]] = field(default_factory=dict)
+    spec_clock_models: set[str] = field(default_factory=set)  # models whose max clock came from the spec table
+
+    @property
+    def most_samples(self) -> float:
+        """The anchor field's sample count of the GPUs that reported all along (a GPU with fewer has gaps)."""
+        return max(self.stats.samples, default=0.0)
+
+    def _template(self, info: GpuInfo) -> Evidence:
+        """Physics signals and the GPU spec of one model: the same for all its GPUs."""
+        key = (info.name, info.memory_total_bytes)
+        ev = self._templates.get(key)
+        if ev is None:
+            ev = self._templates[key] = build_evidence(Capture(target="", started_at=0.0, duration_s=0.0,
+                                                               gpus=[info]))
+        return ev
+
+    def _unavailable(self, produced: frozenset[str], mig: bool) -> list[Unavailable]:
+        key = (produced, mig)
+        found = self._missing.get(key)
+        if found is None:
+            probe = Capture(target="", started_at=0.0, duration_s=0.0)
+            mark_missing(probe, set(produced), fields_in_source=self.stats.fields_present, failed=self.stats.failed,
+                         mig=mig)
+            found = self._missing[key] = probe.unavailable
+        return found
+
+    def signals(self, i: int, ident: GpuIdentity) -> tuple[dict[str, Signal], list[str], float | None]:
+        """One GPU's signals from its statistics, notes about it, and its maximum SM clock."""
+        s = self.stats
+        n = max(1, int(s.samples[i])) if i < len(s.samples) else 1
+        out: dict[str, Signal] = {}
+        notes: list[str] = []
+
+        def add(name: str, mean: float, **more: float | dict[float, float] | None) -> None:
+            if not math.isnan(mean):
+                out[name] = Signal.from_stats(name, spec(name).unit, SOURCES, mean=mean, n=n, **more)  # type: ignore[arg-type]
+
+        busy = s.get("gr_engine_active.avg", i)
+        if math.isnan(busy):
+            busy = s.get("gpu_util.avg", i) * 0.01
+        add("gpu.busy", busy)
+        for name, key in (("gpu.sm_active", "sm_active.avg"), ("gpu.tensor_active", "tensor_active.avg"),
+                          ("gpu.dram_active", "dram_active.avg")):
+            add(name, s.get(key, i))
+        used, used_p90, total = s.get("fb_used.avg", i), s.get("fb_used.p90", i), s.get("fb_total.last", i)
+        add("gpu.mem_used_bytes", used * MIB, p90=_or_none(used_p90 * MIB))
+        if total > 0:
+            add("gpu.mem_total_bytes", total * MIB)
+            add("gpu.mem_used_frac", used / total, p90=_or_none(used_p90 / total))
+        clock = s.get("sm_clock.avg", i)
+        add("gpu.sm_clock_mhz", clock)
+        max_clock: float | None = s.get("max_sm_clock.last", i)
+        if max_clock is None or math.isnan(max_clock) or max_clock <= 0:
+            max_clock, _ = spec_max_clock(ident.model)
+            if max_clock and not math.isnan(clock):
+                self.spec_clock_models.add(ident.model)
+        if max_clock and not math.isnan(clock):
+            add("gpu.sm_clock_frac", clock / max_clock)
+        for name, counter, bits in (("gpu.throttle.power", "power_violation.rate", "reasons_power.avg"),
+                                    ("gpu.throttle.thermal", "thermal_violation.rate", "reasons_thermal.avg"),
+                                    ("gpu.throttle.other", "", "reasons_other.avg")):
+            share = s.get(counter, i) * 1e-9 if counter else math.nan  # ns of throttling per second
+            if math.isnan(share):
+                share = s.get(bits, i)
+            if not math.isnan(share):
+                share = min(1.0, max(0.0, share))
+                # The share of time throttled is the mean of a 0/1 signal: exactly what "samples above 0.5" asks.
+                add(name, share, frac_above={0.5: share})
+        for name, direction in (("gpu.pcie_tx_bps", "tx"), ("gpu.pcie_rx_bps", "rx")):
+            mean, p90 = s.get(f"pcie_{direction}.avg", i), s.get(f"pcie_{direction}.p90", i)
+            if math.isnan(mean):
+                mean, p90 = s.get(f"pcie_{direction}_total.rate", i), math.nan
+            add(name, mean, p90=_or_none(p90))
+        xid = s.get("xid.max", i)
+        if not math.isnan(xid):
+            flag = float(xid > 0)
+            add("gpu.xid_errors", flag, max=flag)
+            if xid > 0:
+                notes.append(f"DCGM reports XID {int(xid)} on {ident.describe()} (DCGM_FI_DEV_XID_ERRORS holds the "
+                             "last XID seen, which may predate the window).")
+        ecc = s.get("ecc_dbe.increase", i)
+        if not math.isnan(ecc):
+            add("gpu.ecc_dbe", max(0.0, ecc), max=max(0.0, ecc))
+        return out, notes, max_clock or None
+
+    def diagnose(self, i: int, ident: GpuIdentity) -> tuple[Diagnosis, float | None, bool]:
+        """The engine's diagnosis of one GPU from its statistics; its busy fraction; whether it has any counter."""
+        window = self.stats.window
+        signals, notes, max_clock = self.signals(i, ident)
+        info = gpu_info(ident)
+        total = signals.get("gpu.mem_total_bytes")
+        info.memory_total_bytes = int(total.mean) if total is not None else None
+        info.max_sm_clock_mhz = max_clock
+        cap = Capture(target=ident.describe(), started_at=window.start, duration_s=window.length_s, host=ident.node,
+                      tool_version=__version__, gpus=[info], notes=notes)
+        produced = frozenset(signals)
+        cap.unavailable = list(self._unavailable(produced, bool(ident.mig_id)))
+        if not produced & _ACTIVITY:
+            cap.notes.append(f"{ident.describe()} is listed, but none of the activity fields the rules read "
+                             "(GR_ENGINE_ACTIVE or GPU_UTIL, SM_ACTIVE, DRAM_ACTIVE, PIPE_TENSOR_ACTIVE) has a value "
+                             "for it in the window.")
+        template = self._template(info)
+        ev = Evidence(capture=cap, signals={**template.signals, **signals}, gpu_spec=template.gpu_spec,
+                      notes=list(template.notes))
+        busy = signals.get("gpu.busy") or signals.get("gpu.sm_active")
+        return diagnose_evidence(ev, self.thresholds), busy.mean if busy is not None else None, bool(produced)
+
+
+_ACTIVITY = frozenset({"gpu.busy", "gpu.sm_active", "gpu.dram_active", "gpu.tensor_active"})
+
+
+def _or_none(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+__all__ = ["Triage"]
