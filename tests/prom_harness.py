@@ -142,6 +142,7 @@ class SimFleet:
     omit: tuple[str, ...] = ()  # field keys not exported (as with dcgm-exporter's default counters)
     profiles: tuple[str, ...] = PROFILE_ORDER
     assign: dict[int, str] = field(default_factory=dict)  # global GPU number -> profile
+    pods: dict[int, str] = field(default_factory=dict)  # global GPU number -> pod name (hostile ones, say)
     model: str = H100
     start: float = field(default_factory=time.time)
     refresh_s: float = 0.0  # > 0: values change only every refresh_s seconds, like dcgm-exporter's -c interval
@@ -164,7 +165,8 @@ class SimFleet:
                     self.gpus.append(SimGpu(
                         node=node, index=index, uuid=parent, profile=profile, mig_id=mig_id,
                         mig_profile="3g.40gb" if mig_id else "", namespace=f"team-{n % 3}" if with_pod else "",
-                        pod=f"{profile}-server-{n:05d}-7f9c" if with_pod else "", seed=(n * 0.7) % 6.28))
+                        pod=self.pods.get(n, f"{profile}-server-{n:05d}-7f9c") if with_pod else "",
+                        seed=(n * 0.7) % 6.28))
                     n += 1
             node += 1
         self.nodes = list(range(self.first_node, node))
@@ -355,6 +357,10 @@ def fleet_args(fleet: SimFleet) -> list[str]:
         args += ["--omit", ",".join(fleet.omit)]
     if fleet.assign:
         args += ["--assign", json.dumps(fleet.assign)]
+    if fleet.pods:
+        args += ["--pods", json.dumps(fleet.pods)]
+    if fleet.model != H100:
+        args += ["--model", fleet.model]
     return args
 
 
@@ -451,10 +457,9 @@ class PrometheusServer:
 
     def write_config(self) -> Path:
         interval = f"{int(self.scrape_interval_s * 1000)}ms"
-        lines = ["global:", f"  scrape_interval: {interval}", f"  scrape_timeout: {interval}",
-                 f"  evaluation_interval: {interval}"]
+        lines = ["global:", f"  scrape_interval: {interval}", f"  scrape_timeout: {interval}"]
         if self.rule_files:
-            lines += ["rule_files:"] + [f"  - '{p}'" for p in self.rule_files]
+            lines += [f"  evaluation_interval: {interval}", "rule_files:"] + [f"  - '{p}'" for p in self.rule_files]
         if self.targets:
             lines += ["scrape_configs:", "  - job_name: dcgm", "    honor_labels: true", "    static_configs:"]
         for t in self.targets:
@@ -581,11 +586,14 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, SimFleet]:
     s.add_argument("--start", type=float, default=None)
     s.add_argument("--refresh", type=float, default=0.0)
     s.add_argument("--first-node", type=int, default=0)
+    s.add_argument("--pods", default="{}")
+    s.add_argument("--model", default=H100)
     args = ap.parse_args(argv)
     fleet = SimFleet(
         n_gpus=args.gpus, gpus_per_node=args.gpus_per_node, names=args.names, host_label=args.host_label,
         mig_nodes=tuple(int(x) for x in args.mig_nodes.split(",") if x), omit=tuple(x for x in args.omit.split(",") if x),
         profiles=tuple(args.profiles.split(",")), assign={int(k): v for k, v in json.loads(args.assign).items()},
+        pods={int(k): v for k, v in json.loads(args.pods).items()}, model=args.model,
         refresh_s=args.refresh, first_node=args.first_node, **({"start": args.start} if args.start is not None else {}))
     return args, fleet
 
@@ -657,9 +665,16 @@ def renamed_fleet() -> SimFleet:
                     profiles=("compute", "idle", "bandwidth", "batching", "throttled"))
 
 
+# Label values an attacker controls: a pod name holding a token, a model name with terminal escapes (clear the
+# screen, write the clipboard through OSC 52).
+HOSTILE_POD = "idle-sk-proj-AbCdEfGhIjKlMnOpQrStUv"
+HOSTILE_MODEL = "NVIDIA H100 80GB HBM3\x1b[2J\x1b]52;c;aGk=\x07"
+
+
 def old_fleet() -> SimFleet:
-    # An older exporter: dcgm_fi_* names in lower case, uuid / pod_name / pod_namespace labels.
-    return SimFleet(n_gpus=2, gpus_per_node=2, first_node=8, names="lowercase", profiles=("compute", "idle"))
+    # An older exporter: dcgm_fi_* names in lower case, uuid / pod_name / pod_namespace labels; hostile labels.
+    return SimFleet(n_gpus=2, gpus_per_node=2, first_node=8, names="lowercase", profiles=("compute", "idle"),
+                    pods={1: HOSTILE_POD}, model=HOSTILE_MODEL)
 
 
 def start_stack(workdir: Path, engine: type[PrometheusServer] = PrometheusServer) -> DcgmStack:
