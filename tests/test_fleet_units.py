@@ -186,3 +186,116 @@ def test_gc_is_paused_for_the_run_and_restored() -> None:
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()
+
+
+# --- the triage from window statistics -----------------------------------------------------------------------------
+
+
+def test_signals_from_statistics_answer_like_samples() -> None:
+    from diagnoser.evidence import Signal
+
+    samples = Signal("gpu.dram_active", "ratio", ("dcgm",), tuple(i / 100 for i in range(101)))
+    stats = Signal.from_stats("gpu.dram_active", "ratio", ("dcgm",), mean=samples.mean, p50=samples.p50,
+                              p90=samples.p90, max=samples.max, min=samples.min, n=101)
+    assert stats.n == 101 and stats.mean == pytest.approx(0.5) and stats.values == (stats.mean,)
+    for name in ("p50", "p90", "max", "min"):
+        assert stats.stat(name) == pytest.approx(samples.stat(name))
+    for t in (-1.0, 0.0, 0.25, 0.5, 0.9, 0.95, 1.0, 2.0):  # a uniform distribution: interpolation is exact
+        assert stats.frac_above(t) == pytest.approx(samples.frac_above(t), abs=0.011), t
+        assert stats.frac_below(t) == pytest.approx(1 - stats.frac_above(t))
+    assert stats.quantile(0.7) == pytest.approx(samples.quantile(0.7), abs=0.011)
+    # A 0/1 signal: its mean is the share above 0.5, given exactly.
+    throttle = Signal.from_stats("gpu.throttle.power", "ratio", ("dcgm",), mean=0.85, n=120, frac_above={0.5: 0.85})
+    assert throttle.frac_above(0.5) == 0.85 and throttle.stat("frac_above:0.5") == 0.85
+    bare = Signal.from_stats("gpu.busy", "ratio", ("dcgm",), mean=0.4)
+    assert bare.p90 == bare.max == 0.4 and bare.frac_above(0.3) == 1.0 and bare.frac_above(0.5) == 0.0
+
+
+def _stats(profiles: list[dict[str, float]], *, mig: bool = False):  # type: ignore[no-untyped-def]
+    """WindowStats as the engine would answer them: one number per GPU and statistic."""
+    from diagnoser.collectors.prom_stats import WindowStats
+
+    w = Window(1_700_000_000.0, 1_700_003_600.0)
+    data = WindowStats(w)
+    for i, _ in enumerate(profiles):
+        key = (f"GPU-{i:04d}", "")
+        data.gpus[key] = GpuIdentity(key=key, index=i, model=H100, node="node-0", pods=[("ns", f"pod-{i}")])
+    if mig:
+        data.gpus[("GPU-0000", "1")] = GpuIdentity(key=("GPU-0000", "1"), index=0, model=H100, node="node-0",
+                                                   mig_id="1", mig_profile="3g.40gb")
+    data.keys = list(data.gpus)
+    data.index = {k: i for i, k in enumerate(data.keys)}
+    data.samples = array("d", [120.0] * len(data.keys))
+    for i, p in enumerate(profiles):
+        for stat, value in p.items():
+            data.values.setdefault(stat, array("d", [math.nan] * len(data.keys)))[i] = value
+            data.fields_present.add(stat.split(".")[0])
+    return data
+
+
+PLANTED = {  # statistics of each planted class, and the verdict the engine must give from them
+    "idle": ({"gr_engine_active.avg": 0.02, "sm_active.avg": 0.01, "dram_active.avg": 0.01}, "idle"),
+    "bandwidth": ({"gr_engine_active.avg": 0.95, "sm_active.avg": 0.85, "tensor_active.avg": 0.22,
+                   "dram_active.avg": 0.72}, "memory_bandwidth"),
+    "compute": ({"gr_engine_active.avg": 0.97, "tensor_active.avg": 0.78, "dram_active.avg": 0.35}, "compute"),
+    "vram": ({"gr_engine_active.avg": 0.8, "sm_active.avg": 0.6, "dram_active.avg": 0.42, "tensor_active.avg": 0.35,
+              "fb_used.avg": 81000, "fb_used.p90": 81200, "fb_total.last": 81559}, "vram"),
+    "batching": ({"gr_engine_active.avg": 0.3, "sm_active.avg": 0.22, "dram_active.avg": 0.12}, "batching"),
+    # Clock-event bits (HW power brake) and no maximum clock: the spec table's 1980 MHz stands in.
+    "throttled": ({"gr_engine_active.avg": 0.92, "tensor_active.avg": 0.45, "dram_active.avg": 0.4,
+                   "sm_clock.avg": 1188.0, "reasons_power.avg": 1.0, "reasons_thermal.avg": 0.0}, "throttling"),
+    "errors": ({"gr_engine_active.avg": 0.6, "xid.max": 79.0}, "errors"),
+}
+
+
+def test_the_engine_diagnoses_each_planted_class_from_its_statistics() -> None:
+    from diagnoser.fleet import triage_rows
+
+    names = list(PLANTED)
+    stats = _stats([PLANTED[n][0] for n in names])
+    rows, triage = triage_rows(stats, processes=1)
+    by_pod = {r.pod: r for r in rows}
+    for i, name in enumerate(names):
+        row = by_pod[f"pod-{i}"]
+        assert row.diagnosis.verdict == PLANTED[name][1], (name, row.diagnosis.headline)
+        assert row.basis == "statistics" and not row.partial
+    throttled = by_pod[f"pod-{names.index('throttled')}"].diagnosis
+    cited = {c.signal: c.value for f in throttled.findings for c in f.citations}
+    assert cited["gpu.sm_clock_frac"] == pytest.approx(0.6) and cited["gpu.throttle.power"] == 1.0
+    assert triage.spec_clock_models == {H100}
+    assert by_pod[f"pod-{names.index('errors')}"].diagnosis.notes[0].startswith("DCGM reports XID 79")
+    forked, _ = triage_rows(stats, processes=2)
+    assert [(r.uuid, r.diagnosis.verdict) for r in forked] == [(r.uuid, r.diagnosis.verdict) for r in rows]
+
+
+def test_mig_instances_inherit_their_boards_statistics_and_missing_fields_are_named() -> None:
+    from diagnoser.fleet import triage_rows
+
+    stats = _stats([{"sm_clock.avg": 1188.0, "reasons_power.avg": 1.0}, {"fb_used.avg": 100.0}], mig=True)
+    stats.values["gr_engine_active.avg"] = array("d", [math.nan, math.nan, 0.9])
+    stats.values["tensor_active.avg"] = array("d", [math.nan, math.nan, 0.45])
+    stats.values["dram_active.avg"] = array("d", [math.nan, math.nan, 0.40])
+    rows, _ = triage_rows(stats, processes=1)
+    mig = next(r for r in rows if r.mig_profile)
+    assert mig.diagnosis.verdict == "throttling"  # the board's clock and bits, the instance's activity
+    blind = next(r for r in rows if r.uuid == "GPU-0001")
+    assert blind.partial and blind.notes[0].startswith("no counters")
+    assert any("none of the activity fields" in n for n in blind.diagnosis.notes)
+    assert blind.diagnosis.verdict == "inconclusive"
+
+
+def test_published_label_values_are_redacted_exactly_as_the_html_does() -> None:
+    from diagnoser.fleet import publishable, redact_identities
+    from diagnoser.reports.redact import redact
+
+    cache: dict[str, str] = {}
+    samples = ["idle-server-00001-7f9c", "node-0007.cluster.local", "NVIDIA H100 80GB HBM3", "team-a", "3g.40gb",
+               "pod-sk-proj-AbCdEfGhIjKlMnOpQr", "hf_AbCdEfGhIjKlMn", "x?token=abc", "user:pass@host",
+               "a=b", "ghp_0123456789abcdefABCDEF", "eyJhbGciOi.eyJzdWIiOiIx.sig", "AKIA0123456789ABCDEF",
+               "job --api-key abc", "", "ASIA0123456789ABCDEF-x", "gpu-operator"]
+    samples += [f"{p}-{i}" for i in range(50) for p in ("vllm-decode", "sglang", "triton-7f9c")]
+    for value in samples:
+        assert publishable(value, cache) == redact(value), value
+    g = GpuIdentity(key=("GPU-a", ""), index=0, model=H100, node="n", pods=[("ns", "pod-sk-proj-AbCdEfGhIjKl")])
+    redact_identities([g])
+    assert g.pods == [("ns", "pod-[redacted]")] and "sk-proj" not in g.describe()

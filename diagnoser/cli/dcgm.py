@@ -3,8 +3,10 @@ endpoint (live, for --duration seconds) or from Prometheus (any past window)."""
 
 from __future__ import annotations
 
-import time
+import signal
+import threading
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -16,6 +18,33 @@ from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.errors import InputError
 from diagnoser.rules import diagnose as run_diagnosis
 from diagnoser.rules import load_thresholds
+
+
+class StopOnSignals:
+    """Ctrl-C and SIGTERM (timeout, systemd, Kubernetes) end the sampling window instead of the process: the handler
+    only sets an event, so no exception lands in the middle of a reading; what was read is then diagnosed."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal_name = ""
+        self.exit_code = 0
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if not self.signal_name:
+            self.signal_name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+            self.exit_code = 128 + signum
+        self.event.set()
+
+    def __enter__(self) -> StopOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def build_selector(*, gpu: int | None, uuid: str | None, pod: str | None, node: str | None,
@@ -72,16 +101,17 @@ def register(app: typer.Typer) -> None:
                                   live=exporter is not None)
         if exporter is not None:
             capture = new_capture(f"dcgm-exporter {exporter}", duration_s=duration)
-            started = time.monotonic()
-            try:
+            with StopOnSignals() as stopped:
                 targets = collect_dcgm_into(capture, exporter_url=exporter, selector=selector, duration_s=duration,
-                                            interval_s=interval, timeout_s=timeout)
-                capture.target = f"{describe_target(targets)} (dcgm-exporter {exporter})"
-            except KeyboardInterrupt:
+                                            interval_s=interval, timeout_s=timeout, stop=stopped.event)
+            capture.target = f"{describe_target(targets)} (dcgm-exporter {exporter})"
+            if stopped.signal_name:
                 if not capture.series:
-                    raise
-                capture.notes.append(f"Interrupted after {time.monotonic() - started:.1f} s of the planned "
-                                     f"{duration:g} s; the diagnosis covers what was read.")
+                    typer.echo(f"diagnoser: {stopped.signal_name} before the first reading; nothing to diagnose.",
+                               err=True)
+                    raise typer.Exit(stopped.exit_code)
+                capture.notes.append(f"Interrupted ({stopped.signal_name}) after {capture.duration_s:.1f} s of the "
+                                     f"planned {duration:g} s; the diagnosis covers what was read.")
         else:
             window = resolve_window(since=since, start=start, end=end, at=at, default_s=1800.0)
             capture = new_capture(f"prometheus {prometheus}", started_at=window.start, duration_s=window.length_s)

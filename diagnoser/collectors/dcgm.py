@@ -396,6 +396,11 @@ class _ScrapeBuilder:
         self.scrape.metric_names.add(name.upper() if name[:5] == "dcgm_" else name)
         known = fields_of_name(name)
         if not known:
+            # A field the rules do not read still says the GPU exists: one that exports only such fields is named
+            # as such rather than "no GPU matches".
+            ident = identity_from_labels(labels) if labels else None
+            if ident is not None and ident.key not in self.scrape.gpus:
+                self.scrape.gpus[ident.key] = ident
             return
         parts = rest.split()
         if labels is None or not parts:
@@ -858,7 +863,7 @@ def collect_dcgm_into(
     finally:
         t = time.time() - capture.started_at
         if duration_s is not None or capture.duration_s <= 0:
-            capture.duration_s = max(capture.duration_s, t)
+            capture.duration_s = t  # the window the readings cover, shorter when it was stopped early
         collector.stop(t)
     return collector.targets
 

@@ -9,13 +9,17 @@ import time
 
 from diagnoser.capture import Capture
 from diagnoser.collectors.dcgm import (
+    CSV_HINT,
+    DEVICE_LEVEL_FIELDS,
     FIELDS_BY_KEY,
+    WANTED_SIGNALS,
     GpuIdentity,
     GpuKey,
     GpuSelector,
     GpuWindow,
     Scrape,
     add_gpu_window,
+    describe_target,
     drop_mig_parents,
     inherit_device_fields,
     mark_missing,
@@ -25,7 +29,6 @@ from diagnoser.collectors.dcgm import (
 )
 from diagnoser.collectors.http import MIB, FetchError, lines, stream
 from diagnoser.errors import InputError, SourceUnavailable
-
 
 # An exporter page for 8 GPUs with every field and NVLink entity is a few MB: far above that is no exporter page.
 MAX_PAGE_BYTES = 32 * MIB
@@ -71,6 +74,14 @@ class ExporterScraper:
         return f"{origin} is unreachable ({exc.reason})."
 
 
+def _has_wanted(scrape: Scrape, key: GpuKey) -> bool:
+    """Whether a GPU (or its MIG board, for the board's fields) reports a field some wanted signal is made of."""
+    wanted = {k for keys in WANTED_SIGNALS.values() for k in keys}
+    own = set(scrape.values.get(key, {}))
+    board = set(scrape.values.get(parent_key(key), {})) & DEVICE_LEVEL_FIELDS if key[1] else set()
+    return bool((own | board) & wanted)
+
+
 class DcgmExporterCollector:
     """Samples a dcgm-exporter endpoint into a capture; follows the collectors' start/sample/stop protocol, so the
     attach session can drive it beside NVML.
@@ -106,6 +117,13 @@ class DcgmExporterCollector:
         self.capture = capture
         first = self.scraper.scrape()
         self.targets = select_gpus(drop_mig_parents(first.gpus.values()), self.selector)
+        readable = [t for t in self.targets if _has_wanted(first, t.key)]
+        if not readable:
+            names = sorted({FIELDS_BY_KEY[k].name for keys in WANTED_SIGNALS.values() for k in keys
+                            if FIELDS_BY_KEY[k].in_default_csv})
+            raise SourceUnavailable(f"{describe_target(self.targets)} is listed by dcgm-exporter at "
+                                    f"{self.scraper.url}, but with none of the fields the diagnosis reads "
+                                    f"({', '.join(names)}): enable them in its counters CSV ({CSV_HINT}).")
         self.windows = {g.key: GpuWindow(g) for g in self.targets}
         self._ingest(first, max(0.0, first.at - capture.started_at))
 
