@@ -152,7 +152,8 @@ def _stats_row(triage: Triage, usd_per_gpu_hour: float | None, item: tuple[int, 
     notes: list[str] = []
     most = triage.most_samples
     if not has_counters:
-        notes.append("no counters: none of the fields the rules read has a value for this GPU in the window")
+        notes.append("no activity counters: none of GR_ENGINE_ACTIVE/GPU_UTIL, SM_ACTIVE, DRAM_ACTIVE, "
+                      "PIPE_TENSOR_ACTIVE has a value for this GPU in the window")
     elif most and stats.samples[i] < 0.9 * most:
         notes.append(f"series partial: {int(stats.samples[i])} of {int(most)} samples in the window")
     if stats.failed:
@@ -319,10 +320,10 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
     if gappy:
         report.errors.append(f"{gappy} GPU{'s have' if gappy > 1 else ' has'} gaps or stopped reporting within the "
                              "window (rows marked partial).")
-    blind = sum(1 for r in rows if r.notes and r.notes[0].startswith("no counters"))
+    blind = sum(1 for r in rows if r.notes and r.notes[0].startswith("no activity counters"))
     if blind:
-        report.errors.append(f"{blind} GPU{'s are' if blind > 1 else ' is'} listed but none of the fields the rules "
-                             "read has a value for them (rows marked partial; see docs/dcgm.md for the counters).")
+        report.errors.append(f"{blind} GPU{'s are' if blind > 1 else ' is'} listed without any activity counter in "
+                             "the window (rows marked partial; docs/dcgm.md says which counters to export).")
     report.errors.extend(w for w in client.warnings if w not in report.errors)
     report.query_seconds = round(t3 - t0, 3)
     if notes is not None:

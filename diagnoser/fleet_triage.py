@@ -118,7 +118,8 @@ class Triage:
         return out, notes, max_clock or None
 
     def diagnose(self, i: int, ident: GpuIdentity) -> tuple[Diagnosis, float | None, bool]:
-        """The engine's diagnosis of one GPU from its statistics; its busy fraction; whether it has any counter."""
+        """The engine's diagnosis of one GPU from its statistics; its busy fraction; whether it has an activity
+        counter."""
         window = self.stats.window
         signals, notes, max_clock = self.signals(i, ident)
         info = gpu_info(ident)
@@ -137,7 +138,8 @@ class Triage:
         ev = Evidence(capture=cap, signals={**template.signals, **signals}, gpu_spec=template.gpu_spec,
                       notes=list(template.notes))
         busy = signals.get("gpu.busy") or signals.get("gpu.sm_active")
-        return diagnose_evidence(ev, self.thresholds), busy.mean if busy is not None else None, bool(produced)
+        return diagnose_evidence(ev, self.thresholds), busy.mean if busy is not None else None, \
+            bool(produced & _ACTIVITY)
 
 
 _ACTIVITY = frozenset({"gpu.busy", "gpu.sm_active", "gpu.dram_active", "gpu.tensor_active"})

@@ -279,7 +279,7 @@ def test_mig_instances_inherit_their_boards_statistics_and_missing_fields_are_na
     mig = next(r for r in rows if r.mig_profile)
     assert mig.diagnosis.verdict == "throttling"  # the board's clock and bits, the instance's activity
     blind = next(r for r in rows if r.uuid == "GPU-0001")
-    assert blind.partial and blind.notes[0].startswith("no counters")
+    assert blind.partial and blind.notes[0].startswith("no activity counters")
     assert any("none of the activity fields" in n for n in blind.diagnosis.notes)
     assert blind.diagnosis.verdict == "inconclusive"
 
