@@ -14,8 +14,17 @@ from dataclasses import dataclass, field
 
 from diagnoser import __version__
 from diagnoser.capture import Capture, GpuInfo, Unavailable
-from diagnoser.collectors.dcgm import MIB, GpuIdentity, gpu_info, mark_missing, spec_max_clock
-from diagnoser.collectors.prom_stats import WindowStats
+from diagnoser.collectors.dcgm import (
+    CLOCK_EVENT_OTHER,
+    CLOCK_EVENT_POWER,
+    CLOCK_EVENT_THERMAL,
+    MIB,
+    GpuIdentity,
+    gpu_info,
+    mark_missing,
+    spec_max_clock,
+)
+from diagnoser.collectors.prom_stats import WindowStats, bit_shares
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.evidence import Evidence, Signal, build_evidence
 from diagnoser.rules.engine import Thresholds, diagnose_evidence
@@ -90,12 +99,14 @@ class Triage:
                 self.spec_clock_models.add(ident.model)
         if max_clock and not math.isnan(clock):
             add("gpu.sm_clock_frac", clock / max_clock)
-        for name, counter, bits in (("gpu.throttle.power", "power_violation.rate", "reasons_power.avg"),
-                                    ("gpu.throttle.thermal", "thermal_violation.rate", "reasons_thermal.avg"),
-                                    ("gpu.throttle.other", "", "reasons_other.avg")):
+        low, high, mean = (s.get("reasons_power.min", i), s.get("reasons_power.max", i),
+                           s.get("reasons_power.avg", i))
+        for name, counter, mask in (("gpu.throttle.power", "power_violation.rate", CLOCK_EVENT_POWER),
+                                    ("gpu.throttle.thermal", "thermal_violation.rate", CLOCK_EVENT_THERMAL),
+                                    ("gpu.throttle.other", "", CLOCK_EVENT_OTHER)):
             share = s.get(counter, i) * 1e-9 if counter else math.nan  # ns of throttling per second
-            if math.isnan(share):
-                share = s.get(bits, i)
+            if math.isnan(share) and not (math.isnan(low) or math.isnan(high) or math.isnan(mean)):
+                share = bit_shares(low, high, mean, mask)
             if not math.isnan(share):
                 share = min(1.0, max(0.0, share))
                 # The share of time throttled is the mean of a 0/1 signal: exactly what "samples above 0.5" asks.

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from diagnoser.collectors.dcgm import FIELDS_BY_KEY
+from diagnoser.collectors.dcgm import CLOCK_EVENT_POWER, CLOCK_EVENT_THERMAL, FIELDS_BY_KEY
 from diagnoser.collectors.prom_stats import (
     FALLBACK,
     KEY_LABELS,
@@ -39,6 +39,7 @@ from diagnoser.collectors.prom_stats import (
     record_name,
     stat_expr,
 )
+from diagnoser.collectors.prometheus_source import bits_expr
 from diagnoser.diagnosis import Limiter
 from diagnoser.errors import InputError
 from diagnoser.rules import RULES
@@ -109,6 +110,7 @@ def build_rules(window_s: float, *, thresholds: Thresholds | None = None) -> lis
         rules.append({"record": rec(stat), "expr": expr})
     rules.append({"record": rec(FALLBACK), "expr": stat_expr(FALLBACK, _names("gpu_util"), window_s,
                                                              unless_names=_names("gr_engine_active"))})
+
     spec_clock = f"gpu:dcgm_max_sm_clock:spec_{w}"
     rules.append({"record": spec_clock, "expr": spec_clock_expr(identity)})
 
@@ -128,10 +130,16 @@ def build_rules(window_s: float, *, thresholds: Thresholds | None = None) -> lis
 
     max_clock = f"(max by ({BOARD}) ({r('max_sm_clock', 'last')}) or on ({BOARD}) {spec_clock})"
     clock_frac = device(f"max by ({BOARD}) ({r('sm_clock', 'avg')}) / on ({BOARD}) {max_clock}")
+    # The share of time clocks were held: the violation counters', else the clock-event bits' from the mask's
+    # minimum, maximum and mean (prom_stats.bit_shares: the one value held all window, or the time at each of two).
+    high, low, mean = r("reasons_power", "max"), r("reasons_power", "min"), r("reasons_power", "avg")
     shares = []
-    for reason, counter, bits in (("power", "power_violation", "reasons_power"),
-                                  ("thermal", "thermal_violation", "reasons_thermal")):
-        share = f"clamp({r(counter, 'rate')} / 1e9, 0, 1) or on ({KEY_LABELS}) {r(bits, 'avg')}"
+    for reason, counter, mask in (("power", "power_violation", CLOCK_EVENT_POWER),
+                                  ("thermal", "thermal_violation", CLOCK_EVENT_THERMAL)):
+        held = f"({bits_expr(high, mask)} and on ({KEY_LABELS}) {high} == on ({KEY_LABELS}) {low})"
+        two = (f"(({bits_expr(low, mask)}) * ({high} - on ({KEY_LABELS}) {mean}) + ({bits_expr(high, mask)}) * "
+               f"({mean} - on ({KEY_LABELS}) {low})) / on ({KEY_LABELS}) ({high} - on ({KEY_LABELS}) {low} > 0)")
+        share = f"clamp({r(counter, 'rate')} / 1e9, 0, 1) or on ({KEY_LABELS}) {held} or on ({KEY_LABELS}) {two}"
         shares.append(f'label_replace({share}, "reason", "{reason}", "", "")')
     throttled = device(f"max by ({BOARD}) ({' or '.join(shares)})")
     errors = device(f"max by ({BOARD}) (label_replace({r('xid', 'max')}, \"error\", \"xid\", \"\", \"\") or "

@@ -75,8 +75,9 @@ PROFILES: dict[str, dict[str, float]] = {
     "compute": dict(gr=0.97, sm=0.93, occ=0.30, tensor=0.78, dram=0.35, fb=0.70, power=690, clock=1900),
     "batching": dict(gr=0.30, sm=0.22, occ=0.10, tensor=0.08, dram=0.12, fb=0.60, power=200, clock=1980),
     "vram": dict(gr=0.80, sm=0.60, occ=0.30, tensor=0.35, dram=0.42, fb=0.995, power=450, clock=1980),
+    # Clocks held by the power cap about two thirds of the time: the mask toggles between 0x84 and 0.
     "throttled": dict(gr=0.92, sm=0.80, occ=0.30, tensor=0.45, dram=0.40, fb=0.80, power=700, clock=1190, pv=0.85,
-                      reasons=0x84),
+                      reasons=0x84, released_below=-0.5),
     "xid": dict(gr=0.60, sm=0.50, occ=0.20, tensor=0.30, dram=0.30, fb=0.50, power=350, clock=1980, xid=79),
     # Busy, but neither SMs nor DRAM half used: small kernels, each step waiting on latency.
     "latency": dict(gr=0.93, sm=0.34, occ=0.12, tensor=0.10, dram=0.28, fb=0.72, power=310, clock=1980),
@@ -259,7 +260,7 @@ class SimFleet:
         if key == "xid":
             return float(p.get("xid", 0))
         if key == "clock_reasons":
-            return float(p.get("reasons", 0))
+            return 0.0 if wave < p.get("released_below", -2.0) else float(p.get("reasons", 0))
         raise KeyError(key)
 
     def render(self, gpus: Iterable[SimGpu], t: float | None = None) -> str:

@@ -243,7 +243,7 @@ PLANTED = {  # statistics of each planted class, and the verdict the engine must
     "batching": ({"gr_engine_active.avg": 0.3, "sm_active.avg": 0.22, "dram_active.avg": 0.12}, "batching"),
     # Clock-event bits (HW power brake) and no maximum clock: the spec table's 1980 MHz stands in.
     "throttled": ({"gr_engine_active.avg": 0.92, "tensor_active.avg": 0.45, "dram_active.avg": 0.4,
-                   "sm_clock.avg": 1188.0, "reasons_power.avg": 1.0, "reasons_thermal.avg": 0.0}, "throttling"),
+                   "sm_clock.avg": 1188.0, "reasons_power.min": 0x84, "reasons_power.max": 0x84, "reasons_power.avg": 0x84}, "throttling"),
     "errors": ({"gr_engine_active.avg": 0.6, "xid.max": 79.0}, "errors"),
 }
 
@@ -271,17 +271,33 @@ def test_the_engine_diagnoses_each_planted_class_from_its_statistics() -> None:
 def test_mig_instances_inherit_their_boards_statistics_and_missing_fields_are_named() -> None:
     from diagnoser.fleet import triage_rows
 
-    stats = _stats([{"sm_clock.avg": 1188.0, "reasons_power.avg": 1.0}, {"fb_used.avg": 100.0}], mig=True)
+    # The board's mask toggled between 0 and 0x84 (power cap + power brake), held 85 % of the window.
+    stats = _stats([{"sm_clock.avg": 1188.0, "reasons_power.min": 0.0, "reasons_power.max": 0x84,
+                     "reasons_power.avg": 0.85 * 0x84}, {"fb_used.avg": 100.0}], mig=True)
     stats.values["gr_engine_active.avg"] = array("d", [math.nan, math.nan, 0.9])
     stats.values["tensor_active.avg"] = array("d", [math.nan, math.nan, 0.45])
     stats.values["dram_active.avg"] = array("d", [math.nan, math.nan, 0.40])
     rows, _ = triage_rows(stats, processes=1)
     mig = next(r for r in rows if r.mig_profile)
     assert mig.diagnosis.verdict == "throttling"  # the board's clock and bits, the instance's activity
+    cited = {c.signal: c.value for f in mig.diagnosis.findings for c in f.citations}
+    assert cited["gpu.throttle.power"] == pytest.approx(0.85)
     blind = next(r for r in rows if r.uuid == "GPU-0001")
     assert blind.partial and blind.notes[0].startswith("no activity counters")
     assert any("none of the activity fields" in n for n in blind.diagnosis.notes)
     assert blind.diagnosis.verdict == "inconclusive"
+
+
+def test_clock_event_shares_from_the_masks_extremes_and_mean() -> None:
+    from diagnoser.collectors.dcgm import CLOCK_EVENT_OTHER, CLOCK_EVENT_POWER, CLOCK_EVENT_THERMAL
+    from diagnoser.collectors.prom_stats import bit_shares
+
+    assert bit_shares(0x84, 0x84, 0x84, CLOCK_EVENT_POWER) == 1.0  # held all window
+    assert bit_shares(0x1, 0x1, 0x1, CLOCK_EVENT_POWER) == 0.0  # idle: no clock held
+    assert bit_shares(0, 0x80, 0x20, CLOCK_EVENT_POWER) == pytest.approx(0.25)  # power brake a quarter of it
+    assert bit_shares(0x4, 0x40, 0x13, CLOCK_EVENT_POWER) == pytest.approx(0.75)  # power cap, then HW thermal
+    assert bit_shares(0x4, 0x40, 0x13, CLOCK_EVENT_THERMAL) == pytest.approx(0.25)
+    assert bit_shares(0x4, 0x84, 0x44, CLOCK_EVENT_POWER) == 1.0 and bit_shares(0, 1, 0.5, CLOCK_EVENT_OTHER) == 0
 
 
 def test_published_label_values_are_redacted_exactly_as_the_html_does() -> None:

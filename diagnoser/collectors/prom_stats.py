@@ -35,7 +35,7 @@ from diagnoser.collectors.dcgm import (
     uses_exported_pod_labels,
 )
 from diagnoser.collectors.prom_client import KeyedSeries, PromClient, PromError, vector_values
-from diagnoser.collectors.prometheus_source import ANCHORS, Window, bits_expr, matchers_for
+from diagnoser.collectors.prometheus_source import ANCHORS, Window, matchers_for
 from diagnoser.errors import SourceUnavailable
 
 KEY_LABELS = "UUID, uuid, GPU_I_ID"
@@ -72,9 +72,13 @@ STATS: tuple[Stat, ...] = (
     Stat("max_sm_clock", "last"),
     Stat("power_violation", "rate"),
     Stat("thermal_violation", "rate"),
+    # The clock event mask, as numbers: testing its bits sample by sample takes a subquery, which costs Prometheus
+    # 30-50 times an average (benchmarks/FLEET.md). Its minimum, maximum and mean give each group of bits' share of
+    # the window exactly while the mask takes at most two values (one held all window, or clocks held and
+    # released), which is how it moves (`bit_shares`).
+    Stat("reasons_power", "min"),
+    Stat("reasons_power", "max"),
     Stat("reasons_power", "avg"),
-    Stat("reasons_thermal", "avg"),
-    Stat("reasons_other", "avg"),
     Stat("pcie_tx", "avg"),
     Stat("pcie_tx", "p90"),
     Stat("pcie_rx", "avg"),
@@ -87,8 +91,8 @@ STATS: tuple[Stat, ...] = (
 # GPU_UTIL stands in for GR_ENGINE_ACTIVE, asked only for the GPUs that lack the latter.
 FALLBACK = Stat("gpu_util", "avg")
 STATS_BY_KEY: dict[str, Stat] = {s.key: s for s in (*STATS, FALLBACK)}
-_FUNCTION = {"avg": "avg_over_time", "max": "max_over_time", "last": "last_over_time", "rate": "rate",
-             "increase": "increase"}
+_FUNCTION = {"avg": "avg_over_time", "max": "max_over_time", "min": "min_over_time", "last": "last_over_time",
+             "rate": "rate", "increase": "increase"}
 
 
 def duration(seconds: float) -> str:
@@ -124,11 +128,7 @@ def stat_expr(stat: Stat, names: Sequence[str], window_s: float, *, matchers: st
         free = selector(extra_names, matchers)
         return (f"avg by ({KEY_LABELS}) (last_over_time({sel}[{last}])) + "
                 f"avg by ({KEY_LABELS}) (last_over_time({free}[{last}]))")
-    f = FIELDS_BY_KEY[stat.field]
-    if f.bits:
-        resolution = duration(max(1.0, window_s / 120))
-        inner = f"avg_over_time(({bits_expr(sel, f.bits)})[{w}:{resolution}])"
-    elif stat.stat == "p90":
+    if stat.stat == "p90":
         inner = f"quantile_over_time(0.9, {sel}[{w}])"
     elif stat.stat == "last":
         inner = f"last_over_time({sel}[{duration(min(window_s, LAST_LOOKBACK_S))}])"
@@ -139,6 +139,16 @@ def stat_expr(stat: Stat, names: Sequence[str], window_s: float, *, matchers: st
         better = f"count_over_time({selector(unless_names, matchers)}[{w}])"
         expr += f" unless on ({KEY_LABELS}) count by ({KEY_LABELS}) ({better})"
     return expr
+
+
+def bit_shares(low: float, high: float, mean: float, mask: int) -> float:
+    """The share of the window a clock event mask had one of `mask`'s bits set, from the mask's minimum, maximum and
+    mean over the window: exact while it took at most two values (the time at the maximum is (mean - min) /
+    (max - min)), an estimate otherwise."""
+    at_low, at_high = float(bool(int(low) & mask)), float(bool(int(high) & mask))
+    if high <= low:
+        return at_high
+    return min(1.0, max(0.0, (at_low * (high - mean) + at_high * (mean - low)) / (high - low)))
 
 
 def identity_expr(names: Sequence[str], window_s: float, matchers: str = "") -> str:
@@ -393,5 +403,18 @@ class StatsQuery:
             data.errors.append(f"{len(data.failed)} statistic queries failed ({names}): {first}")
 
 
-__all__ = ["FALLBACK", "STATS", "STATS_BY_KEY", "Stat", "StatsQuery", "WindowStats", "duration", "identity_expr",
-           "identity_record_name", "record_name", "selector", "stat_expr"]
+__all__ = [
+    "FALLBACK",
+    "STATS",
+    "STATS_BY_KEY",
+    "Stat",
+    "StatsQuery",
+    "WindowStats",
+    "bit_shares",
+    "duration",
+    "identity_expr",
+    "identity_record_name",
+    "record_name",
+    "selector",
+    "stat_expr",
+]
