@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# System packages the tests use: a real Prometheus and a real headless Chromium (Debian packages).
+# System packages the tests use: a real Prometheus and VictoriaMetrics, and a real headless Chromium (Debian packages).
 # Idempotent: installs only what is missing. Needs root (or sudo) and the Debian package mirrors.
 set -euo pipefail
 
 PACKAGES=(
   prometheus       # DCGM/fleet tests: a real Prometheus the tests start on 127.0.0.1 (the package's service is not used)
+  victoria-metrics # fleet tests: the same query API from VictoriaMetrics (and vmalert, to check the rule group)
   chromium         # HTML report tests: a real headless browser (driven through playwright's pip package)
   chromium-driver
 )
