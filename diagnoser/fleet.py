@@ -14,12 +14,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import multiprocessing
-import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,71 +173,27 @@ def _price(model: str, mig_profile: str, override: float | None) -> float | None
     return gpu_price(model, mig_profile, override)
 
 
-# What forked workers read: set just before the fork, so the children inherit it instead of receiving a copy.
-_SHARED: tuple[Callable[[Any], FleetRow], Sequence[Any]] | None = None
-
-
-def _rows_of_chunk(bounds: tuple[int, int]) -> bytes:
-    """A worker's rows, sent back as msgpack: 4-5x cheaper to encode than pickling 10,000 dataclass trees."""
-    assert _SHARED is not None
-    make, items = _SHARED
-    return msgspec.msgpack.encode([make(item) for item in items[bounds[0]:bounds[1]]])
-
-
-_ROWS_DECODER = msgspec.msgpack.Decoder(list[FleetRow])
-
-
-# Below this many GPUs a second process costs more (fork, pickling the rows back) than it saves.
-PARALLEL_MIN_GPUS = 2000
-CHUNKS_PER_WORKER = 4
-
-
-def build_rows(data: WindowData, *, usd_per_gpu_hour: float | None = None, thresholds: Thresholds | None = None,
-               processes: int | None = None) -> list[FleetRow]:
+def build_rows(data: WindowData, *, usd_per_gpu_hour: float | None = None,
+               thresholds: Thresholds | None = None) -> list[FleetRow]:
     """One row per GPU or MIG instance diagnosed from its points over the window, most money at stake first."""
-    idents = drop_mig_parents(data.gpus.values())
-    make = functools.partial(_point_row, data, usd_per_gpu_hour, thresholds)
-    return _sorted(_diagnose_all(make, idents, processes))
+    return _sorted([_row(data, ident, usd_per_gpu_hour, thresholds) for ident in drop_mig_parents(data.gpus.values())])
 
 
-def _point_row(data: WindowData, usd: float | None, thresholds: Thresholds | None, ident: GpuIdentity) -> FleetRow:
-    return _row(data, ident, usd, thresholds)
+def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None,
+                thresholds: Thresholds | None = None) -> tuple[list[FleetRow], Triage]:
+    """One row per GPU or MIG instance diagnosed from its window statistics, most money at stake first.
 
-
-def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None, thresholds: Thresholds | None = None,
-                processes: int | None = None) -> tuple[list[FleetRow], Triage]:
-    """One row per GPU or MIG instance diagnosed from its window statistics, most money at stake first."""
+    In this process: a GPU costs the engine about 75 us from its statistics, and handing a diagnosed row back from a
+    forked worker cost as much again to decode (msgpack, 10,000 rows), so workers gained nothing (benchmarks/FLEET.md).
+    """
     triage = Triage(stats, thresholds)
-    items = [(stats.index[g.key], g) for g in drop_mig_parents(stats.gpus.values())]
-    make = functools.partial(_stats_row, triage, usd_per_gpu_hour)
-    return _sorted(_diagnose_all(make, items, processes)), triage
+    rows = [_stats_row(triage, usd_per_gpu_hour, (stats.index[g.key], g)) for g in drop_mig_parents(stats.gpus.values())]
+    return _sorted(rows), triage
 
 
 def _sorted(rows: list[FleetRow]) -> list[FleetRow]:
     rows.sort(key=lambda r: (-r.usd_per_hour_at_stake, -r.frac_at_stake, r.node, r.gpu))
     return rows
-
-
-def _diagnose_all(make: Callable[[Any], FleetRow], items: Sequence[Any], processes: int | None) -> list[FleetRow]:
-    """make(item) for every item. Diagnosing is pure CPU work per GPU: for large fleets it is spread over forked
-    processes (one per core, at most 4), which read the data they inherited and send back only the rows."""
-    global _SHARED
-    if processes is None:
-        processes = min(4, os.cpu_count() or 1) if len(items) >= PARALLEL_MIN_GPUS else 1
-    if processes > 1 and "fork" in multiprocessing.get_all_start_methods():
-        # Chunks several times smaller than a worker's share: this process decodes the rows of the first chunks
-        # while the workers diagnose the next, instead of all of them after the last.
-        size = max(100, -(-len(items) // (processes * CHUNKS_PER_WORKER)))
-        chunks = [(i, min(i + size, len(items))) for i in range(0, len(items), size)]
-        _SHARED = (make, items)
-        try:
-            with multiprocessing.get_context("fork").Pool(processes) as pool:
-                return [row for blob in pool.imap(_rows_of_chunk, chunks) for row in _ROWS_DECODER.decode(blob)]
-        except OSError:
-            pass  # no processes to be had (limits): do it here
-        finally:
-            _SHARED = None
-    return [make(item) for item in items]
 
 
 # Values per GPU and field when a GPU is read as points (the top of the triage, --detail).
@@ -269,7 +223,7 @@ def run_fleet(client: PromClient, window: Window, *, points: int | None = None,
               usd_per_gpu_hour: float | None = None, thresholds: Thresholds | None = None, workers: int = 4,
               notes: list[str] | None = None, timings: dict[str, float | int | None] | None = None,
               detail: int = DEFAULT_DETAIL, selector: GpuSelector | None = None,
-              use_recorded: bool = True, processes: int | None = None) -> FleetReport:
+              use_recorded: bool = True) -> FleetReport:
     """Diagnose every GPU Prometheus knows over the window (or those `selector` picks): triage from window
     statistics, then points for the top `detail` GPUs at stake. Partial failures are kept in report.errors and the
     rows they touch are marked partial; only a failed discovery, or every statistic failing, raises
@@ -281,13 +235,13 @@ def run_fleet(client: PromClient, window: Window, *, points: int | None = None,
     with gc_paused():
         return _run_fleet(client, window, points=points, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds,
                           workers=workers, notes=notes, timings=timings, detail=detail, selector=selector,
-                          use_recorded=use_recorded, processes=processes)
+                          use_recorded=use_recorded)
 
 
 def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_per_gpu_hour: float | None,
                thresholds: Thresholds | None, workers: int, notes: list[str] | None,
                timings: dict[str, float | int | None] | None, detail: int, selector: GpuSelector | None,
-               use_recorded: bool, processes: int | None) -> FleetReport:
+               use_recorded: bool) -> FleetReport:
     t0 = time.perf_counter()
     if window.length_s < 2:
         raise InputError("the window is too short to read from Prometheus (under 2 s).")
@@ -300,7 +254,7 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
     redact_identities(stats.gpus.values())
     report = FleetReport(source=client.url, window_start=window.start, window_end=window.end,
                          usd_per_gpu_hour=usd_per_gpu_hour, errors=list(stats.errors))
-    rows, triage = triage_rows(stats, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds, processes=processes)
+    rows, triage = triage_rows(stats, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds)
     t2 = time.perf_counter()
     wanted = rows[:detail] if selector is None or selector.is_empty() or len(rows) > detail else rows
     detailed = _detail(client, window, stats, wanted, points=points, usd_per_gpu_hour=usd_per_gpu_hour,

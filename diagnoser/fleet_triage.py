@@ -43,10 +43,10 @@ class Triage:
     _missing: dict[tuple[frozenset[str], bool], list[Unavailable]] = field(default_factory=dict)
     spec_clock_models: set[str] = field(default_factory=set)  # models whose max clock came from the spec table
 
-    @property
-    def most_samples(self) -> float:
-        """The anchor field's sample count of the GPUs that reported all along (a GPU with fewer has gaps)."""
-        return max(self.stats.samples, default=0.0)
+    most_samples: float = 0.0  # the anchor field's count of the GPUs that reported all along (fewer: gaps)
+
+    def __post_init__(self) -> None:
+        self.most_samples = max(self.stats.samples, default=0.0)
 
     def _template(self, info: GpuInfo) -> Evidence:
         """Physics signals and the GPU spec of one model: the same for all its GPUs."""
@@ -74,9 +74,11 @@ class Triage:
         out: dict[str, Signal] = {}
         notes: list[str] = []
 
-        def add(name: str, mean: float, **more: float | dict[float, float] | None) -> None:
-            if not math.isnan(mean):
-                out[name] = Signal.from_stats(name, spec(name).unit, SOURCES, mean=mean, n=n, **more)  # type: ignore[arg-type]
+        def add(name: str, mean: float, p90: float | None = None, high: float | None = None,
+                frac_above: dict[float, float] | None = None) -> None:
+            if mean == mean:  # not NaN
+                out[name] = Signal.from_stats(name, _UNITS[name], SOURCES, mean=mean, p90=p90, max=high, n=n,
+                                              frac_above=frac_above)
 
         busy = s.get("gr_engine_active.avg", i)
         if math.isnan(busy):
@@ -85,13 +87,12 @@ class Triage:
         for name, key in (("gpu.sm_active", "sm_active.avg"), ("gpu.tensor_active", "tensor_active.avg"),
                           ("gpu.dram_active", "dram_active.avg")):
             add(name, s.get(key, i))
+        # Only what the rules read: the bytes and MHz themselves are for plots, which a fleet row has none of.
         used, used_p90, total = s.get("fb_used.avg", i), s.get("fb_used.p90", i), s.get("fb_total.last", i)
-        add("gpu.mem_used_bytes", used * MIB, p90=_or_none(used_p90 * MIB))
         if total > 0:
             add("gpu.mem_total_bytes", total * MIB)
             add("gpu.mem_used_frac", used / total, p90=_or_none(used_p90 / total))
         clock = s.get("sm_clock.avg", i)
-        add("gpu.sm_clock_mhz", clock)
         max_clock: float | None = s.get("max_sm_clock.last", i)
         if max_clock is None or math.isnan(max_clock) or max_clock <= 0:
             max_clock, _ = spec_max_clock(ident.model)
@@ -119,13 +120,13 @@ class Triage:
         xid = s.get("xid.max", i)
         if not math.isnan(xid):
             flag = float(xid > 0)
-            add("gpu.xid_errors", flag, max=flag)
+            add("gpu.xid_errors", flag, high=flag)
             if xid > 0:
                 notes.append(f"DCGM reports XID {int(xid)} on {ident.describe()} (DCGM_FI_DEV_XID_ERRORS holds the "
                              "last XID seen, which may predate the window).")
         ecc = s.get("ecc_dbe.increase", i)
         if not math.isnan(ecc):
-            add("gpu.ecc_dbe", max(0.0, ecc), max=max(0.0, ecc))
+            add("gpu.ecc_dbe", max(0.0, ecc), high=max(0.0, ecc))
         return out, notes, max_clock or None
 
     def diagnose(self, i: int, ident: GpuIdentity) -> tuple[Diagnosis, float | None, bool]:
@@ -154,6 +155,10 @@ class Triage:
 
 
 _ACTIVITY = frozenset({"gpu.busy", "gpu.sm_active", "gpu.dram_active", "gpu.tensor_active"})
+_UNITS = {name: spec(name).unit for name in (
+    "gpu.busy", "gpu.sm_active", "gpu.tensor_active", "gpu.dram_active", "gpu.mem_total_bytes", "gpu.mem_used_frac",
+    "gpu.sm_clock_frac", "gpu.throttle.power", "gpu.throttle.thermal", "gpu.throttle.other", "gpu.pcie_tx_bps",
+    "gpu.pcie_rx_bps", "gpu.xid_errors", "gpu.ecc_dbe")}
 
 
 def _or_none(value: float) -> float | None:
