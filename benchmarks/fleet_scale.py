@@ -182,9 +182,12 @@ def load_prometheus(n: int, home: Path, stamps: list[int], made: dict) -> None:
             shutil.move(str(block), str(home / "data" / block.name))
 
 
+VM_LIMITS = ["-search.maxUniqueTimeseries=10000000", "-search.maxQueryDuration=600s", "-search.maxSamplesPerQuery=10000000000"]
+
+
 def load_victoria_metrics(n: int, home: Path, stamps: list[int], made: dict) -> None:
     vmalert = shutil.which("vmalert")
-    with VictoriaMetricsServer(home, [], data_dir=home / "vm-data") as vm:
+    with VictoriaMetricsServer(home, [], data_dir=home / "vm-data", extra_args=VM_LIMITS) as vm:
         t0 = time.monotonic()
         url = urllib.parse.urlsplit(vm.url)
         import http.client
@@ -205,10 +208,13 @@ def load_victoria_metrics(n: int, home: Path, stamps: list[int], made: dict) -> 
         end = stamps[-1] + 1
         t0 = time.monotonic()
         span = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-        subprocess.run([vmalert, f"-rule={rules}", f"-datasource.url={vm.url}", f"-remoteWrite.url={vm.url}",
+        replay = subprocess.run([vmalert, f"-rule={rules}", f"-datasource.url={vm.url}", f"-remoteWrite.url={vm.url}",
                         f"-replay.timeFrom={span(end - 60)}", f"-replay.timeTo={span(end)}",
                         "-replay.maxDatapointsPerQuery=1000", f"-httpListenAddr=127.0.0.1:{free_port()}",
-                        "-loggerLevel=WARN"], check=True, timeout=7200, capture_output=True)
+                        "-loggerLevel=WARN"], timeout=7200, capture_output=True,
+                       check=False)
+        if replay.returncode != 0:
+            raise SystemExit(f"vmalert -replay failed: {replay.stderr.decode()[-3000:]}")
         fetch(f"{vm.url}/internal/force_flush", timeout_s=600, max_bytes=1 << 20)
         made["rules_backfill_s"] = round(time.monotonic() - t0, 1)
 
@@ -229,9 +235,7 @@ def open_engine(kind: str, n: int, keep: Path | None, workdir: Path) -> tuple[Pr
                                                     extra_args=["--storage.tsdb.retention.time=3650d",
                                                                 "--query.max-samples=500000000"])
     else:
-        engine = VictoriaMetricsServer(workdir, [], data_dir=home / "vm-data",
-                                       extra_args=["-search.maxUniqueTimeseries=10000000",
-                                                   "-search.maxQueryDuration=600s"])
+        engine = VictoriaMetricsServer(workdir, [], data_dir=home / "vm-data", extra_args=VM_LIMITS)
     return engine.start(timeout=600), made, made["stamps"]
 
 
