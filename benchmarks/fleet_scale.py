@@ -182,7 +182,8 @@ def load_prometheus(n: int, home: Path, stamps: list[int], made: dict) -> None:
             shutil.move(str(block), str(home / "data" / block.name))
 
 
-VM_LIMITS = ["-search.maxUniqueTimeseries=10000000", "-search.maxQueryDuration=600s", "-search.maxSamplesPerQuery=10000000000"]
+VM_LIMITS = ["-search.maxUniqueTimeseries=10000000", "-search.maxQueryDuration=600s",
+             "-search.maxSamplesPerQuery=10000000000"]
 
 
 def load_victoria_metrics(n: int, home: Path, stamps: list[int], made: dict) -> None:

@@ -187,7 +187,8 @@ def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None,
     forked worker cost as much again to decode (msgpack, 10,000 rows), so workers gained nothing (benchmarks/FLEET.md).
     """
     triage = Triage(stats, thresholds)
-    rows = [_stats_row(triage, usd_per_gpu_hour, (stats.index[g.key], g)) for g in drop_mig_parents(stats.gpus.values())]
+    targets = drop_mig_parents(stats.gpus.values())
+    rows = [_stats_row(triage, usd_per_gpu_hour, (stats.index[g.key], g)) for g in targets]
     return _sorted(rows), triage
 
 

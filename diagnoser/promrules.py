@@ -121,7 +121,7 @@ def build_rules(window_s: float, *, thresholds: Thresholds | None = None) -> lis
     # gpu.busy (GR_ENGINE_ACTIVE, else GPU_UTIL); and the busy signal of the load rules and of the engine's choice,
     # which falls back to SM activity.
     gpu_busy = f"({r('gr_engine_active', 'avg')} or on ({KEY_LABELS}) {r('gpu_util', 'avg')} / 100)"
-    busy = f"({r('gr_engine_active', 'avg')} or on ({KEY_LABELS}) {r('gpu_util', 'avg')} / 100 or on ({KEY_LABELS}) {sm})"
+    busy = f"({gpu_busy[1:-1]} or on ({KEY_LABELS}) {sm})"
     mem_frac = f"({r('fb_used', 'p90')} / on ({KEY_LABELS}) {r('fb_total', 'last')})"
 
     def device(board_expr: str) -> str:

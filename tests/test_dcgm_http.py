@@ -76,7 +76,8 @@ class RawServer:
                     return
                 request += piece
             head, _, body = request.partition(b"\r\n\r\n")
-            length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
+            length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                           if h.lower().startswith(b"content-length")), 0)
             while len(body) < length:
                 body += conn.recv(65536)
             self.respond(conn)
@@ -192,7 +193,8 @@ def test_an_error_sent_with_http_200_shows_the_servers_words(serve) -> None:  # 
 
 
 def test_gzip_answers_are_read_and_bombs_are_capped(serve) -> None:  # type: ignore[no-untyped-def]
-    answer = b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{"UUID":"GPU-a"},"value":[1,"2"]}]}}'
+    answer = (b'{"status":"success","data":{"resultType":"vector",'
+              b'"result":[{"metric":{"UUID":"GPU-a"},"value":[1,"2"]}]}}')
     server = serve(_json_answer(gzip.compress(answer), encoding="gzip"))
     client = PromClient(server.url.replace("127.0.0.1", "localhost"))
     assert client.instant("up", time.time())[0]["metric"] == {"UUID": "GPU-a"}

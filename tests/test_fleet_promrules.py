@@ -61,7 +61,8 @@ def test_rule_group_passes_promtool(tmp_path: Path) -> None:
         assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.skipif(shutil.which("vmalert") is None, reason="vmalert is not installed (Debian's victoria-metrics has it)")
+@pytest.mark.skipif(shutil.which("vmalert") is None,
+                    reason="vmalert is not installed (Debian's victoria-metrics has it)")
 def test_rule_group_loads_in_vmalert(tmp_path: Path) -> None:
     path = tmp_path / "rules.yml"
     path.write_text(rule_group_yaml(3600))

@@ -258,6 +258,9 @@ def identity_from_labels(labels: Mapping[str, str], *, exported_pods: bool = Fal
         index = -1
     uuid = labels[uuid_label] if uuid_label else f"{node}/gpu{index_text}"
     mig_id = labels.get("GPU_I_ID", "")
+    pod_names: tuple[str, ...]
+    ns_names: tuple[str, ...]
+    ct_names: tuple[str, ...]
     if exported_pods:
         pod_names, ns_names, ct_names = ("exported_pod",), ("exported_namespace",), ("exported_container",)
     else:
@@ -739,7 +742,9 @@ def _derived(capture: Capture, window: GpuWindow, labels: dict[str, str]) -> lis
     times, used, free = _aligned(window, "fb_used", "fb_free")
     if not times and window.last("fb_used") is not None and window.last("fb_free") is not None:
         # used + free is the board (or MIG slice) less its reserve: constant, so the last of each will do
-        times, used, free = [window.fields["fb_used"][0][-1]], [window.last("fb_used")], [window.last("fb_free")]
+        last_used, last_free = window.last("fb_used"), window.last("fb_free")
+        assert last_used is not None and last_free is not None
+        times, used, free = [window.fields["fb_used"][0][-1]], [last_used], [last_free]
     if times:
         capture.series.append(_series("gpu.mem_total_bytes", labels, times, [u + f for u, f in zip(used, free)]))
         produced.append("gpu.mem_total_bytes")

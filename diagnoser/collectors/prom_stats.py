@@ -338,12 +338,12 @@ class StatsQuery:
         for series in result:
             grouped.setdefault(series.metric.name, []).append(series)
         for name, members in grouped.items():
-            stat = by_name.get(name)
-            if stat is None:
+            recorded = by_name.get(name)
+            if recorded is None:
                 continue
-            data.values[stat.key] = vector_values(members, data.index, len(data.keys))
-            data.fields_present.add(stat.field)
-            if stat.field == "fb_total":
+            data.values[recorded.key] = vector_values(members, data.index, len(data.keys))
+            data.fields_present.add(recorded.field)
+            if recorded.field == "fb_total":
                 data.fields_present |= {"fb_used", "fb_free"}
         data.recorded = True
         data.notes.append(f"Statistics read from the series the diagnoser rule group records ({duration(length)} "
