@@ -215,3 +215,32 @@ def test_status_errors_keep_the_start_of_their_body(serve) -> None:  # type: ign
     assert err.value.kind == "status" and err.value.status == 400 and b"parse error" in err.value.body
     with pytest.raises(PromError, match="rejected the query: bad_data: parse error"):
         PromClient(server.url).instant("up(", time.time())
+
+
+def test_headers_and_basic_auth_reach_the_server(serve) -> None:  # type: ignore[no-untyped-def]
+    seen: list[bytes] = []
+
+    class Recording(RawServer):
+        def _serve(self, conn: socket.socket) -> None:  # keep the request head
+            conn.settimeout(30)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                piece = conn.recv(65536)
+                if not piece:
+                    break
+                request += piece
+            seen.append(request.split(b"\r\n\r\n")[0].lower())
+            body = b'{"status":"success","data":["DCGM_FI_DEV_FB_USED"]}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            conn.close()
+
+    server = Recording(lambda conn: None)
+    try:
+        url = f"http://tenant:s3cret@127.0.0.1:{server.port}/prometheus"
+        client = PromClient(url, headers={"X-Scope-OrgID": "team-a"})
+        assert client.label_values("__name__", 0, 1) == ["DCGM_FI_DEV_FB_USED"]
+    finally:
+        server.close()
+    head = seen[0]
+    assert head.startswith(b"get /prometheus/api/v1/label/__name__/values?")
+    assert b"x-scope-orgid: team-a" in head and b"authorization: basic dgvuyw50onmzy3jlda==" in head  # tenant:s3cret

@@ -14,6 +14,7 @@ from diagnoser.capture import new_capture, save
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.collectors.dcgm import GpuSelector, collect_dcgm_into, describe_target, selector_for_pid
+from diagnoser.collectors.prom_client import parse_headers
 from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.errors import InputError
 from diagnoser.rules import diagnose as run_diagnosis
@@ -81,7 +82,9 @@ def register(app: typer.Typer) -> None:
         start: str = typer.Option(None, "--start", help="Prometheus: window start (ISO 8601, unix seconds, now-2h)."),
         end: str = typer.Option(None, "--end", help="Prometheus: window end, with --start (default now)."),
         at: str = typer.Option(None, "--at", help="Prometheus: end of the --since window (default now)."),
-        timeout: float = typer.Option(10.0, "--timeout", min=1.0, help="Seconds each request may take."),
+        timeout: float = typer.Option(10.0, "--timeout", min=1.0, help="Seconds each request may take, whole."),
+        headers: list[str] = typer.Option([], "--header", help="Prometheus: an HTTP header for every request, "
+                                          "'Name: value' (Mimir's X-Scope-OrgID, a bearer token); repeatable."),
         save_to: Path = typer.Option(None, "--save", help="Also save the capture (.dgc) for diagnose/report."),
         html: Path = typer.Option(None, "--html", help="Also write the HTML report to this file."),
         as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
@@ -116,7 +119,7 @@ def register(app: typer.Typer) -> None:
             window = resolve_window(since=since, start=start, end=end, at=at, default_s=1800.0)
             capture = new_capture(f"prometheus {prometheus}", started_at=window.start, duration_s=window.length_s)
             targets = collect_dcgm_into(capture, prometheus_url=prometheus, selector=selector, start=window.start,
-                                        end=window.end, timeout_s=timeout)
+                                        end=window.end, timeout_s=timeout, headers=parse_headers(headers))
             capture.target = f"{describe_target(targets)} (Prometheus {prometheus})"
             capture.host = targets[0].node or capture.host
         if save_to is not None:

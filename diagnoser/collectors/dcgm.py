@@ -832,11 +832,13 @@ def collect_dcgm_into(
     end: float | None = None,
     timeout_s: float = 10.0,
     stop: threading.Event | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> list[GpuIdentity]:
     """Fill `capture` with DCGM series of the selected GPU(s); returns them.
 
     exporter_url: scrape it every `interval_s` for `duration_s` (default: the capture's duration) or until `stop`.
-    prometheus_url: range queries over [start, end] (default: the capture's own window, as attach recorded it).
+    prometheus_url: range queries over [start, end] (default: the capture's own window, as attach recorded it), with
+    `headers` on every request (a tenant, a token).
     Raises SourceUnavailable / InputError with one sentence; what was read before a failure stays in the capture.
     """
     selector = selector or GpuSelector()
@@ -847,8 +849,8 @@ def collect_dcgm_into(
 
         w_start = capture.started_at if start is None else start
         w_end = (capture.started_at + capture.duration_s) if end is None else end
-        return collect_target(capture, PromClient(prometheus_url, timeout_s=timeout_s), Window(w_start, w_end),
-                              selector)
+        client = PromClient(prometheus_url, timeout_s=timeout_s, headers=headers)
+        return collect_target(capture, client, Window(w_start, w_end), selector)
     assert exporter_url is not None
     from diagnoser.collectors.dcgm_exporter import DcgmExporterCollector
 
