@@ -124,17 +124,19 @@ def vector_values(result: Sequence[KeyedSeries], index: Mapping[GpuKey, int], n:
     """An instant vector as one float per GPU, in `index` order (NaN: no value). Several series of one GPU (pods
     sharing it) are averaged; series of GPUs not in the index are dropped."""
     out = array("d", [math.nan]) * n
-    seen: dict[int, int] = {}
+    seen = bytearray(n)  # answers grouped by key have one series per GPU; a count only for the odd duplicate
+    get = index.get
     for series in result:
-        i = index.get(series.key)
-        if i is None or series.value is None:
+        m, point = series.metric, series.value
+        i = get((m.UUID or m.uuid, m.GPU_I_ID))
+        if i is None or point is None:
             continue
-        v = series.value[1]
-        if math.isnan(v) or math.isinf(v):
+        v = point[1]
+        if v - v != 0.0:  # NaN or an infinity: no reading
             continue
-        k = seen.get(i, 0)
+        k = seen[i]
         out[i] = v if k == 0 else (out[i] * k + v) / (k + 1)
-        seen[i] = k + 1
+        seen[i] = min(k + 1, 255)
     return out
 
 
