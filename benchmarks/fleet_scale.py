@@ -58,16 +58,15 @@ LEVELS: dict[str, tuple[float, float, float, float, float, float, int]] = {
     "idle": (0.02, 0.01, 0.0, 0.01, 0.05, 1980, 0x1),
     "bandwidth": (0.95, 0.85, 0.22, 0.72, 0.85, 1980, 0),
     "compute": (0.97, 0.93, 0.78, 0.35, 0.70, 1900, 0),
-    "vram": (0.80, 0.60, 0.35, 0.42, 0.995, 1980, 0),
+    "vram": (0.80, 0.85, 0.35, 0.42, 0.995, 1980, 0),
     "batching": (0.30, 0.22, 0.08, 0.12, 0.60, 1980, 0),
     "throttled": (0.92, 0.80, 0.45, 0.40, 0.80, 1188, 0x84),
-    "latency": (0.93, 0.34, 0.10, 0.28, 0.72, 1980, 0),
+    "latency": (0.93, 0.34, 0.05, 0.28, 0.72, 1980, 0),
 }
-# What each class must be found as: the verdict and the rule that leads the findings (latency is named by BAT004,
-# busy-gpu-underfilled, until the rules have a latency limiter of its own).
+# What each class must be found as: the verdict, and the rule that leads the findings.
 EXPECTED = {"idle": ("idle", "IDLE001"), "bandwidth": ("memory_bandwidth", "BW001"), "compute": ("compute", "CMP001"),
             "vram": ("vram", "VRAM003"), "batching": ("batching", "BAT003"), "throttled": ("throttling", "THR001"),
-            "latency": ("batching", "BAT004")}
+            "latency": ("latency", "LAT001")}
 METRICS = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
            "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_SM_CLOCK",
            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
@@ -305,22 +304,20 @@ def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool,
 
 
 def confusion(doc: dict) -> dict[str, dict[str, int]]:
-    """Planted class -> found class (the verdict, and for batching the rule that leads: BAT004 is latency-bound)."""
+    """Planted class -> found class: the verdict and the rule that leads the findings ("latency LAT001")."""
     by_uuid = {uuid_of(n): planted(n) for n in range(len(doc["rows"]) + 8)}
     matrix: dict[str, Counter[str]] = {c: Counter() for c in CLASSES}
     for row in doc["rows"]:
         d = row["diagnosis"]
-        lead = d["findings"][0]["code"] if d["findings"] else ""
-        found = d["verdict"] + (" (BAT004)" if lead == "BAT004" else "")
-        matrix[by_uuid[row["uuid"]]][found] += 1
+        lead = d["findings"][0]["code"] if d["findings"] else "-"
+        matrix[by_uuid[row["uuid"]]][f"{d['verdict']} {lead}"] += 1
     return {c: dict(m.most_common()) for c, m in matrix.items()}
 
 
 def recovered(matrix: dict[str, dict[str, int]]) -> dict[str, float]:
     out = {}
     for c, found in matrix.items():
-        verdict, rule = EXPECTED[c]
-        want = verdict + (" (BAT004)" if rule == "BAT004" else "")
+        want = " ".join(EXPECTED[c])
         total = sum(found.values())
         out[c] = round(found.get(want, 0) / total, 4) if total else 0.0
     return out

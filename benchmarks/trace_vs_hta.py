@@ -1,12 +1,17 @@
 """Time `diagnoser analyze` against HolisticTraceAnalysis (HTA) on the same traces, in the same run.
 
 For every trace this runs, each in a fresh process whose peak RSS is read with wait4():
-  diagnoser-cli   `diagnoser analyze TRACE --json` (the command users run: trace analysis + diagnosis)
-  diagnoser-lib   `python -m diagnoser.traces TRACE` (the analysis alone, no CLI imports)
-  decode-stream   typed msgspec decode of every event, chunk by chunk (the floor for a streaming analysis)
-  decode-whole    typed msgspec decode of the whole file in one call (a "bare typed decode")
+  cli-jN          `diagnoser analyze TRACE --json -j N` (the command users run: trace analysis + diagnosis), for
+                  every N in --jobs (0 = all cores)
+  lib-jN          `python -m diagnoser.traces TRACE -j N` (the analysis alone, no CLI imports)
+  decode-stream   typed msgspec decode of every event, chunk by chunk, one process (the floor for a streaming
+                  analysis)
+  decode-whole    typed msgspec decode of the whole file in one call, one process (the "bare typed decode"; it holds
+                  every event, so it is skipped above --whole-max-mb)
+  decode-jN       the same typed decode of every event in N processes over the parallel reader's ranges, counting
+                  the events (the floor for an analysis on N cores)
   hta             HTA 0.5.x: TraceAnalysis(...) + temporal, kernel-type and idle-time breakdowns
-                  (include_last_profiler_step=True, so both tools see the same steps)
+                  (include_last_profiler_step=True, so both tools see the same steps); skipped above --hta-max-mb
 and prints wall-time and peak-RSS ratios, plus the numbers both tools report (idle share, kernel-type shares,
 host-wait share of idle) side by side.
 
@@ -74,15 +79,54 @@ print(json.dumps({
 
 _DECODE_WHOLE = "import sys; from diagnoser.traces.decode import decode_whole; print(len(decode_whole(sys.argv[1])))"
 _DECODE_STREAM = ("import sys; from diagnoser.traces.decode import iter_event_chunks\n"
-                  "tf, chunks = iter_event_chunks(sys.argv[1])\n"
+                  "tf, chunks = iter_event_chunks(sys.argv[1], max_bytes=1 << 40)\n"
                   "print(sum(len(c) for c in chunks))")
+# The bare typed decode on N processes: the parallel reader's ranges (plain files) or chunks (gzip), decoded into the
+# same structs and counted; no columns, no analysis.
+_DECODE_PAR = r"""
+import gc, mmap, sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from diagnoser.traces import parallel as P
+from diagnoser.traces.decode import DecodeStats, TraceFile, decode_chunk, _open_stream, raw_chunks, read_head
+
+def count(chunks):
+    gc.disable()
+    stats = DecodeStats()
+    return sum(len(decode_chunk(data, mode, stats)) for data, mode in chunks)
+
+def count_range(path, a, b, mode):
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return count(P.range_chunks(mm, a, b, mode, P.CHUNK_BYTES, TraceFile(path=Path(path))))
+
+def count_chunk(data, mode):
+    return count([(data, mode)])
+
+path, jobs = sys.argv[1], int(sys.argv[2]) or P.default_jobs()
+with open(path, "rb") as f:
+    gz = f.read(2) == b"\x1f\x8b"
+with ProcessPoolExecutor(jobs) as pool:
+    if gz:
+        tf = TraceFile(path=Path(path))
+        blocks = _open_stream(Path(path), tf.stats, 1 << 40)
+        head, obj = read_head(blocks, Path(path), tf)
+        futures = [pool.submit(count_chunk, d, m) for d, m in raw_chunks(head, obj, blocks, tf, P.CHUNK_BYTES)]
+    else:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            size = len(mm)
+            start, end, mode = P._events_span(mm, size, Path(path), TraceFile(path=Path(path)))
+            ranges = P._split(mm, start, end, P.RANGE_BYTES)
+        futures = [pool.submit(count_range, path, a, b, mode if b == end else 0) for a, b in ranges]
+    print(sum(f.result() for f in futures))
+"""
 
 
-def run_measured(cmd: list[str], timeout: float) -> dict[str, Any]:
-    """Run a command; wall time, peak RSS (wait4) and stdout."""
+def run_measured(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a command; wall time, peak RSS and CPU time (wait4: the process and the children it waited for) and
+    stdout."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT, env=env)
         deadline = t0 + timeout
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -123,8 +167,7 @@ def make_big(source: Path, copies: int, dest: Path) -> Path:
     tmp = out.with_suffix(".part")
     with open(tmp, "w") as f:
         f.write("{\n")
-        for k, v in data.items():
-            f.write(f'  {json.dumps(k)}: {json.dumps(v)},\n')
+        f.writelines(f'  {json.dumps(k)}: {json.dumps(v)},\n' for k, v in data.items())
         f.write('  "traceEvents": [\n')
         f.write(",\n".join("  " + json.dumps(e) for e in meta))
         for c in range(copies):
@@ -185,23 +228,35 @@ def hta_numbers(h: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def bench_trace(path: Path, repeat: int, skip_hta: bool, timeout: float) -> dict[str, Any]:
+def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeout: float, whole_max_mb: float,
+                hta_max_mb: float) -> dict[str, Any]:
     diagnoser = str(Path(sys.executable).with_name("diagnoser"))
-    tools = {
-        "diagnoser-cli": [diagnoser, "analyze", str(path), "--json"],
-        "diagnoser-lib": [sys.executable, "-m", "diagnoser.traces", str(path)],
-        "decode-stream": [sys.executable, "-c", _DECODE_STREAM, str(path)],
-        "decode-whole": [sys.executable, "-c", _DECODE_WHOLE, str(path)],
-    }
-    if not skip_hta:
+    mb = path.stat().st_size / 1e6
+    tools: dict[str, list[str]] = {}
+    for n in jobs:
+        tools[f"cli-j{n or 'all'}"] = [diagnoser, "analyze", str(path), "--json", "-j", str(n or os.cpu_count())]
+        tools[f"lib-j{n or 'all'}"] = [sys.executable, "-m", "diagnoser.traces", str(path), "-j", str(n or os.cpu_count())]
+    tools["decode-stream"] = [sys.executable, "-c", _DECODE_STREAM, str(path)]
+    if mb <= whole_max_mb:
+        tools["decode-whole"] = [sys.executable, "-c", _DECODE_WHOLE, str(path)]
+    for n in jobs:
+        if n != 1:
+            tools[f"decode-j{n or 'all'}"] = [sys.executable, "-c", _DECODE_PAR, str(path), str(n)]
+    if not skip_hta and mb <= hta_max_mb:
         tools["hta"] = [str(HTA_PYTHON), "-c", _HTA_SCRIPT, str(path)]
+    # this checkout first on the path, so a shared virtual environment runs this code
+    env = {**os.environ, "DIAGNOSER_TRACE_MAX_BYTES": "64G", "PYTHONPATH": str(ROOT)}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in tools}
     for _ in range(repeat):
         for name, cmd in tools.items():  # interleaved, so a burst of load hits every tool alike
-            r = run_measured(cmd, timeout)
+            load = os.getloadavg()[0]
+            r = run_measured(cmd, timeout, env)
+            r["load"] = (load + os.getloadavg()[0]) / 2
             if r["rc"] != 0:
                 print(f"  {name} failed (rc {r['rc']}): {r['stderr'][-300:]}", file=sys.stderr)
             runs[name].append(r)
+            print(f"  {name}: {r['wall_s']:.2f} s, {r['rss_mb']:.0f} MB, load {r['load']:.1f}", file=sys.stderr,
+                  flush=True)
     result: dict[str, Any] = {"trace": str(path), "bytes": path.stat().st_size, "tools": {}}
     for name, rs in runs.items():
         ok = [r for r in rs if r["rc"] == 0]
@@ -210,9 +265,9 @@ def bench_trace(path: Path, repeat: int, skip_hta: bool, timeout: float) -> dict
             continue
         result["tools"][name] = {"wall_s": statistics.median(r["wall_s"] for r in ok),
                                  "rss_mb": statistics.median(r["rss_mb"] for r in ok),
-                                 "user_s": statistics.median(r["user_s"] for r in ok),
-                                 "cpu_s": statistics.median(r["user_s"] + r["sys_s"] for r in ok), "runs": len(ok)}
-    lib = [r for r in runs["diagnoser-lib"] if r["rc"] == 0]
+                                 "cpu_s": statistics.median(r["user_s"] + r["sys_s"] for r in ok),
+                                 "load": statistics.median(r["load"] for r in ok), "runs": len(ok)}
+    lib = [r for name, rs in runs.items() if name.startswith("lib-") for r in rs if r["rc"] == 0]
     if lib:
         result["ours"] = ours_numbers(json.loads(lib[-1]["stdout"]))
     hta = [r for r in runs.get("hta", []) if r["rc"] == 0]
@@ -222,34 +277,45 @@ def bench_trace(path: Path, repeat: int, skip_hta: bool, timeout: float) -> dict
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    lines = ["Wall time (s) and peak RSS; in brackets, CPU time (user+sys, s), steadier on a shared machine.", "",
-             "| trace | MB | diagnoser analyze | lib | decode-stream | decode-whole | HTA | HTA/analyze "
-             "| analyze/decode-whole | analyze RSS MB | HTA RSS MB | RSS analyze/HTA |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [("Wall seconds, CPU seconds of the whole process tree (user+sys, children included), peak RSS of the "
+              "largest process, load average while it ran."), ""]
     for r in results:
         t = r["tools"]
+        lines.append(f"### {Path(r['trace']).name} ({r['bytes'] / 1e6:.0f} MB)")
+        lines.append("")
+        lines.append("| tool | wall s | CPU s | peak RSS MB | load |")
+        lines.append("|---|---:|---:|---:|---:|")
+        for name, v in t.items():
+            if "failed" in v:
+                lines.append(f"| {name} | failed | | | |")
+                continue
+            lines.append(f"| {name} | {v['wall_s']:.2f} | {v['cpu_s']:.2f} | {v['rss_mb']:.0f} | {v['load']:.1f} |")
+        ratios = []
 
-        def g(name: str, key: str) -> float | None:
-            return t.get(name, {}).get(key)
+        def wall(name: str, t: dict[str, Any] = t) -> float | None:
+            return t.get(name, {}).get("wall_s")
 
-        rss, hrss = g("diagnoser-cli", "rss_mb"), g("hta", "rss_mb")
-
-        def f(x: float | None, fmt: str = "{:.2f}") -> str:
-            return "-" if x is None else fmt.format(x)
-
-        def both(name: str) -> str:
-            return f"{f(g(name, 'wall_s'))} ({f(g(name, 'cpu_s'))})"
-
-        def ratio(a: str, b: str, fmt: str) -> str:
-            wa, wb, ca, cb = g(a, "wall_s"), g(b, "wall_s"), g(a, "cpu_s"), g(b, "cpu_s")
-            return f"{f(wa / wb if wa and wb else None, fmt)} ({f(ca / cb if ca and cb else None, fmt)})"
-
-        lines.append(f"| {Path(r['trace']).name} | {r['bytes'] / 1e6:.1f} | {both('diagnoser-cli')} | "
-                     f"{both('diagnoser-lib')} | {both('decode-stream')} | {both('decode-whole')} | {both('hta')} | "
-                     f"{ratio('hta', 'diagnoser-cli', '{:.1f}x')} | {ratio('diagnoser-cli', 'decode-whole', '{:.2f}x')} "
-                     f"| {f(rss, '{:.0f}')} | {f(hrss, '{:.0f}')} | {f(rss / hrss if rss and hrss else None, '{:.2f}')} |")
-    lines += ["", "| trace | tool | window ms | idle % | COMPUTATION % | COMMUNICATION % | MEMORY % "
-              "| host-wait % of idle | kernel-wait % of idle |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for name in t:
+            if not name.startswith("cli-"):
+                continue
+            n = name.removeprefix("cli-")
+            parts = [f"{name}:"]
+            if wall("hta") and wall(name):
+                parts.append(f"HTA/ours {wall('hta') / wall(name):.1f}x")  # type: ignore[operator]
+            lib = wall(f"lib-{n}")
+            if lib and wall("decode-whole"):
+                parts.append(f"lib/decode-whole {lib / wall('decode-whole'):.2f}x")  # type: ignore[operator]
+            if lib and wall("decode-stream"):
+                parts.append(f"lib/decode-stream {lib / wall('decode-stream'):.2f}x")  # type: ignore[operator]
+            if lib and wall(f"decode-{n}"):
+                parts.append(f"lib/decode-{n} {lib / wall(f'decode-{n}'):.2f}x")  # type: ignore[operator]
+            rss, hrss = t.get(name, {}).get("rss_mb"), t.get("hta", {}).get("rss_mb")
+            if rss and hrss:
+                parts.append(f"RSS ours/HTA {rss / hrss:.2f}")
+            ratios.append(" ".join(parts))
+        lines += [""] + [f"- {x}" for x in ratios] + [""]
+    lines += [("| trace | tool | window ms | idle % | COMPUTATION % | COMMUNICATION % | MEMORY % "
+               "| host-wait % of idle | kernel-wait % of idle |"), "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         for tool in ("ours", "hta"):
             n = r.get(tool)
@@ -271,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per tool per trace (median reported)")
     ap.add_argument("--big-repeat", type=int, default=1, help="runs per tool on traces over 100 MB")
     ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--jobs", type=int, nargs="*", default=[1, 2, 0], help="processes for ours (0: all cores)")
+    ap.add_argument("--whole-max-mb", type=float, default=1000.0, help="skip decode-whole above this size")
+    ap.add_argument("--hta-max-mb", type=float, default=1000.0, help="skip HTA above this size (it needs ~5x in RAM)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     args = ap.parse_args(argv)
     if not args.skip_hta and not HTA_PYTHON.exists():
@@ -288,7 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in traces:
         repeat = args.big_repeat if path.stat().st_size > 100e6 else args.repeat
         print(f"{path.name} ({path.stat().st_size / 1e6:.1f} MB) x{repeat} ...", file=sys.stderr, flush=True)
-        results.append(bench_trace(path, repeat, args.skip_hta, args.timeout))
+        jobs = sorted(set(args.jobs), key=lambda n: n or 1 << 30)
+        if (os.cpu_count() or 1) <= 2:
+            jobs = [n for n in jobs if n != 0] or [1]  # "all" is 2 here: the same run as -j 2
+        results.append(bench_trace(path, repeat, jobs, args.skip_hta, args.timeout, args.whole_max_mb,
+                                   args.hta_max_mb))
     machine = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
                "date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_at_end": os.getloadavg()}
     (OUT / "results.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1))

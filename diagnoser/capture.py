@@ -24,7 +24,8 @@ from diagnoser.fileio import write_atomic
 
 FORMAT_NAME = "diagnoser-capture"
 # Bump when a change is not backward compatible; add a migration in _MIGRATIONS from the old version.
-FORMAT_VERSION = 1
+# 2: `serving` became a typed ServingConfig (version 1 wrote a free dict); `origin` added.
+FORMAT_VERSION = 2
 
 # Sources a number can come from. Kept as plain strings so collectors added later need no change here.
 SOURCES = ("nvml", "gpm", "dcgm", "psutil", "server", "trace", "physics", "user")
@@ -46,6 +47,11 @@ class Series(msgspec.Struct, kw_only=True):
     times: list[float] = msgspec.field(default_factory=list)
     values: list[float] = msgspec.field(default_factory=list)
     labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A signal constant (diagnoser.signals.Sig) is a str subclass: keep the plain name, which msgspec encodes.
+        if type(self.name) is not str:
+            self.name = str.__str__(self.name)
 
     def add(self, t: float, value: float) -> None:
         # A counter that returns NaN or inf (GPM's first interval on an H100 does) read nothing: no point.
@@ -118,10 +124,116 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     kv_heads: int | None = None
     head_dim: int | None = None
     vocab: int | None = None
-    dtype: str = ""  # weights: fp32, bf16, fp16, fp8, int8, int4
+    dtype: str = ""  # weights: fp32, bf16, fp16, fp8, int8, int4, fp4
     kv_dtype: str = ""
     max_context: int | None = None
     tensor_parallel: int = 1
+    # How quantised weights are stored, from the config's quantization_config (docs/physics.md): the method
+    # ("gptq", "awq", "fp8", "nvfp4", "mxfp4", ...), weights per scale group (-1: one scale per output channel;
+    # None: the precision's default), bytes of one group's scale and zero point (None: the method's default), and
+    # whether lm_head is quantised too (it stays 16-bit in most checkpoints).
+    quant_method: str = ""
+    quant_group_size: int | None = None
+    quant_scale_bytes: float | None = None
+    quant_lm_head: bool = False
+    tied_embeddings: bool = False  # lm_head shares the input embedding's matrix
+
+
+class KernelStat(msgspec.Struct, kw_only=True):
+    """One kernel name's time in a trace (TraceSummary.top_kernels; docs/traces.md)."""
+
+    name: str  # short readable name (no namespaces, template arguments or parameters)
+    full_name: str = ""  # as the trace spells it (capped at 512 characters)
+    kind: str = ""  # its class, a key of TraceSummary.kernel_share
+    count: int = 0
+    total_us: float = 0.0
+    share: float = 0.0  # of summed GPU-op time (the kernel_share basis)
+    mean_us: float = 0.0
+    p50_us: float = 0.0
+    p90_us: float = 0.0
+    # FLOPs and bytes per call from the launching op's recorded shapes, over the calls that have them (`costed_calls`),
+    # and what those calls achieved: FLOP/s and bytes/s over their own GPU time. None without shapes.
+    costed_calls: int = 0
+    flops_per_call: float | None = None
+    bytes_per_call: float | None = None
+    achieved_flop_per_s: float | None = None
+    achieved_bytes_per_s: float | None = None
+
+
+class DurationStats(msgspec.Struct, kw_only=True):
+    """The distribution of kernel durations (µs): percentiles and a histogram on 1-2-5 bins."""
+
+    count: int = 0
+    mean_us: float = 0.0
+    p10_us: float = 0.0
+    p50_us: float = 0.0
+    p90_us: float = 0.0
+    p99_us: float = 0.0
+    max_us: float = 0.0
+    bin_edges_us: list[float] = msgspec.field(default_factory=list)  # upper edges; the last bin is open
+    bin_counts: list[int] = msgspec.field(default_factory=list)  # len(bin_edges_us) + 1
+    bin_time_us: list[float] = msgspec.field(default_factory=list)  # summed duration per bin
+
+
+class TimelineItem(msgspec.Struct, kw_only=True, array_like=True):
+    """One GPU op in TimelineWindow: times are µs from the window's start; `name` indexes TimelineWindow.names.
+    Encoded as an array in field order (a window holds up to 2,000 of them)."""
+
+    device: int
+    stream: int
+    start_us: float
+    dur_us: float
+    kind: str  # kernel class (gemm, attention, comm, memcpy, ...)
+    name: int
+
+
+class TimelineGap(msgspec.Struct, kw_only=True, array_like=True):
+    """A device-level idle gap inside the window, with its idle cause (a key of idle_frac_by_cause); an array in
+    field order."""
+
+    device: int
+    start_us: float
+    dur_us: float
+    cause: str
+
+
+class HostCall(msgspec.Struct, kw_only=True, array_like=True):
+    """A host launch, copy or sync call inside the window (for a host lane); an array in field order."""
+
+    tid: int
+    start_us: float
+    dur_us: float
+    kind: str  # launch, graph, copy, sync
+
+
+class TimelineWindow(msgspec.Struct, kw_only=True):
+    """A compact window of the GPU timeline around a representative step, to draw (at most `MAX_ITEMS` ops)."""
+
+    label: str = ""  # what the window shows: "ProfilerStep#12", "middle of the GPU activity"
+    start_us: float = 0.0  # trace µs of the window's start
+    offset_us: float = 0.0  # from the analysed window's start
+    length_us: float = 0.0
+    names: list[str] = msgspec.field(default_factory=list)  # short kernel names
+    items: list[TimelineItem] = msgspec.field(default_factory=list)
+    gaps: list[TimelineGap] = msgspec.field(default_factory=list)
+    host_calls: list[HostCall] = msgspec.field(default_factory=list)
+    capped: bool = False  # the window was shortened to keep the item count
+
+
+class RankStat(msgspec.Struct, kw_only=True):
+    """One rank of a multi-rank job (TraceSummary.ranks): fractions are of that rank's own analysed window."""
+
+    rank: int | None = None  # distributedInfo.rank
+    path: str = ""  # file name
+    window_s: float = 0.0
+    gpu_busy_frac: float | None = None
+    compute_frac: float | None = None  # GPU busy with anything but exposed communication
+    comm_frac: float | None = None  # communication kernels running (overlapped or not)
+    comm_exposed_frac: float | None = None  # communication with no compute beside it
+    idle_frac_by_cause: dict[str, float] = msgspec.field(default_factory=dict)
+    kernel_count: int = 0
+    step_ms_p50: float | None = None  # median ProfilerStep duration
+    straggler: bool = False
 
 
 class TraceSummary(msgspec.Struct, kw_only=True):
@@ -154,6 +266,149 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     # Precision most of the costed op time ran at (fp32, tf32, bf16, fp16, fp8); "" when unknown. The ridge point
     # is read at this precision when the capture has no model dtype.
     dtype: str = ""
+    # Data quality (docs/traces.md): the file was cut short; events found (read and left out); events left out, in
+    # all and by reason (malformed_json, bad_field_type, truncated_tail, non_finite_time, negative_time,
+    # negative_duration, missing_time).
+    truncated: bool = False
+    events_total: int = 0
+    events_skipped: int = 0
+    skip_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    # What ran (docs/traces.md): "cuda" | "rocm" | ""; "training" | "inference" | "" with the reasons; ProfilerStep
+    # annotations (None: none); whether the trace holds only part of what ran (a sample of the events, records the
+    # profiler dropped) and why.
+    platform: str = ""
+    workload: str = ""
+    workload_evidence: list[str] = msgspec.field(default_factory=list)
+    steps: int | None = None
+    sampled: bool = False
+    sampled_reason: str = ""
+    # Shares of GPU kernel time: launched from CUDA/HIP graph replays; launched by ops whose FLOPs and bytes are known
+    # (how far intensity_flop_per_byte speaks for the whole trace).
+    graph_kernel_frac: float | None = None
+    # The longest single idle gap over the window: near 1, the window holds one long pause (a warm-up, a stray
+    # kernel long before the steps) and its idle shares describe that pause, not the workload.
+    longest_gap_frac: float | None = None
+    costed_time_frac: float | None = None
+    top_kernels: list[KernelStat] = msgspec.field(default_factory=list)
+    kernel_duration_us: DurationStats | None = None
+    timeline: TimelineWindow | None = None
+    # Share of summed GPU-op time by collective (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv,
+    # other): adds up to kernel_share["comm"].
+    comm_share_by_kind: dict[str, float] = msgspec.field(default_factory=dict)
+    # Multi-rank input (a folder or several files of one job): one entry per rank, and a sentence naming a straggler.
+    ranks: list[RankStat] = msgspec.field(default_factory=list)
+    straggler: str = ""
+
+
+class StackFrame(msgspec.Struct, kw_only=True):
+    """One Python frame: function, file (as the sampler shortens it: package-relative) and line."""
+
+    function: str
+    file: str = ""
+    line: int = 0
+
+
+class HotFrame(msgspec.Struct, kw_only=True):
+    """A function of one thread and the share of that thread's active samples it was running in."""
+
+    frame: StackFrame
+    self_frac: float  # with this function innermost
+    total_frac: float  # with it anywhere on the stack
+
+
+class HotStack(msgspec.Struct, kw_only=True):
+    frames: list[StackFrame]  # innermost first, cut to a few frames
+    frac: float  # share of the thread's active samples
+
+
+class ThreadStacks(msgspec.Struct, kw_only=True):
+    """The sampled Python stacks of one thread of the target, reduced to what a finding cites."""
+
+    pid: int
+    tid: int | None = None
+    name: str = ""
+    samples: int = 0  # samples with the thread active (idle threads are not sampled)
+    active_frac: float = 0.0  # share of the window the thread was active in Python
+    role: str = ""  # scheduler, tokenizer, detokenizer, sampling, data movement, serialization, http, "" (unknown)
+    roles: dict[str, float] = msgspec.field(default_factory=dict)  # role -> share of the thread's samples
+    top: list[HotFrame] = msgspec.field(default_factory=list)
+    stacks: list[HotStack] = msgspec.field(default_factory=list)
+
+
+class StackSamples(msgspec.Struct, kw_only=True):
+    """Python stacks sampled from the target during the window (py-spy), busiest threads first."""
+
+    tool: str = "py-spy"
+    rate_hz: float = 0.0
+    duration_s: float = 0.0
+    samples: int = 0
+    errors: int = 0
+    threads: list[ThreadStacks] = msgspec.field(default_factory=list)
+
+
+class TraceCost(msgspec.Struct, kw_only=True):
+    """What taking a trace cost the server: its rates in the counter window and while tracing (tracing/cost.py)."""
+
+    seconds: float = 0.0
+    before: dict[str, float] = msgspec.field(default_factory=dict)
+    during: dict[str, float] = msgspec.field(default_factory=dict)
+    loss: dict[str, float] = msgspec.field(default_factory=dict)
+    pauses_ms: dict[str, float] = msgspec.field(default_factory=dict)
+    why_not: str = ""
+
+
+class ServingConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How the server is configured, as far as its command line, its /metrics page or the user said.
+
+    None (or "") is "not known", never a default: a rule that needs a value must say it assumed one.
+    """
+
+    engine: str = ""  # vllm, sglang, tgi, triton, demo, selftest
+    max_num_seqs: int | None = None  # vLLM --max-num-seqs; SGLang --max-running-requests
+    max_num_batched_tokens: int | None = None
+    max_batch_total_tokens: int | None = None  # TGI
+    max_model_len: int | None = None
+    kv_cache_tokens: int | None = None  # size of the KV pool in tokens, where the server says (demo, SGLang)
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    dtype: str = ""  # --dtype as given
+    quantization: str = ""  # --quantization / --quantize as given
+    kv_cache_dtype: str = ""  # --kv-cache-dtype as given ("auto" = the activations' precision)
+    gpu_memory_utilization: float | None = None  # vLLM
+    mem_fraction_static: float | None = None  # SGLang
+    block_size: int | None = None  # KV block size in tokens
+    enforce_eager: bool | None = None  # vLLM --enforce-eager: no CUDA graphs
+    disable_cuda_graph: bool | None = None  # SGLang --disable-cuda-graph
+    chunked_prefill: bool | None = None
+    prefix_caching: bool | None = None
+    mean_context_tokens: float | None = None  # mean tokens per sequence (prompt + generated) while served
+    load_concurrency: int | None = None  # closed-loop clients of the demo's load generator
+    selftest_scenario: str = ""
+    usd_per_gpu_hour: float | None = None  # what one GPU hour costs the user (for cost per token)
+    trace_cost: TraceCost | None = None
+    # Other flags read from the command line, as text, for the report.
+    extra: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def items(self) -> list[tuple[str, Any]]:
+        """The known values, in field order, for a report."""
+        out: list[tuple[str, Any]] = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value is None or value == "" or value == {} or name == "trace_cost":
+                continue
+            if name == "extra":
+                out.extend(value.items())
+            else:
+                out.append((name, value))
+        return out
+
+    def graphs_disabled(self) -> bool | None:
+        """True when the command line turned CUDA graphs off, False when it shows a graph-capable default."""
+        if self.enforce_eager or self.disable_cuda_graph:
+            return True
+        if self.engine in ("vllm", "sglang") and (self.enforce_eager is False or self.disable_cuda_graph is False):
+            return False
+        return None
 
 
 class Capture(msgspec.Struct, kw_only=True):
@@ -168,13 +423,17 @@ class Capture(msgspec.Struct, kw_only=True):
     process: ProcessInfo | None = None
     server: ServerInfo | None = None
     model: ModelInfo | None = None
-    serving: dict[str, Any] = msgspec.field(default_factory=dict)  # known serving config (max_num_seqs, ...)
+    serving: ServingConfig = msgspec.field(default_factory=ServingConfig)
+    # What made the capture: attach, dcgm, fleet, trace (analyze), selftest, demo, agent; "" when not said.
+    origin: str = ""
     series: list[Series] = msgspec.field(default_factory=list)
     trace: TraceSummary | None = None
     unavailable: list[Unavailable] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
     # Set by tests and the demo: a capture that did not come from a GPU says so, and the verdict repeats it.
     cpu_only: bool = False
+    # The target's Python stacks sampled during the window (collectors/stacks.py), when sampling worked.
+    stacks: StackSamples | None = None
 
     def series_named(self, name: str) -> list[Series]:
         return [s for s in self.series if s.name == name]
@@ -204,13 +463,34 @@ class _Envelope(msgspec.Struct):
     capture: msgspec.Raw
 
 
-_MIGRATIONS: dict[int, Any] = {}  # version -> function(dict) -> dict of version + 1
+def _serving_v1_to_v2(raw: Any) -> Any:
+    """Version 1 kept the serving config as a free dict: known keys become typed fields, the rest text in `extra`."""
+    if not isinstance(raw, dict):
+        return raw
+    old = raw.get("serving")
+    if not isinstance(old, dict):
+        raw["serving"] = {}
+        return raw
+    fields = ServingConfig.__struct_fields__
+    renames = {"tensor_parallel": "tensor_parallel_size", "max_running_requests": "max_num_seqs"}
+    new: dict[str, Any] = {"extra": {}}
+    for key, value in old.items():
+        name = renames.get(key, key)
+        if name in fields and name != "extra":
+            new[name] = value
+        elif value is not None:
+            new["extra"][str(key)] = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    raw["serving"] = new
+    return raw
+
+
+_MIGRATIONS: dict[int, Any] = {1: _serving_v1_to_v2}  # version -> function(dict) -> dict of version + 1
 
 
 def dumps(capture: Capture) -> bytes:
     for series in capture.series:  # series built directly (DCGM answers, tests) bypass Series.add's check
         series.drop_non_finite()
-    body = msgspec.json.encode({"format": FORMAT_NAME, "version": FORMAT_VERSION, "capture": capture})
+    body = msgspec.json.encode({"format": FORMAT_NAME, "version": FORMAT_VERSION, "capture": capture}, enc_hook=str)
     return gzip.compress(body, compresslevel=6, mtime=0)
 
 

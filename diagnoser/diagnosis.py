@@ -16,6 +16,9 @@ class Limiter(str, Enum):
     VRAM = "vram"
     MEMORY_BANDWIDTH = "memory_bandwidth"
     COMPUTE = "compute"
+    # A busy GPU whose kernels saturate neither HBM nor the SMs: the gap is in the kernels (small or unfused kernels,
+    # poor occupancy, launch-to-launch gaps), whichever roof the work would hit.
+    LATENCY = "latency"
     BATCHING = "batching"
     HOST_LAUNCH = "host_launch"
     THROTTLING = "throttling"
@@ -32,6 +35,7 @@ LIMITER_LABELS = {
     Limiter.VRAM: "VRAM-limited",
     Limiter.MEMORY_BANDWIDTH: "memory-bandwidth-limited",
     Limiter.COMPUTE: "compute-limited",
+    Limiter.LATENCY: "latency/kernel-bound",
     Limiter.BATCHING: "batching-limited",
     Limiter.HOST_LAUNCH: "host/launch-bound",
     Limiter.THROTTLING: "throttled (power/thermal)",
@@ -41,6 +45,81 @@ LIMITER_LABELS = {
 }
 
 INCONCLUSIVE = "inconclusive"
+
+
+class Regime(str, Enum):
+    """Which roof the work would hit if nothing else held it back: its arithmetic intensity against the ridge."""
+
+    MEMORY = "memory"
+    COMPUTE = "compute"
+    UNKNOWN = ""
+
+
+class FixKind(str, Enum):
+    """What a fix changes. One kind appears once per diagnosis, and a kind the capture shows in place is not offered."""
+
+    # memory and batching
+    BATCH_MORE = "batch_more"
+    CONTINUOUS_BATCHING = "continuous_batching"
+    KV_MEMORY = "kv_memory"
+    FP8_KV = "fp8_kv"
+    QUANTIZE_FOR_MEMORY = "quantize_for_memory"
+    SHARD_MODEL = "shard_model"
+    CONFIRM_METRICS = "confirm_metrics"
+    # bytes and math
+    FP8_WEIGHTS = "fp8_weights"
+    INT4_WEIGHTS = "int4_weights"
+    FP8_MATMUL = "fp8_matmul"
+    SPLIT_PREFILL = "split_prefill"
+    ADD_GPUS = "add_gpus"
+    # kernels and launches
+    FUSE_KERNELS = "fuse_kernels"
+    TUNED_ENGINE = "tuned_engine"
+    CUDA_GRAPHS = "cuda_graphs"
+    OFFLOAD_HOST_WORK = "offload_host_work"
+    REMOVE_SYNCS = "remove_syncs"
+    PIN_MEMORY = "pin_memory"
+    # links, hardware, provisioning
+    REDUCE_TP = "reduce_tp"
+    KEEP_DATA_ON_GPU = "keep_data_on_gpu"
+    POWER_COOLING = "power_cooling"
+    DRAIN_GPU = "drain_gpu"
+    RIGHT_SIZE = "right_size"
+    # serving-engine features
+    PREFIX_CACHING = "prefix_caching"
+    SPEC_DECODE = "spec_decode"
+    MAX_TOKENS = "max_tokens"
+    LORA = "lora"
+    # training
+    OVERLAP_COMM = "overlap_comm"
+    MIXED_PRECISION = "mixed_precision"
+    LARGER_BATCH = "larger_batch"
+    FUSED_OPTIMIZER = "fused_optimizer"
+    BALANCE_RANKS = "balance_ranks"
+
+
+# Fixes that only make sense for an inference server (a training job gets none of them).
+SERVING_ONLY = frozenset({
+    FixKind.BATCH_MORE, FixKind.CONTINUOUS_BATCHING, FixKind.KV_MEMORY, FixKind.FP8_KV, FixKind.TUNED_ENGINE,
+    FixKind.SPLIT_PREFILL, FixKind.REDUCE_TP, FixKind.PREFIX_CACHING, FixKind.SPEC_DECODE, FixKind.MAX_TOKENS,
+    FixKind.LORA, FixKind.RIGHT_SIZE, FixKind.CONFIRM_METRICS,
+})
+TRAINING_ONLY = frozenset({FixKind.OVERLAP_COMM, FixKind.LARGER_BATCH, FixKind.FUSED_OPTIMIZER,
+                           FixKind.BALANCE_RANKS})
+
+
+class Benefit(str, Enum):
+    """What a fix buys: this traffic served faster, more traffic on the same GPUs, or something else."""
+
+    SPEED = "speed"  # the same requests finish sooner
+    CAPACITY = "capacity"  # more requests fit; only a gain if more load is offered
+    COST = "cost"  # fewer or cheaper GPUs for the same load
+    HEALTH = "health"  # a broken or degraded GPU
+
+
+class GainKind(str, Enum):
+    ESTIMATE = "estimate"  # what the physics predicts this capture would get
+    UPPER_BOUND = "upper_bound"  # the most it could give (e.g. all of a measured idle share removed)
 
 
 @dataclass(frozen=True)
@@ -55,6 +134,11 @@ class Citation:
     op: str = ""  # ">=", "<", ...; empty for context numbers
     threshold: float | None = None
 
+    def __post_init__(self) -> None:
+        # A signal constant is a str subclass; the diagnosis keeps the plain name (msgspec and pickle see a str).
+        if type(self.signal) is not str:
+            object.__setattr__(self, "signal", str.__str__(self.signal))
+
     def text(self) -> str:
         from diagnoser.units import fmt
 
@@ -68,9 +152,18 @@ class Citation:
 class Fix:
     title: str
     action: str  # what to change, concretely
-    gain: float | None = None  # predicted throughput multiplier (1.8 = +80 %); None when not predictable
-    basis: str = ""  # how the gain was predicted
-    rule: str = ""  # the rule code that proposed it
+    gain: float | None = None  # throughput multiplier (1.8 = +80 %); None when not predictable
+    basis: str = ""  # how the gain was predicted, and what bounds it
+    rule: str = ""  # the rule code that proposed it (the first, when several did)
+    kind: FixKind = FixKind.TUNED_ENGINE
+    gain_kind: GainKind = GainKind.ESTIMATE
+    benefit: Benefit = Benefit.SPEED
+    capped: str = ""  # set when the gain was capped: by what, from what
+    rules: tuple[str, ...] = ()  # every rule that proposed this kind of fix
+
+    @property
+    def is_upper_bound(self) -> bool:
+        return self.gain_kind is GainKind.UPPER_BOUND
 
 
 @dataclass(frozen=True)
@@ -82,12 +175,25 @@ class Finding:
     message: str  # one sentence
     citations: tuple[Citation, ...] = ()
     fixes: tuple[Fix, ...] = ()
+    regime: Regime = Regime.UNKNOWN
+    # Achieved over the roof of the regime (0..1), when measured.
+    saturation: float | None = None
 
 
 @dataclass(frozen=True)
 class Skipped:
     code: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """A fix a rule proposed that the capture shows is already in place, or that does not fit the workload."""
+
+    kind: FixKind
+    title: str
+    why: str
+    rule: str
 
 
 @dataclass
@@ -106,6 +212,10 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     context: dict[str, Any] = field(default_factory=dict)
     confidence_reasons: list[str] = field(default_factory=list)
+    regime: Regime = Regime.UNKNOWN
+    saturation: float | None = None
+    withheld: list[Withheld] = field(default_factory=list)
+    workload: str = ""  # inference, training, or "" when not told
 
     @property
     def limiter(self) -> Limiter | None:
@@ -117,9 +227,20 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for f in d["findings"]:
-            f["limiter"] = Limiter(f["limiter"]).value
         d["schema_version"] = SCHEMA_VERSION
         d["confidence_label"] = self.confidence_label
         d["verdict_label"] = self.limiter.label if self.limiter else INCONCLUSIVE
-        return d
+        return _plain(d)  # type: ignore[no-any-return]
+
+
+def _plain(obj: Any) -> Any:
+    """Enums as their values, all the way down (asdict keeps them as members)."""
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {(k.value if isinstance(k, Enum) else k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_plain(v) for v in obj)
+    return obj

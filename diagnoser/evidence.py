@@ -1,7 +1,10 @@
-"""Evidence: pure functions from a capture to named signals with statistics over the window.
+"""Evidence: pure functions from a capture to what rules read.
 
-Rules read only this. A signal that was not measured is absent (never a zero), and `why_missing` says why, from the
-capture's list of unavailable sources.
+Rules read only this, never the capture: named signals with statistics over the window, the hardware and model the
+physics needs, the serving configuration, the trace's facts, which fixes are already in place, the workload's
+regime (which roof it would hit) and how far each roof is from saturated, and what limits the data's quality. A
+signal that was not measured is absent (never a zero), and `why_missing` says why, from the capture's list of
+unavailable sources.
 """
 
 from __future__ import annotations
@@ -11,36 +14,69 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from diagnoser.capture import Capture, GpuInfo, Series
+from diagnoser import signals as S
+from diagnoser.capture import Capture, GpuInfo, ModelInfo, Series, ServingConfig, StackSamples, TraceSummary
+from diagnoser.characterise import fp32_share, graph_share
+from diagnoser.diagnosis import FixKind, Regime
 from diagnoser.signals import spec
+
+if TYPE_CHECKING:
+    from diagnoser.physics import GpuSpec
+
+_STATS = ("mean", "p50", "p90", "p99", "min", "max")
 
 
 @dataclass(frozen=True)
 class Signal:
-    """All samples of one signal over the window (pooled over the target's GPUs), with statistics."""
+    """All samples of one signal over the window (pooled over the target's GPUs), with statistics.
+
+    A signal built from statistics a time-series engine computed (`from_stats`) has no samples; its statistics answer
+    from those numbers."""
 
     name: str
     unit: str
     sources: tuple[str, ...]
     values: tuple[float, ...]
     times: tuple[float, ...] = ()
+    stats: Mapping[str, float] | None = None
+    count: int = 0
+    # Shares of the window at or above given thresholds, where the engine counted them (a 0/1 signal's mean is its
+    # share above 0.5): frac_above answers these exactly instead of interpolating the quantiles.
+    fractions: tuple[tuple[float, float], ...] = ()
+
+    @classmethod
+    def from_stats(cls, name: str, unit: str, sources: tuple[str, ...], *, mean: float, p50: float | None = None,
+                   p90: float | None = None, p99: float | None = None, max: float | None = None,  # noqa: A002
+                   min: float | None = None, n: int = 1,  # noqa: A002
+                   frac_above: Mapping[float, float] | None = None) -> Signal:
+        known = {"mean": mean, "p50": p50, "p90": p90, "p99": p99, "max": max, "min": min}
+        return cls(name, unit, sources, (), (), {k: float(v) for k, v in known.items() if v is not None}, max_(n, 1),
+                   tuple(sorted(frac_above.items())) if frac_above else ())
 
     @property
     def n(self) -> int:
-        return len(self.values)
+        return self.count if self.stats is not None else len(self.values)
+
+    @property
+    def value(self) -> float:
+        """The one number of a one-number signal (trace, physics), or the mean."""
+        return self.values[0] if len(self.values) == 1 else self.mean
 
     @property
     def mean(self) -> float:
+        if self.stats is not None:
+            return self.stats["mean"]
         return math.fsum(self.values) / len(self.values)
 
     @property
     def min(self) -> float:
-        return min(self.values)
+        return self._stat_or("min", min_) if self.stats is not None else min_(self.values)
 
     @property
     def max(self) -> float:
-        return max(self.values)
+        return self._stat_or("max", max_) if self.stats is not None else max_(self.values)
 
     @property
     def p50(self) -> float:
@@ -54,23 +90,56 @@ class Signal:
     def p99(self) -> float:
         return self.quantile(0.99)
 
+    def _stat_or(self, name: str, pick: object) -> float:
+        assert self.stats is not None
+        if name in self.stats:
+            return self.stats[name]
+        known = list(self.stats.values())
+        return pick(known)  # type: ignore[operator,no-any-return]
+
     def quantile(self, q: float) -> float:
-        """Linear-interpolated quantile (numpy's default method)."""
+        """Linear-interpolated quantile (numpy's default method); from the nearest known statistic for a signal
+        built from statistics."""
+        if self.stats is not None:
+            key = {0.5: "p50", 0.9: "p90", 0.99: "p99"}.get(q)
+            if key and key in self.stats:
+                return self.stats[key]
+            return self.stats.get("p90" if q >= 0.75 else "p50", self.stats["mean"])
         xs = sorted(self.values)
         pos = (len(xs) - 1) * q
         lo, hi = math.floor(pos), math.ceil(pos)
         return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
     def frac_above(self, threshold: float) -> float:
-        """Fraction of samples at or above the threshold (samples are evenly spaced in time)."""
+        """Fraction of samples at or above the threshold (samples are evenly spaced in time). From statistics: the
+        share implied by the known quantiles, interpolated."""
+        if self.stats is not None:
+            for at, share in self.fractions:
+                if at == threshold:
+                    return share
+            points = sorted((q, self.stats[k]) for q, k in ((0.0, "min"), (0.5, "p50"), (0.9, "p90"), (0.99, "p99"),
+                                                            (1.0, "max")) if k in self.stats)
+            if not points:
+                return 1.0 if self.mean >= threshold else 0.0
+            if threshold <= points[0][1]:
+                return 1.0 - points[0][0]
+            for (q0, v0), (q1, v1) in zip(points, points[1:]):
+                if v0 <= threshold <= v1:
+                    share = q0 + (q1 - q0) * ((threshold - v0) / (v1 - v0) if v1 > v0 else 1.0)
+                    return 1.0 - share
+            return 0.0
         return sum(1 for v in self.values if v >= threshold) / len(self.values)
 
     def frac_below(self, threshold: float) -> float:
+        if self.stats is not None:
+            return 1.0 - self.frac_above(threshold)
         return sum(1 for v in self.values if v < threshold) / len(self.values)
 
     def stat(self, name: str) -> float:
         if name.startswith("frac_above:"):
             return self.frac_above(float(name.split(":", 1)[1]))
+        if name == "value":
+            return self.value
         return float(getattr(self, name))
 
     @property
@@ -158,36 +227,72 @@ class _StatsSignal(Signal):
         return 1.0 - self.frac_above(threshold)
 
 
+min_, max_ = min, max  # Signal's own min/max properties shadow the builtins inside the class body
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    source: str
+    what: str
+    reason: str
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class Meta:
+    """The capture's identity and circumstances: what the engine needs to write the diagnosis's context."""
+
+    target: str = ""
+    window_s: float = 0.0
+    started_at: float = 0.0
+    host: str = ""
+    tool_version: str = ""
+    cpu_only: bool = False
+    origin: str = ""
+    server_kind: str = ""
+    model_name: str = ""
+    gpus: tuple[GpuInfo, ...] = ()
+    measured_roofs: bool = False
+    exited_at_s: float | None = None
+    notes: tuple[str, ...] = ()
+    unavailable: tuple[Unavailable, ...] = ()
+
+
+@dataclass(frozen=True)
+class Quality:
+    """One thing that limits how far the data can be trusted, and how much it lowers the confidence."""
+
+    factor: float
+    reason: str
+
+
 @dataclass
 class Evidence:
-    """The signals of one capture, plus the context rules may cite (hardware spec, model)."""
+    """What the rules of one capture may read."""
 
-    capture: Capture
     signals: dict[str, Signal] = field(default_factory=dict)
-    gpu_spec: object | None = None  # diagnoser.physics.GpuSpec when the GPU was recognised
+    meta: Meta = field(default_factory=Meta)
+    gpu_spec: GpuSpec | None = None
+    model: ModelInfo | None = None
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    trace: TraceSummary | None = None
+    stacks: StackSamples | None = None  # the target's sampled Python stacks (collectors/stacks.py), when taken
+    # Fixes the capture shows are already in place, with the evidence that says so.
+    in_place: dict[FixKind, str] = field(default_factory=dict)
+    workload: str = ""  # inference, training, or ""
+    platform: str = ""  # cuda, rocm, or ""
+    regime: Regime = Regime.UNKNOWN
+    regime_basis: str = ""
+    context_tokens: int = 0  # mean tokens per sequence when known, else 0
+    quality: list[Quality] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     _absent_key: tuple[tuple[str, str, str], ...] | None = field(default=None, repr=False, compare=False)
 
-    def __contains__(self, name: str) -> bool:
+    def __contains__(self, name: object) -> bool:
         return name in self.signals
-
-    def absent_key(self) -> tuple[tuple[str, str, str], ...]:
-        """What the capture says is unavailable, as a hashable key: two captures with the same key give the same
-        why_missing answers (a fleet's GPUs mostly share one)."""
-        if self._absent_key is None:
-            self._absent_key = tuple((u.source, u.what, u.reason) for u in self.capture.unavailable)
-        return self._absent_key
 
     def get(self, name: str) -> Signal | None:
         return self.signals.get(name)
-
-    def observed_batch(self) -> float | None:
-        """Sequences per step: the server's running count, its batch size, or the trace's decode batch."""
-        for name in ("server.running", "server.batch_size", "trace.decode_batch"):
-            s = self.signals.get(name)
-            if s is not None and s.mean > 0:
-                return s.mean
-        return None
 
     def __getitem__(self, name: str) -> Signal:
         return self.signals[name]
@@ -195,50 +300,118 @@ class Evidence:
     def __iter__(self) -> Iterator[Signal]:
         return iter(self.signals.values())
 
+    def add(self, signal: Signal) -> None:
+        self.signals[signal.name] = signal
+
+    def value(self, name: str) -> float | None:
+        """The mean (or the one value) of a signal, None when absent."""
+        s = self.signals.get(name)
+        return None if s is None else s.value
+
+    def absent_key(self) -> tuple[tuple[str, str, str], ...]:
+        """What the capture says is unavailable, as a hashable key: two captures with the same key give the same
+        why_missing answers (a fleet's GPUs mostly share one)."""
+        if self._absent_key is None:
+            self._absent_key = tuple((u.source, u.what, u.reason) for u in self.meta.unavailable)
+        return self._absent_key
+
     def why_missing(self, name: str) -> str:
         """The capture's own reason a signal is absent, or a generic one."""
         family = name.split(".")[0]
-        for u in self.capture.unavailable:
+        for u in self.meta.unavailable:
             if u.what == name:
                 return f"{u.source}: {u.reason}"
-        for u in self.capture.unavailable:
+        for u in self.meta.unavailable:
             if u.what in (family, f"{family}.*") or name.startswith(u.what.rstrip("*")) and u.what.endswith("*"):
                 return f"{u.source}: {u.reason}"
         return "not collected in this capture"
 
-    def add(self, signal: Signal) -> None:
-        self.signals[signal.name] = signal
+    # --- what several rules ask ------------------------------------------------------------------------------
 
+    def observed_batch(self) -> float | None:
+        """Sequences per step: the server's running count, its batch size, or the trace's decode batch."""
+        for name in (S.SERVER_RUNNING, S.SERVER_BATCH_SIZE, S.TRACE_DECODE_BATCH):
+            s = self.signals.get(name)
+            if s is not None and s.mean > 0:
+                return s.mean
+        return None
+
+    def busy_fraction(self) -> float | None:
+        """Share of the window a kernel ran: NVML/DCGM's busy, else the trace's, else SM activity."""
+        busy = self.signals.get(S.GPU_BUSY)
+        if busy is not None:
+            return busy.mean
+        idle = self.signals.get(S.TRACE_GPU_IDLE_FRAC)
+        if idle is not None:
+            return 1.0 - idle.value
+        sm = self.signals.get(S.GPU_SM_ACTIVE)
+        return sm.mean if sm is not None else None
+
+    def waiting(self) -> float | None:
+        """Mean requests queued, when the server says."""
+        return self.value(S.SERVER_WAITING)
+
+    def weights_dtype(self) -> str | None:
+        """The weights' precision when the model names a known one."""
+        from diagnoser.errors import InputError
+        from diagnoser.physics import normalise_dtype
+
+        if self.model is None or not self.model.dtype:
+            return None
+        try:
+            return normalise_dtype(self.model.dtype)
+        except InputError:
+            return None
+
+
+# --- building it -------------------------------------------------------------------------------------------
 
 def build_evidence(capture: Capture) -> Evidence:
-    ev = Evidence(capture=capture)
+    ev = Evidence(meta=_meta(capture), model=capture.model, serving=capture.serving, trace=capture.trace,
+                  stacks=capture.stacks)
     for signal in _pooled(capture.series):
         ev.add(signal)
     _derive_memory_fraction(capture, ev)
     if capture.trace is not None:
-        for signal in _trace_signals(capture):
+        for signal in _trace_signals(capture.trace):
             ev.add(signal)
+    ev.context_tokens = _observed_context(capture.serving)
     _derive_theory(capture, ev)
     _derive_energy(capture, ev)
+    from diagnoser.characterise import characterise
+
+    characterise(ev)
     return ev
+
+
+def _meta(capture: Capture) -> Meta:
+    return Meta(
+        target=capture.target, window_s=capture.duration_s, started_at=capture.started_at, host=capture.host,
+        tool_version=capture.tool_version, cpu_only=capture.cpu_only, origin=capture.origin,
+        server_kind=capture.server.kind if capture.server is not None else "",
+        model_name=(capture.model.name or "unnamed") if capture.model is not None else "",
+        gpus=tuple(capture.gpus), measured_roofs=any(g.measured for g in capture.gpus),
+        exited_at_s=capture.process.exited_at_s if capture.process is not None else None,
+        notes=tuple(capture.notes),
+        unavailable=tuple(Unavailable(u.source, u.what, u.reason, u.hint) for u in capture.unavailable))
 
 
 def _derive_energy(capture: Capture, ev: Evidence) -> None:
     """Tokens per joule from generation rate and board power; cost per million tokens from a $/GPU-hour."""
     from diagnoser import physics
 
-    gen = ev.get("server.gen_tokens_per_s")
+    gen = ev.get(S.SERVER_GEN_TOKENS_PER_S)
     if gen is None or gen.mean <= 0:
         return
-    power = ev.get("gpu.power_w")
+    gpus = max(1, len(capture.gpus))
+    power = ev.get(S.GPU_POWER_W)
     if power is not None and power.mean > 0:
-        gpus = max(1, len(capture.gpus))
-        ev.add(Signal("energy.tokens_per_joule", "tokens/J", ("server", *power.sources),
+        ev.add(Signal(S.ENERGY_TOKENS_PER_JOULE, S.ENERGY_TOKENS_PER_JOULE.unit, ("server", *power.sources),
                       (physics.tokens_per_joule(gen.mean, power.mean * gpus),)))
-    price = capture.serving.get("usd_per_gpu_hour")
-    if isinstance(price, (int, float)) and price > 0:
-        ev.add(Signal("energy.usd_per_million_tokens", "USD", ("server", "user"),
-                      (physics.cost_per_million_tokens(gen.mean, float(price), gpus=max(1, len(capture.gpus))),)))
+    price = capture.serving.usd_per_gpu_hour
+    if price is not None and price > 0:
+        ev.add(Signal(S.ENERGY_USD_PER_MILLION_TOKENS, "USD", ("server", "user"),
+                      (physics.cost_per_million_tokens(gen.mean, float(price), gpus=gpus),)))
 
 
 def _pooled(series: Iterable[Series]) -> Iterator[Signal]:
@@ -264,16 +437,16 @@ def _pooled(series: Iterable[Series]) -> Iterator[Signal]:
 
 def _derive_memory_fraction(capture: Capture, ev: Evidence) -> None:
     """gpu.mem_used_frac from used bytes and the total (a series or the GPU's size), per GPU, then pooled."""
-    if "gpu.mem_used_frac" in ev or "gpu.mem_used_bytes" not in ev:
+    if S.GPU_MEM_USED_FRAC in ev or S.GPU_MEM_USED_BYTES not in ev:
         return
     totals = {str(g.index): g.memory_total_bytes for g in capture.gpus if g.memory_total_bytes}
-    for s in capture.series_named("gpu.mem_total_bytes"):
+    for s in capture.series_named(S.GPU_MEM_TOTAL_BYTES):
         if s.values:
             totals[s.labels.get("gpu", "0")] = int(max(s.values))
     fracs: list[float] = []
     times: list[float] = []
     sources: set[str] = set()
-    for s in capture.series_named("gpu.mem_used_bytes"):
+    for s in capture.series_named(S.GPU_MEM_USED_BYTES):
         total = totals.get(s.labels.get("gpu", "0"))
         if not total:
             continue
@@ -281,44 +454,58 @@ def _derive_memory_fraction(capture: Capture, ev: Evidence) -> None:
         times.extend(s.times)
         sources.add(s.source)
     if fracs:
-        ev.add(Signal("gpu.mem_used_frac", "ratio", tuple(sorted(sources)), tuple(fracs), tuple(times)))
-    if "gpu.mem_total_bytes" not in ev and totals:
-        ev.add(Signal("gpu.mem_total_bytes", "bytes", ("nvml",), (float(max(totals.values())),)))
+        ev.add(Signal(S.GPU_MEM_USED_FRAC, "ratio", tuple(sorted(sources)), tuple(fracs), tuple(times)))
+    if S.GPU_MEM_TOTAL_BYTES not in ev and totals:
+        ev.add(Signal(S.GPU_MEM_TOTAL_BYTES, "bytes", ("nvml",), (float(max(totals.values())),)))
 
 
-_TRACE_FIELDS = {
-    "trace.gpu_idle_frac": lambda t: None if t.gpu_busy_frac is None else 1.0 - t.gpu_busy_frac,
-    "trace.idle.host_frac": lambda t: t.idle_frac_by_cause.get("host"),
-    "trace.idle.sync_frac": lambda t: t.idle_frac_by_cause.get("sync"),
-    "trace.idle.pageable_memcpy_frac": lambda t: t.idle_frac_by_cause.get("pageable_memcpy"),
-    "trace.idle.queue_dry_frac": lambda t: t.idle_frac_by_cause.get("queue_dry"),
-    "trace.idle.kernel_overhead_frac": lambda t: t.idle_frac_by_cause.get("kernel_overhead"),
-    "trace.share.gemm": lambda t: t.kernel_share.get("gemm"),
-    "trace.share.attention": lambda t: t.kernel_share.get("attention"),
-    "trace.share.comm": lambda t: t.kernel_share.get("comm"),
-    "trace.share.memcpy": lambda t: _sum_or_none(t.kernel_share, ("memcpy", "memset")),
-    "trace.share.elementwise": lambda t: _sum_or_none(t.kernel_share, ("norm_elementwise", "reduction")),
-    "trace.short_kernel_frac": lambda t: t.short_kernel_frac,
-    "trace.kernels_per_s": lambda t: t.kernel_count / t.window_s if t.window_s > 0 and t.kernel_count else None,
-    "trace.cuda_graph_launches": lambda t: float(t.cuda_graph_launches) if t.kernel_count else None,
-    "trace.intensity": lambda t: t.intensity_flop_per_byte,
-    "trace.decode_batch": lambda t: t.decode_batch,
-    "trace.prefill_frac": lambda t: t.prefill_frac,
-}
-
-
-def _sum_or_none(d: dict[str, float], keys: tuple[str, ...]) -> float | None:
+def _sum_or_none(d: Mapping[str, float], keys: tuple[str, ...]) -> float | None:
     present = [d[k] for k in keys if k in d]
     return math.fsum(present) if present else None
 
 
-def _trace_signals(capture: Capture) -> Iterator[Signal]:
-    trace = capture.trace
-    assert trace is not None
+_TRACE_FIELDS = {
+    S.TRACE_GPU_IDLE_FRAC: lambda t: None if t.gpu_busy_frac is None else 1.0 - t.gpu_busy_frac,
+    S.TRACE_IDLE_HOST_FRAC: lambda t: t.idle_frac_by_cause.get("host"),
+    S.TRACE_IDLE_SYNC_FRAC: lambda t: t.idle_frac_by_cause.get("sync"),
+    S.TRACE_IDLE_PAGEABLE_MEMCPY_FRAC: lambda t: t.idle_frac_by_cause.get("pageable_memcpy"),
+    S.TRACE_IDLE_QUEUE_DRY_FRAC: lambda t: t.idle_frac_by_cause.get("queue_dry"),
+    S.TRACE_IDLE_KERNEL_OVERHEAD_FRAC: lambda t: t.idle_frac_by_cause.get("kernel_overhead"),
+    S.TRACE_IDLE_STREAM_WAIT_FRAC: lambda t: t.idle_frac_by_cause.get("stream_wait"),
+    S.TRACE_SHARE_EMBEDDING: lambda t: t.kernel_share.get("embedding"),
+    S.TRACE_SHARE_ALL_TO_ALL: lambda t: t.comm_share_by_kind.get("all_to_all") or None,
+    S.TRACE_RANK_IMBALANCE: lambda t: _rank_imbalance(t),
+    S.TRACE_FP32_SHARE: lambda t: fp32_share(t),
+    S.TRACE_SHARE_GEMM: lambda t: t.kernel_share.get("gemm"),
+    S.TRACE_SHARE_ATTENTION: lambda t: t.kernel_share.get("attention"),
+    S.TRACE_SHARE_COMM: lambda t: t.kernel_share.get("comm"),
+    S.TRACE_SHARE_MEMCPY: lambda t: _sum_or_none(t.kernel_share, ("memcpy", "memset")),
+    S.TRACE_SHARE_ELEMENTWISE: lambda t: _sum_or_none(t.kernel_share, ("norm_elementwise", "reduction")),
+    S.TRACE_SHORT_KERNEL_FRAC: lambda t: t.short_kernel_frac,
+    S.TRACE_KERNELS_PER_S: lambda t: t.kernel_count / t.window_s if t.window_s > 0 and t.kernel_count else None,
+    S.TRACE_CUDA_GRAPH_LAUNCHES: lambda t: float(t.cuda_graph_launches) if t.kernel_count else None,
+    S.TRACE_GRAPH_KERNEL_FRAC: graph_share,
+    S.TRACE_COMM_EXPOSED_FRAC: lambda t: t.extra.get("comm_exposed_frac") if t.kernel_share.get("comm") else None,
+    S.TRACE_INTENSITY: lambda t: t.intensity_flop_per_byte,
+    S.TRACE_DECODE_BATCH: lambda t: t.decode_batch,
+    S.TRACE_PREFILL_FRAC: lambda t: t.prefill_frac,
+}
+
+
+def _rank_imbalance(trace: TraceSummary) -> float | None:
+    """The busiest rank's compute share over the median rank's (the straggler's lead), for two ranks or more."""
+    shares = sorted(r.compute_frac for r in trace.ranks if r.compute_frac)
+    if len(shares) < 2:
+        return None
+    median = shares[len(shares) // 2] if len(shares) % 2 else (shares[len(shares) // 2 - 1] + shares[len(shares) // 2]) / 2
+    return shares[-1] / median if median > 0 else None
+
+
+def _trace_signals(trace: TraceSummary) -> Iterator[Signal]:
     for name, read in _TRACE_FIELDS.items():
         value = read(trace)
         if value is not None and not math.isnan(value):
-            yield Signal(name, spec(name).unit, ("trace",), (float(value),))
+            yield Signal(name, name.unit, ("trace",), (float(value),))
 
 
 def _primary_gpu(capture: Capture) -> GpuInfo | None:
@@ -342,34 +529,70 @@ def _derive_theory(capture: Capture, ev: Evidence) -> None:
     dtype = physics.normalise_dtype(model.dtype) if model and model.dtype else "bf16"
     if not (model and model.dtype) and capture.trace is not None and capture.trace.dtype:
         dtype = physics.normalise_dtype(capture.trace.dtype)  # the precision the traced ops ran at
-    ev.add(Signal("theory.ridge_flop_per_byte", "FLOP/B", ("physics",), (physics.ridge_point(gspec, dtype),)))
-    if "gpu.mem_total_bytes" not in ev:
-        ev.add(Signal("gpu.mem_total_bytes", "bytes", ("physics",), (float(gspec.memory_bytes),)))
+    ev.add(Signal(S.THEORY_RIDGE_FLOP_PER_BYTE, "FLOP/B", ("physics",), (physics.ridge_point(gspec, dtype),)))
+    if S.GPU_MEM_TOTAL_BYTES not in ev:
+        ev.add(Signal(S.GPU_MEM_TOTAL_BYTES, "bytes", ("physics",), (float(gspec.memory_bytes),)))
+    if S.GPU_POWER_DEFAULT_LIMIT_W not in ev and gspec.tdp_w:
+        ev.add(Signal(S.GPU_POWER_DEFAULT_LIMIT_W, "W", ("physics",), (float(gspec.tdp_w),)))
+    _trace_roofs(capture, ev, gspec, dtype)
     if model is None or not model.params:
         return
     tp = max(1, model.tensor_parallel)
-    ev.add(Signal("theory.weight_bytes", "bytes", ("physics",), (physics.weight_bytes(model, dtype) / tp,)))
-    ev.add(Signal("theory.ridge_batch", "sequences", ("physics",), (physics.ridge_batch(model, gspec, dtype),)))
+    ev.add(Signal(S.THEORY_WEIGHT_BYTES, "bytes", ("physics",), (physics.weight_bytes(model, dtype) / tp,)))
+    ev.add(Signal(S.THEORY_RIDGE_BATCH, "sequences", ("physics",), (physics.ridge_batch(model, gspec, dtype),)))
     batch = ev.observed_batch()
-    context = _observed_context(capture)
+    context = ev.context_tokens
+    gen, prompt = ev.get(S.SERVER_GEN_TOKENS_PER_S), ev.get(S.SERVER_PROMPT_TOKENS_PER_S)
+    # Achieved model FLOP/s (2 FLOP per active weight per token, prefill and decode alike) over the tensor peak.
+    rate = (gen.mean if gen is not None else 0.0) + (prompt.mean if prompt is not None else 0.0)
+    if rate > 0:
+        active = model.active_params or model.params
+        flops = 2.0 * active * rate / tp
+        ev.add(Signal(S.THEORY_COMPUTE_ROOF_FRAC, "ratio", ("server", "physics"),
+                      (flops / physics.peak_flops(gspec, dtype),)))
     if batch is None:
         return
-    ceiling = physics.decode_ceiling_tokens_per_s(model, gspec, batch=max(1.0, batch), context=context, dtype=dtype, tp=tp)
-    ev.add(Signal("theory.decode_ceiling_tokens_per_s", "tokens/s", ("physics",), (ceiling,)))
-    gen = ev.get("server.gen_tokens_per_s")
+    step_batch = max(1.0, batch)
+    ceiling = physics.decode_ceiling_tokens_per_s(model, gspec, batch=step_batch, context=context, dtype=dtype, tp=tp)
+    ev.add(Signal(S.THEORY_DECODE_CEILING_TOKENS_PER_S, "tokens/s", ("physics",), (ceiling,)))
+    step_bytes = physics.decode_step_bytes(model, step_batch, context, dtype=dtype, tp=tp)
+    active = model.active_params or model.params
+    ev.add(Signal(S.THEORY_INTENSITY, "FLOP/B", ("physics",), (2.0 * active * step_batch / tp / step_bytes,)))
     if gen is not None and ceiling > 0:
-        ev.add(Signal("theory.efficiency", "ratio", ("server", "physics"), (gen.mean / ceiling,)))
+        ev.add(Signal(S.THEORY_EFFICIENCY, "ratio", ("server", "physics"), (gen.mean / ceiling,)))
+        # Bytes the decode steps read per second over the bandwidth: how close decode runs to the HBM roof.
+        ev.add(Signal(S.THEORY_HBM_ROOF_FRAC, "ratio", ("server", "physics"),
+                      (gen.mean / step_batch * step_bytes / gspec.hbm_bytes_per_s,)))
         # Which phase the GPU's time must go to: a second's generated tokens at the decode ceiling against a second's
         # prompt tokens at the prefill bound (compute, or one weight read for a short prompt).
-        prompt = ev.get("server.prompt_tokens_per_s")
         decode_s = gen.mean / ceiling
         prefill_s = (physics.prefill_time_s(model, gspec, max(1, round(prompt.mean)), dtype, tp)
                      if prompt is not None and prompt.mean > 0 else 0.0)
         if decode_s + prefill_s > 0:
-            ev.add(Signal("theory.decode_share", "ratio", ("server", "physics"), (decode_s / (decode_s + prefill_s),)))
+            ev.add(Signal(S.THEORY_DECODE_SHARE, "ratio", ("server", "physics"), (decode_s / (decode_s + prefill_s),)))
 
 
-def _observed_context(capture: Capture) -> int:
+def _trace_roofs(capture: Capture, ev: Evidence, gspec: GpuSpec, dtype: str) -> None:
+    """How close the traced ops ran to each roof, when the trace measured their FLOP/s and bytes/s over ops that
+    cover most of the GPU time (the server's rates, when known, take precedence: they cover all of it)."""
+    from diagnoser import physics
+    from diagnoser.characterise import MIN_COSTED_SHARE, costed_share
+
+    trace = capture.trace
+    if trace is None:
+        return
+    covered = costed_share(trace)
+    if covered is None or covered < MIN_COSTED_SHARE:
+        return
+    if trace.achieved_bytes_per_s:
+        ev.add(Signal(S.THEORY_HBM_ROOF_FRAC, "ratio", ("trace", "physics"),
+                      (trace.achieved_bytes_per_s / gspec.hbm_bytes_per_s,)))
+    if trace.achieved_flops:
+        ev.add(Signal(S.THEORY_COMPUTE_ROOF_FRAC, "ratio", ("trace", "physics"),
+                      (trace.achieved_flops / physics.peak_flops(gspec, dtype),)))
+
+
+def _observed_context(serving: ServingConfig) -> int:
     """Mean context length when the serving config says so; else 0 (weights only, the optimistic ceiling)."""
-    value = capture.serving.get("mean_context_tokens")
-    return int(value) if isinstance(value, (int, float)) and value > 0 else 0
+    value = serving.mean_context_tokens
+    return int(value) if value is not None and value > 0 else 0

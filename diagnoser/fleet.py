@@ -42,7 +42,9 @@ from diagnoser.evidence import build_evidence
 from diagnoser.fleet_model import FleetReport, FleetRow
 from diagnoser.fleet_triage import Triage
 from diagnoser.physics import match_gpu
-from diagnoser.rules.engine import Thresholds, diagnose_evidence
+from diagnoser.rules.engine import diagnose_evidence
+from diagnoser.rules.ruleset import Overrides as Thresholds
+from diagnoser.rules.ruleset import RuleSet, default_rules
 
 # Rough on-demand list prices per GPU-hour, USD, from the large clouds' public price pages in 2025 (an 8-GPU instance
 # divided by 8). Contracts, reservations and spot prices differ widely: pass --usd-per-gpu-hour for real numbers.
@@ -128,7 +130,7 @@ def _row(data: WindowData, ident: GpuIdentity, usd_per_gpu_hour: float | None,
     if data.failed:
         notes.append("some field queries failed: " + ", ".join(sorted(data.failed)))
     ev = build_evidence(cap)
-    diagnosis = diagnose_evidence(ev, thresholds)
+    diagnosis = diagnose_evidence(ev, _rules_for(thresholds))
     busy = _busy(ev)
     price = _price(ident.model, ident.mig_profile, usd_per_gpu_hour)
     frac = stake_fraction(diagnosis, busy)
@@ -168,6 +170,18 @@ def _stats_row(triage: Triage, usd_per_gpu_hour: float | None, item: tuple[int, 
         partial=bool(notes), notes=notes, basis="recorded statistics" if stats.recorded else "statistics")
 
 
+_RULES: list[tuple[object, RuleSet]] = []
+
+
+def _rules_for(thresholds: Thresholds | None) -> RuleSet:
+    """The rule set with these overrides, built once per fleet run (the same mapping for every GPU)."""
+    if _RULES and _RULES[0][0] is thresholds:
+        return _RULES[0][1]
+    rules = default_rules().with_overrides(thresholds)
+    _RULES[:] = [(thresholds, rules)]
+    return rules
+
+
 @functools.lru_cache(maxsize=256)
 def _price(model: str, mig_profile: str, override: float | None) -> float | None:
     return gpu_price(model, mig_profile, override)
@@ -186,7 +200,7 @@ def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None,
     In this process: a GPU costs the engine about 75 us from its statistics, and handing a diagnosed row back from a
     forked worker cost as much again to decode (msgpack, 10,000 rows), so workers gained nothing (benchmarks/FLEET.md).
     """
-    triage = Triage(stats, thresholds)
+    triage = Triage(stats, _rules_for(thresholds))
     targets = drop_mig_parents(stats.gpus.values())
     rows = [_stats_row(triage, usd_per_gpu_hour, (stats.index[g.key], g)) for g in targets]
     return _sorted(rows), triage

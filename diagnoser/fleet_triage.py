@@ -2,9 +2,10 @@
 computed (collectors/prom_stats.py), with no samples in hand.
 
 Each statistic becomes a `Signal.from_stats` (mean, p90, max answer from it; the throttled share answers the rules'
-"share of samples above 0.5" exactly, being the mean of a 0/1 signal), the GPU gets a small capture of its own (its
-identity, what is missing and why), and `diagnose_evidence` runs as for any capture. What is shared by most GPUs is
-built once: the physics signals per GPU model, and the list of missing signals per set of signals present.
+"share of samples above 0.5" exactly, being the mean of a 0/1 signal), the GPU gets evidence of its own (its identity,
+what is missing and why, what the counters say of its regime), and `diagnose_evidence` runs as for any capture. What
+is shared by most GPUs is built once: the physics signals per GPU model, and the list of missing signals per set of
+signals present.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 from diagnoser import __version__
-from diagnoser.capture import Capture, GpuInfo, Unavailable
+from diagnoser.capture import Capture, GpuInfo
+from diagnoser.characterise import characterise
 from diagnoser.collectors.dcgm import (
     CLOCK_EVENT_OTHER,
     CLOCK_EVENT_POWER,
@@ -26,8 +28,9 @@ from diagnoser.collectors.dcgm import (
 )
 from diagnoser.collectors.prom_stats import WindowStats, bit_shares
 from diagnoser.diagnosis import Diagnosis
-from diagnoser.evidence import Evidence, Signal, build_evidence
-from diagnoser.rules.engine import Thresholds, diagnose_evidence
+from diagnoser.evidence import Evidence, Meta, Signal, Unavailable, build_evidence
+from diagnoser.rules.engine import diagnose_evidence
+from diagnoser.rules.ruleset import RuleSet
 from diagnoser.signals import spec
 
 SOURCES = ("dcgm",)
@@ -38,9 +41,9 @@ class Triage:
     """What the triage of a whole fleet shares: the statistics, and caches of what most GPUs have in common."""
 
     stats: WindowStats
-    thresholds: Thresholds | None = None
+    rules: RuleSet | None = None
     _templates: dict[tuple[str, int | None], Evidence] = field(default_factory=dict)
-    _missing: dict[tuple[frozenset[str], bool], list[Unavailable]] = field(default_factory=dict)
+    _missing: dict[tuple[frozenset[str], bool], tuple[Unavailable, ...]] = field(default_factory=dict)
     spec_clock_models: set[str] = field(default_factory=set)  # models whose max clock came from the spec table
 
     most_samples: float = 0.0  # the anchor field's count of the GPUs that reported all along (fewer: gaps)
@@ -57,14 +60,15 @@ class Triage:
                                                                gpus=[info]))
         return ev
 
-    def _unavailable(self, produced: frozenset[str], mig: bool) -> list[Unavailable]:
+    def _unavailable(self, produced: frozenset[str], mig: bool) -> tuple[Unavailable, ...]:
         key = (produced, mig)
         found = self._missing.get(key)
         if found is None:
             probe = Capture(target="", started_at=0.0, duration_s=0.0)
             mark_missing(probe, set(produced), fields_in_source=self.stats.fields_present, failed=self.stats.failed,
                          mig=mig)
-            found = self._missing[key] = probe.unavailable
+            found = self._missing[key] = tuple(Unavailable(u.source, u.what, u.reason, u.hint)
+                                               for u in probe.unavailable)
         return found
 
     def signals(self, i: int, ident: GpuIdentity) -> tuple[dict[str, Signal], list[str], float | None]:
@@ -138,19 +142,20 @@ class Triage:
         total = signals.get("gpu.mem_total_bytes")
         info.memory_total_bytes = int(total.mean) if total is not None else None
         info.max_sm_clock_mhz = max_clock
-        cap = Capture(target=ident.describe(), started_at=window.start, duration_s=window.length_s, host=ident.node,
-                      tool_version=__version__, gpus=[info], notes=notes)
         produced = frozenset(signals)
-        cap.unavailable = list(self._unavailable(produced, bool(ident.mig_id)))
         if not produced & _ACTIVITY:
-            cap.notes.append(f"{ident.describe()} is listed, but none of the activity fields the rules read "
-                             "(GR_ENGINE_ACTIVE or GPU_UTIL, SM_ACTIVE, DRAM_ACTIVE, PIPE_TENSOR_ACTIVE) has a value "
-                             "for it in the window.")
+            notes.append(f"{ident.describe()} is listed, but none of the activity fields the rules read "
+                         "(GR_ENGINE_ACTIVE or GPU_UTIL, SM_ACTIVE, DRAM_ACTIVE, PIPE_TENSOR_ACTIVE) has a value for "
+                         "it in the window.")
         template = self._template(info)
-        ev = Evidence(capture=cap, signals={**template.signals, **signals}, gpu_spec=template.gpu_spec,
+        meta = Meta(target=ident.describe(), window_s=window.length_s, started_at=window.start, host=ident.node,
+                    tool_version=__version__, origin="fleet", gpus=(info,), notes=tuple(notes),
+                    unavailable=self._unavailable(produced, bool(ident.mig_id)))
+        ev = Evidence(signals={**template.signals, **signals}, meta=meta, gpu_spec=template.gpu_spec,
                       notes=list(template.notes))
+        characterise(ev)  # the regime, from the counters, as for any capture
         busy = signals.get("gpu.busy") or signals.get("gpu.sm_active")
-        return diagnose_evidence(ev, self.thresholds), busy.mean if busy is not None else None, \
+        return diagnose_evidence(ev, self.rules), busy.mean if busy is not None else None, \
             bool(produced & _ACTIVITY)
 
 

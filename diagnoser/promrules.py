@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
+from diagnoser.characterise import COUNTER_DRAM_MIN, COUNTER_TENSOR_BUSY, COUNTER_TENSOR_IDLE
 from diagnoser.collectors.dcgm import CLOCK_EVENT_POWER, CLOCK_EVENT_THERMAL, FIELDS_BY_KEY
 from diagnoser.collectors.prom_stats import (
     FALLBACK,
@@ -42,11 +42,12 @@ from diagnoser.collectors.prom_stats import (
 from diagnoser.collectors.prometheus_source import bits_expr
 from diagnoser.diagnosis import Limiter
 from diagnoser.errors import InputError
-from diagnoser.rules import RULES
-from diagnoser.rules.engine import Thresholds
+from diagnoser.rules import RuleSet, default_rules
 
 BOARD = "UUID, uuid"  # a MIG board's own series carry its device fields, without GPU_I_ID
-_ROOFS = (Limiter.MEMORY_BANDWIDTH.value, Limiter.COMPUTE.value)
+# As the engine's choice reads them (rules/engine.py): a GPU busy under half the time with an underfed finding is
+# limited by what feeds it, not by a roof or its kernels.
+_ROOFS = (Limiter.MEMORY_BANDWIDTH.value, Limiter.COMPUTE.value, Limiter.LATENCY.value)
 _UNDERFED = (Limiter.BATCHING.value, Limiter.HOST_LAUNCH.value, Limiter.IDLE.value)
 # Limiters an alert is worth: the GPU is failing, held back, or paid for and underused. A saturated roof (bandwidth,
 # compute) is the GPU doing its work: a finding for the fleet report, not a page.
@@ -63,14 +64,10 @@ def _names(field_key: str) -> list[str]:
     return list(FIELDS_BY_KEY[field_key].query_names)
 
 
-def _t(thresholds: Thresholds | None, code: str, name: str) -> float:
-    """A rule's threshold, as the engine would use it (the override, else the default)."""
-    override = (thresholds or {}).get(code, {})
-    return float(override.get(name, RULES[code].thresholds[name].value))
-
-
-def _limiter(code: str) -> str:
-    return RULES[code].limiter.value
+def _limiter(rules: RuleSet, code: str) -> str:
+    found = rules.get(code)
+    assert found is not None, code
+    return found.limiter.value
 
 
 def spec_clock_expr(identity: str) -> str:
@@ -92,27 +89,33 @@ def spec_clock_expr(identity: str) -> str:
     return "\n  or\n".join(terms)
 
 
-def build_rules(window_s: float, *, thresholds: Thresholds | None = None) -> list[dict[str, object]]:
-    """The rule group's rules (dicts of record/alert, expr, labels...), in evaluation order."""
+def build_rules(window_s: float, *, rules: RuleSet | None = None) -> list[dict[str, object]]:
+    """The rule group's rules (dicts of record/alert, expr, labels...), in evaluation order, with the thresholds
+    in force in `rules` (the shipped ones by default)."""
+    ruleset = rules or default_rules()
+
+    def t(code: str, name: str) -> str:
+        return f"{ruleset.thresholds(code)[name]:g}"
+
     w = duration(window_s)
 
     def rec(stat: Stat) -> str:
         return record_name(stat, window_s)
 
-    rules: list[dict[str, object]] = []
+    out: list[dict[str, object]] = []
     identity = identity_record_name(window_s)
-    rules.append({"record": identity, "expr": identity_expr(_names("fb_used"), window_s)})
+    out.append({"record": identity, "expr": identity_expr(_names("fb_used"), window_s)})
     for stat in STATS:
         if stat.field == "fb_total":
             expr = stat_expr(stat, _names("fb_used"), window_s, extra_names=_names("fb_free"))
         else:
             expr = stat_expr(stat, _names(stat.field), window_s)
-        rules.append({"record": rec(stat), "expr": expr})
-    rules.append({"record": rec(FALLBACK), "expr": stat_expr(FALLBACK, _names("gpu_util"), window_s,
+        out.append({"record": rec(stat), "expr": expr})
+    out.append({"record": rec(FALLBACK), "expr": stat_expr(FALLBACK, _names("gpu_util"), window_s,
                                                              unless_names=_names("gr_engine_active"))})
 
     spec_clock = f"gpu:dcgm_max_sm_clock:spec_{w}"
-    rules.append({"record": spec_clock, "expr": spec_clock_expr(identity)})
+    out.append({"record": spec_clock, "expr": spec_clock_expr(identity)})
 
     def r(field: str, stat: str) -> str:
         return record_name(Stat(field, stat), window_s)
@@ -145,29 +148,33 @@ def build_rules(window_s: float, *, thresholds: Thresholds | None = None) -> lis
     errors = device(f"max by ({BOARD}) (label_replace({r('xid', 'max')}, \"error\", \"xid\", \"\", \"\") or "
                     f"label_replace({r('ecc_dbe', 'increase')}, \"error\", \"ecc\", \"\", \"\"))")
 
-    t = thresholds
+    k = KEY_LABELS
+    # The regime from the counters, as characterise reads it: DRAM used while the tensor pipes idle is memory-bound
+    # work, tensor pipes busier than DRAM compute-bound.
+    memory_regime = f"({dram} >= {COUNTER_DRAM_MIN:g} and on ({k}) {tensor} < {COUNTER_TENSOR_IDLE:g})"
+    compute_regime = f"({tensor} >= {COUNTER_TENSOR_BUSY:g} and on ({k}) {tensor} > on ({k}) {dram})"
     findings: dict[str, str] = {
-        "ERR001": f"({errors} > {_t(t, 'ERR001', 'errors'):g}) * 0 + 0.95",
-        "VRAM003": f"({mem_frac} >= {_t(t, 'VRAM003', 'mem_used_p90'):g}) * 0 + 0.4",
-        "IDLE001": f"({busy} < {_t(t, 'IDLE001', 'busy_mean'):g}) * 0 + 0.65",
-        "BAT003": f"({busy} >= {_t(t, 'BAT003', 'idle_below'):g} < {_t(t, 'BAT003', 'busy_mean'):g}) * 0 + 0.5",
-        "BAT004": (f"({gpu_busy} >= "
-                   f"{_t(t, 'BAT004', 'busy_min'):g} and on ({KEY_LABELS}) {sm} < {_t(t, 'BAT004', 'sm_max'):g} "
-                   f"and on ({KEY_LABELS}) {dram} < {_t(t, 'BAT004', 'dram_max'):g} "
-                   f"unless on ({KEY_LABELS}) {tensor} >= {_t(t, 'BAT004', 'tensor_max'):g}) * 0 + 0.55"),
-        "BW001": (f"0.55 + clamp_max((({dram} >= {_t(t, 'BW001', 'dram_active_mean'):g} unless on ({KEY_LABELS}) "
-                  f"({dram} - on ({KEY_LABELS}) {tensor} < {_t(t, 'BW001', 'split'):g})) - "
-                  f"{_t(t, 'BW001', 'dram_active_mean'):g}) * 1.5, 0.4)"),
-        "CMP001": _compute_finding(tensor, sm, dram, t),
-        "THR001": (f"0.5 + clamp_max(({_t(t, 'THR001', 'clock_frac_mean'):g} - ({clock_frac} < "
-                   f"{_t(t, 'THR001', 'clock_frac_mean'):g} and on ({KEY_LABELS}) ({throttled} >= "
-                   f"{_t(t, 'THR001', 'throttled_frac'):g}) unless on ({KEY_LABELS}) ({gpu_busy} < 0.3))) * 2, 0.4)"),
+        "ERR001": f"({errors} > {t('ERR001', 'errors')}) * 0 + 0.95",
+        "VRAM003": f"({mem_frac} >= {t('VRAM003', 'mem_used_p90')}) * 0 + 0.4",
+        "IDLE001": f"({busy} < {t('IDLE001', 'busy_mean')}) * 0 + 0.65",
+        "BAT003": f"({busy} >= {t('BAT003', 'idle_below')} < {t('BAT003', 'busy_mean')}) * 0 + 0.5",
+        "BW001": (f"0.6 + clamp_max((({dram} >= {t('BW001', 'dram_active_mean')} unless on ({k}) "
+                  f"({dram} - on ({k}) {tensor} < {t('BW001', 'split')})) - {t('BW001', 'dram_active_mean')}) "
+                  "* 1.5, 0.3)"),
+        "CMP001": _compute_finding(ruleset, tensor, sm, dram, compute_regime),
+        "LAT001": _kernel_bound(ruleset, gpu_busy, tensor, sm, dram, memory_regime, compute_regime),
+        "LAT002": (f"({gpu_busy} >= {t('LAT002', 'busy_min')} unless on ({k}) {dram} unless on ({k}) {sm} "
+                   f"unless on ({k}) {tensor}) * 0 + 0.45"),
+        "THR001": (f"0.5 + clamp_max(({t('THR001', 'clock_frac_mean')} - ({clock_frac} < "
+                   f"{t('THR001', 'clock_frac_mean')} and on ({k}) ({throttled} >= "
+                   f"{t('THR001', 'throttled_frac')}) unless on ({k}) ({gpu_busy} < 0.3))) * 2, 0.4)"),
     }
     finding = f"gpu:diagnoser_finding:{w}"
     union = "\n  or\n".join(
-        f'label_replace(label_replace({expr}, "rule", "{code}", "", ""), "limiter", "{_limiter(code)}", "", "")'
+        f'label_replace(label_replace({expr}, "rule", "{code}", "", ""), "limiter", "{_limiter(ruleset, code)}", '
+        '"", "")'
         for code, expr in findings.items())
-    rules.append({"record": finding, "expr": union})
+    out.append({"record": finding, "expr": union})
     not_roofs = "|".join(_ROOFS)
     underfed = "|".join(_UNDERFED)
     primary = (
@@ -180,10 +187,10 @@ def build_rules(window_s: float, *, thresholds: Thresholds | None = None) -> lis
         f'  or on ({KEY_LABELS})\n'
         f'topk by ({KEY_LABELS}) (1, {finding})')
     limiter = f"gpu:diagnoser_limiter:{w}"
-    rules.append({"record": limiter, "expr": f"({primary}) * 0 + 1"})
-    rules.append({"record": f"limiter:diagnoser_gpus:count_{w}", "expr": f"count by (limiter) ({limiter})"})
+    out.append({"record": limiter, "expr": f"({primary}) * 0 + 1"})
+    out.append({"record": f"limiter:diagnoser_gpus:count_{w}", "expr": f"count by (limiter) ({limiter})"})
     for value, (name, severity, what) in ALERTS.items():
-        rules.append({
+        out.append({
             "alert": name, "expr": f'{limiter}{{limiter="{value}"}}', "for": w,
             "labels": {"severity": severity},
             "annotations": {
@@ -194,33 +201,46 @@ def build_rules(window_s: float, *, thresholds: Thresholds | None = None) -> lis
                                + "; the fleet: diagnoser fleet --since " + w + ".",
             },
         })
-    return rules
+    return out
 
 
-def _compute_finding(tensor: str, sm: str, dram: str, t: Thresholds | None) -> str:
-    """CMP001: the tensor pipes (or the SMs where no tensor counter exists) busy and clearly busier than DRAM;
-    weaker without a tensor counter, and weaker again without DRAM's."""
-    lim, sm_lim, split = (_t(t, "CMP001", "tensor_active_mean"), _t(t, "CMP001", "sm_active_mean"),
-                          _t(t, "CMP001", "split"))
+def _compute_finding(rules: RuleSet, tensor: str, sm: str, dram: str, compute_regime: str) -> str:
+    """CMP001: the tensor pipes at their roof, or the SMs in compute-bound work, clearly busier than DRAM; stronger
+    the more signals say so and the higher the busiest."""
+    th = rules.thresholds("CMP001")
     k = KEY_LABELS
-    by_tensor = f"({tensor} >= {lim:g} unless on ({k}) ({tensor} - on ({k}) {dram} < {split:g}))"
-    by_sm = f"({sm} >= {sm_lim:g} unless on ({k}) {tensor} unless on ({k}) ({sm} - on ({k}) {dram} < {split:g}))"
-    tensor_gain = f"clamp_max(({by_tensor} - {lim:g}) * 1.5, 0.4)"
-    sm_gain = f"clamp_max(({by_sm} - {sm_lim:g}) * 1.5, 0.4)"
-    return (f"(0.55 + {tensor_gain} and on ({k}) {dram})\n"
-            f"    or on ({k}) (0.45 + {tensor_gain})\n"
-            f"    or on ({k}) (0.45 + {sm_gain} and on ({k}) {dram})\n"
-            f"    or on ({k}) (0.35 + {sm_gain})")
+    hits = (f'(label_replace({tensor} >= {th["tensor_active_mean"]:g}, "hit", "tensor", "", "") or '
+            f'label_replace({sm} >= {th["sm_active_mean"]:g} and on ({k}) {compute_regime}, "hit", "sm", "", ""))')
+    top = f"(max by ({k}) ({hits}) unless on ({k}) (max by ({k}) ({hits}) - on ({k}) {dram} < {th['split']:g}))"
+    return f"0.6 + clamp_max(0.1 * count by ({k}) ({hits}) + on ({k}) ({top} - 0.6) * 0.5, 0.3)"
 
 
-def rule_group_yaml(window_s: float, *, interval: str = "1m", thresholds: Thresholds | None = None) -> str:
+def _kernel_bound(rules: RuleSet, gpu_busy: str, tensor: str, sm: str, dram: str, memory_regime: str,
+                  compute_regime: str) -> str:
+    """LAT001: busy, with HBM, the tensor pipes and the SMs all under their roofs; stronger the further below the
+    roof of its regime (or the closer of the two where the counters name none) the work runs."""
+    th = rules.thresholds("LAT001")
+    k = KEY_LABELS
+    roof = f"{th['roof_frac']:g}"
+    busy = (f"({gpu_busy} >= {th['busy_min']:g} unless on ({k}) {dram} >= {roof} unless on ({k}) {tensor} >= {roof} "
+            f"unless on ({k}) {sm} >= {th['sm_active']:g}) and on ({k}) ({dram} or on ({k}) {sm})")
+    used = (f'max by ({k}) (label_replace({dram}, "use", "hbm", "", "") or '
+            f'label_replace({tensor}, "use", "math", "", ""))')
+    saturation = (f"(({dram} and on ({k}) {memory_regime}) or on ({k}) ({tensor} and on ({k}) {compute_regime}) "
+                  f"or on ({k}) {used} or on ({k}) {gpu_busy} * 0 + 0.3)")
+    known = f"(({memory_regime} or on ({k}) {compute_regime}) * 0 + 0.1 or on ({k}) {gpu_busy} * 0)"
+    return (f"clamp_max(0.55 + 0.25 * clamp_min(1 - {saturation} / {roof}, 0) + on ({k}) {known}, 0.9) "
+            f"and on ({k}) {busy}")
+
+
+def rule_group_yaml(window_s: float, *, interval: str = "1m", rules: RuleSet | None = None) -> str:
     """The rule group as a Prometheus rule file (YAML; strings JSON-quoted, expressions as literal blocks)."""
     w = duration(window_s)
     lines = ["# diagnoser: per-GPU window statistics, findings and limiters over " + w + " windows (generated by",
              "# `diagnoser rules --prometheus-rules`). Load it into Prometheus (rule_files), Thanos Ruler, Mimir's",
              "# ruler or vmalert. `diagnoser fleet --since " + w + "` reads the recorded statistics when present.",
              "groups:", f"  - name: {json.dumps('diagnoser-gpu-' + w)}", f"    interval: {interval}", "    rules:"]
-    for rule in build_rules(window_s, thresholds=thresholds):
+    for rule in build_rules(window_s, rules=rules):
         key = "record" if "record" in rule else "alert"
         lines.append(f"      - {key}: {json.dumps(rule[key])}")
         lines.append("        expr: |-")
@@ -238,9 +258,8 @@ def rule_group_yaml(window_s: float, *, interval: str = "1m", thresholds: Thresh
 _VALID_INTERVAL = re.compile(r"^\d+(ms|s|m|h|d)$")
 
 
-def prometheus_rules_text(window: str, interval: str, rules_config: str | Path | None = None) -> str:
-    """`diagnoser rules --prometheus-rules`: the options checked, then the YAML."""
-    from diagnoser.rules.engine import load_thresholds
+def prometheus_rules_text(window: str, interval: str, rules: RuleSet | None = None) -> str:
+    """`diagnoser rules --prometheus-rules`: the options checked, then the YAML with the thresholds in force."""
     from diagnoser.units import parse_duration
 
     if not _VALID_INTERVAL.match(interval):
@@ -248,8 +267,7 @@ def prometheus_rules_text(window: str, interval: str, rules_config: str | Path |
     window_s = parse_duration(window, "--window", positive=True)
     if window_s < 2 * parse_duration(interval, "--interval", positive=True):
         raise InputError("--window must hold at least two evaluation intervals.")
-    thresholds = load_thresholds(rules_config) if rules_config else None
-    return rule_group_yaml(window_s, interval=interval, thresholds=thresholds)
+    return rule_group_yaml(window_s, interval=interval, rules=rules)
 
 
 __all__ = ["ALERTS", "build_rules", "prometheus_rules_text", "rule_group_yaml", "spec_clock_expr"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from diagnoser.capture import Capture, GpuInfo, ModelInfo, Series, TraceSummary, new_capture
+import msgspec
+
+from diagnoser.capture import Capture, GpuInfo, ModelInfo, Series, ServingConfig, TraceSummary, new_capture
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_BYTES = 80 * 1024**3
@@ -36,7 +38,7 @@ def make_capture(
                                  labels={"gpu": "0"} if name.startswith("gpu.") else {}))
     cap.model = model
     cap.trace = trace
-    cap.serving = serving or {}
+    cap.serving = msgspec.convert(serving or {}, ServingConfig)
     return cap
 
 

@@ -49,6 +49,7 @@ class FakeGpu:
     reasons: int = 0
     power_mw: int = 450_000
     limit_mw: int = 700_000
+    default_limit_mw: int = 700_000
     temp_c: int = 60
     pcie_tx_kbps: int = 1000
     pcie_rx_kbps: int = 2000
@@ -166,6 +167,11 @@ class FakeNvml:
         gpu = self._enter("nvmlDeviceGetEnforcedPowerLimit", handle)
         assert gpu is not None
         return gpu.limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: FakeHandle) -> int:
+        gpu = self._enter("nvmlDeviceGetPowerManagementDefaultLimit", handle)
+        assert gpu is not None
+        return gpu.default_limit_mw
 
     def nvmlDeviceGetMigMode(self, handle: FakeHandle) -> list[int]:
         gpu = self._enter("nvmlDeviceGetMigMode", handle)

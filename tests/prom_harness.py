@@ -74,13 +74,13 @@ PROFILES: dict[str, dict[str, float]] = {
     "bandwidth": dict(gr=0.95, sm=0.85, occ=0.40, tensor=0.22, dram=0.72, fb=0.85, power=560, clock=1980),
     "compute": dict(gr=0.97, sm=0.93, occ=0.30, tensor=0.78, dram=0.35, fb=0.70, power=690, clock=1900),
     "batching": dict(gr=0.30, sm=0.22, occ=0.10, tensor=0.08, dram=0.12, fb=0.60, power=200, clock=1980),
-    "vram": dict(gr=0.80, sm=0.60, occ=0.30, tensor=0.35, dram=0.42, fb=0.995, power=450, clock=1980),
+    "vram": dict(gr=0.80, sm=0.85, occ=0.30, tensor=0.35, dram=0.42, fb=0.995, power=450, clock=1980),
     # Clocks held by the power cap about two thirds of the time: the mask toggles between 0x84 and 0.
     "throttled": dict(gr=0.92, sm=0.80, occ=0.30, tensor=0.45, dram=0.40, fb=0.80, power=700, clock=1190, pv=0.85,
                       reasons=0x84, released_below=-0.5),
     "xid": dict(gr=0.60, sm=0.50, occ=0.20, tensor=0.30, dram=0.30, fb=0.50, power=350, clock=1980, xid=79),
     # Busy, but neither SMs nor DRAM half used: small kernels, each step waiting on latency.
-    "latency": dict(gr=0.93, sm=0.34, occ=0.12, tensor=0.10, dram=0.28, fb=0.72, power=310, clock=1980),
+    "latency": dict(gr=0.93, sm=0.34, occ=0.12, tensor=0.05, dram=0.28, fb=0.72, power=310, clock=1980),
 }
 PROFILE_ORDER = tuple(PROFILES)
 H100 = "NVIDIA H100 80GB HBM3"
@@ -611,23 +611,11 @@ try:
 except ImportError:  # the benchmark imports this module without pytest
     pytest = None  # type: ignore[assignment]
 
-def _latency_verdict() -> str:
-    """A busy GPU with neither SMs nor DRAM half used: the latency limiter where the rules have one, else what
-    BAT004 (busy-gpu-underfilled) calls it."""
-    from diagnoser.diagnosis import Limiter
-    from diagnoser.rules import RULES
-
-    values = {limiter.value for limiter in Limiter}
-    named = next((v for v in ("latency", "latency_bound", "kernel_bound") if v in values), None)
-    return named or RULES["BAT004"].limiter.value
-
-
 PROFILE_VERDICT = {"idle": "idle", "bandwidth": "memory_bandwidth", "compute": "compute", "batching": "batching",
-                   "vram": "vram", "throttled": "throttling", "xid": "errors", "latency": _latency_verdict()}
-# The rule that names each planted class (the primary finding): tells latency-bound from batching while both
-# share a limiter.
+                   "vram": "vram", "throttled": "throttling", "xid": "errors", "latency": "latency"}
+# The rule that names each planted class (the primary finding).
 PROFILE_RULE = {"idle": "IDLE001", "bandwidth": "BW001", "compute": "CMP001", "batching": "BAT003", "vram": "VRAM003",
-                "throttled": "THR001", "xid": "ERR001", "latency": "BAT004"}
+                "throttled": "THR001", "xid": "ERR001", "latency": "LAT001"}
 NO_PROMETHEUS = "the prometheus binary is not installed (scripts/install-test-deps.sh installs it)"
 NO_VICTORIA_METRICS = "the victoria-metrics binary is not installed (scripts/install-test-deps.sh installs it)"
 

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from diagnoser.capture import Capture, load
@@ -229,7 +230,7 @@ def test_trace_of_a_hooked_server_is_analysed_into_the_capture(tmp_path):
         assert capture.trace is not None and capture.trace.window_s > 0
         assert not [u for u in capture.unavailable if u.source == "trace"]
         assert "Open it in Perfetto" in result.stderr
-        spent = capture.serving["trace_cost"]
+        spent = msgspec.to_builtins(capture.serving.trace_cost)
         assert spent["before"]["gen_tokens"] > 0 and spent["during"]["gen_tokens"] >= 0
         assert "gen_tokens" in spent["loss"] and spent["pauses_ms"]  # the hook reports its pauses
         assert "While tracing" in result.stderr and "generated tokens/s" in result.stderr

@@ -201,10 +201,18 @@ def test_idle_gpu_passes_and_own_process_does_not_count():
 
 
 def test_without_nvml_the_check_is_refused_unless_forced():
-    with nvml_seam.use(Fake([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)):
+    with nvml_seam.use(Fake([], init_error=pynvml.NVML_ERROR_NO_PERMISSION)):
         with pytest.raises(SourceUnavailable, match="cannot check that GPU 0 is idle.*--force"):
             check_gpu(0)
         assert "not checked" in check_gpu(0, force=True).forced
+
+
+def test_without_a_driver_there_is_nothing_to_force():
+    # No NVIDIA driver at all: --force would only lead to a second refusal, so the first sentence says so.
+    with nvml_seam.use(Fake([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)):
+        for force in (False, True):
+            with pytest.raises(SourceUnavailable, match="needs an NVIDIA GPU and there is none here.*--device cpu"):
+                check_gpu(0, force=force)
 
 
 def test_cli_refuses_busy_gpu_before_touching_cuda(tmp_path):

@@ -80,6 +80,7 @@ def test_h100_window_maps_every_reading_to_signals_in_their_units(target):
     assert values(capture, "gpu.sm_clock_frac")[0] == pytest.approx(1755 / 1980)
     assert set(values(capture, "gpu.power_w")) == {450.0}
     assert set(values(capture, "gpu.power_limit_w")) == {700.0}
+    assert set(values(capture, "gpu.power_default_limit_w")) == {700.0}  # NVML's, not the spec table's
     assert set(values(capture, "gpu.temp_c")) == {60.0}
     assert set(values(capture, "gpu.throttle.power")) == {1.0}
     assert set(values(capture, "gpu.throttle.thermal")) == {0.0}
@@ -325,3 +326,22 @@ def test_seam_is_the_only_importer_of_pynvml_among_the_collectors():
                  if any(line.strip().startswith(("import pynvml", "from pynvml"))
                         for line in p.read_text().splitlines())]
     assert importers == ["nvml_seam.py"], importers
+
+
+def test_a_power_cap_at_the_board_default_is_not_a_fix_and_a_lowered_one_is(target):
+    """Issue: "Restore full clocks +11 %" was offered where the power cap is the board's default."""
+    from diagnoser.diagnosis import FixKind
+    from diagnoser.rules import diagnose
+
+    def verdict(limit_mw: int):  # type: ignore[no-untyped-def]
+        gpu = FakeGpu(reasons=0x4, sm_clock=1400, util_gpu=95, limit_mw=limit_mw, default_limit_mw=700_000,
+                      power_mw=limit_mw - 2000)
+        capture, _ = window(FakeNvml([gpu]), target.pid)
+        return diagnose(capture)
+
+    default = verdict(700_000)
+    thr = next(f for f in default.findings if f.code == "THR001")
+    assert "default power cap" in thr.message and FixKind.POWER_COOLING not in {f.kind for f in default.fixes}
+    lowered = verdict(450_000)
+    fix = next(f for f in lowered.fixes if f.kind is FixKind.POWER_COOLING)
+    assert fix.title == "Restore the default power limit" and "450 W" in fix.action and fix.is_upper_bound

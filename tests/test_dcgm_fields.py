@@ -137,7 +137,7 @@ def test_ambiguous_and_empty_selections_list_the_candidates(two_nodes) -> None: 
     (one,) = select_gpus(gpus, GpuSelector(node="node-0001", gpu=0, mig_instance="2"))
     assert one.mig_id == "2"
     with pytest.raises(InputError, match="matches .* pods"):
-        select_gpus(gpus, GpuSelector(pod="idle-server"))  # two idle pods share the prefix
+        select_gpus(gpus, GpuSelector(pod="ba"))  # bandwidth-server and batching-server share the prefix
 
 
 def _sleeper(env: dict[str, str]) -> subprocess.Popen[bytes]:

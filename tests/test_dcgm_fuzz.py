@@ -1,6 +1,6 @@
 """Property-based fuzzing, with a fixed budget, of what reads untrusted bytes on the DCGM paths: the exporter page
-parser and the Prometheus answer decoder. Whatever comes in: one sentence (SourceUnavailable / PromError) or a result whose
-values are finite and whose labels carry no control characters; never another exception."""
+parser and the Prometheus answer decoder. Whatever comes in: one sentence (SourceUnavailable / PromError) or a result
+whose values are finite and whose labels carry no control characters; never another exception."""
 
 from __future__ import annotations
 

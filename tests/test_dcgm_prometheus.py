@@ -89,17 +89,17 @@ def test_dcgm46_names_and_lowercase_hostname_by_node_and_index(dcgm_stack) -> No
     # The default counters omit these: the diagnosis says so and points to the counters CSV.
     assert "commented out" in missing["gpu.sm_active"]["reason"]
     assert "dcgm-counters.csv" in missing["gpu.sm_active"]["hint"]
-    assert "DCGM_FI_DEV_POWER_VIOLATION" in missing["gpu.throttle.power"]["hint"]
+    assert "gpu.throttle.power" not in missing  # no violation counters: the clock event reasons stand in
     assert "gpu.sm_clock_frac" not in missing  # the H100's maximum clock from the spec table stands in
     assert any("1980 MHz maximum from the spec table" in n for n in d["notes"])
     assert "gpu.busy" not in missing and "gpu.dram_active" not in missing
 
 
-def test_mig_instance_by_pod_inherits_the_boards_fields(dcgm_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_mig_instance_inherits_the_boards_fields(dcgm_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
     g = dcgm_stack.gpu("bandwidth", mig=True)
     saved = tmp_path / "mig.dgc"
-    r = cli("dcgm", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--pod", g.pod, "--json", "--save",
-            str(saved))
+    r = cli("dcgm", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--uuid", g.uuid, "--mig-instance",
+            g.mig_id, "--json", "--save", str(saved))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["verdict"] == "memory_bandwidth"
     cap = load(saved)

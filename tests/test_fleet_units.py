@@ -235,13 +235,16 @@ PLANTED = {  # statistics of each planted class, and the verdict the engine must
     "bandwidth": ({"gr_engine_active.avg": 0.95, "sm_active.avg": 0.85, "tensor_active.avg": 0.22,
                    "dram_active.avg": 0.72}, "memory_bandwidth"),
     "compute": ({"gr_engine_active.avg": 0.97, "tensor_active.avg": 0.78, "dram_active.avg": 0.35}, "compute"),
-    "vram": ({"gr_engine_active.avg": 0.8, "sm_active.avg": 0.6, "dram_active.avg": 0.42, "tensor_active.avg": 0.35,
+    "vram": ({"gr_engine_active.avg": 0.8, "sm_active.avg": 0.85, "dram_active.avg": 0.42, "tensor_active.avg": 0.35,
               "fb_used.avg": 81000, "fb_used.p90": 81200, "fb_total.last": 81559}, "vram"),
     "batching": ({"gr_engine_active.avg": 0.3, "sm_active.avg": 0.22, "dram_active.avg": 0.12}, "batching"),
     # Clock-event bits (HW power brake) and no maximum clock: the spec table's 1980 MHz stands in.
     "throttled": ({"gr_engine_active.avg": 0.92, "tensor_active.avg": 0.45, "dram_active.avg": 0.4,
                    "sm_clock.avg": 1188.0, "reasons_power.min": 0x84, "reasons_power.max": 0x84, "reasons_power.avg": 0x84}, "throttling"),
     "errors": ({"gr_engine_active.avg": 0.6, "xid.max": 79.0}, "errors"),
+    # Busy, SMs and DRAM well under their roofs, the tensor pipes nearly idle: kernel-bound in the memory regime.
+    "latency": ({"gr_engine_active.avg": 0.93, "sm_active.avg": 0.34, "tensor_active.avg": 0.05,
+                 "dram_active.avg": 0.28}, "latency"),
 }
 
 

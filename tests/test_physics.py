@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from diagnoser.capture import ModelInfo
+from diagnoser.capture import ModelInfo, ServingConfig
 from diagnoser.errors import InputError
 from diagnoser.physics import (
     GPUS,
@@ -55,7 +55,7 @@ def gpu_with_bandwidth(key: str, bytes_per_s: float):
 # --- GPU table -----------------------------------------------------------------------------------------------
 
 def test_every_entry_is_complete_and_dense() -> None:
-    allowed = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8"}
+    allowed = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4"}
     for key, spec in GPUS.items():
         assert spec.key == key
         assert set(spec.flops) <= allowed, key
@@ -73,7 +73,7 @@ def test_every_entry_is_complete_and_dense() -> None:
         ("a100-40gb-sxm", 40, 1.555e12, {"bf16": 312e12}),
         ("a100-80gb-pcie", 80, 1.935e12, {"fp16": 312e12}),
         ("h200", 141, 4.8e12, {"bf16": 989.4e12}),
-        ("b200", 180, 8e12, {"bf16": 2.25e15, "fp8": 4.5e15}),
+        ("b200", 180, 8e12, {"bf16": 2.25e15, "fp8": 4.5e15, "fp4": 9e15}),  # HGX B200: FP4 144 PF sparse / 8 / 2
         ("l4", 24, 300e9, {"bf16": 121e12, "fp8": 242.5e12}),
         ("t4", 16, 320e9, {"fp16": 65e12}),
         ("a10g", 24, 600e9, {"bf16": 70e12}),
@@ -209,15 +209,16 @@ def test_unknown_dtype_is_input_error() -> None:
 
 
 def test_bytes_per_element() -> None:
-    assert [bytes_per_element(d) for d in ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")] == [
-        4, 4, 2, 2, 1, 1, 0.5]
+    assert [bytes_per_element(d) for d in ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")] == [
+        4, 4, 2, 2, 1, 1, 0.5, 0.5]
+    assert [normalise_dtype(d) for d in ("nvfp4", "mxfp4", "e2m1")] == ["fp4"] * 3
 
 
 # --- model shapes --------------------------------------------------------------------------------------------
 
 def test_bundled_models_are_the_expected_ones() -> None:
-    assert set(bundled_models()) == {"llama-2-7b", "llama-2-70b", "llama-3.1-8b", "mistral-7b-v0.1",
-                                     "mixtral-8x7b-v0.1", "qwen2.5-0.5b"}
+    assert set(bundled_models()) == {"llama-2-7b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.1",
+                                     "mixtral-8x7b-v0.1", "qwen2.5-0.5b", "qwen3-8b-base", "gpt-j-6b"}
 
 
 @pytest.mark.parametrize(
@@ -230,6 +231,13 @@ def test_bundled_models_are_the_expected_ones() -> None:
         ("mistral-7b-v0.1", 7_241_732_096, 7_241_732_096),
         ("mixtral-8x7b-v0.1", 46_702_792_704, 12_879_925_248),
         ("qwen2.5-0.5b", 494_032_768, 494_032_768),
+        ("llama-3.1-70b", 70_553_706_496, 70_553_706_496),
+        # Qwen3 adds an RMSNorm of head_dim weights on q and on k in every layer: 36 x 2 x 128 = 9,216 more.
+        ("qwen3-8b-base", 8_190_735_360, 8_190_735_360),
+        # GPT-J: one LayerNorm (weight and bias) per layer, biased MLP and lm_head, no q/k/v/o bias:
+        # 28 x (4 x 4096^2 + 2 x 4096 x 16384 + 16384 + 4096 + 2 x 4096) + 2 x 50400 x 4096 + 50400 + 2 x 4096
+        # = 6,050,882,784 (the model card says 6,053,381,344, 0.04 % more).
+        ("gpt-j-6b", 6_050_882_784, 6_050_882_784),
     ],
 )
 def test_parameter_counts_from_bundled_configs(name: str, params: int, active: int) -> None:
@@ -291,7 +299,7 @@ def test_dtype_from_torch_dtype_dtype_and_quantization(tmp_path: Path) -> None:
         "weights": {"num_bits": 4, "type": "int", "group_size": 128}}}}, "int4"),
     ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "int4"),
     ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "int8"),
-    ({"quant_method": "mxfp4"}, "int4"),
+    ({"quant_method": "mxfp4"}, "fp4"),
     ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "int8"),
     # A config that names no stored precision leaves torch_dtype in charge.
     ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"targets": ["Linear"]}}}, "bf16"),
@@ -428,17 +436,28 @@ def test_observed_mean_batch_and_context_are_accepted() -> None:
     assert low < mid < high
 
 
+# Llama-2-7b by part: the embedding table and lm_head are 32000 x 4096 = 131,072,000 each, the norms
+# 4096 x (2 x 32 + 1) = 266,240, and the linear layers the rest: 6,738,415,616 - 2 x 131,072,000 - 266,240.
+L7_TABLE, L7_NORMS = 131_072_000, 266_240
+L7_LINEAR = 6_738_415_616 - 2 * L7_TABLE - L7_NORMS  # 6,476,005,376
+# A decode step reads the linear layers, lm_head and norms whole, and one embedding row (4096) per sequence.
+L7_READ_FP16 = (L7_LINEAR + L7_TABLE + L7_NORMS) * 2  # 13,214,687,232 bytes, plus 8,192 a sequence
+
+
 def test_kv_dtype_defaults_to_16_bits_for_quantised_weights() -> None:
     llama = load_bundled_model("llama-2-7b")
-    assert decode_step_bytes(llama, 1, 1000, dtype="int4") == pytest.approx(
-        weight_bytes(llama, "int4") + 1000 * 524_288)
+    # INT4 at the default group of 128 with an FP16 scale: 0.5 + 2 / 128 bytes a linear weight; lm_head, the
+    # embedding and norms stay 16-bit; the KV cache stays 16-bit: 2 x 32 x 32 x 128 x 2 = 524,288 bytes a token.
+    int4_read = L7_LINEAR * (0.5 + 2 / 128) + (L7_TABLE + L7_NORMS) * 2 + 4096 * 2
+    assert decode_step_bytes(llama, 1, 1000, dtype="int4") == pytest.approx(int4_read + 1000 * 524_288)
 
 
 def test_decode_step_bytes_adds_kv_per_sequence() -> None:
     llama = load_bundled_model("llama-2-7b")
-    w = weight_bytes(llama)
-    assert decode_step_bytes(llama, 4, 2048) == pytest.approx(w + 4 * 2048 * 524_288)
-    assert decode_step_bytes(llama, 4, 2048, tp=2) == pytest.approx(w / 2 + 4 * 2048 * 524_288 / 2)
+    assert weights_read_bytes(llama, 4) == L7_READ_FP16 + 4 * 8192
+    assert decode_step_bytes(llama, 4, 2048) == pytest.approx(L7_READ_FP16 + 4 * 8192 + 4 * 2048 * 524_288)
+    assert decode_step_bytes(llama, 4, 2048, tp=2) == pytest.approx(
+        (L7_READ_FP16 + 4 * 8192) / 2 + 4 * 2048 * 524_288 / 2)
 
 
 def test_max_concurrent_sequences() -> None:
@@ -472,7 +491,13 @@ def test_what_if_gpu_batch_tp_and_not_fitting() -> None:
     h100 = GPUS["h100-sxm"]
     to_h200 = what_if(llama, h100, "fp16", 1, 0, 1, new_gpu=GPUS["h200"])
     assert to_h200.speedup == pytest.approx(4.8 / 3.35)
-    assert what_if(llama, h100, "fp16", 1, 0, 1, new_tp=2).speedup == pytest.approx(2.0)
+    # TP 2 halves the bytes but adds 2 x 32 all-reduces of 4096 x 2 bytes (5 us + 2 x 1/2 x 8192 B at 450 GB/s
+    # each way over NVLink 4) and one gather of 32000 x 2 bytes of logits (5 us + 1/2 x 64000 B / 450 GB/s).
+    step = (L7_READ_FP16 + 8192) / 3.35e12
+    comm = 64 * (5e-6 + 8192 / 450e9) + (5e-6 + 32_000 / 450e9)
+    to_tp2 = what_if(llama, h100, "fp16", 1, 0, 1, new_tp=2)
+    assert to_tp2.speedup == pytest.approx(step / (step / 2 + comm))  # 1.716: sublinear
+    assert any("NVLink 4" in a and "all-reduces" in a for a in to_tp2.assumptions)
     assert what_if(llama, h100, "fp16", 1, 0, 1, new_batch=8).speedup == pytest.approx(8.0, rel=1e-3)
     too_big = what_if(llama, h100, "fp16", 1, 2048, 1, new_batch=64)  # KV for 64 x 2048 tokens is 68.7 GB
     assert too_big.after_tokens_per_s == 0 and "KV cache" in too_big.explanation
@@ -484,18 +509,26 @@ def test_ridge_batch_formula() -> None:
     h100 = GPUS["h100-sxm"]
     ridge = ridge_point(h100, "bf16")
     dense = load_bundled_model("llama-3.1-8b")
-    assert ridge_batch(dense, h100) == pytest.approx(ridge)  # 16-bit dense: B* = R x 2 x N / (2 x N)
-    assert ridge_batch(dense, h100, "int4") == pytest.approx(ridge / 4)  # 0.5 byte weights, 16-bit math
+    # 16-bit dense: B* = R x 2 x M / (2 x M), M the matrix parameters (all but the embedding lookup)
+    assert ridge_batch(dense, h100) == pytest.approx(ridge)
+    # INT4 (0.5 + 2/128 bytes a linear weight; lm_head 128256 x 4096 and norms 4096 x 65 stay 16-bit), 16-bit math
+    table, norms = 128_256 * 4096, 4096 * 65
+    linear = 8_030_261_248 - 2 * table - norms
+    int4_bytes = linear * (0.5 + 2 / 128) + (table + norms) * 2
+    assert ridge_batch(dense, h100, "int4") == pytest.approx(ridge * int4_bytes / (2 * (linear + table + norms)))
     moe = load_bundled_model("mixtral-8x7b-v0.1")
-    assert ridge_batch(moe, h100) == pytest.approx(ridge * 2 * moe.params / (2 * moe.active_params))
+    table = 32_000 * 4096
+    assert ridge_batch(moe, h100) == pytest.approx(ridge * 2 * (moe.params - table) / (2 * (moe.active_params - table)))
 
 
 def test_ridge_batch_with_context_matches_the_ridge_intensity() -> None:
     h100 = GPUS["h100-sxm"]
     llama = load_bundled_model("llama-3.1-8b")
     b = ridge_batch(llama, h100, context=256)
-    flops = 2 * llama.active_params * b
-    moved = weight_bytes(llama) + b * 256 * kv_bytes_per_token(llama)
+    table = 128_256 * 4096
+    # per sequence: 2 FLOP per matrix weight, and attention 4 x 32 layers x 32 heads x 128 x 256 tokens
+    flops = b * (2 * (llama.active_params - table) + 4 * 32 * 32 * 128 * 256)
+    moved = weight_bytes(llama) - 2 * table + b * 256 * kv_bytes_per_token(llama)
     assert flops / moved == pytest.approx(ridge_point(h100, "bf16"))
     # at a long context the KV bytes grow with the batch as fast as the FLOPs: never compute-bound
     assert ridge_batch(llama, h100, context=4096) == math.inf
@@ -525,8 +558,9 @@ def test_decode_compute_time() -> None:
 
 def test_moe_reads_routed_experts_at_small_batch() -> None:
     moe = load_bundled_model("mixtral-8x7b-v0.1")
-    assert weights_read_bytes(moe, 1) == pytest.approx(moe.active_params * 2)
-    assert weights_read_bytes(moe, 4096) == pytest.approx(weight_bytes(moe))
+    # one token: its routed experts, attention, lm_head and norms, and one embedding row (not the whole table)
+    assert weights_read_bytes(moe, 1) == pytest.approx((moe.active_params - 32_000 * 4096 + 4096) * 2)
+    assert weights_read_bytes(moe, 32_000) == pytest.approx(weight_bytes(moe))
     assert weights_read_bytes(moe, 1) < weights_read_bytes(moe, 2) < weights_read_bytes(moe, 8)
     # dense models read everything, whatever the batch
     assert weights_read_bytes(SEVEN_B, 1) == weight_bytes(SEVEN_B)
@@ -535,10 +569,18 @@ def test_moe_reads_routed_experts_at_small_batch() -> None:
 def test_prefill_time() -> None:
     h100 = GPUS["h100-sxm"]
     llama = load_bundled_model("llama-2-7b")
-    assert prefill_time_s(llama, h100, 2048) == pytest.approx(2 * llama.params * 2048 / 989.4e12)
-    # one token cannot be faster than reading the weights once
-    assert prefill_time_s(llama, h100, 1) == pytest.approx(weight_bytes(llama) / 3.35e12)
-    assert prefill_time_s(llama, h100, 2048, tp=2) == pytest.approx(prefill_time_s(llama, h100, 2048) / 2)
+    # 2 FLOP per matrix weight per token, plus causal attention: 4 x 32 x 32 x 128 FLOP per key, s(s+1)/2 pairs
+    matmul = 2 * (6_738_415_616 - L7_TABLE) * 2048
+    attention = 4 * 32 * 32 * 128 * 2048 * 2049 / 2
+    assert prefill_time_s(llama, h100, 2048) == pytest.approx((matmul + attention) / 989.4e12)
+    # four prompts of 512: the same matrix work, a quarter of the attention of one 2048-token prompt (about)
+    assert prefill_time_s(llama, h100, 2048, sequence_tokens=512) == pytest.approx(
+        (matmul + 4 * 4 * 32 * 32 * 128 * 512 * 513 / 2) / 989.4e12)
+    # one token cannot be faster than reading the weights once and writing its KV cache
+    assert prefill_time_s(llama, h100, 1) == pytest.approx((L7_READ_FP16 + 8192 + 524_288) / 3.35e12)
+    # TP 2: half the work each, plus 2 x 32 all-reduces of 2048 x 4096 x 2 bytes and a gather of 2048 x 32000 x 2
+    comm = 64 * (5e-6 + 2048 * 4096 * 2 / 450e9) + (5e-6 + 2048 * 32_000 * 2 / 2 / 450e9)
+    assert prefill_time_s(llama, h100, 2048, tp=2) == pytest.approx((matmul + attention) / 989.4e12 / 2 + comm)
     with pytest.raises(InputError):
         prefill_time_s(llama, h100, 0)
 
@@ -572,34 +614,39 @@ def test_serving_flags_set_the_precision_and_sharding_the_server_runs() -> None:
     cmd = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/llama", "--quantization", "fp8",
            "--kv-cache-dtype=fp8_e5m2", "-tp", "2", "--dtype", "auto"]
     serving = serving_from_cmdline(cmd)
-    assert serving["quantization"] == "fp8" and serving["kv_cache_dtype"] == "fp8_e5m2"
-    assert serving["tensor_parallel_size"] == 2
-    assert serving_from_cmdline(["text-generation-launcher", "--quantize", "bitsandbytes-nf4"])["quantization"] \
+    assert serving.quantization == "fp8" and serving.kv_cache_dtype == "fp8_e5m2"
+    assert serving.tensor_parallel_size == 2
+    assert serving_from_cmdline(["text-generation-launcher", "--quantize", "bitsandbytes-nf4"]).quantization \
         == "bitsandbytes-nf4"
-    assert serving_from_cmdline(["vllm", "serve", "m", "-q", "awq"])["quantization"] == "awq"
+    assert serving_from_cmdline(["vllm", "serve", "m", "-q", "awq"]).quantization == "awq"
 
     llama = load_bundled_model("llama-2-7b")  # float16 checkpoint
     served, notes = with_serving_flags(llama, serving)
     assert (served.dtype, served.kv_dtype, served.tensor_parallel) == ("fp8", "fp8", 2)
     assert len(notes) == 3 and "--quantization fp8" in notes[0]
     h100 = get_gpu("h100-sxm")
-    # Half the bytes per weight and half the weights per GPU: the per-GPU floor is about a quarter.
+    # Half the bytes per linear weight (lm_head, embedding and norms stay 16-bit), half the weights and KV per GPU,
+    # plus TP 2's collectives: 2 x 32 all-reduces of 8192 bytes and a 64,000-byte logits gather over NVLink 4.
     before = decode_ceiling_tokens_per_s(llama, h100, batch=1, context=1024)
     after = decode_ceiling_tokens_per_s(served, h100, batch=1, context=1024, tp=served.tensor_parallel)
-    assert 3.5 < after / before < 4.1
+    before_s = (L7_READ_FP16 + 8192 + 1024 * 524_288) / 3.35e12
+    fp8_read = L7_LINEAR * 1 + (L7_TABLE + L7_NORMS) * 2 + 8192
+    after_s = (fp8_read / 2 + 1024 * 262_144 / 2) / 3.35e12 + 64 * (5e-6 + 8192 / 450e9) + 5e-6 + 32_000 / 450e9
+    assert before == pytest.approx(1 / before_s) and after == pytest.approx(1 / after_s)
+    assert after / before == pytest.approx(2.99, abs=0.01)  # not 4: the collectives and the 16-bit lm_head
     # What the flags do not change stays: a quantised checkpoint is not "upgraded" to FP8, auto means nothing.
     int4 = msgspec.structs.replace(llama, dtype="int4")
-    assert with_serving_flags(int4, {"quantization": "fp8"}) == (int4, [])
-    assert with_serving_flags(llama, {"dtype": "auto", "kv_cache_dtype": "auto"}) == (llama, [])
-    assert with_serving_flags(llama, {"quantization": "awq"}) == (llama, [])  # the checkpoint's config says the bits
+    assert with_serving_flags(int4, ServingConfig(quantization="fp8")) == (int4, [])
+    assert with_serving_flags(llama, ServingConfig(dtype="auto", kv_cache_dtype="auto")) == (llama, [])
+    assert with_serving_flags(llama, ServingConfig(quantization="awq")) == (llama, [])  # the checkpoint's config says the bits
     bare = msgspec.structs.replace(llama, dtype="")
-    assert with_serving_flags(bare, {"dtype": "bfloat16"})[0].dtype == "bf16"
+    assert with_serving_flags(bare, ServingConfig(dtype="bfloat16"))[0].dtype == "bf16"
     sharded = msgspec.structs.replace(llama, tensor_parallel=4)
-    assert with_serving_flags(sharded, {"tensor_parallel_size": 2})[0].tensor_parallel == 4  # --model said so
+    assert with_serving_flags(sharded, ServingConfig(tensor_parallel_size=2))[0].tensor_parallel == 4  # --model said so
 
     # attach: the model from the server's command line, then its flags, with a note saying so.
     capture = new_capture("pid 1", started_at=0.0, duration_s=10.0)
-    capture.serving = dict(serving)
+    capture.serving = msgspec.structs.replace(serving)
     config = Path(__file__).resolve().parents[1] / "diagnoser" / "data" / "models" / "llama-2-7b.json"
     add_model(capture, None, AttachTarget(pid=1, model_config=config, serving=serving))
     assert capture.model is not None and capture.model.dtype == "fp8" and capture.model.tensor_parallel == 2

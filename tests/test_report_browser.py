@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from diagnoser.reports.html import render_fleet_html, render_html, verdict_label, write_fleet_html, write_html
+from diagnoser.reports.model import verdict_label
 from diagnoser.rules import diagnose
 from tests.test_report_cases import (
     LIMITERS,
@@ -27,6 +27,10 @@ from tests.test_report_cases import (
     case_diagnosis,
     fleet_report,
     hostile_capture,
+    render_fleet_html,
+    render_html,
+    write_fleet_html,
+    write_html,
 )
 from tests.test_report_html import EXPECTED_CHARTS
 
@@ -89,10 +93,12 @@ def assert_clean(v: Visit) -> None:
 
 
 def chart_boxes(page: Any) -> dict[str, dict[str, float]]:
+    """Each figure's shown drawing (a figure carries one per width; exactly one is displayed)."""
     boxes = {}
     for fig in page.locator("figure[data-chart]").all():
-        box = fig.locator("svg.chart").bounding_box()
-        boxes[fig.get_attribute("data-chart")] = box
+        shown = fig.locator("svg.chart:visible")
+        assert shown.count() == 1, fig.get_attribute("data-chart")
+        boxes[fig.get_attribute("data-chart")] = shown.bounding_box()
     return boxes
 
 
@@ -157,7 +163,7 @@ def test_fleet_report_renders_and_sorts(browser: Any, shots: Path, tmp_path: Pat
         page = v.page
         page.screenshot(path=str(shots / "fleet.png"), full_page=True)
         assert page.locator(".fleet-title").inner_text().startswith(f"{len(report.rows)} GPUs")
-        box = page.locator("#fig-verdicts svg.chart").bounding_box()
+        box = page.locator("#fig-verdicts svg.chart:visible").bounding_box()
         assert box is not None and box["width"] > 600 and box["height"] > 60
         rows = page.locator("#fleet-table tbody tr")
         assert rows.count() == len(report.rows)
@@ -165,16 +171,19 @@ def test_fleet_report_renders_and_sorts(browser: Any, shots: Path, tmp_path: Pat
         def column(index: int) -> list[str]:
             return [rows.nth(i).locator("td").nth(index).get_attribute("data-v") or "" for i in range(rows.count())]
 
-        stakes = [float(x) for x in column(6)]
+        stakes = [float(x) for x in column(5)]
         assert stakes == sorted(stakes, reverse=True)  # server order, without any script
-        header = page.locator("#fleet-table th", has_text="confidence")
+        assert page.locator("#sort-note").inner_text().startswith("Sorted by money at stake")
+        header = page.locator("#fleet-table th[title=confidence]")
         header.locator("button").click()
-        first = [float(x) for x in column(4)]
+        first = [float(x) for x in column(3)]
         assert first == sorted(first, reverse=True)
         header.locator("button").click()
-        second = [float(x) for x in column(4)]
+        second = [float(x) for x in column(3)]
         assert second == sorted(second)
         assert header.get_attribute("aria-sort") == "ascending"
+        # The sentence over the table (printed with it) follows the order the rows are in.
+        assert page.locator("#sort-note").inner_text() == "Sorted by confidence, lowest first."
         assert_clean(v)
     finally:
         v.page.context.close()
@@ -205,3 +214,172 @@ def test_hostile_strings_do_not_execute(browser: Any, shots: Path, tmp_path: Pat
         assert_clean(v)
     finally:
         v.page.context.close()
+
+
+# --- every page at a phone's, a tablet's and a laptop's width, and on paper ------------------------------------
+
+WIDTHS = (390, 768, 1280)
+A4_CSS_PX = 703  # 210 mm less the 12 mm margins on each side, at 96 px per inch
+GPU = Path(__file__).resolve().parent / "fixtures" / "gpu"
+_TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
+TRACES = {"trace-h100-decode-b1": GPU / "traces" / "h100-decode-b1-30ms.json.gz",
+          "trace-h100-launch": GPU / "traces" / "h100-launch-30ms.json.gz",
+          "trace-recsys-2-ranks": _TRACES / "recsys-sampled-2of128",
+          "trace-mi300x-ddp": _TRACES / "mi300x-ddp8-resnet-train-rank0-step16.json.gz"}
+
+# What does not fit: the page wider than the window, any element whose content is wider than its box (a table
+# leaving its card, a scroller), chart text drawn under 9 px, a chart label running out of its drawing.
+LAYOUT_JS = """() => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const name = el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') +
+    (typeof el.className === 'string' && el.className ? '.' + el.className.trim().split(/\\s+/).join('.') : '');
+  const out = [];
+  const doc = document.documentElement;
+  if (doc.scrollWidth > doc.clientWidth) out.push(`page ${doc.scrollWidth} > ${doc.clientWidth}`);
+  for (const el of document.body.querySelectorAll('*')) {
+    if (el.closest('svg')) continue;
+    if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1)
+      out.push(`${name(el)} ${el.scrollWidth} > ${el.clientWidth}`);
+  }
+  for (const svg of document.querySelectorAll('svg.chart')) {
+    const box = svg.getBoundingClientRect();
+    if (box.width === 0) continue;
+    const where = name(svg.closest('figure') || svg);
+    const card = (svg.closest('figure') || svg.parentElement).getBoundingClientRect();
+    if (box.right > card.right + 1 || box.left < card.left - 1) out.push(`${where}: chart outside its card`);
+    const view = svg.viewBox.baseVal;
+    const scale = box.width / view.width;
+    for (const t of svg.querySelectorAll('text')) {
+      const size = parseFloat(getComputedStyle(t).fontSize) * scale;
+      if (size < 9) out.push(`${where}: text "${t.textContent}" drawn at ${size.toFixed(1)} px`);
+      if (t.hasAttribute('transform') || t.closest('[transform]') !== t && t.closest('g[transform]')) continue;
+      const b = t.getBBox();
+      if (b.x < -1 || b.x + b.width > view.width + 1)
+        out.push(`${where}: "${t.textContent}" runs out of the drawing ` +
+                 `(${b.x.toFixed(0)}..${(b.x + b.width).toFixed(0)} of ${view.width})`);
+    }
+    // Labels that name marks and points on the plot never sit on one another.
+    const labels = [...svg.querySelectorAll('text.marknum, text.pt, text.lane, text.tick')]
+      .filter(t => !t.hasAttribute('transform')).map(t => [t.textContent, t.getBBox()]);
+    for (let i = 0; i < labels.length; i++) for (let j = i + 1; j < labels.length; j++) {
+      const [ta, a] = labels[i], [tb, b] = labels[j];
+      if (a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height)
+        out.push(`${where}: "${ta}" overlaps "${tb}"`);
+    }
+  }
+  return out;
+}"""
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every kind of page: a report per verdict, a hostile one, real H100 recordings, a fleet and a comparison."""
+    from diagnoser.capture import load
+    from diagnoser.compare import compare
+    from diagnoser.pipeline import diagnose_capture
+    from diagnoser.reports import html
+    from diagnoser.reports.compare import write_html as write_compare_html
+    from diagnoser.traces.analysis import analyze_trace, capture_from_trace
+
+    folder = tmp_path_factory.mktemp("pages")
+    out = {}
+    for limiter in LIMITERS:
+        capture, d = case_diagnosis(limiter)
+        out[limiter] = write_html(d, capture, folder / f"{limiter}.html")
+    hostile = hostile_capture()
+    out["hostile"] = write_html(diagnose(hostile), hostile, folder / "hostile.html")
+    for name in ("decode-b1", "prefill"):
+        outcome = diagnose_capture(load(GPU / f"nvidia-h100-80gb-hbm3-{name}.dgc"))
+        out[f"h100-{name}"] = html.write_html(outcome.report(), folder / f"h100-{name}.html")
+    # Real traces through `analyze`'s path: H100 decode windows without and with recorded shapes, a two-rank job
+    # with a straggler, an eight-rank ROCm training step.
+    for name, trace in TRACES.items():
+        outcome = diagnose_capture(capture_from_trace(analyze_trace(trace, jobs=1)))
+        out[name] = html.write_html(outcome.report(), folder / f"{name}.html")
+    out["fleet"] = write_fleet_html(fleet_report(), folder / "fleet.html")
+    b1, fp8 = (load(GPU / f"nvidia-h100-80gb-hbm3-{n}.dgc") for n in ("decode-b1", "decode-fp8"))
+    out["compare"] = write_compare_html(compare(diagnose_capture(b1), diagnose_capture(fp8)), folder / "compare.html")
+    return out
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_every_page_fits_the_screen(browser: Any, shots: Path, pages: dict[str, Path], width: int) -> None:
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        problems = {}
+        for name, path in pages.items():
+            page.goto(path.resolve().as_uri(), wait_until="load")
+            found = page.evaluate(LAYOUT_JS)
+            if found:
+                problems[name] = found[:8]
+            page.screenshot(path=str(shots / f"{name}-{width}.png"), full_page=True)
+            for fig in page.locator("figure[data-chart]").all():
+                assert fig.locator("svg.chart:visible").count() == 1, (name, fig.get_attribute("data-chart"))
+        assert not problems, problems
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("name", ["fleet", "memory_bandwidth", "h100-decode-b1"])
+def test_print_keeps_every_column(browser: Any, shots: Path, pages: dict[str, Path], name: str) -> None:
+    context = browser.new_context(viewport={"width": A4_CSS_PX, "height": 1000})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(pages[name].resolve().as_uri(), wait_until="load")
+        page.emulate_media(media="print")
+        assert page.evaluate(LAYOUT_JS) == []
+        # Every column of every table is on the paper, inside its card: none cut off, none scrolled out of view.
+        cut = page.evaluate("""() => {
+          const out = [];
+          for (const table of document.querySelectorAll('table')) {
+            const card = (table.closest('.card') || table.parentElement).getBoundingClientRect();
+            for (const cell of table.querySelectorAll('th, td')) {
+              const r = cell.getBoundingClientRect();
+              if (r.width < 8 || r.right > card.right + 1)
+                out.push(`${cell.textContent.trim().slice(0, 40)}: ${r.width.toFixed(0)} px wide, ` +
+                         `right ${r.right.toFixed(0)} > ${card.right.toFixed(0)}`);
+            }
+          }
+          return out;
+        }""")
+        assert cut == [], cut[:10]
+        pdf = page.pdf(format="A4", print_background=True)
+        assert pdf.startswith(b"%PDF")
+        (shots / f"{name}-print.pdf").write_bytes(pdf)
+        page.screenshot(path=str(shots / f"{name}-print.png"), full_page=True)
+    finally:
+        context.close()
+
+
+def test_crowded_marks_and_labels_do_not_overlap(browser: Any, shots: Path, tmp_path: Path) -> None:
+    """Ceilings a few per cent apart (a batch of 1.2 beside batch 1, a ridge near the observed batch) keep labels
+    apart, at both drawing widths."""
+    from diagnoser.reports.figdata import Bullet, Mark
+    from diagnoser.reports.html import HtmlRenderer
+    from tests.test_report_cases import report_of
+
+    capture, d = case_diagnosis("memory_bandwidth")
+    report = report_of(d, capture)
+    fig = next(f for f in report.figures if f.key == "throughput")
+    marks = [Mark(f"ceiling {i}", v, key=f"k{i}", short=f"batch {b} (label {i})", color="#E69F00")
+             for i, (v, b) in enumerate([(1000.0, 1), (1040.0, 1.2), (1100.0, 2), (1180.0, 3), (9000.0, 256)])]
+    fig.spec = Bullet(fig.title, 900.0, marks)
+    path = tmp_path / "crowded.html"
+    path.write_text(HtmlRenderer().render(report))
+    for width in (390, 1280):
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        try:
+            page = context.new_page()
+            page.goto(path.resolve().as_uri(), wait_until="load")
+            assert page.evaluate(LAYOUT_JS) == []
+            page.locator("#fig-throughput").screenshot(path=str(shots / f"crowded-marks-{width}.png"))
+            assert page.locator("#fig-throughput svg.chart:visible text.marknum").count() == len(marks)
+        finally:
+            context.close()

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from diagnoser.capture import Capture, ProcessInfo, ServerInfo, TraceSummary
+from diagnoser.capture import ServingConfig, Capture, ProcessInfo, ServerInfo, TraceSummary
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.fleet_model import FleetReport, FleetRow
 from diagnoser.rules import diagnose
@@ -80,7 +80,8 @@ def case_capture(limiter: str) -> Capture:
                          short_kernel_frac=0.7)),
         "throttling": lambda: make_capture({
             "gpu.busy": 0.95, "gpu.sm_clock_frac": [0.98] * 40 + [0.7] * 80,
-            "gpu.throttle.power": [0.0] * 40 + [1.0] * 80, "gpu.power_w": [400.0] * 40 + [698.0] * 80}, n=N),
+            "gpu.throttle.power": [0.0] * 40 + [1.0] * 80, "gpu.power_w": [400.0] * 40 + [498.0] * 80,
+            "gpu.power_limit_w": 500.0}, n=N),
         "interconnect": lambda: make_capture({"gpu.busy": wave(0.9, 0.03)}, n=N, trace=_trace(
             gpu_busy_frac=0.9, kernel_share={"comm": 0.45, "gemm": 0.4, "other": 0.15}, kernel_count=9000)),
         "idle": lambda: make_capture({"gpu.busy": wave(0.04, 0.02), "server.waiting": 0.0,
@@ -116,7 +117,8 @@ def hostile_capture() -> Capture:
         f"--download-dir=https://admin:{SECRETS['pass']}@models.internal/llama"])
     capture.server = ServerInfo(kind="vllm", url=f"http://admin:{SECRETS['pass']}@10.0.0.5:8000/metrics",
                                 version=XSS_IMG)
-    capture.serving = {"mean_context_tokens": 1024, XSS_SCRIPT: XSS_IMG, "env": f"HF_TOKEN={SECRETS['hf']}"}
+    capture.serving = ServingConfig(mean_context_tokens=1024, quantization=XSS_SCRIPT,
+                                    extra={XSS_SCRIPT: XSS_IMG, "env": f"HF_TOKEN={SECRETS['hf']}"})
     assert capture.trace is not None and capture.model is not None
     capture.model.name = f"llama{XSS_SCRIPT}"
     capture.trace.path = f"/traces/{XSS_IMG}.json"
@@ -176,3 +178,39 @@ def test_hostile_capture_still_diagnoses_and_carries_its_payloads() -> None:
 def test_fleet_has_a_row_per_limiter() -> None:
     report = fleet_report()
     assert {r.diagnosis.verdict for r in report.rows} == set(LIMITERS) - {"inconclusive"}
+
+
+# --- the report model, as the tests reach it ------------------------------------------------------------------
+
+def report_of(d, capture, ev=None):  # type: ignore[no-untyped-def]
+    """The Report of a capture and its diagnosis (what every renderer takes)."""
+    from diagnoser.evidence import build_evidence
+    from diagnoser.reports.model import build_report
+
+    return build_report(capture, ev if ev is not None else build_evidence(capture), d)
+
+
+def render_html(d, capture, ev=None) -> str:  # type: ignore[no-untyped-def]
+    from diagnoser.reports.html import HtmlRenderer
+
+    return HtmlRenderer().render(report_of(d, capture, ev))
+
+
+def write_html(d, capture, path):  # type: ignore[no-untyped-def]
+    from diagnoser.reports import html
+
+    return html.write_html(report_of(d, capture), path)
+
+
+def render_fleet_html(report) -> str:  # type: ignore[no-untyped-def]
+    from diagnoser.reports.html import HtmlRenderer
+    from diagnoser.reports.model import build_fleet_view
+
+    return HtmlRenderer().render_fleet(build_fleet_view(report))
+
+
+def write_fleet_html(report, path):  # type: ignore[no-untyped-def]
+    from diagnoser.reports import html
+    from diagnoser.reports.model import build_fleet_view
+
+    return html.write_fleet_html(build_fleet_view(report), path)

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from diagnoser.reports.model import report_from_diagnosis
 from diagnoser.reports.terminal import TerminalRenderer
 from diagnoser.rules import diagnose
 from tests.test_report_cases import LIMITERS, SECRETS, case_diagnosis, hostile_capture
@@ -18,7 +19,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def render(d: object, **kwargs: object) -> str:
     buf = io.StringIO()
     verbose = bool(kwargs.pop("verbose", False))
-    TerminalRenderer(file=buf, **kwargs).render(d, verbose=verbose)  # type: ignore[arg-type]
+    TerminalRenderer(file=buf, **kwargs).render(report_from_diagnosis(d), verbose=verbose)  # type: ignore[arg-type]
     return buf.getvalue()
 
 
@@ -52,7 +53,7 @@ def test_reading_order() -> None:
 def test_citations_show_threshold_and_source() -> None:
     _, d = case_diagnosis("memory_bandwidth")
     out = render(d)
-    assert re.search(r"- gpu\.dram_active mean = 7\d % \(>= 50 %\) \[gpm\]", out)
+    assert re.search(r"- gpu\.dram_active mean = 7\d % \(>= 60 %\) \[gpm\]", out)
 
 
 def test_colour_when_asked_and_narrow_terminals() -> None:

@@ -64,7 +64,7 @@ def test_harness_end_to_end_on_cpu(tmp_path):
         assert saved.cpu_only and saved.model is not None and saved.model.name == "selftest-toy"
         assert saved.server is not None and saved.server.kind == "vllm"
         assert saved.process is not None and saved.process.pid > 0
-        assert saved.serving["selftest_scenario"] == name
+        assert saved.serving.selftest_scenario == name
         assert capture is not None and capture.target == saved.target
         # Each workload stopped cleanly on SIGTERM and wrote its own totals.
         assert r.stats["steps"] > 0 and r.stats["elapsed_s"] > 0
@@ -301,7 +301,7 @@ def test_report_failures_count_only_gpu_verdicts():
     wrong = _gpu_result("decode-b1", 1.0, None)
     wrong.verdict, wrong.passed = "compute", False
     report = SelftestReport(device="cuda", results=[wrong])
-    assert report.failed == ["decode-b1: expected memory_bandwidth, got compute"]
+    assert report.failed == ["decode-b1: expected latency or memory_bandwidth, got compute"]
     cpu = _gpu_result("decode-b1", 1.0, None)
     cpu.verdict, cpu.cpu_run = "inconclusive", True
     assert SelftestReport(device="cpu", results=[cpu]).failed == []
@@ -324,7 +324,7 @@ def test_recorded_fixtures_manifest_round_trip(tmp_path):
     written = record_fixtures(report, [capture], folder, command="diagnoser selftest --record x")
     assert [p.name for p in written] == ["nvidia-h100-80gb-hbm3-decode-b1.dgc"]
     (entry,) = load_manifest(folder)
-    assert entry["expected"] == ["memory_bandwidth"] and entry["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert entry["expected"] == ["latency", "memory_bandwidth"] and entry["gpu"] == "NVIDIA H100 80GB HBM3"
     assert entry["observed"]["tokens_per_s"] == 420.0 and entry["observed"]["gpu.dram_active"] == 0.75
     assert load(folder / entry["capture"]).gpus[0].name == "NVIDIA H100 80GB HBM3"
     assert entry["trace"] == ""  # no trace was taken for this one

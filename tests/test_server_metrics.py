@@ -269,7 +269,7 @@ def test_metrics_of_an_unknown_program_are_not_server_signals(endpoint):
     capture, collector = scrapes(endpoint, None, [endpoint.body, endpoint.body], [0.0, 1.0])
     assert not capture.series
     (u,) = capture.unavailable
-    assert u.what == "server.*" and "none from vLLM, SGLang, TGI or Triton" in u.reason
+    assert u.what == "server.*" and "none from vLLM, SGLang, TGI, Triton or NVIDIA NIM" in u.reason
 
 
 @pytest.fixture(scope="module")

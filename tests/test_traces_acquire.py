@@ -22,10 +22,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from diagnoser.errors import SourceUnavailable  # noqa: E402
-from diagnoser.traces import analyze_trace  # noqa: E402
-from diagnoser.tracing import acquire_trace  # noqa: E402
-from diagnoser.tracing.endpoints import server_kind, vllm_profiler_dir  # noqa: E402
+from diagnoser.errors import SourceUnavailable
+from diagnoser.traces import analyze_trace
+from diagnoser.tracing import acquire_trace
+from diagnoser.tracing.endpoints import server_kind, vllm_profiler_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 

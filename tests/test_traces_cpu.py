@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from diagnoser.capture import dumps, loads  # noqa: E402
-from diagnoser.rules import diagnose  # noqa: E402
-from diagnoser.traces import analyze_trace, capture_from_trace  # noqa: E402
-from diagnoser.traces.analysis import TraceAnalysis  # noqa: E402
-from tests import traces_workload as w  # noqa: E402
+from diagnoser.capture import dumps, loads
+from diagnoser.rules import diagnose
+from diagnoser.traces import analyze_trace, capture_from_trace
+from diagnoser.traces.analysis import TraceAnalysis
+from tests import traces_workload as w
 
 BATCH, PROMPT, DECODE = 2, 16, 6
 

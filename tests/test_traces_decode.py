@@ -52,7 +52,7 @@ def _write(path: Path, data: dict | list | bytes) -> Path:
 
 
 def _all_events(path: Path, chunk_bytes: int) -> list[tuple]:
-    tf, chunks = iter_event_chunks(path, chunk_bytes=chunk_bytes)
+    _, chunks = iter_event_chunks(path, chunk_bytes=chunk_bytes)
     return [(e.ph.value, e.cat.value, e.name, e.ts, e.dur) for chunk in chunks for e in chunk]
 
 
@@ -125,8 +125,7 @@ def _bomb(path: Path, head: bytes, filler: bytes, size: int) -> Path:
     block = filler * (1 << 20)
     with open(path, "wb") as f:
         f.write(comp.compress(head))
-        for _ in range(size >> 20):
-            f.write(comp.compress(block))
+        f.writelines(comp.compress(block) for _ in range(size >> 20))
         f.write(comp.flush())
     return path
 

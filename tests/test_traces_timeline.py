@@ -113,7 +113,7 @@ def test_long_gap_with_a_busy_host_is_host(tmp_path: Path) -> None:
     assert causes(a) == {"host": 1}
 
 
-def test_queued_kernel_waiting_on_another_stream_is_a_sync(tmp_path: Path) -> None:
+def test_queued_kernel_waiting_on_another_stream_is_a_stream_wait(tmp_path: Path) -> None:
     wait = {"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 8, "ts": 15, "dur": 190,
             "args": {"device": 0, "stream": 8, "correlation": 7, "cuda_sync_kind": "Stream Wait Event",
                      "wait_on_stream": 7}}
@@ -121,9 +121,31 @@ def test_queued_kernel_waiting_on_another_stream_is_a_sync(tmp_path: Path) -> No
         call("cudaLaunchKernel", 0, 5, 1), call("cudaLaunchKernel", 6, 5, 2),
         kernel(10, 10, 1), wait, kernel(200, 10, 2, stream=8),
     ])
-    assert causes(a) == {"sync": 1}
+    assert causes(a) == {"stream_wait": 1}
     # the cuda_sync record itself is not GPU work
     assert a.summary.gpu_busy_frac == pytest.approx(20 / 200)
+
+
+def test_a_gpu_far_behind_the_host_waits_and_that_is_not_launch_overhead(tmp_path: Path) -> None:
+    # The host launched everything 100 ms before the GPU ran it; the GPU still sat idle 64 ms between two kernels
+    # (issue 13 saw this called "kernel-to-kernel overhead"): the second kernel waited on the device side.
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), call("cudaLaunchKernel", 6, 5, 2), call("cudaLaunchKernel", 12, 5, 3),
+        kernel(100_000, 1_000, 1), kernel(165_000, 1_000, 2), kernel(166_010, 1_000, 3),
+    ])
+    (tl,) = a.timelines
+    assert causes(a) == {"stream_wait": 1, "kernel_overhead": 1}
+    assert tl.idle_us_by_cause["stream_wait"] == pytest.approx(64_000)
+    assert tl.idle_us_by_cause["kernel_overhead"] == pytest.approx(10)
+
+
+def test_a_slow_launch_call_is_the_host_not_a_device_wait(tmp_path: Path) -> None:
+    # the launch call started before the GPU went idle but took 80 µs; the kernel ran as soon as it returned
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), kernel(10, 10, 1),
+        call("cudaLaunchKernel", 15, 80, 2), kernel(100, 10, 2),
+    ])
+    assert causes(a) == {"host": 1}
 
 
 def test_overlapping_streams_are_one_busy_union(tmp_path: Path) -> None:
@@ -163,7 +185,7 @@ def test_cuda_graph_replays_are_recognised_and_their_kernels_attributed(tmp_path
     assert a.summary.cuda_graph_launches == 1 and k.graph_kernels == 4
     assert k.launched == 1 and k.short_kernels == 1  # the Triton kernel ran 2 µs after a 20 µs launch
     assert a.summary.short_kernel_frac == 1.0 and a.summary.launch_call_us_p50 == 20
-    assert k.count_by_class == {"gemm": 1, "attention": 1, "norm_elementwise": 1, "reduction": 1, "comm": 1,
+    assert k.count_by_class == {"gemm": 1, "attention": 1, "embedding": 0, "norm_elementwise": 1, "reduction": 1, "comm": 1,
                                 "memcpy": 0, "memset": 0, "other": 0}
     assert a.summary.extra["graph_kernel_frac"] == pytest.approx(4 / 5)
 
@@ -194,6 +216,25 @@ def test_cuda_graph_replays_are_recognised_and_their_kernels_attributed(tmp_path
     ("triton_per_fused__softmax_0", "reduction"),
     ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 32, true, 1, true>()", "norm_elementwise"),
     ("some_unknown_kernel", "other"),
+    # fbgemm / TorchRec embedding tables and their permutes: memory-bound gathers, not GEMMs (issue 13)
+    ("void split_embedding_codegen_forward_unweighted_kernel<c10::Half, c10::Half, float, false, long, 2ul, 32ul>()",
+     "embedding"),
+    ("void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_row_1<c10::Half, float>()",
+     "embedding"),
+    ("void fbgemm_gpu::bounds_check_indices_kernel<long, long>(at::GenericPackedTensorAccessor<long, 1ul>)",
+     "embedding"),
+    ("void fbgemm_gpu::permute_2D_data_kernel<false, int, int, decltype(nullptr)>(int, int, int)", "embedding"),
+    ("void permute_pooled_embs_kernel<float>(float const*, long const*, long*, long, long, long)", "embedding"),
+    ("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, unsigned int, 2, 2, -2, true>()",
+     "embedding"),
+    ("void vllm::rotary_embedding_kernel<c10::BFloat16, true>(long const*, c10::BFloat16*)", "norm_elementwise"),
+    # AMD: Tensile (rocBLAS, hipBLASLt) and MIOpen GEMMs are GEMMs, whatever "_Bias_" says (issue 13)
+    ("Cijk_Alik_Bljk_SB_Bias_AS_SAV_UserArgs_MT64x16x32_MI16x16x1_SN_LDSB0_AFC1_AFEM1_AFEM1_ASEM1_CLR1", "gemm"),
+    ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x32x64_MI16x16x1_SN_LDSB1_AFC1", "gemm"),
+    ("igemm_bwd_gtcx3_nhwc_bf16_bx0_ex1_bt256x64x32_wt32x32x8_ws1x1_wr2x2", "gemm"),
+    ("_ZN2ck16tensor_operation6device12_GLOBAL__N_139kernel_grouped_conv_fwd_xdl_cshuffle_v3INS_34GridwiseGemm",
+     "gemm"),
+    ("void paged_attention_ll4mi_QKV_mfma16_kernel<0, __hip_bfloat16, __hip_bfloat16>()", "attention"),
 ])
 def test_kernel_roles(name: str, expected: str) -> None:
     assert kernel_class(name) == expected

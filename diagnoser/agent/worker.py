@@ -33,7 +33,8 @@ if __name__ == "__main__":
 from diagnoser.agent.config import SourcesConfig, TargetSpec  # noqa: E402
 from diagnoser.agent.reports import RunReports  # noqa: E402
 from diagnoser.fileio import write_atomic  # noqa: E402
-from diagnoser.capture import Capture, save  # noqa: E402
+from diagnoser import signals as S  # noqa: E402
+from diagnoser.capture import Capture  # noqa: E402
 from diagnoser.errors import EXIT_INPUT, EXIT_UNAVAILABLE, DiagnoserError, SourceUnavailable  # noqa: E402
 
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -182,9 +183,8 @@ def attach_model(capture: Capture, spec: TargetSpec, target: Any) -> None:
 
 def run_job(job: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
     """Everything one run does; returns the result the agent stores. Raises DiagnoserError before a capture exists."""
-    from diagnoser.evidence import build_evidence
+    from diagnoser.pipeline import Pipeline
     from diagnoser.rules import load_thresholds
-    from diagnoser.rules.engine import diagnose_evidence
 
     spec = TargetSpec.from_dict(job["target"])
     sources = SourcesConfig(**job["sources"])
@@ -192,13 +192,15 @@ def run_job(job: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
     thresholds = load_thresholds(job["thresholds_path"]) if job.get("thresholds_path") else None
     target, notes = resolve(spec, sources)
     capture, dcgm_pods = collect_window(target, job, stop)
+    capture.origin = "agent"
     capture.notes.extend(notes)
     attach_model(capture, spec, target)
 
     reports = RunReports(job["reports_root"], job["keep_reports"]) if job.get("reports_root") else None
     staging = reports.staging(spec.name) if reports is not None else None
-    if staging is not None:
-        save(capture, staging / "capture.dgc")  # the ground truth first: whatever fails next, this stays
+    pipeline = Pipeline(overrides=thresholds, save_to=staging / "capture.dgc" if staging is not None else None,
+                        html=staging / "report.html" if staging is not None and job.get("html") else None)
+    pipeline.checkpoint(capture)  # the ground truth first: whatever fails next, this stays
     result: dict[str, Any] = {
         "started_at": started, "gpu": ",".join(str(g.index) for g in capture.gpus),
         "pod": spec.labels.get("pod") or ",".join(sorted(set(dcgm_pods))) or pod_of(target.pid),
@@ -209,13 +211,11 @@ def run_job(job: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
         result["problems"].append(f"target: the process exited {capture.process.exited_at_s:.1f} s into the "
                                   "window; diagnosed what was captured until then")
     try:
-        evidence = build_evidence(capture)
-        diagnosis = diagnose_evidence(evidence, thresholds)
-        result.update(verdict_fields(evidence, diagnosis))
+        outcome = pipeline.diagnose(capture)
+        result.update(verdict_fields(outcome.evidence, outcome.diagnosis))
         if staging is not None:
-            write_atomic(staging / "diagnosis.json", json.dumps(diagnosis.to_dict(), indent=2).encode())
-            if job.get("html"):
-                _write_html(diagnosis, capture, evidence, staging, result)
+            write_atomic(staging / "diagnosis.json", json.dumps(outcome.diagnosis.to_dict(), indent=2).encode())
+            _write_html(pipeline, outcome, result)
     except DiagnoserError as exc:
         result.update(status="error", error=str(exc))
     except Exception as exc:  # a bug in diagnosis: the capture is kept for a bug report  # noqa: BLE001
@@ -231,21 +231,22 @@ def run_job(job: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
 def verdict_fields(evidence: Any, diagnosis: Any) -> dict[str, Any]:
     """What the history row and the metrics keep of a diagnosis: verdict, confidence, efficiency against the
     physical ceiling (the evidence's theory.efficiency), the top-ranked fix and its predicted gain."""
-    eff = evidence.get("theory.efficiency")
+    eff = evidence.get(S.THEORY_EFFICIENCY)
     top = diagnosis.fixes[0] if diagnosis.fixes else None
     return {"status": "ok", "verdict": diagnosis.verdict, "confidence": diagnosis.confidence,
-            "headline": diagnosis.headline, "efficiency": eff.values[0] if eff is not None else None,
+            "headline": diagnosis.headline, "efficiency": eff.value if eff is not None else None,
             "top_fix": top.title if top else None, "top_fix_rule": top.rule if top else "",
             "top_fix_gain": top.gain if top else None, "diagnosis": diagnosis.to_dict()}
 
 
-def _write_html(diagnosis: Any, capture: Capture, evidence: Any, staging: Path, result: dict[str, Any]) -> None:
+def _write_html(pipeline: Any, outcome: Any, result: dict[str, Any]) -> None:
+    """The HTML report when asked for; optional: the capture and diagnosis.json are the record."""
+    if pipeline.html is None:
+        return
     try:
-        from diagnoser.reports.html import write_html
+        pipeline.write(outcome)
     except ImportError:
-        return  # HTML reports are optional; the capture and diagnosis.json are the record
-    try:
-        write_html(diagnosis, capture, staging / "report.html", evidence)
+        return
     except DiagnoserError as exc:
         result["problems"].append(f"report: {exc}")
 

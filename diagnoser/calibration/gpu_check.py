@@ -92,6 +92,10 @@ def check_gpu(cuda_index: int, *, force: bool = False) -> GpuCheck:
     try:
         nv, _count = open_nvml()
     except NvmlUnavailable as exc:
+        if exc.no_gpu:  # --force cannot help: there is nothing to calibrate
+            raise SourceUnavailable(f"calibrate needs an NVIDIA GPU and there is none here ({exc.reason}); "
+                                    "`diagnoser calibrate --device cpu` runs the same benchmarks on the CPU "
+                                    "(labelled CPU, never used as GPU roofs).") from None
         if not force:
             raise SourceUnavailable(f"cannot check that GPU {cuda_index} is idle: {exc.reason}; pass --force to "
                                     "calibrate without the check.") from None

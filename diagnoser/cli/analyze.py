@@ -1,22 +1,24 @@
-"""`diagnoser analyze TRACE`: analyse a torch.profiler (Kineto) trace a user already has and diagnose it.
+"""`diagnoser analyze TRACE [TRACE...]`: analyse a torch.profiler (Kineto) trace a user already has and diagnose it.
 
-TRACE is a .json or .json.gz file, or a folder of per-rank files. The trace analysis is printed first (window,
-GPU busy/idle and why, kernel classes, launches, FLOPs and intensity against the ridge point, serving phases,
-what was skipped), then the diagnosis the rules draw from it.
+TRACE is a .json or .json.gz file, a folder of per-rank files, or several files (the ranks of one job, compared rank
+by rank). The trace analysis is printed first (window, what ran, GPU busy/idle and why, kernel classes and the
+kernels that hold the time, launches, FLOPs and intensity against the ridge point, serving phases, ranks, what was
+skipped), then the diagnosis the rules draw from it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from diagnoser.capture import save as save_capture
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
-from diagnoser.traces import TraceAnalysis, analyze_trace, capture_from_trace
-from diagnoser.traces.analysis import WINDOWS
-from diagnoser.traces.timeline import IDLE_CAUSES
+from diagnoser.traces.windows import WINDOWS
+
+if TYPE_CHECKING:
+    from diagnoser.traces import TraceAnalysis
 
 _CAUSE_TEXT = {
     "host": "host had not launched yet",
@@ -24,6 +26,7 @@ _CAUSE_TEXT = {
     "pageable_memcpy": "pageable-memory copy",
     "queue_dry": "nothing to do (queue dry)",
     "kernel_overhead": "kernel-to-kernel overhead",
+    "stream_wait": "queued work waiting on the device (another stream, a collective)",
 }
 
 
@@ -31,8 +34,9 @@ def register(app: typer.Typer) -> None:
     @app.command("analyze")
     @handles_errors
     def analyze_cmd(
-        trace: Path = typer.Argument(..., help="A torch.profiler trace (.json or .json.gz) or a folder of per-rank "
-                                     "traces."),
+        trace: list[Path] = typer.Argument(..., help="A torch.profiler trace (.json or .json.gz), a folder of "
+                                           "per-rank traces, or several trace files of one job (compared rank by "
+                                           "rank)."),
         as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON; the trace analysis is in "
                                      "its context.trace."),
         fail_on: str = typer.Option("", "--fail-on", help=FAIL_ON_HELP),
@@ -46,31 +50,72 @@ def register(app: typer.Typer) -> None:
         rules_config: Path | None = typer.Option(None, "--rules-config", help="TOML file overriding rule "
                                                  "thresholds."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every fix, its basis and skipped rules."),
+        jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="Processes reading a large trace "
+                                        "(default: every core; 1: one process)."),
+        quick: bool = typer.Option(False, "--quick", help="First print a verdict from part of a large trace (64 MB "
+                                   "from its middle; the start of a .gz), labelled as such, then the exact result."),
+        max_trace_size: str | None = typer.Option(None, "--max-trace-size", help="Refuse traces larger than this "
+                                                  "(JSON bytes after gunzip; default 4G or $DIAGNOSER_TRACE_MAX_BYTES)"
+                                                  "; e.g. 16G for a long window."),
     ) -> None:
         """Analyse a torch.profiler trace: idle causes, kernel classes, intensity, phases, then the verdict."""
         from diagnoser import physics
-        from diagnoser.rules import diagnose as run_diagnosis
+        from diagnoser.pipeline import Pipeline
         from diagnoser.rules import load_thresholds
+        from diagnoser.traces import analyze_trace, capture_from_trace
+        from diagnoser.traces.decode import parse_size
 
+        limit = parse_size(max_trace_size) if max_trace_size is not None else None
         wanted = parse_fail_on(fail_on)
-        overrides = load_thresholds(rules_config) if rules_config else None
+        overrides = load_thresholds(str(rules_config)) if rules_config else None
         model_info = physics.resolve_model(model) if model else None
         if gpu:
             physics.get_gpu(gpu)  # an unknown name is a bad option, before the (long) analysis
-        analysis = analyze_trace(trace, window=window, gpu_name=gpu)
+        pipeline = Pipeline(overrides=overrides, save_to=save)
+        if quick:
+            _quick_look(trace, window, gpu, limit, model_info, pipeline, err=as_json)
+        analysis = analyze_trace(trace[0] if len(trace) == 1 else trace, window=window, gpu_name=gpu,
+                                 max_bytes=limit, jobs=jobs)
         capture = capture_from_trace(analysis, model=model_info, gpu_name=gpu)
-        if save is not None:
-            save_capture(capture, save)
-        diagnosis = run_diagnosis(capture, overrides)
+        capture.origin = "trace"
+        pipeline.checkpoint(capture)
+        outcome = pipeline.diagnose(capture)
         if as_json:
-            diagnosis.context["trace"] = analysis.to_dict()
+            outcome.diagnosis.context["trace"] = analysis.to_dict()
         else:
             for line in render_analysis(analysis):
                 typer.echo(line)
             if save is not None:
                 typer.echo(f"Capture saved to {save}.")
             typer.echo("")
-        show(diagnosis, as_json=as_json, fail_on=wanted, verbose=verbose)
+        show(outcome, as_json=as_json, fail_on=wanted, verbose=verbose)
+
+
+def _quick_look(trace: list[Path], window: str, gpu: str | None, limit: int | None, model_info: object,
+                pipeline: object, *, err: bool) -> None:
+    """The quick look: a verdict from part of the trace, printed (on stderr with --json) before the exact one."""
+    from diagnoser.traces import capture_from_trace
+    from diagnoser.traces.analysis import quick_look
+
+    if len(trace) != 1:
+        typer.echo("Quick look: not for several traces; the exact analysis follows.", err=err)
+        return
+    q = quick_look(trace[0], window=window, gpu_name=gpu, max_bytes=limit)
+    if q is None:
+        typer.echo("Quick look: the trace is small enough to analyse whole at once; the exact analysis follows.",
+                   err=err)
+        return
+    capture = capture_from_trace(q, model=model_info, gpu_name=gpu)  # type: ignore[arg-type]
+    d = pipeline.diagnose(capture).diagnosis  # type: ignore[attr-defined]
+    s = q.summary
+    shares = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(s.kernel_share.items(), key=lambda kv: -kv[1])[:3]
+                       if v >= 0.0005)
+    lines = [f"QUICK LOOK, not the result: {s.sampled_reason.removeprefix('quick look: ')}.",
+             f"  GPU busy {_pct(s.gpu_busy_frac)}; {shares}" if s.gpu_busy_frac is not None else "  no GPU events read",
+             f"  verdict {d.verdict.upper().replace('_', '-')} (confidence {d.confidence:.2f}): {d.headline}",
+             "The exact analysis of the whole trace follows.", ""]
+    for line in lines:
+        typer.echo(line, err=err)
 
 
 def _pct(x: float | None) -> str:
@@ -85,14 +130,27 @@ def _us(x: float) -> str:
     return f"{x:.1f} µs"
 
 
-def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list of sections
+def render_analysis(a: TraceAnalysis) -> list[str]:
     """The trace analysis as lines of text."""
+    from diagnoser.traces.timeline import IDLE_CAUSES
+
     s = a.summary
     out = [f"Trace {a.path}"]
     if a.ranks:
         out.append(f"  {len(a.ranks)} rank files: " + ", ".join(r.path.name for r in a.ranks))
     gpus = ", ".join(sorted({d.name for d in a.devices})) or "no deviceProperties"
     out.append(f"  window {s.window_s * 1e3:.1f} ms ({a.window_policy}); GPUs: {gpus}")
+    ran = []
+    if s.platform:
+        ran.append({"cuda": "CUDA", "rocm": "ROCm"}.get(s.platform, s.platform))
+    if s.workload:
+        ran.append(f"{s.workload} ({'; '.join(s.workload_evidence[:2])})")
+    if s.steps:
+        ran.append(f"{s.steps} profiler steps")
+    if ran:
+        out.append("  " + ", ".join(ran))
+    if s.sampled:
+        out.append(f"  incomplete trace: {s.sampled_reason}")
     if s.gpu_busy_frac is not None:
         out.append(f"GPU busy {_pct(s.gpu_busy_frac)}, idle {_pct(1 - s.gpu_busy_frac)} of the window"
                    + (f" (mean over devices {', '.join(map(str, s.devices))})" if len(s.devices) > 1 else ""))
@@ -108,17 +166,32 @@ def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list 
         shares = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(s.kernel_share.items(), key=lambda kv: -kv[1])
                            if v >= 0.0005)
         out.append(f"GPU time by kind ({s.kernel_count} kernels): {shares}")
+    for ks in s.top_kernels[:8]:
+        rate = ""
+        if ks.achieved_flop_per_s:
+            rate = f"  {ks.achieved_flop_per_s / 1e12:.1f} TFLOP/s, {(ks.achieved_bytes_per_s or 0) / 1e9:.0f} GB/s"
+        out.append(f"  {_pct(ks.share):>6} {_us(ks.total_us):>10} {ks.count:>6}x  p50 {_us(ks.p50_us):>9}  "
+                   f"{ks.kind:<16} {ks.name[:60]}{rate}")
+    d = s.kernel_duration_us
+    if d is not None:
+        out.append(f"  kernel durations: p10 {_us(d.p10_us)}, p50 {_us(d.p50_us)}, p90 {_us(d.p90_us)}, "
+                   f"p99 {_us(d.p99_us)}, max {_us(d.max_us)}")
     k = a.kernels
     if k is not None:
-        for name, cls, us, n in k.top_kernels[:5]:
-            out.append(f"  {_us(us):>10} {n:>6}x  {cls:<16} {name[:90]}")
         if k.memcpy_us_by_direction:
             out.append("  copies: " + ", ".join(f"{d} {_us(v)}" for d, v in sorted(k.memcpy_us_by_direction.items())))
         if a.comm_us:
             out.append(f"  communication {_us(a.comm_us)}, {a.comm_overlapped_us / a.comm_us:.0%} of it overlapped "
                        "by compute")
+    kinds = {c: v for c, v in s.comm_share_by_kind.items() if v >= 0.0005}
+    if kinds:
+        out.append("  collectives: " + ", ".join(f"{c} {_pct(v)}" for c, v in sorted(kinds.items(),
+                                                                                     key=lambda kv: -kv[1])))
+    if s.graph_kernel_frac:
+        out.append(f"  {_pct(s.graph_kernel_frac)} of kernel time ran in CUDA/HIP graph replays")
     if s.launch_call_us_p50 is not None:
-        out.append(f"Launches: {k.launched if k else 0} kernels launched one by one, launch call p50 "
+        launched = k.launched if k else sum(r.kernels.launched for r in a.ranks if r.kernels is not None)
+        out.append(f"Launches: {launched} kernels launched one by one, launch call p50 "
                    f"{s.launch_call_us_p50:.1f} µs, launch-to-start p50 {s.launch_delay_us_p50:.1f} µs, "
                    f"{_pct(s.short_kernel_frac)} shorter than their launch; CUDA graph replays: "
                    f"{s.cuda_graph_launches}")
@@ -130,9 +203,8 @@ def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list 
             if a.ridge_flop_per_byte else ""
         intensity = (f"intensity {s.intensity_flop_per_byte:.1f} FLOP/B (time-weighted, {ops.time_basis} time){ridge}"
                      if s.intensity_flop_per_byte is not None else "intensity left out (see skipped)")
-        covered = s.extra.get("costed_gpu_frac")
-        share = f" launching {covered:.0%} of the GEMM/attention kernel time" if covered is not None else ""
-        out.append(f"FLOPs: {len(ops.runs)} matmul/conv/attention ops{share}, {ops.total_flops / 1e9:.3g} GFLOP, "
+        covered = f" launching {s.costed_time_frac:.0%} of the kernel time" if s.costed_time_frac is not None else ""
+        out.append(f"FLOPs: {len(ops.runs)} matmul/conv/attention ops{covered}, {ops.total_flops / 1e9:.3g} GFLOP, "
                    f"{ops.total_bytes / 1e6:.3g} MB; {intensity}")
         below = s.extra.get("time_frac_below_ridge")
         if below is not None:
@@ -160,8 +232,22 @@ def render_analysis(a: TraceAnalysis) -> list[str]:  # noqa: C901 - a flat list 
             (kv0, f0), (kv1, f1) = ph.context_growth
             out.append(f"  as context grows from {kv0} to {kv1} tokens, attention goes from {_pct(f0)} to "
                        f"{_pct(f1)} of a decode step")
-    if a.decode is not None and a.decode.bytes_json:
-        out.append(f"Read {a.decode.events} events, {a.decode.bytes_json / 1e6:.1f} MB of JSON.")
+    if s.ranks:
+        out.append("Ranks:          busy  compute     comm  exposed  idle (largest cause)         step p50")
+        for r in s.ranks:
+            top_cause = max(r.idle_frac_by_cause.items(), key=lambda kv: kv[1], default=("", 0.0))
+            step = f"{r.step_ms_p50:.1f} ms" if r.step_ms_p50 is not None else "-"
+            name = f"rank {r.rank}" if r.rank is not None else r.path[:10]
+            out.append(f"  {name:<10} {_pct(r.gpu_busy_frac):>7} {_pct(r.compute_frac):>8} {_pct(r.comm_frac):>8} "
+                       f"{_pct(r.comm_exposed_frac):>8}  {_pct(top_cause[1]):>6} {top_cause[0]:<20} {step:>9}"
+                       + ("  <- straggler" if r.straggler else ""))
+        if s.straggler:
+            out.append(f"  straggler: {s.straggler}")
+    decode = [r.decode for r in a.ranks] if a.ranks else [a.decode]
+    read = [d for d in decode if d is not None and d.bytes_json]
+    if read:
+        out.append(f"Read {sum(d.events for d in read)} events, {sum(d.bytes_json for d in read) / 1e6:.1f} MB of "
+                   "JSON.")
     for note in s.skipped:
         out.append(f"  skipped: {note}")
     return out

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from diagnoser.capture import Capture, ModelInfo, save
+from diagnoser.capture import Capture, ModelInfo, TraceCost
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.collectors.base import DEFAULT_DURATION_S, DEFAULT_INTERVAL_S, MIN_INTERVAL_S
@@ -101,7 +101,7 @@ def add_trace(capture: Capture, target: AttachTarget, seconds: float, out_dir: P
         view.say(f"diagnoser: {perfetto_hint(acquired.path)}")
         view.say(f"diagnoser: {spent.sentence()}")
         capture.notes.append(spent.sentence())
-        capture.serving["trace_cost"] = spent.to_dict()
+        capture.serving.trace_cost = TraceCost(**spent.to_dict())
         capture.trace = analyze_trace(acquired.path).summary
     except DiagnoserError as exc:
         capture.mark_unavailable("trace", "trace.*", str(exc).rstrip("."))
@@ -144,7 +144,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
         html: Path | None = typer.Option(None, "--html", help="Also write the HTML report to this file.",
                                          dir_okay=False),
-        model: Path | None = typer.Option(None, "--model", help="The served model's config.json (or its folder)."),
+        model: str | None = typer.Option(None, "--model", help="The served model: a config.json, a folder with one, "
+                                         "or a bundled model name (diagnoser theory --list-models)."),
+        usd_per_gpu_hour: float | None = typer.Option(None, "--usd-per-gpu-hour", help="What one GPU hour costs "
+                                                      "you, for the cost per million tokens."),
         trace: float | None = typer.Option(None, "--trace", help="After the window, take a torch.profiler trace "
                                            "of this many seconds and add its analysis."),
         fail_on: str = typer.Option("", "--fail-on", help=FAIL_ON_HELP),
@@ -154,8 +157,9 @@ def register(app: typer.Typer) -> None:
         """Attach to a running inference server, observe it, and say what limits it."""
         from diagnoser.collectors.session import Progress, collect
         from diagnoser.collectors.target import resolve_target
-        from diagnoser.physics import load_hf_config
-        from diagnoser.rules import diagnose, load_thresholds
+        from diagnoser.physics import resolve_model
+        from diagnoser.pipeline import Pipeline
+        from diagnoser.rules import load_thresholds
 
         # Everything that can be wrong with the options fails before the window, not after it.
         wanted = parse_fail_on(fail_on)
@@ -167,27 +171,35 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--duration must be positive, not {duration:g}.")
         if not interval >= MIN_INTERVAL_S:
             raise InputError(f"--interval must be at least {MIN_INTERVAL_S:g} s, not {interval:g}.")
-        user_model = load_hf_config(model) if model is not None else None
+        if usd_per_gpu_hour is not None and not usd_per_gpu_hour >= 0:
+            raise InputError(f"--usd-per-gpu-hour must be zero or more, not {usd_per_gpu_hour:g}.")
+        user_model = resolve_model(model) if model is not None else None
         target = resolve_target(pid, port, metrics_url)
-        with LiveView(f"attaching to {target.description} for {duration:g} s (Ctrl-C ends early)") as view:
-            capture = collect(target, duration, interval, on_sample=view)
-        if capture.cpu_only and not view.said_cpu_only:  # a window too short for a progress report
-            view(Progress(capture.duration_s, duration, {}, True, _gpu_problem(capture)))
-        if capture.process is not None and capture.process.exited_at_s is not None:
-            view.say(f"diagnoser: pid {capture.process.pid} exited {capture.process.exited_at_s:.1f} s into the "
-                     "window; diagnosing what was captured until then.")
-        add_model(capture, user_model, target)
-        if save_to is not None:  # saved now, so that neither the trace nor a second Ctrl-C can lose the window
-            save(capture, save_to)
+        pipeline = Pipeline(overrides=overrides, save_to=save_to, html=html)
+
+        def observe() -> Capture:
+            with LiveView(f"attaching to {target.description} for {duration:g} s (Ctrl-C ends early)") as view:
+                capture = collect(target, duration, interval, on_sample=view)
+            capture.origin = "attach"
+            if usd_per_gpu_hour is not None:
+                capture.serving.usd_per_gpu_hour = usd_per_gpu_hour
+            if capture.cpu_only and not view.said_cpu_only:  # a window too short for a progress report
+                view(Progress(capture.duration_s, duration, {}, True, _gpu_problem(capture)))
+            if capture.process is not None and capture.process.exited_at_s is not None:
+                view.say(f"diagnoser: pid {capture.process.pid} exited {capture.process.exited_at_s:.1f} s into "
+                         "the window; diagnosing what was captured until then.")
+            add_model(capture, user_model, target)
+            return capture
+
+        steps = []
         if trace is not None:
             trace_dir = save_to.parent if save_to else Path(tempfile.mkdtemp(prefix="diagnoser-trace-"))
-            add_trace(capture, target, trace, trace_dir, view)
-            if save_to is not None:
-                save(capture, save_to)
+            steps.append(lambda capture: add_trace(capture, target, trace, trace_dir, LiveView("tracing")))
+        # Saved after the window and again after the trace, so neither the trace nor a second Ctrl-C can lose it.
+        outcome = pipeline.run(observe, steps)
         if save_to is not None:
-            view.say(f"diagnoser: saved the capture to {save_to}")
-        show(diagnose(capture, overrides), as_json=as_json, fail_on=wanted, verbose=verbose, capture=capture,
-             html=html)
+            typer.echo(f"diagnoser: saved the capture to {save_to}", err=True)
+        show(outcome, as_json=as_json, fail_on=wanted, verbose=verbose)
 
 
 def _gpu_problem(capture: Capture) -> str:

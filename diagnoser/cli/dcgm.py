@@ -10,14 +10,13 @@ from typing import Any
 
 import typer
 
-from diagnoser.capture import new_capture, save
+from diagnoser.capture import new_capture
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.collectors.dcgm import GpuSelector, collect_dcgm_into, describe_target, selector_for_pid
 from diagnoser.collectors.prom_client import parse_headers
 from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.errors import InputError
-from diagnoser.rules import diagnose as run_diagnosis
 from diagnoser.rules import load_thresholds
 
 
@@ -122,15 +121,10 @@ def register(app: typer.Typer) -> None:
                                         end=window.end, timeout_s=timeout, headers=parse_headers(headers))
             capture.target = f"{describe_target(targets)} (Prometheus {prometheus})"
             capture.host = targets[0].node or capture.host
-        if save_to is not None:
-            written = save(capture, save_to)
-            typer.echo(f"diagnoser: saved the capture to {written}", err=True)
-        diagnosis = run_diagnosis(capture, overrides)
-        if html is not None:
-            from diagnoser.reports.html import write_html
+        from diagnoser.pipeline import Pipeline
 
-            try:
-                typer.echo(f"diagnoser: wrote {write_html(diagnosis, capture, html)}", err=True)
-            except OSError as exc:
-                raise InputError(f"cannot write {html}: {exc.strerror or exc}.") from None
-        show(diagnosis, as_json=as_json, fail_on=wanted, verbose=verbose)
+        pipeline = Pipeline(overrides=overrides, save_to=save_to, html=html)
+        pipeline.checkpoint(capture)
+        if save_to is not None:
+            typer.echo(f"diagnoser: saved the capture to {save_to}", err=True)
+        show(pipeline.write(pipeline.diagnose(capture)), as_json=as_json, fail_on=wanted, verbose=verbose)

@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
             view.say(f"diagnoser demo: {problem}")
         if not as_json:
             view.say("")
-        show(run.diagnosis, as_json=as_json, fail_on=set(), verbose=verbose)
+        show(run.outcome, as_json=as_json, fail_on=set(), verbose=verbose)
         view.say("")
         if run.device == "cpu":
             view.say(CPU_CAN)

@@ -6,11 +6,8 @@ from pathlib import Path
 
 import typer
 
-from diagnoser.capture import load
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
-from diagnoser.rules import diagnose as run_diagnosis
-from diagnoser.rules import load_thresholds
 
 
 def register(app: typer.Typer) -> None:
@@ -26,8 +23,11 @@ def register(app: typer.Typer) -> None:
                                          dir_okay=False),
     ) -> None:
         """Diagnose a saved capture: verdict, evidence, ranked fixes."""
+        from diagnoser.capture import load
+        from diagnoser.pipeline import Pipeline
+        from diagnoser.rules import load_thresholds
+
         wanted = parse_fail_on(fail_on)
         overrides = load_thresholds(rules_config) if rules_config else None
-        loaded = load(capture)
-        diagnosis = run_diagnosis(loaded, overrides)
-        show(diagnosis, as_json=as_json, fail_on=wanted, verbose=verbose, capture=loaded, html=html)
+        pipeline = Pipeline(overrides=overrides, html=html)
+        show(pipeline.write(pipeline.diagnose(load(capture))), as_json=as_json, fail_on=wanted, verbose=verbose)

@@ -182,9 +182,10 @@ def register(app: typer.Typer) -> None:
         groups = group_rows(report.rows, group_by) if group_by else None
         if html is not None:
             from diagnoser.reports.html import write_fleet_html
+            from diagnoser.reports.model import build_fleet_view
 
             try:
-                written = write_fleet_html(report, html)
+                written = write_fleet_html(build_fleet_view(report), html)
             except OSError as exc:
                 raise InputError(f"cannot write {html}: {exc.strerror or exc}.") from None
             typer.echo(f"diagnoser: wrote {written}", err=True)

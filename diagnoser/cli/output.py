@@ -1,19 +1,15 @@
-"""Showing a diagnosis the way the user asked (terminal, --json) and the --fail-on exit code; shared by every
-command that ends in a verdict (diagnose, attach, analyze, ...)."""
+"""Showing an outcome the way the user asked (terminal, --json) and the --fail-on exit code; shared by every
+command that ends in a verdict (diagnose, attach, analyze, dcgm, demo, ...)."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import typer
 
-from diagnoser.capture import Capture
-from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis, Limiter
+from diagnoser.diagnosis import INCONCLUSIVE, Limiter
 from diagnoser.errors import EXIT_FAIL_ON, InputError
-from diagnoser.evidence import Evidence
-from diagnoser.reports.jsonout import dumps
-from diagnoser.reports.terminal import TerminalRenderer
+from diagnoser.pipeline import Outcome
 
 FAIL_ON_HELP = ("Exit 1 when the verdict is one of these (comma-separated): "
                 + ", ".join(l.value for l in Limiter) + f", {INCONCLUSIVE}, or 'any'.")
@@ -31,20 +27,18 @@ def parse_fail_on(value: str | None) -> set[str]:
     return names
 
 
-def show(d: Diagnosis, *, as_json: bool, fail_on: set[str], verbose: bool = False,
-         capture: Capture | None = None, html: Path | None = None, evidence: Evidence | None = None) -> None:
-    """Print the diagnosis (terminal or --json); with `html` also write the HTML report of `capture` there, first,
-    so the file exists whatever the exit code."""
-    if html is not None:
-        if capture is None:
-            raise InputError("--html needs the capture the diagnosis came from.")
-        from diagnoser.reports.html import write_html
+def show(outcome: Outcome, *, as_json: bool, fail_on: set[str], verbose: bool = False) -> None:
+    """Print the outcome's report (terminal or --json): the files it wrote are named first, on stderr."""
+    from diagnoser.reports.jsonout import JsonRenderer
+    from diagnoser.reports.terminal import TerminalRenderer
 
-        written = write_html(d, capture, html, evidence)
-        typer.echo(f"diagnoser: wrote the HTML report to {written}", err=True)
+    if "report" in outcome.written:
+        typer.echo(f"diagnoser: wrote the HTML report to {outcome.written['report']}", err=True)
+    report = outcome.report()
     if as_json:
-        sys.stdout.write(dumps(d) + "\n")
+        sys.stdout.write(JsonRenderer().render(report) + "\n")
     else:
-        TerminalRenderer(color=None if sys.stdout.isatty() else False).render(d, verbose=verbose)
+        TerminalRenderer(color=None if sys.stdout.isatty() else False).render(report, verbose=verbose)
+    d = outcome.diagnosis
     if fail_on and ("any" in fail_on and d.verdict != INCONCLUSIVE or d.verdict in fail_on):
         raise typer.Exit(EXIT_FAIL_ON)

@@ -6,12 +6,8 @@ from pathlib import Path
 
 import typer
 
-from diagnoser.capture import load
 from diagnoser.cli.common import handles_errors
 from diagnoser.errors import InputError
-from diagnoser.reports.html import verdict_label, write_html
-from diagnoser.rules import diagnose as run_diagnosis
-from diagnoser.rules import load_thresholds
 
 
 def register(app: typer.Typer) -> None:
@@ -28,10 +24,15 @@ def register(app: typer.Typer) -> None:
         target = output if output is not None else capture.with_suffix(".html")
         if target.resolve() == capture.resolve():
             raise InputError(f"the report would overwrite the capture {capture}; pass -o with another file name.")
+        from diagnoser.capture import load
+        from diagnoser.pipeline import Pipeline
+        from diagnoser.reports.model import verdict_label
+        from diagnoser.rules import load_thresholds
+
         overrides = load_thresholds(rules_config) if rules_config else None
-        loaded = load(capture)
-        diagnosis = run_diagnosis(loaded, overrides)
-        written = write_html(diagnosis, loaded, target)
+        pipeline = Pipeline(overrides=overrides, html=target)
+        outcome = pipeline.write(pipeline.diagnose(load(capture)))
+        diagnosis = outcome.diagnosis
         typer.echo(f"diagnoser: {verdict_label(diagnosis)} (confidence {diagnosis.confidence_label}); "
                    "report written to:", err=True)
-        typer.echo(str(written))
+        typer.echo(str(outcome.written["report"]))

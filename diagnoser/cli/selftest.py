@@ -12,6 +12,7 @@ from rich.table import Table
 
 from diagnoser.cli.common import handles_errors, print_json
 from diagnoser.errors import EXIT_FAIL_ON, InputError
+from diagnoser.selftest.scenarios import DEFAULT_ORDER
 from diagnoser.selftest.harness import SelftestReport, resolve_device, run_selftest, scenario_names
 from diagnoser.selftest.record import record_fixtures
 from diagnoser.units import fmt
@@ -76,7 +77,7 @@ def register(app: typer.Typer) -> None:
     @handles_errors
     def selftest_cmd(
         scenarios: str = typer.Option("", "--scenarios", help="Comma-separated scenarios (default: all): "
-                                      "decode-b1, decode-b16, prefill, launch, kv-full, host-bound, throttled."),
+                                      + ", ".join(DEFAULT_ORDER) + "."),
         device: str = typer.Option("auto", "--device", help="auto, cuda or cpu (toy size: tests the harness, "
                                    "never a GPU verdict)."),
         size: str = typer.Option("auto", "--size", help="auto (1-3B-parameter model sized to the GPU) or toy."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -18,17 +19,22 @@ from diagnoser.physics import (
     BUNDLED_SOURCES,
     DEFAULT_MEM_FRACTION,
     GpuSpec,
+    Interconnect,
     WhatIf,
+    attainable_shares,
     bundled_models,
     compute_dtype,
     cost_per_million_tokens,
     decode_bound,
     decode_ceiling_tokens_per_s,
+    decode_comm_s,
     decode_compute_s,
     decode_floor_s,
+    decode_step_bytes,
     fits,
     get_gpu,
     has_kv_shape,
+    interconnect,
     kv_bytes_per_token,
     kv_cache_dtype,
     load_bundled_model,
@@ -36,16 +42,19 @@ from diagnoser.physics import (
     model_from_params,
     parse_param_count,
     peak_flops,
+    pipeline_decode,
     prefill_time_s,
     resolve_model,
     ridge_batch,
     ridge_point,
     tokens_per_joule,
+    weight_breakdown,
     weight_bytes,
     weight_dtype,
     what_if,
 )
 from diagnoser.physics.precision import normalise_dtype
+from diagnoser.physics.whatif import REALISED_PREFIX
 
 WIDTH = 80
 
@@ -61,6 +70,12 @@ class Setup:
     batch: int
     context: int
     tp: int
+    link: Interconnect
+    interconnect_kind: str | None = None  # the user's --interconnect, applied to what-ifs too
+    pp: int = 1
+    microbatches: int | None = None
+    efficiency: float | None = None  # measured tokens/s over the decode ceiling, when given
+    efficiency_source: str = ""
 
 
 def build_model(
@@ -89,9 +104,10 @@ def _finite(value: float) -> float | None:
 
 def _notes(s: Setup, kv_known: bool, max_seqs: int | None) -> list[str]:
     notes = []
-    if not fits(s.model, s.gpu, s.dtype, s.tp):
-        notes.append(f"The weights do not fit in {DEFAULT_MEM_FRACTION:.0%} of one {s.gpu.name} at tp {s.tp}; "
-                     "the speeds below assume they did (try --tp or a smaller --dtype).")
+    if not fits(s.model, s.gpu, s.dtype, s.tp * s.pp):
+        notes.append(f"The weights do not fit in {DEFAULT_MEM_FRACTION:.0%} of one {s.gpu.name} at tp {s.tp}"
+                     + (f" x pp {s.pp}" if s.pp > 1 else "") + "; the speeds assume they did (try --tp or a "
+                     "smaller --dtype).")
     if not kv_known:
         notes.append("KV cache not counted: pass --layers, --kv-heads and --head-dim to size it.")
     elif max_seqs is not None and s.batch > max_seqs > 0:
@@ -104,7 +120,44 @@ def _notes(s: Setup, kv_known: bool, max_seqs: int | None) -> list[str]:
         notes.append(f"The {s.gpu.name} has no {s.dtype} tensor cores; math runs at its {math_dtype} rate.")
     if s.model.active_params and s.model.params and s.model.active_params < s.model.params:
         notes.append("MoE: a step reads only the experts its tokens route to (uniform routing assumed).")
+    if s.pp > 1:
+        notes.append(f"Decode (ceiling) is one tp group holding every layer; the Pipeline section spreads them over "
+                     f"{s.pp} stages of {s.tp} GPU{'s' if s.tp > 1 else ''}.")
+    if s.tp > 1 and not (s.model.layers and s.model.hidden):
+        notes.append("Tensor-parallel collectives not counted: the model's layers and hidden size are unknown.")
     return notes
+
+
+def _weights(s: Setup) -> dict[str, Any]:
+    parts = weight_breakdown(s.model, s.dtype)
+    scheme = parts.scheme
+    return {"bytes": parts.total, "bytes_per_gpu": parts.total / (s.tp * s.pp), "linear_bytes": parts.linear,
+            "lm_head_bytes": parts.lm_head, "embedding_bytes": parts.embedding, "norm_bytes": parts.norms,
+            "sixteen_bit_bytes": parts.sixteen_bit,
+            "scheme": {"method": scheme.method, "group_size": scheme.group_size, "scale_bytes": scheme.scale_bytes,
+                       "lm_head_quantised": scheme.lm_head, "from_config": scheme.from_config,
+                       "described": scheme.describe()} if scheme.quantised else None}
+
+
+def _pipeline(s: Setup, context: int) -> dict[str, Any] | None:
+    """Per-stage share and bubble of a --pp pipeline (each stage a --tp group)."""
+    if s.pp == 1:
+        return None
+    micro = s.microbatches or min(s.pp, s.batch)
+    if micro > s.batch:
+        raise InputError(f"--microbatches {micro} needs at least as many sequences as --batch {s.batch}.")
+    per_micro = s.batch / micro
+    # One stage holds 1/pp of the layers: its bytes and FLOPs are 1/pp of a whole step at the micro-batch.
+    stage_bytes = decode_step_bytes(s.model, per_micro, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp) / s.pp
+    stage_flops_s = decode_compute_s(s.model, s.gpu, per_micro, dtype=s.dtype, tp=s.tp, context=context) / s.pp
+    comm = decode_comm_s(s.model, s.gpu, per_micro, tp=s.tp, link=s.link) / s.pp
+    stage_weights = weight_bytes(s.model, s.dtype) / (s.tp * s.pp)
+    hop = interconnect(s.gpu, 2, s.interconnect_kind)
+    p = pipeline_decode(stage_bytes / s.gpu.hbm_bytes_per_s + comm, stage_flops_s, s.batch, s.pp, micro,
+                        stage_weight_bytes=stage_weights, hidden=s.model.hidden, link=hop)
+    return {"stages": p.stages, "microbatches": p.microbatches, "gpus": s.pp * s.tp,
+            "stage_weight_bytes": p.stage_weight_bytes, "stage_s": p.stage_s, "handoff_s": p.handoff_s,
+            "bubble": p.bubble, "tokens_per_s": p.tokens_per_s}
 
 
 def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_ifs: list[WhatIf]) -> dict[str, Any]:
@@ -113,10 +166,12 @@ def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_
     kv_known = has_kv_shape(m)
     context = s.context if kv_known else 0  # without the shape, decode is computed without KV reads
     kv_per_token = kv_bytes_per_token(m, s.kv_dtype) if kv_known else None
-    max_seqs = max_concurrent_sequences(m, gpu, s.context, tp=s.tp, dtype=s.dtype, kv_dtype=s.kv_dtype) \
+    max_seqs = max_concurrent_sequences(m, gpu, s.context, tp=s.tp, dtype=s.dtype, kv_dtype=s.kv_dtype, pp=s.pp) \
         if kv_known and s.context > 0 else None
-    ceiling = decode_ceiling_tokens_per_s(m, gpu, s.batch, context, s.dtype, s.tp, kv_dtype=s.kv_dtype)
+    ceiling = decode_ceiling_tokens_per_s(m, gpu, s.batch, context, s.dtype, s.tp, kv_dtype=s.kv_dtype, link=s.link)
     power = (power_w or gpu.tdp_w) * s.tp
+    weights = _weights(s)
+    shares = attainable_shares(gpu, s.dtype)
     return {
         "model": {"name": m.name, "params": m.params, "active_params": m.active_params, "layers": m.layers,
                   "kv_heads": m.kv_heads, "head_dim": m.head_dim, "max_context": m.max_context},
@@ -124,28 +179,37 @@ def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_
                 "hbm_bytes_per_s": gpu.hbm_bytes_per_s, "peak_flops": peak_flops(gpu, s.dtype),
                 "compute_dtype": compute_dtype(gpu, s.dtype), "source": gpu.source},
         "settings": {"dtype": s.dtype, "kv_dtype": s.kv_dtype, "batch": s.batch, "context": s.context, "tp": s.tp,
-                     "mem_fraction": DEFAULT_MEM_FRACTION},
-        "weight_bytes": weight_bytes(m, s.dtype),
-        "weight_bytes_per_gpu": weight_bytes(m, s.dtype) / s.tp,
+                     "pp": s.pp, "mem_fraction": DEFAULT_MEM_FRACTION,
+                     "interconnect": {"name": s.link.name, "bytes_per_s": s.link.bytes_per_s,
+                                      "latency_s": s.link.latency_s} if s.tp > 1 or s.pp > 1 else None},
+        "weight_bytes": weights["bytes"],
+        "weight_bytes_per_gpu": weights["bytes_per_gpu"],
+        "weights": weights,
         "usable_bytes_per_gpu": gpu.memory_bytes * DEFAULT_MEM_FRACTION,
-        "fits": fits(m, gpu, s.dtype, s.tp),
+        "fits": fits(m, gpu, s.dtype, s.tp * s.pp),
         "kv_bytes_per_token": kv_per_token,
         "kv_bytes_per_token_per_gpu": kv_bytes_per_token(m, s.kv_dtype, tp=s.tp) if kv_known else None,
         "max_concurrent_sequences": max_seqs,
         "decode": {
             "floor_s": decode_floor_s(m, gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp),
-            "compute_s": decode_compute_s(m, gpu, s.batch, dtype=s.dtype, tp=s.tp),
+            "compute_s": decode_compute_s(m, gpu, s.batch, dtype=s.dtype, tp=s.tp, context=context),
+            "comm_s": decode_comm_s(m, gpu, s.batch, tp=s.tp, link=s.link),
             "bound": decode_bound(m, gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp),
             "ceiling_tokens_per_s": ceiling,
             "per_sequence_tokens_per_s": ceiling / s.batch,
         },
+        "measured": {"efficiency": s.efficiency, "tokens_per_s": s.efficiency * ceiling, "from": s.efficiency_source,
+                     "attainable_bandwidth_share": shares[0], "attainable_compute_share": shares[1]}
+        if s.efficiency is not None else None,
+        "pipeline": _pipeline(s, context),
         "ridge": {
             "flop_per_byte": ridge_point(gpu, s.dtype),
             "batch": ridge_batch(m, gpu, s.dtype, tp=s.tp),
             "batch_at_context": _finite(ridge_batch(m, gpu, s.dtype, context=context, kv_dtype=s.kv_dtype, tp=s.tp))
             if context else None,
         },
-        "prefill": {"tokens": s.context, "time_s": prefill_time_s(m, gpu, s.context, s.dtype, s.tp)
+        "prefill": {"tokens": s.context, "time_s": prefill_time_s(m, gpu, s.context, s.dtype, s.tp,
+                                                                  kv_dtype=s.kv_dtype, link=s.link)
                     if s.context > 0 else None},
         "energy": {"power_w": power, "power_source": "user" if power_w else "tdp",
                    "tokens_per_joule": tokens_per_joule(ceiling, power)},
@@ -154,7 +218,9 @@ def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_
         if usd_per_hour is not None else None,
         "what_ifs": [{"change": w.change, "before_tokens_per_s": w.before_tokens_per_s,
                       "after_tokens_per_s": w.after_tokens_per_s, "speedup": w.speedup,
-                      "explanation": w.explanation} for w in what_ifs],
+                      "ceiling_speedup": w.speedup, "realised_speedup": w.realised_speedup,
+                      "efficiency": w.efficiency, "before_batch": w.before_batch, "after_batch": w.after_batch,
+                      "explanation": w.explanation, "assumptions": list(w.assumptions)} for w in what_ifs],
         "notes": _notes(s, kv_known, max_seqs),
     }
 
@@ -170,11 +236,26 @@ def _count(n: float) -> str:
 
 
 def _time(seconds: float) -> str:
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} µs"
 
 
 def _rate(tokens_per_s: float) -> str:
     return f"{tokens_per_s:,.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.3g}"
+
+
+def _weight_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    st, w = r["settings"], r["weights"]
+    gpus = st["tp"] * st["pp"]
+    rows = [("weights", f"{_gb(w['bytes'])} at {st['dtype']}"
+             + (f" ({_gb(w['bytes_per_gpu'])} per GPU)" if gpus > 1 else ""))]
+    if w["scheme"]:
+        rows.append(("stored as", w["scheme"]["described"]
+                     + ("" if w["scheme"]["from_config"] else ", by default")))
+        rows.append(("kept 16-bit", f"{_gb(w['sixteen_bit_bytes'])} (embedding, norms"
+                     + ("" if w["scheme"]["lm_head_quantised"] else ", lm_head") + ")"))
+    return rows
 
 
 def _rows(r: dict[str, Any]) -> list[tuple[str, str]]:
@@ -188,21 +269,40 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("Model", ""), ("parameters", params)]
     if shape:
         rows.append(("shape", shape))
-    rows.append(("weights", f"{_gb(r['weight_bytes'])} at {st['dtype']}"
-                 + (f" ({_gb(r['weight_bytes_per_gpu'])} per GPU)" if st["tp"] > 1 else "")))
+    rows += _weight_rows(r)
     kv = r["kv_bytes_per_token"]
     rows.append(("KV cache per token", f"{kv / 1024:,.0f} KiB at {st['kv_dtype']}" if kv else "unknown"))
     rows += [("Memory", ""), ("fits", ("yes" if r["fits"] else "no") + f": {_gb(r['weight_bytes_per_gpu'])} of "
                                  f"{_gb(r['usable_bytes_per_gpu'])} usable per GPU")]
     if r["max_concurrent_sequences"] is not None:
-        rows.append(("max sequences", f"{r['max_concurrent_sequences']:,} of {st['context']:,} tokens"))
+        seqs = f"{r['max_concurrent_sequences']:,} of {st['context']:,} tokens at {st['kv_dtype']} KV"
+        rows.append(("max sequences", seqs))
+    step = max(d["floor_s"], d["compute_s"]) + d["comm_s"]
     rows += [("Decode (ceiling)", ""),
-             ("time per step", f">= {_time(max(d['floor_s'], d['compute_s']))} ({d['bound']}-bound)"),
-             ("memory, compute", f"{_time(d['floor_s'])}, {_time(d['compute_s'])}"),
-             ("tokens/s", f"<= {_rate(d['ceiling_tokens_per_s'])} at batch {st['batch']} "
-                          f"({_rate(d['per_sequence_tokens_per_s'])} per sequence)"),
+             ("time per step", f">= {_time(step)} ({d['bound']}-bound)"),
+             ("memory, compute", f"{_time(d['floor_s'])}, {_time(d['compute_s'])}")]
+    if st["tp"] > 1:
+        link = st["interconnect"]
+        comm = (f"{_time(d['comm_s'])} a step over {link['name']} ({link['bytes_per_s'] / 1e9:g} GB/s each way, "
+                f"{link['latency_s'] * 1e6:g} µs each)")
+        rows.append(("collectives", comm))
+    rate = f"<= {_rate(d['ceiling_tokens_per_s'])} at batch {st['batch']} ({_rate(d['per_sequence_tokens_per_s'])} " \
+        "per sequence)"
+    rows += [("tokens/s", rate),
              ("ridge point", f"{ridge['flop_per_byte']:.0f} FLOP/byte at {r['gpu']['compute_dtype']}"),
              ("ridge batch", _ridge_text(ridge, st["context"] if kv else 0))]
+    if r["measured"]:
+        me = r["measured"]
+        measured = f"{_rate(me['tokens_per_s'])}: {me['efficiency']:.0%} of the ceiling ({me['from']})"
+        rows += [("Measured", ""), ("tokens/s", measured)]
+    if r["pipeline"]:
+        p = r["pipeline"]
+        stage = f"{_gb(p['stage_weight_bytes'])} of weights per GPU, {_time(p['stage_s'])} per micro-batch"
+        plural = "es" if p["microbatches"] > 1 else ""
+        rows += [(f"Pipeline ({p['stages']} stages)", ""),
+                 ("per stage", stage),
+                 ("bubble", f"{p['bubble']:.0%} idle with {p['microbatches']} micro-batch{plural}"),
+                 ("tokens/s", f"<= {_rate(p['tokens_per_s'])} over {p['gpus']} GPUs")]
     if r["prefill"]["time_s"] is not None:
         rows += [("Prefill", ""), (f"{st['context']:,} tokens", f">= {_time(r['prefill']['time_s'])}")]
     e = r["energy"]
@@ -221,12 +321,33 @@ def _ridge_text(ridge: dict[str, Any], context: int) -> str:
     return text
 
 
+def _render_what_if(w: dict[str, Any], console: Console) -> None:
+    head = f"{w['change']}: ceiling {_rate(w['before_tokens_per_s'])} -> {_rate(w['after_tokens_per_s'])} tokens/s"
+    if not w["after_tokens_per_s"]:
+        head += " (does not fit)"
+    elif w["speedup"] is None:
+        head += " (fits now)"
+    else:
+        head += f" (x{w['speedup']:.2f})"
+        if w["realised_speedup"] is not None:
+            head += f"; realised x{w['realised_speedup']:.2f}"
+    console.print(Padding(head, (0, 0, 0, 2)))
+    why = w["explanation"].removeprefix(f"{w['change']}: ")
+    console.print(Padding(why, (0, 0, 0, 4)), style="dim")
+    for assumption in w["assumptions"]:
+        if not assumption.startswith(REALISED_PREFIX):  # said once, above the what-ifs
+            console.print(Padding(f"assumes {assumption}", (0, 0, 0, 4)), style="dim")
+
+
 def render(r: dict[str, Any], console: Console) -> None:
     st = r["settings"]
     console.print(f"[bold]{r['model']['name'] or 'model'}[/] on {r['gpu']['name']}"
-                  + (f" x{st['tp']}" if st["tp"] > 1 else ""))
+                  + (f" x{st['tp']}" if st["tp"] > 1 else "") + (f" x pp {st['pp']}" if st["pp"] > 1 else ""))
     console.print(f"batch {st['batch']}, context {st['context']:,}, {st['dtype']} weights, {st['kv_dtype']} KV; "
                   "ceilings from datasheet peaks", style="dim")
+    # Caveats first: they qualify the numbers that follow.
+    for note in r["notes"]:
+        console.print(Padding(f"Note: {note}", (0, 0, 0, 0)))
     table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False)
     table.add_column(min_width=22, max_width=24, no_wrap=True)
     table.add_column(overflow="fold")
@@ -235,50 +356,80 @@ def render(r: dict[str, Any], console: Console) -> None:
     console.print(table)
     if r["what_ifs"]:
         console.print("[bold]What if[/]")
+        realised = next((a for w in r["what_ifs"] for a in w["assumptions"] if a.startswith(REALISED_PREFIX)), "")
+        if realised:
+            console.print(Padding("x ceiling: the ratio of the ceilings, what a step at its floor would gain. "
+                                  "x realised: what this server would gain; " + realised.removeprefix(
+                                      REALISED_PREFIX).strip() + ".", (0, 0, 0, 2)), style="dim")
         for w in r["what_ifs"]:
-            gain = "does not fit" if not w["after_tokens_per_s"] else \
-                f"x{w['speedup']:.2f}" if w["speedup"] is not None else "fits now"
-            console.print(f"  {w['change']}: {_rate(w['before_tokens_per_s'])} -> "
-                          f"{_rate(w['after_tokens_per_s'])} tokens/s ({gain})")
-            why = w["explanation"].removeprefix(f"{w['change']}: ")
-            console.print(Padding(why, (0, 0, 0, 4)), style="dim")
-    for note in r["notes"]:
-        console.print(Padding(f"Note: {note}", (0, 0, 0, 0)))
+            _render_what_if(w, console)
 
 
 def _list_models(as_json: bool) -> None:
-    rows = []
-    for name in bundled_models():
-        m = load_bundled_model(name)
-        rows.append({"name": name, "source": BUNDLED_SOURCES.get(name, ""), "params": m.params,
-                     "active_params": m.active_params, "dtype": m.dtype})
+    models = [(name, load_bundled_model(name)) for name in bundled_models()]
     if as_json:
-        print_json(rows)
+        print_json([{"name": name, "source": BUNDLED_SOURCES.get(name, ""), "params": m.params,
+                     "active_params": m.active_params, "dtype": m.dtype} for name, m in models])
         return
     table = Table("name", "Hugging Face source", "params", "dtype", box=None, pad_edge=False)
-    for row in rows:
-        table.add_row(row["name"], row["source"], _count(row["params"]), row["dtype"])
+    for name, m in models:
+        table.add_row(name, BUNDLED_SOURCES.get(name, ""), _count(m.params or 0.0), m.dtype)
     Console(width=WIDTH, highlight=False).print(table)
 
 
-def _what_ifs(s: Setup, vs_dtype: list[str], vs_gpu: list[str], vs_batch: list[int], vs_tp: list[int]) -> list[WhatIf]:
+@dataclass(frozen=True)
+class Changes:
+    """The --vs-* values: one what-if each."""
+
+    dtype: list[str]
+    kv_dtype: list[str]
+    gpu: list[str]
+    batch: list[int]
+    tp: list[int]
+
+
+def _what_ifs(s: Setup, vs: Changes) -> list[WhatIf]:
     """One comparison per --vs-* value, each changing that one thing."""
     context = s.context if has_kv_shape(s.model) else 0
 
     def compare(**change: Any) -> WhatIf:
-        return what_if(s.model, s.gpu, s.dtype, s.batch, context, s.tp, kv_dtype=s.kv_dtype, **change)
+        gpu, tp = change.get("new_gpu") or s.gpu, change.get("new_tp") or s.tp
+        link = interconnect(gpu, tp, s.interconnect_kind) if tp > 1 else None
+        return what_if(s.model, s.gpu, s.dtype, s.batch, context, s.tp, kv_dtype=s.kv_dtype, link=s.link,
+                       new_link=link, efficiency=s.efficiency, **change)
 
-    out = [compare(new_dtype=normalise_dtype(d)) for d in vs_dtype]
-    out += [compare(new_gpu=get_gpu(g)) for g in vs_gpu]
-    for b in vs_batch:
+    out = [compare(new_dtype=normalise_dtype(d)) for d in vs.dtype]
+    out += [compare(new_kv_dtype=normalise_dtype(d)) for d in vs.kv_dtype]
+    out += [compare(new_gpu=get_gpu(g)) for g in vs.gpu]
+    for b in vs.batch:
         if b < 1:
             raise InputError(f"--vs-batch must be at least 1, not {b}.")
         out.append(compare(new_batch=b))
-    for t in vs_tp:
+    for t in vs.tp:
         if t < 1:
             raise InputError(f"--vs-tp must be at least 1, not {t}.")
         out.append(compare(new_tp=t))
     return out
+
+
+def _efficiency(info: ModelInfo, gpu: GpuSpec, s: Setup, tokens_per_s: float | None,
+                efficiency: float | None) -> tuple[float | None, str]:
+    """The measured efficiency against this setup's decode ceiling, from --tokens-per-s or --efficiency."""
+    if tokens_per_s is not None and efficiency is not None:
+        raise InputError("give --tokens-per-s or --efficiency, not both.")
+    if efficiency is not None:
+        if not 0 < efficiency <= 1:
+            raise InputError(f"--efficiency is a share of the ceiling in (0, 1], not {efficiency:g}.")
+        return efficiency, "--efficiency"
+    if tokens_per_s is None:
+        return None, ""
+    context = s.context if has_kv_shape(info) else 0
+    ceiling = decode_ceiling_tokens_per_s(info, gpu, s.batch, context, s.dtype, s.tp, kv_dtype=s.kv_dtype,
+                                          link=s.link)
+    if tokens_per_s > ceiling:
+        raise InputError(f"{tokens_per_s:g} tokens/s is above the ceiling of {ceiling:,.0f} for this setup; check "
+                         "the model, precision, GPU, batch and context.")
+    return tokens_per_s / ceiling, f"--tokens-per-s {tokens_per_s:g}"
 
 
 def register(app: typer.Typer) -> None:
@@ -296,9 +447,20 @@ def register(app: typer.Typer) -> None:
         batch: int = typer.Option(1, "--batch", min=1, help="Sequences decoded together."),
         context: int = typer.Option(2048, "--context", min=0, help="Tokens per sequence (and the prompt size)."),
         tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs."),
+        pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages (each a --tp group)."),
+        microbatches: int = typer.Option(None, "--microbatches", min=1,
+                                         help="Micro-batches in a --pp pipeline (default: --pp, at most --batch)."),
+        link: str = typer.Option(None, "--interconnect",
+                                 help="nvlink or pcie (default: NVLink where the GPU has it)."),
+        tokens_per_s: float = typer.Option(None, "--tokens-per-s", min=0.001,
+                                           help="Measured decode tokens/s at this setup: what-ifs add the realised "
+                                                "gain."),
+        efficiency: float = typer.Option(None, "--efficiency",
+                                         help="Measured share of the decode ceiling, in (0, 1], instead."),
         power_w: float = typer.Option(None, "--power-w", min=0.001, help="Power per GPU, W (default: TDP)."),
         usd_per_hour: float = typer.Option(None, "--usd-per-hour", min=0, help="Price per GPU hour, USD."),
         vs_dtype: list[str] = typer.Option([], "--vs-dtype", help="What if the weights were this precision?"),
+        vs_kv_dtype: list[str] = typer.Option([], "--vs-kv-dtype", help="What if the KV cache were this precision?"),
         vs_gpu: list[str] = typer.Option([], "--vs-gpu", help="What if it ran on this GPU?"),
         vs_batch: list[int] = typer.Option([], "--vs-batch", help="What if the batch were this?"),
         vs_tp: list[int] = typer.Option([], "--vs-tp", help="What if tensor parallel were this?"),
@@ -310,10 +472,13 @@ def register(app: typer.Typer) -> None:
             _list_models(as_json)
             return
         info = build_model(model, params, layers, kv_heads, head_dim)
-        setup = Setup(info, get_gpu(gpu), weight_dtype(info, dtype), kv_cache_dtype(info, kv_dtype, dtype),
-                      batch, context, tp)
-        result = report(setup, power_w=power_w, usd_per_hour=usd_per_hour,
-                        what_ifs=_what_ifs(setup, vs_dtype, vs_gpu, vs_batch, vs_tp))
+        spec = get_gpu(gpu)
+        setup = Setup(info, spec, weight_dtype(info, dtype), kv_cache_dtype(info, kv_dtype, dtype), batch, context,
+                      tp, interconnect(spec, max(tp, 2), link), link, pp, microbatches)
+        rate, source = _efficiency(info, spec, setup, tokens_per_s, efficiency)
+        setup = dataclasses.replace(setup, efficiency=rate, efficiency_source=source)
+        changes = Changes(vs_dtype, vs_kv_dtype, vs_gpu, vs_batch, vs_tp)
+        result = report(setup, power_w=power_w, usd_per_hour=usd_per_hour, what_ifs=_what_ifs(setup, changes))
         if as_json:
             print_json(result)
         else:

@@ -6,15 +6,29 @@ import importlib.metadata
 import os
 import shutil
 import socket
+import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
 from diagnoser.collectors import nvml_seam as seam
-from diagnoser.collectors.nvml import NvmlUnavailable, open_nvml, shutdown_nvml, running_processes, text
+from diagnoser.collectors.nvml import (
+    NvmlUnavailable,
+    open_nvml,
+    running_processes,
+    shutdown_nvml,
+    text,
+)
 from diagnoser.collectors.pidmap import HOST_PROC_ENV, default_host_proc
 from diagnoser.collectors.server_metrics import MetricsError, probe
+from diagnoser.collectors.stacks import (
+    ENABLE_HINT,
+    INSTALL_HINT,
+    explain_failure,
+    find_py_spy,
+)
 from diagnoser.collectors.target import kind_from_cmdline
 
 OK, LIMITED, MISSING, NOT_CHECKED = "ok", "limited", "missing", "not checked"
@@ -35,7 +49,8 @@ class SourceCheck:
 
 
 def run_checks(port: int | None = None, metrics_url: str | None = None) -> list[SourceCheck]:
-    checks = [*_gpu_checks(), counters_permission(), dcgm(), host(), server(port, metrics_url), torch_extra()]
+    checks = [*_gpu_checks(), counters_permission(), dcgm(), host(), stack_sampling(), server(port, metrics_url),
+              torch_extra()]
     return checks
 
 
@@ -166,6 +181,57 @@ def host() -> SourceCheck:
     except OSError:
         pass
     return SourceCheck("host (psutil)", OK, detail)
+
+
+CAP_SYS_PTRACE = 19
+PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
+
+
+def _has_cap_sys_ptrace() -> bool:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def stack_sampling() -> SourceCheck:
+    """Whether py-spy can read a Python process's stacks here: tried on a child Python process, then what the kernel
+    allows for processes that are not diagnoser's children (Yama's ptrace_scope, CAP_SYS_PTRACE)."""
+    binary = find_py_spy()
+    if binary is None:
+        return SourceCheck("Python stacks (py-spy)", MISSING, "py-spy is not installed", INSTALL_HINT)
+    child = subprocess.Popen([sys.executable, "-c", "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.05)"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert child.stdout is not None
+        child.stdout.readline()  # the interpreter is up: its memory can be read
+        try:
+            done = subprocess.run([binary, "dump", "--pid", str(child.pid)], capture_output=True, text=True,
+                                  timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return SourceCheck("Python stacks (py-spy)", MISSING, f"py-spy could not be run ({exc})", INSTALL_HINT)
+    finally:
+        child.kill()
+        child.wait()
+    if done.returncode != 0:
+        reason, hint = explain_failure(done.stderr, child.pid)
+        return SourceCheck("Python stacks (py-spy)", MISSING, reason, hint or ENABLE_HINT)
+    try:
+        scope = PTRACE_SCOPE.read_text().strip()
+    except OSError:
+        scope = ""
+    privileged = os.geteuid() == 0 or _has_cap_sys_ptrace()
+    if scope in ("", "0") or (scope in ("1", "2") and privileged):
+        who = "any process of the same user" if not privileged else "any process (root or CAP_SYS_PTRACE)"
+        return SourceCheck("Python stacks (py-spy)", OK, f"py-spy can read Python stacks of {who}")
+    if scope == "3":
+        return SourceCheck("Python stacks (py-spy)", LIMITED, "kernel.yama.ptrace_scope=3: no process may be traced "
+                           "until reboot, so a running server's stacks cannot be read", ENABLE_HINT)
+    return SourceCheck("Python stacks (py-spy)", LIMITED, f"kernel.yama.ptrace_scope={scope}: only diagnoser's own "
+                       "child processes can be read, not a server started elsewhere", ENABLE_HINT)
 
 
 def server(port: int | None, metrics_url: str | None) -> SourceCheck:

@@ -13,6 +13,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
+from diagnoser import signals as S
 from diagnoser.capture import Capture
 from diagnoser.collectors import nvml_seam as seam
 from diagnoser.collectors.base import SeriesBook, gpu_labels
@@ -30,21 +31,21 @@ class GpmMetric:
 
 
 METRICS = (
-    GpmMetric("NVML_GPM_METRIC_SM_UTIL", "gpu.sm_active", True),
-    GpmMetric("NVML_GPM_METRIC_SM_OCCUPANCY", "gpu.sm_occupancy", True),
-    GpmMetric("NVML_GPM_METRIC_DRAM_BW_UTIL", "gpu.dram_active", True),
-    GpmMetric("NVML_GPM_METRIC_ANY_TENSOR_UTIL", "gpu.tensor_active", True),
-    GpmMetric("NVML_GPM_METRIC_FP16_UTIL", "gpu.fp16_active", True),
-    GpmMetric("NVML_GPM_METRIC_FP32_UTIL", "gpu.fp32_active", True),
-    GpmMetric("NVML_GPM_METRIC_PCIE_TX_PER_SEC", "gpu.pcie_tx_bps", False),
-    GpmMetric("NVML_GPM_METRIC_PCIE_RX_PER_SEC", "gpu.pcie_rx_bps", False),
-    GpmMetric("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", "gpu.nvlink_tx_bps", False),
-    GpmMetric("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", "gpu.nvlink_rx_bps", False),
+    GpmMetric("NVML_GPM_METRIC_SM_UTIL", S.GPU_SM_ACTIVE, True),
+    GpmMetric("NVML_GPM_METRIC_SM_OCCUPANCY", S.GPU_SM_OCCUPANCY, True),
+    GpmMetric("NVML_GPM_METRIC_DRAM_BW_UTIL", S.GPU_DRAM_ACTIVE, True),
+    GpmMetric("NVML_GPM_METRIC_ANY_TENSOR_UTIL", S.GPU_TENSOR_ACTIVE, True),
+    GpmMetric("NVML_GPM_METRIC_FP16_UTIL", S.GPU_FP16_ACTIVE, True),
+    GpmMetric("NVML_GPM_METRIC_FP32_UTIL", S.GPU_FP32_ACTIVE, True),
+    GpmMetric("NVML_GPM_METRIC_PCIE_TX_PER_SEC", S.GPU_PCIE_TX_BPS, False),
+    GpmMetric("NVML_GPM_METRIC_PCIE_RX_PER_SEC", S.GPU_PCIE_RX_BPS, False),
+    GpmMetric("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", S.GPU_NVLINK_TX_BPS, False),
+    GpmMetric("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", S.GPU_NVLINK_RX_BPS, False),
 )
 # Graphics-engine activity stands in for NVML utilisation where NVML has none (MIG instances).
-BUSY_FALLBACK = GpmMetric("NVML_GPM_METRIC_GRAPHICS_UTIL", "gpu.busy", True)
-_PROFILING_SIGNALS = ("gpu.sm_active", "gpu.sm_occupancy", "gpu.dram_active", "gpu.tensor_active",
-                      "gpu.fp16_active", "gpu.fp32_active", "gpu.nvlink_tx_bps", "gpu.nvlink_rx_bps")
+BUSY_FALLBACK = GpmMetric("NVML_GPM_METRIC_GRAPHICS_UTIL", S.GPU_BUSY, True)
+_PROFILING_SIGNALS = (S.GPU_SM_ACTIVE, S.GPU_SM_OCCUPANCY, S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE,
+                      S.GPU_FP16_ACTIVE, S.GPU_FP32_ACTIVE, S.GPU_NVLINK_TX_BPS, S.GPU_NVLINK_RX_BPS)
 _NO_GPM_HINT = ("dcgm-exporter's DCGM_FI_PROF_* fields give the same counters on Volta and newer datacenter GPUs "
                 "(attach --dcgm-exporter)")
 

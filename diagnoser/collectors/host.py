@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from diagnoser import signals as S
 from diagnoser.capture import Capture
 from diagnoser.collectors.base import SeriesBook
 from diagnoser.collectors.process import ProcessTree
@@ -62,9 +63,9 @@ class HostCollector:
         if self._prev_host is not None:
             d_total = total - self._prev_host[1]
             if d_total > 0:
-                self.book.add("host.cpu_frac", t, max(0.0, min(1.0, (busy - self._prev_host[0]) / d_total)))
+                self.book.add(S.HOST_CPU_FRAC, t, max(0.0, min(1.0, (busy - self._prev_host[0]) / d_total)))
         self._prev_host = (busy, total)
-        self.book.add("host.mem_used_frac", t, psutil.virtual_memory().percent / 100.0)
+        self.book.add(S.HOST_MEM_USED_FRAC, t, psutil.virtual_memory().percent / 100.0)
 
     def _sample_tree(self, t: float, dt: float | None) -> None:
         assert self.book is not None and self.tree is not None
@@ -86,7 +87,7 @@ class HostCollector:
                 self.tree.forget(proc.pid)
                 continue
             except psutil.AccessDenied:
-                self._deny("host.target_cpu", proc.pid)
+                self._deny(S.HOST_TARGET_CPU, proc.pid)
                 continue
             counted += 1
             switches = ctx.voluntary + ctx.involuntary
@@ -109,12 +110,12 @@ class HostCollector:
         self._prev_thread = {k: v for k, v in self._prev_thread.items() if k in seen_threads}
         if counted == 0:
             return
-        self.book.add("host.target_rss_bytes", t, rss_sum)
-        self.book.add("host.target_threads", t, threads_sum)
+        self.book.add(S.HOST_TARGET_RSS_BYTES, t, rss_sum)
+        self.book.add(S.HOST_TARGET_THREADS, t, threads_sum)
         if dt:
-            self.book.add("host.target_cpu", t, cpu_sum)
-            self.book.add("host.target_busiest_thread", t, min(busiest, 1.0))
-            self.book.add("host.target_ctx_switches_per_s", t, ctx_rate)
+            self.book.add(S.HOST_TARGET_CPU, t, cpu_sum)
+            self.book.add(S.HOST_TARGET_BUSIEST_THREAD, t, min(busiest, 1.0))
+            self.book.add(S.HOST_TARGET_CTX_SWITCHES_PER_S, t, ctx_rate)
 
     def _thread_times(self, proc: psutil.Process) -> dict[int, float]:
         """CPU seconds used so far by each thread of a process (tid -> seconds)."""

@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from diagnoser import signals as S
 from diagnoser.capture import Capture, GpuInfo
 from diagnoser.collectors import nvml_seam as seam
 from diagnoser.collectors.base import SeriesBook, gpu_labels
@@ -47,20 +48,21 @@ OTHER_BITS = 0x2 | 0x8 | 0x10 | 0x100  # GpuIdle (0x1) is not a throttle: the GP
 
 # What each guarded reading feeds, so a failure names the signals it leaves missing.
 READING_SIGNALS = {
-    "util": ("gpu.busy", "gpu.mem_busy"),
-    "memory": ("gpu.mem_used_bytes",),
-    "clock_sm": ("gpu.sm_clock_mhz", "gpu.sm_clock_frac"),
-    "clock_mem": ("gpu.mem_clock_frac",),
-    "reasons": ("gpu.throttle.power", "gpu.throttle.thermal", "gpu.throttle.other"),
-    "power": ("gpu.power_w",),
-    "power_limit": ("gpu.power_limit_w",),
-    "temp": ("gpu.temp_c",),
-    "pcie": ("gpu.pcie_tx_bps", "gpu.pcie_rx_bps"),
-    "ecc": ("gpu.ecc_dbe",),
-    "replay": ("gpu.pcie_replays",),
-    "xid": ("gpu.xid_errors",),
-    "procs": ("proc.gpu_mem_bytes",),
-    "proc_util": ("proc.gpu_busy",),
+    "util": (S.GPU_BUSY, S.GPU_MEM_BUSY),
+    "memory": (S.GPU_MEM_USED_BYTES,),
+    "clock_sm": (S.GPU_SM_CLOCK_MHZ, S.GPU_SM_CLOCK_FRAC),
+    "clock_mem": (S.GPU_MEM_CLOCK_FRAC,),
+    "reasons": (S.GPU_THROTTLE_POWER, S.GPU_THROTTLE_THERMAL, S.GPU_THROTTLE_OTHER),
+    "power": (S.GPU_POWER_W,),
+    "power_limit": (S.GPU_POWER_LIMIT_W,),
+    "power_default_limit": (S.GPU_POWER_DEFAULT_LIMIT_W,),
+    "temp": (S.GPU_TEMP_C,),
+    "pcie": (S.GPU_PCIE_TX_BPS, S.GPU_PCIE_RX_BPS),
+    "ecc": (S.GPU_ECC_DBE,),
+    "replay": (S.GPU_PCIE_REPLAYS,),
+    "xid": (S.GPU_XID_ERRORS,),
+    "procs": (S.PROC_GPU_MEM_BYTES,),
+    "proc_util": (S.PROC_GPU_BUSY,),
 }
 
 _HINTS = {
@@ -74,10 +76,11 @@ _HINTS = {
 class NvmlUnavailable(Exception):
     """NVML cannot be used on this machine; `reason` is one sentence, `hint` how to fix it."""
 
-    def __init__(self, reason: str, hint: str = "") -> None:
+    def __init__(self, reason: str, hint: str = "", *, no_gpu: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.hint = hint
+        self.no_gpu = no_gpu  # no driver or no GPU at all (not merely unreadable)
 
 
 class _DeviceLost(Exception):
@@ -96,7 +99,7 @@ def open_nvml() -> tuple[Any, int]:
     except seam.LibraryNotFound:
         raise NvmlUnavailable("no NVIDIA driver on this machine (NVML library libnvidia-ml.so.1 not found)",
                               "run diagnoser on the GPU's host, or in a container started with the NVIDIA "
-                              "container toolkit (--gpus)") from None
+                              "container toolkit (--gpus)", no_gpu=True) from None
     except seam.DriverNotLoaded:
         raise NvmlUnavailable("the NVIDIA driver is not loaded", "load the driver (nvidia-smi should work)") from None
     except seam.NoPermission:
@@ -111,7 +114,7 @@ def open_nvml() -> tuple[Any, int]:
     if count == 0:
         shutdown_nvml(nv)
         raise NvmlUnavailable("NVML sees no GPU on this machine",
-                              "check the container's GPU assignment (NVIDIA_VISIBLE_DEVICES, --gpus)")
+                              "check the container's GPU assignment (NVIDIA_VISIBLE_DEVICES, --gpus)", no_gpu=True)
     return nv, count
 
 
@@ -277,7 +280,7 @@ class NvmlCollector:
         nvml_pids = {p.pid for procs in per_device.values() for p in procs}
         self.mapping = self.mapper.map(target, nvml_pids)
         if self.mapping.problem:
-            self.capture.mark_unavailable("nvml", "proc.gpu_mem_bytes", self.mapping.problem, self.mapping.hint)
+            self.capture.mark_unavailable("nvml", S.PROC_GPU_MEM_BYTES, self.mapping.problem, self.mapping.hint)
         ours = set(self.mapping.nvml_to_target)
         self._foreign = nvml_pids - ours
         held = [d for d in devices if any(p.pid in ours for p in per_device.get(d.index, ()))]
@@ -403,57 +406,61 @@ class NvmlCollector:
         nv, h, labels, add = self.nv, dev.handle, gpu_labels(dev.index), self.book.add
         util = self._read(dev, "util", nv.nvmlDeviceGetUtilizationRates, h)
         if util is not None:
-            add("gpu.busy", t, util.gpu / 100.0, labels)
-            add("gpu.mem_busy", t, util.memory / 100.0, labels)
+            add(S.GPU_BUSY, t, util.gpu / 100.0, labels)
+            add(S.GPU_MEM_BUSY, t, util.memory / 100.0, labels)
         mem = self._read(dev, "memory", nv.nvmlDeviceGetMemoryInfo, dev.mig_handle or h)
         if mem is not None:
-            add("gpu.mem_used_bytes", t, float(mem.used), labels)
+            add(S.GPU_MEM_USED_BYTES, t, float(mem.used), labels)
         sm = self._read(dev, "clock_sm", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
         if sm is not None:
-            add("gpu.sm_clock_mhz", t, float(sm), labels)
+            add(S.GPU_SM_CLOCK_MHZ, t, float(sm), labels)
             if dev.info.max_sm_clock_mhz:
-                add("gpu.sm_clock_frac", t, sm / dev.info.max_sm_clock_mhz, labels)
+                add(S.GPU_SM_CLOCK_FRAC, t, sm / dev.info.max_sm_clock_mhz, labels)
         mclk = self._read(dev, "clock_mem", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
         if mclk is not None and dev.info.max_mem_clock_mhz:
-            add("gpu.mem_clock_frac", t, mclk / dev.info.max_mem_clock_mhz, labels)
+            add(S.GPU_MEM_CLOCK_FRAC, t, mclk / dev.info.max_mem_clock_mhz, labels)
         reasons = self._read(dev, "reasons", nv.nvmlDeviceGetCurrentClocksEventReasons, h)
         if reasons is not None:
             reasons = int(reasons)
-            add("gpu.throttle.power", t, 1.0 if reasons & POWER_BITS else 0.0, labels)
-            add("gpu.throttle.thermal", t, 1.0 if reasons & THERMAL_BITS else 0.0, labels)
-            add("gpu.throttle.other", t, 1.0 if reasons & OTHER_BITS else 0.0, labels)
+            add(S.GPU_THROTTLE_POWER, t, 1.0 if reasons & POWER_BITS else 0.0, labels)
+            add(S.GPU_THROTTLE_THERMAL, t, 1.0 if reasons & THERMAL_BITS else 0.0, labels)
+            add(S.GPU_THROTTLE_OTHER, t, 1.0 if reasons & OTHER_BITS else 0.0, labels)
             dev.reason_samples += 1
             dev.reasons_seen.update(name for bit, name in REASON_NAMES.items() if reasons & bit)
         power = self._read(dev, "power", nv.nvmlDeviceGetPowerUsage, h)
         if power is not None:
-            add("gpu.power_w", t, power / 1000.0, labels)
+            add(S.GPU_POWER_W, t, power / 1000.0, labels)
         temp = self._read(dev, "temp", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
         if temp is not None:
-            add("gpu.temp_c", t, float(temp), labels)
+            add(S.GPU_TEMP_C, t, float(temp), labels)
 
     def _sample_slow(self, dev: Device, t: float) -> None:
         assert self.book is not None
         nv, h, labels, add = self.nv, dev.handle, gpu_labels(dev.index), self.book.add
         limit = self._read(dev, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
         if limit is not None:
-            add("gpu.power_limit_w", t, limit / 1000.0, labels)
+            add(S.GPU_POWER_LIMIT_W, t, limit / 1000.0, labels)
+        # The board's default: a cap below it was lowered by someone, at it the GPU is simply power-bound.
+        default = self._read(dev, "power_default_limit", nv.nvmlDeviceGetPowerManagementDefaultLimit, h)
+        if default is not None:
+            add(S.GPU_POWER_DEFAULT_LIMIT_W, t, default / 1000.0, labels)
         if not dev.pcie_from_gpm:
             tx = self._read(dev, "pcie", nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)
             rx = self._read(dev, "pcie", nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
             if tx is not None and rx is not None:
-                add("gpu.pcie_tx_bps", t, tx * KIB, labels)  # NVML: KB/s
-                add("gpu.pcie_rx_bps", t, rx * KIB, labels)
+                add(S.GPU_PCIE_TX_BPS, t, tx * KIB, labels)  # NVML: KB/s
+                add(S.GPU_PCIE_RX_BPS, t, rx * KIB, labels)
         if dev.ecc_base is not None:
             ecc = self._read(dev, "ecc", nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                              nv.NVML_VOLATILE_ECC)
             if ecc is not None:
-                add("gpu.ecc_dbe", t, float(max(0, int(ecc) - dev.ecc_base)), labels)
+                add(S.GPU_ECC_DBE, t, float(max(0, int(ecc) - dev.ecc_base)), labels)
         if dev.replay_base is not None:
             replay = self._read(dev, "replay", nv.nvmlDeviceGetPcieReplayCounter, h)
             if replay is not None:
-                add("gpu.pcie_replays", t, float(max(0, int(replay) - dev.replay_base)), labels)
+                add(S.GPU_PCIE_REPLAYS, t, float(max(0, int(replay) - dev.replay_base)), labels)
         if self._event_set is not None and "xid" not in dev.disabled:
-            add("gpu.xid_errors", t, float(dev.xid_count), labels)
+            add(S.GPU_XID_ERRORS, t, float(dev.xid_count), labels)
         if self.tree is not None:
             self._sample_processes(dev, t)
 
@@ -473,11 +480,11 @@ class NvmlCollector:
         ours = [p for p in procs if p.pid in self.mapping.nvml_to_target]
         if any(p.used_bytes is None for p in ours):
             assert self.capture is not None
-            self.capture.mark_unavailable("nvml", "proc.gpu_mem_bytes",
+            self.capture.mark_unavailable("nvml", S.PROC_GPU_MEM_BYTES,
                                           f"{dev.label}: NVML does not report per-process memory here",
                                           "MIG without root, vGPU and WDDM hide per-process memory")
         else:
-            self.book.add("proc.gpu_mem_bytes", t, float(sum(p.used_bytes or 0 for p in ours)), labels)
+            self.book.add(S.PROC_GPU_MEM_BYTES, t, float(sum(p.used_bytes or 0 for p in ours)), labels)
         if "proc_util" in dev.disabled:
             return
         samples = self._read(dev, "proc_util", nv.nvmlDeviceGetProcessUtilization, dev.handle, dev.proc_util_ts)
@@ -490,7 +497,7 @@ class NvmlCollector:
                 if int(s.pid) not in newest or s.timeStamp > newest[int(s.pid)].timeStamp:
                     newest[int(s.pid)] = s
         if newest:
-            self.book.add("proc.gpu_busy", t, min(1.0, sum(s.smUtil for s in newest.values()) / 100.0), labels)
+            self.book.add(S.PROC_GPU_BUSY, t, min(1.0, sum(s.smUtil for s in newest.values()) / 100.0), labels)
 
     def _poll_events(self, t: float) -> None:
         if self._event_set is None:

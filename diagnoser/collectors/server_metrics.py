@@ -1,13 +1,18 @@
 """Server-metrics collector: scrapes an inference server's Prometheus /metrics and maps it onto server.* signals.
 
-Parsing is prometheus_client's own text parser. Each server kind has a mapping table (SERVER_MAPS): gauges are
-recorded as they are, counters become per-second rates between scrapes, histograms become p50/p99 over the window
-from the difference of their buckets between the first and the last scrape (Prometheus' histogram_quantile method).
-Old and new metric names are both listed (vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc and
-time_per_output_token_seconds to inter_token_latency_seconds); the first one present wins.
+Lines are read one by one (collectors/exposition.py): a malformed line is skipped and noted, never the whole scrape.
+The engine is decided from the page's own names (collectors/server_maps.py holds one table per engine: vLLM V1 and
+V0, SGLang in both spellings, TGI, Triton with TensorRT-LLM, NVIDIA NIM). Gauges are recorded as they are, counters
+become per-second rates between scrapes, ratios of counters become one value over the window, and histograms give
+the window's p50, p99 and mean from the difference of their buckets between the first and the last scrape
+(Prometheus' histogram_quantile method) -- per label set first (an engine, a LoRA model), then combined on the bucket
+bounds all label sets share, so that two series with different buckets cannot make the combined one fall.
 
-A vLLM scrape carries hundreds of families the diagnosis never reads; lines are filtered by metric name before the
-parser sees them, which is what keeps a 1 Hz scrape cheap.
+The serving configuration the page states (vLLM's cache_config_info, SGLang's and TensorRT-LLM's capacity gauges,
+NIM's max request count) is read into a ServerConfig, and written into Capture.serving under its keys.
+
+A vLLM scrape carries hundreds of families the diagnosis never reads; lines are filtered by metric name before they
+are parsed, which is what keeps a 1 Hz scrape cheap.
 """
 
 from __future__ import annotations
@@ -19,14 +24,39 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+import msgspec
 
-from diagnoser.capture import Capture
+from diagnoser import signals as S
+from diagnoser.capture import Capture, ServingConfig
 from diagnoser.collectors.base import SeriesBook
+from diagnoser.collectors.exposition import (
+    ParseError,
+    ParseReport,
+    Samples,
+    parse_text,
+    safe_excerpt,
+)
+from diagnoser.collectors.server_maps import (
+    CORE_SIGNALS,
+    HIST_KEYS,
+    SERVER_MAPS,
+    VLLM_CACHE_INFO,
+    VLLM_LORA_INFO,
+    Gauge,
+    GaugeRatio,
+    Hist,
+    Rate,
+    ServerMap,
+    Source,
+    StepRatio,
+    WindowRatio,
+    hist_signal,
+    parse_spec,
+)
+from diagnoser.collectors.server_maps import detect_kind as _detect_kind_of_names
 from diagnoser.errors import SourceUnavailable
 
 DEFAULT_PERIOD_S = 1.0
@@ -37,124 +67,12 @@ HISTOGRAM_EVERY = 5
 MAX_BODY_BYTES = 32 << 20
 # Consecutive failed scrapes after which the endpoint is given up for the rest of the window.
 MAX_FAILURES = 3
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
+# Kept for callers that list what the collector always accounts for.
+SERVER_SIGNALS = CORE_SIGNALS
 
 
 class MetricsError(SourceUnavailable):
     """The endpoint could not be read or did not return Prometheus text; the message is one sentence."""
-
-
-@dataclass(frozen=True)
-class ServerMap:
-    kind: str
-    label: str
-    # signal -> sample names, first present wins; values of all label sets are summed (ratios averaged)
-    gauges: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    ratio_gauges: frozenset[str] = frozenset()
-    # signal -> counter sample names, recorded as a per-second rate between scrapes
-    rates: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # "ttft" | "itl" -> histogram base names
-    latencies: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # (numerator, denominator) counters whose deltas' ratio is the batch per iteration
-    batch_ratio: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-    # signal -> why this kind of server does not expose it
-    absent: dict[str, str] = field(default_factory=dict)
-
-    def names(self, *, histograms: bool = True) -> tuple[str, ...]:
-        """Metric names the mapping reads (line prefixes); without histograms, the cheap per-scrape set."""
-        out: list[str] = []
-        groups = [*self.gauges.values(), *self.rates.values()] + (list(self.latencies.values()) if histograms else [])
-        for group in groups:
-            out.extend(group)
-        if self.batch_ratio:
-            out.extend(self.batch_ratio[0] + self.batch_ratio[1])
-        return tuple(dict.fromkeys(out))
-
-
-_VLLM = dict(
-    gauges={
-        "server.running": ("vllm:num_requests_running",),
-        "server.waiting": ("vllm:num_requests_waiting",),
-        "server.kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    },
-    ratio_gauges=frozenset({"server.kv_usage"}),
-    rates={
-        "server.preemptions_per_s": ("vllm:num_preemptions_total",),
-        "server.prompt_tokens_per_s": ("vllm:prompt_tokens_total",),
-        "server.gen_tokens_per_s": ("vllm:generation_tokens_total",),
-        "server.requests_per_s": ("vllm:request_success_total", "vllm:e2e_request_latency_seconds_count"),
-    },
-    latencies={
-        "ttft": ("vllm:time_to_first_token_seconds",),
-        "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-    },
-    # generated tokens per engine step = sequences decoding together
-    batch_ratio=(("vllm:generation_tokens_total",), ("vllm:iteration_tokens_total_count",)),
-)
-
-SERVER_MAPS: dict[str, ServerMap] = {
-    "vllm": ServerMap(kind="vllm", label="vLLM", **_VLLM),  # type: ignore[arg-type]
-    "demo": ServerMap(kind="demo", label="diagnoser demo", **_VLLM),  # type: ignore[arg-type]
-    "sglang": ServerMap(
-        kind="sglang", label="SGLang",
-        gauges={
-            "server.running": ("sglang:num_running_reqs",),
-            "server.waiting": ("sglang:num_queue_reqs",),
-            "server.kv_usage": ("sglang:token_usage",),
-        },
-        ratio_gauges=frozenset({"server.kv_usage"}),
-        rates={
-            "server.prompt_tokens_per_s": ("sglang:prompt_tokens_total",),
-            "server.gen_tokens_per_s": ("sglang:generation_tokens_total",),
-            "server.requests_per_s": ("sglang:num_requests_total", "sglang:e2e_request_latency_seconds_count"),
-        },
-        latencies={
-            "ttft": ("sglang:time_to_first_token_seconds",),
-            "itl": ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
-        },
-        absent={"server.preemptions_per_s": "SGLang exposes retractions as a gauge, not a preemption counter",
-                "server.batch_size": "SGLang exposes no per-iteration batch metric (server.running is the batch)"},
-    ),
-    "tgi": ServerMap(
-        kind="tgi", label="TGI",
-        gauges={
-            "server.running": ("tgi_batch_current_size",),
-            "server.waiting": ("tgi_queue_size",),
-            "server.batch_size": ("tgi_batch_current_size",),
-        },
-        rates={
-            "server.prompt_tokens_per_s": ("tgi_request_input_length_sum",),
-            "server.gen_tokens_per_s": ("tgi_request_generated_tokens_sum",),
-            "server.requests_per_s": ("tgi_request_success", "tgi_request_success_total"),
-        },
-        latencies={"itl": ("tgi_request_mean_time_per_token_duration",)},
-        absent={"server.kv_usage": "TGI exposes no KV-cache usage metric",
-                "server.preemptions_per_s": "TGI exposes no preemption counter",
-                "server.ttft_p50_s": "TGI exposes no time-to-first-token metric",
-                "server.ttft_p99_s": "TGI exposes no time-to-first-token metric"},
-    ),
-    "triton": ServerMap(
-        kind="triton", label="Triton",
-        gauges={"server.waiting": ("nv_inference_pending_request_count",)},
-        rates={"server.requests_per_s": ("nv_inference_request_success", "nv_inference_request_success_total")},
-        # Triton documents average batch = inference count / execution count
-        batch_ratio=(("nv_inference_count", "nv_inference_count_total"),
-                     ("nv_inference_exec_count", "nv_inference_exec_count_total")),
-        absent={s: "Triton reports requests and executions, not tokens, KV cache or token latencies"
-                for s in ("server.running", "server.kv_usage", "server.preemptions_per_s",
-                          "server.prompt_tokens_per_s", "server.gen_tokens_per_s", "server.ttft_p50_s",
-                          "server.ttft_p99_s", "server.itl_p50_s", "server.itl_p99_s")},
-    ),
-}
-
-SERVER_SIGNALS = ("server.running", "server.waiting", "server.kv_usage", "server.preemptions_per_s",
-                  "server.prompt_tokens_per_s", "server.gen_tokens_per_s", "server.requests_per_s",
-                  "server.ttft_p50_s", "server.ttft_p99_s", "server.itl_p50_s", "server.itl_p99_s",
-                  "server.batch_size")
-
-_PREFIX_KIND = (("diagnoser_demo_info", "demo"), ("vllm:", "vllm"), ("sglang:", "sglang"), ("tgi_", "tgi"),
-                ("nv_inference_", "triton"))
 
 
 # --- fetching and parsing -----------------------------------------------------------------------------------
@@ -259,27 +177,24 @@ class Fetcher:
             self._conn = None
 
 
-def parse_samples(text: str, names: tuple[str, ...] | None = None, *, origin: str = "the endpoint") -> Samples:
-    """Sample name -> [(labels, value)]. With `names`, only lines whose metric name starts with one of them are parsed."""
-    if names is not None:
-        text = "\n".join(line for line in text.split("\n") if line.startswith(names))
-    out: Samples = defaultdict(list)
+def parse_page(text: str, names: tuple[str, ...] | None = None, *,
+               origin: str = "the endpoint") -> tuple[Samples, ParseReport]:
+    """Sample name -> [(labels, value)] and what was skipped; with `names`, only lines whose metric name starts with
+    one of them. A page with no readable sample line is not Prometheus metrics: MetricsError."""
     try:
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                out[s.name].append((s.labels, float(s.value)))
-    except (ValueError, TypeError, IndexError, KeyError) as exc:
-        detail = " ".join(str(exc).split())[:120]
-        raise MetricsError(f"{origin} did not return Prometheus metrics ({detail}).") from None
-    return dict(out)
+        return parse_text(text, names)
+    except ParseError as exc:
+        raise MetricsError(f"{origin} did not return Prometheus metrics ({exc}).") from None
+
+
+def parse_samples(text: str, names: tuple[str, ...] | None = None, *, origin: str = "the endpoint") -> Samples:
+    """parse_page without the report: malformed lines are skipped."""
+    return parse_page(text, names, origin=origin)[0]
 
 
 def detect_kind(samples: Samples) -> str | None:
-    names = samples.keys()
-    for prefix, kind in _PREFIX_KIND:
-        if any(n.startswith(prefix) for n in names):
-            return kind
-    return None
+    """vllm, sglang, tgi, triton, nim or demo, from the names on the page; None for no serving engine's page."""
+    return _detect_kind_of_names(samples.keys())
 
 
 def probe(url: str, timeout: float = FETCH_TIMEOUT_S) -> tuple[str | None, Samples]:
@@ -298,48 +213,194 @@ def served_totals(url: str, timeout: float = FETCH_TIMEOUT_S) -> dict[str, float
     mapping = SERVER_MAPS.get(kind) if kind else None
     if mapping is None:
         raise MetricsError(f"{url} is not a server whose token counters diagnoser knows.")
+    samples = canonical(samples, mapping)
     out: dict[str, float] = {}
-    for key, signal in (("gen_tokens", "server.gen_tokens_per_s"), ("prompt_tokens", "server.prompt_tokens_per_s"),
-                        ("requests", "server.requests_per_s")):
-        names = mapping.rates.get(signal)
-        value = _total(samples, names) if names else None
-        if value is not None:
-            out[key] = value
+    for key, signal in (("gen_tokens", S.SERVER_GEN_TOKENS_PER_S), ("prompt_tokens", S.SERVER_PROMPT_TOKENS_PER_S),
+                        ("requests", S.SERVER_REQUESTS_PER_S)):
+        for src in mapping.signals.get(signal, ()):
+            if isinstance(src, Rate):
+                value = _total(samples, src.specs)
+                if value is not None:
+                    out[key] = value
+                    break
     return out
 
 
-def _total(samples: Samples, names: tuple[str, ...], *, mean: bool = False) -> float | None:
-    for name in names:
-        found = samples.get(name)
-        if found:
-            values = [v for _, v in found if not math.isnan(v)]
-            if values:
-                return sum(values) / len(values) if mean else sum(values)
-    return None
+# --- reading values off a page ------------------------------------------------------------------------------
+
+def canonical(samples: Samples, mapping: ServerMap) -> Samples:
+    """The page with alias spellings (sglang_num_running_reqs) renamed to the table's (sglang:num_running_reqs).
+
+    On Triton with TensorRT-LLM, the per-model nv_inference_* counters count one request once per model of the
+    ensemble (preprocessing, tensorrt_llm, postprocessing, ensemble): they are read for the TensorRT-LLM model only.
+    The first-response histogram exists for the decoupled (client-facing) model and is kept whole."""
+    if mapping.kind == "triton":
+        return _triton_models(samples)
+    if not mapping.aliases:
+        return samples
+    out = dict(samples)
+    for name in samples:
+        for alt, canon in mapping.aliases:
+            if name.startswith(alt):
+                out.setdefault(canon + name[len(alt):], samples[name])
+    return out
 
 
-def _buckets(samples: Samples, bases: tuple[str, ...]) -> tuple[str, dict[float, float]] | None:
-    """Cumulative bucket counts (upper bound -> count) summed over label sets, for the first histogram present."""
-    for base in bases:
-        found = samples.get(base + "_bucket")
-        if not found:
+def _triton_models(samples: Samples) -> Samples:
+    models = {labels.get("model") for name, found in samples.items() if name.startswith("nv_trt_llm_")
+              for labels, _ in found}
+    models.discard(None)
+    if not models:
+        return samples
+    out = dict(samples)
+    for name, found in samples.items():
+        if name.startswith("nv_inference_") and not name.startswith("nv_inference_first_response"):
+            out[name] = [(labels, v) for labels, v in found if labels.get("model") in models]
+    return out
+
+
+def _select(samples: Samples, spec: str) -> list[float] | None:
+    """The values of one spec ('name' or 'family{label="v"}'); None when the page lacks it."""
+    name, where = parse_spec(spec)
+    found = samples.get(name)
+    if not found:
+        return None
+    if where is None:
+        return [v for _, v in found]
+    key, want = where
+    picked = [v for labels, v in found if labels.get(key) == want]
+    return picked or None
+
+
+def _total(samples: Samples, specs: tuple[str, ...], *, mean: bool = False, positive: bool = False) -> float | None:
+    """The first spec the page has: its values summed over label sets (averaged when `mean`)."""
+    for spec in specs:
+        values = _select(samples, spec)
+        if values is None:
             continue
-        counts: dict[float, float] = defaultdict(float)
-        for labels, value in found:
-            try:
-                bound = float(labels.get("le", "nan"))
-            except ValueError:
-                continue
-            if not math.isnan(bound):
-                counts[bound] += value
-        if counts and math.inf not in counts:
-            # Every exposition has le="+Inf"; an excerpt without it still has _count, which is the same number.
-            total = _total(samples, (base + "_count",))
-            if total is not None:
-                counts[math.inf] = total
-        if counts:
-            return base, dict(counts)
+        values = [v for v in values if not math.isnan(v)]
+        if positive:
+            values = [v for v in values if v > 0]
+        if values:
+            return sum(values) / len(values) if mean else sum(values)
+        return None
     return None
+
+
+def _sum_all(samples: Samples, specs: tuple[str, ...]) -> float | None:
+    """Every spec's total added up; None unless the page has them all."""
+    total = 0.0
+    for spec in specs:
+        value = _total(samples, (spec,))
+        if value is None:
+            return None
+        total += value
+    return total
+
+
+# --- histograms, per label set ---------------------------------------------------------------------------------
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class HistSeries:
+    """One label set of a histogram at one scrape: cumulative bucket counts (upper bound -> count), sum, count."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    sum: float | None = None
+    count: float | None = None
+    repaired: bool = False  # the counts fell as the bound rose and were held at their running maximum
+
+
+def histogram_series(samples: Samples, spec: str) -> dict[LabelKey, HistSeries]:
+    """A histogram's series by label set (labels other than le), each made cumulative-monotone as Prometheus does."""
+    base, where = parse_spec(spec)
+
+    def keep(labels: dict[str, str]) -> bool:
+        return where is None or labels.get(where[0]) == where[1]
+
+    out: dict[LabelKey, HistSeries] = {}
+
+    def series(labels: dict[str, str]) -> HistSeries:
+        key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+        return out.setdefault(key, HistSeries())
+
+    for labels, value in samples.get(base + "_bucket", []):
+        if not keep(labels) or math.isnan(value):
+            continue
+        try:
+            bound = float(labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if not math.isnan(bound):
+            series(labels).buckets[bound] = value
+    for suffix in ("_sum", "_count"):
+        for labels, value in samples.get(base + suffix, []):
+            if keep(labels) and not math.isnan(value):
+                setattr(series(labels), suffix[1:], value)
+    for s in out.values():
+        if s.buckets and math.inf not in s.buckets and s.count is not None:
+            # Every exposition has le="+Inf"; an excerpt without it still has _count, which is the same number.
+            s.buckets[math.inf] = s.count
+        running = -math.inf
+        for bound in sorted(s.buckets):
+            if s.buckets[bound] < running:
+                s.buckets[bound], s.repaired = running, True
+            running = s.buckets[bound]
+    return out
+
+
+def _first_histogram(samples: Samples, hist: Hist) -> tuple[str, dict[LabelKey, HistSeries]] | None:
+    for spec in hist.bases:
+        found = histogram_series(samples, spec)
+        if any(s.buckets or s.count is not None for s in found.values()):
+            return spec, found
+    return None
+
+
+@dataclass
+class Combined:
+    """A histogram over the window: label sets' increases combined on the bounds they share."""
+
+    buckets: dict[float, float]
+    sum: float | None
+    count: float | None
+    dropped_bounds: int = 0  # bounds some label set lacked, left out of the combination
+    reset: bool = False  # a series went backwards (server restart): its last totals stand for the window
+    repaired: bool = False
+
+
+def window_histogram(first: dict[LabelKey, HistSeries] | None, last: dict[LabelKey, HistSeries]) -> Combined:
+    """The increase of each label set between two scrapes (a set absent at the first scrape started inside the
+    window), then summed over the finite bounds every set with observations has, plus +Inf."""
+    deltas: list[HistSeries] = []
+    reset = repaired = False
+    for key, now in last.items():
+        before = (first or {}).get(key)
+        repaired |= now.repaired
+        if before is None:
+            deltas.append(now)
+            continue
+        d = HistSeries(buckets={b: c - before.buckets.get(b, 0.0) for b, c in now.buckets.items()},
+                       sum=None if now.sum is None or before.sum is None else now.sum - before.sum,
+                       count=None if now.count is None or before.count is None else now.count - before.count)
+        if any(v < 0 for v in d.buckets.values()) or (d.count is not None and d.count < 0):
+            reset = True
+            d = now  # counters reset mid-window: the last scrape's totals are all this series has
+        deltas.append(d)
+    active = [d for d in deltas if d.buckets and d.buckets.get(math.inf, 0.0) > 0]
+    shared: set[float] | None = None
+    every: set[float] = set()
+    for d in active:
+        bounds = set(d.buckets)
+        every |= bounds
+        shared = bounds if shared is None else shared & bounds
+    buckets = {b: sum(d.buckets[b] for d in active) for b in (shared or set())}
+    sums = [d.sum for d in deltas if d.sum is not None]
+    counts = [d.count for d in deltas if d.count is not None]
+    return Combined(buckets=buckets, sum=sum(sums) if sums else None, count=sum(counts) if counts else None,
+                    dropped_bounds=len(every - (shared or set())), reset=reset, repaired=repaired)
 
 
 def histogram_quantile(q: float, cumulative: dict[float, float]) -> float | None:
@@ -371,7 +432,187 @@ def histogram_quantile(q: float, cumulative: dict[float, float]) -> float | None
     return bounds[-2] if len(bounds) > 1 else None
 
 
+def _buckets(samples: Samples, bases: tuple[str, ...]) -> tuple[str, dict[float, float]] | None:
+    """Cumulative bucket counts of the first histogram present, label sets combined as window_histogram does."""
+    found = _first_histogram(samples, Hist(bases))
+    if found is None:
+        return None
+    combined = window_histogram(None, found[1])
+    return (found[0], combined.buckets) if combined.buckets else None
+
+
+def _summary(samples: Samples, bases: tuple[str, ...]) -> dict[float, float] | None:
+    """Quantile -> value of the first summary present (older TGI exports its latencies as summaries)."""
+    for spec in bases:
+        base, _ = parse_spec(spec)
+        found = samples.get(base)
+        if found and any("quantile" in labels for labels, _ in found):
+            out: dict[float, float] = {}
+            for labels, value in found:
+                try:
+                    out[float(labels["quantile"])] = value
+                except (KeyError, ValueError):
+                    continue
+            return out
+    return None
+
+
+# --- the serving configuration a page states ---------------------------------------------------------------------
+
+@dataclass
+class ServerConfig:
+    """Serving configuration read off the /metrics page, as plain typed fields (None / "" when the page is silent).
+    `as_serving()` gives the Capture.serving keys."""
+
+    kv_block_size: int | None = None  # tokens per KV block (vLLM block_size, SGLang page_size, TRT-LLM tokens_per)
+    kv_cache_dtype: str = ""  # vLLM cache_dtype, when not "auto"
+    gpu_memory_utilization: float | None = None  # share of GPU memory the engine may fill (vLLM)
+    num_gpu_blocks: int | None = None
+    num_cpu_blocks: int | None = None
+    kv_cache_tokens: int | None = None  # KV capacity in tokens, per engine
+    enable_prefix_caching: bool | None = None
+    max_num_seqs: int | None = None  # most requests run together (SGLang, TRT-LLM, NIM)
+    max_model_len: int | None = None  # context length (SGLang context_len)
+    max_loras: int | None = None  # adapters one batch may hold (vLLM max_lora, SGLang LoRA pool slots)
+    data_parallel_engines: int | None = None  # engine label values on the page (vLLM data parallel)
+    swap_space_bytes: int | None = None  # CPU swap space for KV (vLLM V0)
+    cpu_offload_gb: float | None = None
+    lora_adapters_seen: int | None = None  # distinct adapters seen running or waiting during the window
+
+    def as_serving(self) -> dict[str, Any]:
+        """The known fields by name (None and "" left out)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and value != "":
+                out[f.name] = value
+        return out
+
+    def apply(self, serving: ServingConfig) -> ServingConfig:
+        """`serving` with what the page says: typed fields where ServingConfig has one (the page is what the engine
+        resolved, so it replaces a flag's value), the rest as text in `extra`; an unknown field changes nothing."""
+        typed: dict[str, Any] = {}
+        extra = dict(serving.extra)
+        for name, value in self.as_serving().items():
+            target = _TYPED.get(name)
+            if target is not None:
+                typed[target] = value
+            else:
+                extra[name] = str(value)
+        return msgspec.structs.replace(serving, **typed, extra=extra)
+
+
+# ServerConfig field -> ServingConfig field; the others go to ServingConfig.extra as text.
+_TYPED = {"kv_block_size": "block_size", "kv_cache_dtype": "kv_cache_dtype",
+          "gpu_memory_utilization": "gpu_memory_utilization", "kv_cache_tokens": "kv_cache_tokens",
+          "enable_prefix_caching": "prefix_caching", "max_num_seqs": "max_num_seqs", "max_model_len": "max_model_len"}
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        value = float(text) if text not in (None, "", "None") else None  # type: ignore[arg-type]
+    except ValueError:
+        return None
+    return int(value) if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        value = float(text) if text not in (None, "", "None") else None  # type: ignore[arg-type]
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def read_config(samples: Samples, kind: str, config: ServerConfig | None = None) -> ServerConfig:
+    """What the page says about the serving configuration (kind: the engine's table)."""
+    c = config or ServerConfig()
+    if kind in ("vllm", "demo"):
+        infos = samples.get(VLLM_CACHE_INFO, [])
+        if infos:
+            labels = infos[0][0]
+            c.kv_block_size = _int(labels.get("block_size")) or c.kv_block_size
+            dtype = labels.get("cache_dtype", "")
+            if dtype and dtype.lower() not in ("auto", "none"):
+                c.kv_cache_dtype = safe_excerpt(dtype, 24)
+            c.gpu_memory_utilization = _float(labels.get("gpu_memory_utilization"))
+            c.num_gpu_blocks = _int(labels.get("num_gpu_blocks"))
+            c.num_cpu_blocks = _int(labels.get("num_cpu_blocks"))
+            c.swap_space_bytes = _int(labels.get("swap_space_bytes"))
+            c.cpu_offload_gb = _float(labels.get("cpu_offload_gb"))
+            prefix = labels.get("enable_prefix_caching", "").lower()
+            c.enable_prefix_caching = True if prefix == "true" else False if prefix == "false" else None
+            tokens = _int(labels.get("kv_cache_size_tokens"))
+            if tokens is None and c.num_gpu_blocks and c.kv_block_size:
+                tokens = c.num_gpu_blocks * c.kv_block_size
+            c.kv_cache_tokens = tokens or c.kv_cache_tokens
+        engines = {labels["engine"] for series in samples.values() for labels, _ in series[:64]
+                   if labels.get("engine")}
+        if len(engines) > 1:
+            c.data_parallel_engines = len(engines)
+        lora = _lora_state(samples)
+        if lora is not None and lora[2]:
+            c.max_loras = lora[2]
+    elif kind == "sglang":
+        c.kv_cache_tokens = _int_of(samples, "sglang:max_total_num_tokens") or c.kv_cache_tokens
+        c.kv_block_size = _int_of(samples, "sglang:page_size") or c.kv_block_size
+        c.max_model_len = _int_of(samples, "sglang:context_len") or c.max_model_len
+        c.max_num_seqs = _int_of(samples, "sglang:max_running_requests") or c.max_num_seqs
+        c.max_loras = _int_of(samples, "sglang:lora_pool_slots_total") or c.max_loras
+    elif kind == "triton":
+        per = _int_of(samples, 'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}')
+        blocks = _int_of(samples, 'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}')
+        c.kv_block_size = per or c.kv_block_size
+        c.num_gpu_blocks = blocks or c.num_gpu_blocks
+        if per and blocks:
+            c.kv_cache_tokens = per * blocks
+        c.max_num_seqs = _int_of(samples, 'nv_trt_llm_request_metrics{request_type="max"}') or c.max_num_seqs
+    elif kind == "nim":
+        c.max_num_seqs = _int_of(samples, "num_request_max") or c.max_num_seqs
+    return c
+
+
+def _int_of(samples: Samples, spec: str) -> int | None:
+    values = _select(samples, spec)
+    if not values:
+        return None
+    return _int(repr(max(values)))
+
+
+def _lora_state(samples: Samples) -> tuple[list[str], list[str], int | None] | None:
+    """(running adapters, waiting adapters, max_lora) from vLLM's lora_requests_info: an info gauge whose value is
+    the time it was last set, one series per combination ever seen -- the newest one is the state now."""
+    found = samples.get(VLLM_LORA_INFO)
+    if not found:
+        return None
+    labels, _ = max(found, key=lambda lv: lv[1] if not math.isnan(lv[1]) else -math.inf)
+
+    def names(key: str) -> list[str]:
+        return [n for n in labels.get(key, "").split(",") if n.strip()]
+
+    return names("running_lora_adapters"), names("waiting_lora_adapters"), _int(labels.get("max_lora"))
+
+
 # --- the collector ----------------------------------------------------------------------------------------
+
+def _spec_names(src: Source) -> tuple[str, ...]:
+    if isinstance(src, (Gauge, Rate)):
+        return src.specs
+    if isinstance(src, StepRatio):
+        return src.num + src.den
+    if isinstance(src, GaugeRatio):
+        return (src.num, src.den)
+    return tuple(n for num, den in src.pairs for n in (*num, *den))
+
+
+@dataclass
+class _Window:
+    """A WindowRatio's counters at the first and the latest scrape that had them."""
+
+    pair: int
+    first: tuple[float, float]
+    last: tuple[float, float]
+
 
 class ServerMetricsCollector:
     name = "server"
@@ -379,23 +620,34 @@ class ServerMetricsCollector:
     def __init__(self, url: str, kind: str | None = None, period_s: float = DEFAULT_PERIOD_S,
                  timeout_s: float = FETCH_TIMEOUT_S) -> None:
         self.url = url
-        self.kind = kind if kind in SERVER_MAPS else None
+        # The target's guess (from the command line or a probe); the page's own names decide.
+        self.hint = kind if kind in SERVER_MAPS else None
+        self.kind: str | None = None
+        self.map: ServerMap | None = None
         self.period_s: float | None = period_s
         self.timeout_s = timeout_s
         self.book: SeriesBook | None = None
-        self.map: ServerMap | None = SERVER_MAPS.get(kind) if kind else None
-        self._names: tuple[str, ...] | None = self.map.names() if self.map else None
-        self._light: tuple[str, ...] | None = self.map.names(histograms=False) if self.map else None
+        self.config = ServerConfig()
+        self._names: tuple[str, ...] | None = None
+        self._light: tuple[str, ...] | None = None
         self._fetcher = Fetcher(url, timeout_s)
         self._prev_t: float | None = None
         self._prev: dict[str, float] = {}
-        self._first_hist: dict[str, tuple[str, dict[float, float]]] = {}
-        self._last_hist: dict[str, tuple[str, dict[float, float]]] = {}
+        self._window: dict[str, _Window] = {}
+        self._shadow: dict[str, list[tuple[float, float]]] = {}
+        self._first_hist: dict[str, tuple[str, dict[LabelKey, HistSeries]]] = {}
+        self._last_hist: dict[str, tuple[str, dict[LabelKey, HistSeries]]] = {}
         self._summary_quantiles: dict[str, dict[float, float]] = {}
+        self._present: set[str] = set()
+        self._lora_seen: set[str] = set()
         self._failures = 0
         self._given_up = False
         self._last_sample_t: float | None = None
-        self.scrapes = 0
+        self._skipped_lines = 0
+        self._first_bad = ""
+        self._unmapped_pages = 0
+        self.scrapes = 0  # scrapes whose mapped values were read
+        self.pages = 0  # scrapes that returned a metrics page
         self.resets: set[str] = set()
 
     def start(self, capture: Capture) -> None:
@@ -408,86 +660,175 @@ class ServerMetricsCollector:
         full = final or self.map is None or self.scrapes % HISTOGRAM_EVERY == 0
         try:
             text = self._fetcher.get()
-            samples = parse_samples(text, self._names if full else self._light, origin=self.url)
-            if not samples:
-                raise MetricsError(f"{self.url} returned none of the metrics it served before.")
+            samples, report = parse_page(text, self._names if full else self._light, origin=self.url)
+            if not samples and self.map is not None:
+                samples = self._unmapped(text)
         except MetricsError as exc:
             self._failures += 1
             if self._failures >= MAX_FAILURES:
                 self._given_up = True
                 self.book.capture.notes.append(
                     f"The server's metrics endpoint stopped answering {t:.1f} s into the window "
-                    f"({str(exc).rstrip('.')}); server "
-                    "signals cover the window until then.")
+                    f"({str(exc).rstrip('.')}); server signals cover the window until then.")
             return
         self._failures = 0
-        if self.map is None and not self._identify(samples):
-            return
+        self.pages += 1
+        if report.skipped:
+            self._skipped_lines = max(self._skipped_lines, report.skipped)
+            self._first_bad = self._first_bad or report.first_bad
+        if self.map is None:
+            if not self._identify(samples):
+                return
+            assert self._names is not None
+            samples = {n: v for n, v in samples.items() if n.startswith(self._names)}
+            if not samples:
+                self._unmapped_pages += 1
+        if not samples:
+            return  # the engine's page, but none of the names mapped: said at the end of the window
+        assert self.map is not None
+        samples = canonical(samples, self.map)
         # A final scrape right after a regular one only refreshes the histograms: no duplicate gauge points.
         just_sampled = final and self._last_sample_t is not None and t - self._last_sample_t <= 0.2
         self._record(t, samples, values=not just_sampled, histograms=full)
         self._last_sample_t = t
         self.scrapes += 1
 
+    def _unmapped(self, text: str) -> Samples:
+        """A page with none of the mapped names: still this engine's page (an empty return, counted), or garbage
+        or another program's page (MetricsError, counted as a failed scrape)."""
+        assert self.map is not None
+        everything = parse_samples(text, origin=self.url)
+        if not any(n.startswith(self.map.prefixes) for n in everything):
+            raise MetricsError(f"{self.url} returned none of the metrics it served before.")
+        self._unmapped_pages += 1
+        return {}
+
     def _identify(self, samples: Samples) -> bool:
         kind = detect_kind(samples)
+        assert self.book is not None
+        capture = self.book.capture
         if kind is None:
-            assert self.book is not None
-            self.book.capture.mark_unavailable(
-                "server", "server.*", f"{self.url} serves Prometheus metrics, but none from vLLM, SGLang, TGI or Triton",
-                "point --metrics-url at the inference server's own /metrics")
+            capture.mark_unavailable(
+                "server", "server.*", f"{self.url} serves Prometheus metrics, but none from vLLM, SGLang, TGI, "
+                "Triton or NVIDIA NIM", "point --metrics-url at the inference server's own /metrics")
             self._given_up = True
             return False
         self.kind, self.map = kind, SERVER_MAPS[kind]
-        self._names, self._light = self.map.names(), self.map.names(histograms=False)
+        extra = (VLLM_LORA_INFO,) if kind in ("vllm", "demo") else ()
+        self._names = self.map.names() + extra
+        self._light = self.map.names(histograms=False) + extra
+        if self.hint is not None and self.hint != kind:
+            capture.notes.append(f"The target looked like {SERVER_MAPS[self.hint].label}, but its /metrics serves "
+                                 f"{self.map.label} names: read as {self.map.label}.")
+        if capture.server is not None:
+            capture.server.kind = kind
         return True
 
     def _record(self, t: float, samples: Samples, *, values: bool, histograms: bool) -> None:
         assert self.book is not None and self.map is not None
-        m = self.map
         if histograms:
             self._record_histograms(samples)
-        if not values:
-            return
-        for signal, names in m.gauges.items():
-            value = _total(samples, names, mean=signal in m.ratio_gauges)
-            if value is not None:
-                self.book.add(signal, t, value)
+            read_config(samples, self.map.kind, self.config)
         dt = None if self._prev_t is None else t - self._prev_t
         current: dict[str, float] = {}
-        for signal, names in m.rates.items():
-            value = _total(samples, names)
+        for signal, sources in self.map.signals.items():
+            for src in sources:
+                if self._source(signal, src, samples, t, dt, current, record=values):
+                    self._present.add(signal)
+                    if not isinstance(src, WindowRatio):
+                        break
+                    # a window ratio gives one value at the end; the next source is kept aside in case it gives none
+                    for fallback in sources[sources.index(src) + 1:]:
+                        if isinstance(fallback, Gauge) and values:
+                            value = _total(samples, fallback.specs, mean=fallback.mean, positive=fallback.positive)
+                            if value is not None:
+                                self._shadow.setdefault(signal, []).append((t, value))
+                            break
+                    break
+        if values:
+            self._record_lora(t, samples)
+            self._prev, self._prev_t = current, t
+
+    def _source(self, signal: str, src: Source, samples: Samples, t: float, dt: float | None,
+                current: dict[str, float], *, record: bool) -> bool:
+        """Record one source's reading; False when the page does not have it (the next source is tried)."""
+        assert self.book is not None
+        if isinstance(src, WindowRatio):
+            return self._track_window(signal, src, samples)
+        if not record:
+            return any(_select(samples, s) is not None for s in _spec_names(src))
+        if isinstance(src, Gauge):
+            if not any(_select(samples, s) is not None for s in src.specs):
+                return False
+            value = _total(samples, src.specs, mean=src.mean, positive=src.positive)
+            if value is not None:
+                self.book.add(signal, t, value)
+            return True
+        if isinstance(src, GaugeRatio):
+            num, den = _total(samples, (src.num,)), _total(samples, (src.den,))
+            if num is None or den is None:
+                return False
+            if den > 0:
+                self.book.add(signal, t, num / den)
+            return True
+        if isinstance(src, Rate):
+            value = _total(samples, src.specs)
             if value is None:
-                continue
+                return False
             current[signal] = value
             before = self._prev.get(signal)
-            if before is None or not dt:
+            if before is not None and dt:
+                if value < before:
+                    self.resets.add(signal)  # the server restarted its counters: this interval has no rate
+                else:
+                    self.book.add(signal, t, (value - before) / dt)
+            return True
+        num, den = _total(samples, src.num), _total(samples, src.den)
+        if num is None or den is None:
+            return False
+        current[signal + "#num"], current[signal + "#den"] = num, den
+        if signal + "#num" in self._prev and signal + "#den" in self._prev:
+            d_num, d_den = num - self._prev[signal + "#num"], den - self._prev[signal + "#den"]
+            if d_den > 0 and d_num >= 0:
+                self.book.add(signal, t, d_num / d_den)
+        return True
+
+    def _track_window(self, signal: str, src: WindowRatio, samples: Samples) -> bool:
+        for i, (num_specs, den_specs) in enumerate(src.pairs):
+            num, den = _sum_all(samples, num_specs), _sum_all(samples, den_specs)
+            if num is None or den is None:
                 continue
-            if value < before:
-                self.resets.add(signal)  # the server restarted its counters: this interval has no rate
-                continue
-            self.book.add(signal, t, (value - before) / dt)
-        if m.batch_ratio:
-            num, den = _total(samples, m.batch_ratio[0]), _total(samples, m.batch_ratio[1])
-            if num is not None and den is not None:
-                current["_batch_num"], current["_batch_den"] = num, den
-                if "_batch_num" in self._prev and "_batch_den" in self._prev:
-                    d_num, d_den = num - self._prev["_batch_num"], den - self._prev["_batch_den"]
-                    if d_den > 0 and d_num >= 0:
-                        self.book.add("server.batch_size", t, d_num / d_den)
-        self._prev, self._prev_t = current, t
+            state = self._window.get(signal)
+            if state is None or state.pair != i:
+                self._window[signal] = _Window(i, (num, den), (num, den))
+            else:
+                state.last = (num, den)
+            return True
+        return False
+
+    def _record_lora(self, t: float, samples: Samples) -> None:
+        assert self.book is not None
+        state = _lora_state(samples)
+        if state is None:
+            return
+        running, waiting, max_lora = state
+        if not max_lora and not running and not waiting:
+            return  # LoRA is not enabled (vLLM V0 exports the gauge with max_lora="0" regardless)
+        self.book.add(S.SERVER_LORA_RUNNING_ADAPTERS, t, len(set(running)))
+        self.book.add(S.SERVER_LORA_WAITING_ADAPTERS, t, len(set(waiting)))
+        if len(self._lora_seen) < 4096:
+            self._lora_seen.update(running + waiting)
 
     def _record_histograms(self, samples: Samples) -> None:
         assert self.map is not None
-        for key, bases in self.map.latencies.items():
-            found = _buckets(samples, bases)
+        for key, hist in self.map.histograms.items():
+            found = _first_histogram(samples, hist)
             if found is not None:
                 self._first_hist.setdefault(key, found)
                 self._last_hist[key] = found
-            else:
-                summary = _summary(samples, bases)
-                if summary:
-                    self._summary_quantiles[key] = summary
+            summary = _summary(samples, hist.bases)
+            if summary:
+                self._summary_quantiles[key] = summary
 
     def stop(self, t: float) -> None:
         assert self.book is not None
@@ -496,73 +837,110 @@ class ServerMetricsCollector:
             self.sample(t, final=True)
         self._fetcher.close()
         capture = self.book.capture
+        if self._skipped_lines:
+            capture.notes.append(f"The server's /metrics had up to {self._skipped_lines} malformed line(s) per "
+                                 f"scrape, skipped (first: {self._first_bad}).")
         if self.map is None:
             if not any(u.source == "server" for u in capture.unavailable):
                 capture.mark_unavailable("server", "server.*", f"no scrape of {self.url} succeeded")
             return
-        for key in ("ttft", "itl"):
-            self._latency(key, t)
+        for key in self.map.histograms:
+            self._histogram_signals(key, t)
+        self._window_ratios(t)
+        if self._lora_seen:
+            self.config.lora_adapters_seen = len(self._lora_seen)
+        self._write_config(capture)
         if self.resets:
             capture.notes.append("The server's counters went backwards during the window (restarted?): "
                                  f"{', '.join(sorted(self.resets))} skip those intervals.")
-        for signal in SERVER_SIGNALS:
+        if self.scrapes == 0 and self._unmapped_pages:
+            capture.mark_unavailable(
+                "server", "server.*", f"{self.url} serves {self.map.label} metrics, but none of the names diagnoser "
+                f"reads from {self.map.label} (such as {', '.join(self.map.names(histograms=False)[:3])})",
+                "a newer or older release may have renamed them: report the page's names to diagnoser")
+        for signal in CORE_SIGNALS:
             if self.book.has(signal):
                 continue
-            why = self.map.absent.get(signal)
-            if why is None:
-                why = self._why_not_recorded(signal)
+            why = self.map.absent.get(signal) or self._why_not_recorded(signal)
             capture.mark_unavailable("server", signal, why)
 
-    def _latency(self, key: str, t: float) -> None:
-        assert self.book is not None
+    def _write_config(self, capture: Capture) -> None:
+        """The page's serving configuration into Capture.serving (ServerConfig.apply), and the engine the page is."""
+        capture.serving = self.config.apply(capture.serving)
+        if self.kind is not None:
+            capture.serving = msgspec.structs.replace(capture.serving, engine=self.kind)
+
+    def _histogram_signals(self, key: str, t: float) -> None:
+        assert self.book is not None and self.map is not None
+        hist = self.map.histograms[key]
         first, last = self._first_hist.get(key), self._last_hist.get(key)
-        if first is not None and last is not None and first[0] == last[0]:
-            delta = {b: last[1][b] - first[1].get(b, 0.0) for b in last[1]}
-            if self.scrapes > 1 and any(v < 0 for v in delta.values()):
-                delta = last[1]  # counters reset mid-window: fall back to the last scrape's totals
-            for q, suffix in ((0.5, "p50"), (0.99, "p99")):
-                value = histogram_quantile(q, delta)
+        notes = self.book.capture.notes
+        if last is not None and (first is None or first[0] == last[0]):
+            if self.scrapes < 2 and first is last:
+                return  # one snapshot: no window to difference
+            combined = window_histogram(first[1] if first is not None else None, last[1])
+            for stat, q in (("p50", 0.5), ("p99", 0.99)):
+                value = histogram_quantile(q, combined.buckets) if combined.buckets else None
                 if value is not None:
-                    self.book.add(f"server.{key}_{suffix}_s", t, value)
-        elif key in self._summary_quantiles:
-            for q, suffix in ((0.5, "p50"), (0.99, "p99")):
-                value = self._summary_quantiles[key].get(q)
+                    self.book.add(hist_signal(key, stat), t, value * hist.scale)
+            if combined.count and combined.sum is not None and combined.count > 0:
+                self.book.add(hist_signal(key, "mean"), t, combined.sum / combined.count * hist.scale)
+            if combined.dropped_bounds:
+                notes.append(f"{last[0]}: its label sets have different buckets; combined on the bounds they all "
+                             f"have ({combined.dropped_bounds} bound(s) left out).")
+            if combined.repaired:
+                notes.append(f"{last[0]}: bucket counts fell as the bound rose; held at their running maximum, as "
+                             "Prometheus does.")
+            if combined.reset:
+                notes.append(f"{last[0]}: a series went backwards (server restarted?); its totals since the "
+                             "restart stand for the window.")
+            if combined.buckets:
+                return
+        summary = self._summary_quantiles.get(key)
+        if summary:
+            for stat, q in (("p50", 0.5), ("p99", 0.99)):
+                value = summary.get(q)
                 if value is not None and not math.isnan(value):
-                    self.book.add(f"server.{key}_{suffix}_s", t, value)
-            self.book.capture.notes.append(f"server.{key} quantiles come from the server's own summary window, "
-                                           "not from this capture's window.")
+                    self.book.add(hist_signal(key, stat), t, value * hist.scale)
+            notes.append(f"server.{key} quantiles come from the server's own summary window, not from this "
+                         "capture's window.")
+
+    def _window_ratios(self, t: float) -> None:
+        assert self.book is not None and self.map is not None
+        for signal, state in self._window.items():
+            src = next(s for s in self.map.signals[signal] if isinstance(s, WindowRatio))
+            d_num, d_den = state.last[0] - state.first[0], state.last[1] - state.first[1]
+            if d_num < 0 or d_den < 0:
+                self.resets.add(signal)
+            elif d_den > 0:
+                self.book.add(signal, t, d_num / d_den * src.scale + src.plus)
+                continue
+            for when, value in self._shadow.get(signal, []):
+                self.book.add(signal, when, value)
 
     def _why_not_recorded(self, signal: str) -> str:
         assert self.map is not None
         label = self.map.label
-        if signal.startswith(("server.ttft", "server.itl")):
-            key = "ttft" if "ttft" in signal else "itl"
-            if key in self.map.latencies and key in self._first_hist:
-                return f"no request of the {label} server reached that point during the window"
-            names = self.map.latencies.get(key, ())
-            return f"the {label} /metrics has no {' or '.join(names) or 'such'} histogram"
-        if signal == "server.batch_size" and self.map.batch_ratio:
-            return f"the {label} server ran no iteration during the window (or lacks {self.map.batch_ratio[1][0]})"
-        names = self.map.gauges.get(signal) or self.map.rates.get(signal) or ()
+        for h in HIST_KEYS:
+            if signal.startswith(f"server.{h.key}_") and h.key in ("ttft", "itl"):
+                key = h.key
+                if key in self.map.histograms and key in self._last_hist:
+                    return f"no request of the {label} server reached that point during the window"
+                bases = self.map.histograms[key].bases if key in self.map.histograms else ()
+                return f"the {label} /metrics has no {' or '.join(bases) or 'such'} histogram"
+        sources = self.map.signals.get(signal, ())
+        names = [n for src in sources for n in _spec_names(src)]
         if not names:
             return f"the {label} server has no metric mapped to {signal}"
-        if self.scrapes < 2 and signal in self.map.rates:
+        if signal in self._present:
+            if self.pages < 2:
+                return "fewer than two scrapes succeeded, so no rate could be computed"
+            if any(isinstance(s, StepRatio) for s in sources):
+                return f"the {label} server ran no iteration during the window"
+            return f"the {label} server reported no usable value for it during the window"
+        if self.pages < 2 and any(isinstance(s, (Rate, StepRatio)) for s in sources):
             return "fewer than two scrapes succeeded, so no rate could be computed"
-        return f"the {label} /metrics has no {' or '.join(names)}"
+        return f"the {label} /metrics has no {' or '.join(dict.fromkeys(names))}"
 
     def latest(self) -> dict[str, float]:
         return dict(self.book.newest) if self.book else {}
-
-
-def _summary(samples: Samples, bases: tuple[str, ...]) -> dict[float, float] | None:
-    for base in bases:
-        found = samples.get(base)
-        if found and any("quantile" in labels for labels, _ in found):
-            out: dict[float, float] = {}
-            for labels, value in found:
-                try:
-                    out[float(labels["quantile"])] = value
-                except (KeyError, ValueError):
-                    continue
-            return out
-    return None

@@ -20,8 +20,15 @@ from dataclasses import dataclass, field
 
 import psutil
 
+import msgspec
+
 from diagnoser.capture import Capture, ServerInfo, new_capture
-from diagnoser.collectors.base import DEFAULT_DURATION_S, DEFAULT_INTERVAL_S, MIN_INTERVAL_S, Collector
+from diagnoser.collectors.base import (
+    DEFAULT_DURATION_S,
+    DEFAULT_INTERVAL_S,
+    MIN_INTERVAL_S,
+    Collector,
+)
 from diagnoser.collectors.gpm import GpmCollector
 from diagnoser.collectors.host import DEFAULT_PERIOD_S as HOST_PERIOD_S
 from diagnoser.collectors.host import HostCollector
@@ -29,6 +36,7 @@ from diagnoser.collectors.nvml import NvmlCollector
 from diagnoser.collectors.process import ProcessTree
 from diagnoser.collectors.server_metrics import DEFAULT_PERIOD_S as SERVER_PERIOD_S
 from diagnoser.collectors.server_metrics import ServerMetricsCollector
+from diagnoser.collectors.stacks import StackCollector
 from diagnoser.collectors.target import AttachTarget
 from diagnoser.errors import InputError, SourceUnavailable
 
@@ -130,7 +138,7 @@ class Sampler:
         """A collector bug must not end the window: drop that collector, keep what it and the others recorded."""
         try:
             getattr(collector, step)(arg)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if collector.name not in self._failed:
                 self._failed.add(collector.name)
                 self.capture.notes.append(f"The {collector.name} collector failed during {step} "
@@ -140,7 +148,7 @@ class Sampler:
 
 def build_collectors(target: AttachTarget, tree: ProcessTree | None, *, interval_s: float,
                      host_interval_s: float = HOST_PERIOD_S, server_interval_s: float = SERVER_PERIOD_S,
-                     gpu: bool = True) -> list[Collector]:
+                     gpu: bool = True, stacks: bool = True) -> list[Collector]:
     collectors: list[Collector] = []
     if gpu:
         nvml = NvmlCollector(tree)
@@ -149,6 +157,8 @@ def build_collectors(target: AttachTarget, tree: ProcessTree | None, *, interval
     if target.metrics_url:
         collectors.append(ServerMetricsCollector(target.metrics_url, target.server_kind,
                                                  period_s=max(interval_s, server_interval_s)))
+    if stacks and target.pid is not None:
+        collectors.append(StackCollector(target.pid))  # the target's Python stacks, when py-spy may read them
     return collectors
 
 
@@ -170,7 +180,7 @@ def new_window(target: AttachTarget) -> tuple[Capture, ProcessTree | None]:
         if target.metrics_problem:
             capture.mark_unavailable("server", "server.*", target.metrics_problem,
                                      "give --port PORT or --metrics-url URL of the server's Prometheus endpoint")
-    capture.serving = dict(target.serving)
+    capture.serving = msgspec.structs.replace(target.serving)
     return capture, tree
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from diagnoser.capture import ServingConfig
 from diagnoser.collectors.server_metrics import FETCH_TIMEOUT_S, MetricsError, probe
 from diagnoser.errors import InputError, SourceUnavailable
 
@@ -31,6 +32,7 @@ _CMDLINE_KINDS = (
     ("tritonserver", "triton"),
 )
 TRITON_METRICS_PORT = 8002
+METRICS_PATHS = ("/metrics", "/v1/metrics")
 MAX_PROBED_PORTS = 8
 
 # Serving flags worth knowing for the diagnosis: flag -> key in Capture.serving.
@@ -53,7 +55,10 @@ _SERVING_FLAGS = {
     "-q": "quantization",
     "--quantize": "quantization",  # TGI
 }
-_BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--disable-cuda-graph": "disable_cuda_graph"}
+_BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--disable-cuda-graph": "disable_cuda_graph",
+               "--enable-prefix-caching": "prefix_caching", "--enable-chunked-prefill": "chunked_prefill"}
+# Flag keys whose typed field in ServingConfig has another name.
+_FIELD_OF = {"max_running_requests": "max_num_seqs"}
 _MODEL_FLAGS = ("--model", "--model-path", "--model-id")
 
 
@@ -68,7 +73,7 @@ class AttachTarget:
     metrics_problem: str = ""
     # A local Hugging Face config.json the server's command line points at, if any.
     model_config: Path | None = None
-    serving: dict[str, Any] = field(default_factory=dict)
+    serving: ServingConfig = field(default_factory=ServingConfig)
     cmdline: list[str] = field(default_factory=list)
 
 
@@ -110,9 +115,9 @@ def _check_url(url: str) -> None:
 
 
 def _better_kind(from_metrics: str | None, from_cmdline: str) -> str:
-    if from_metrics and (from_cmdline == "unknown" or from_metrics == "demo"):
-        return from_metrics
-    return from_cmdline if from_cmdline != "unknown" else (from_metrics or "unknown")
+    """The page's names decide: a process whose command line says vllm but serves tgi_ metrics is read as TGI (a
+    wrapper, a router, a renamed binary); the command line only stands in when the page names no engine."""
+    return from_metrics or from_cmdline
 
 
 def check_process(pid: int) -> psutil.Process:
@@ -242,12 +247,13 @@ def _discover_metrics(target: AttachTarget, host: str, timeout: float) -> None:
     """Find the server's /metrics: on --port (or Triton's metrics port), else on any port the tree listens on."""
     candidates: list[str] = []
     if target.port is not None:
-        candidates.append(f"http://{host}:{target.port}/metrics")
+        candidates += _paths(host, target.port)
         if target.server_kind == "triton" and target.port != TRITON_METRICS_PORT:
-            candidates.append(f"http://{host}:{TRITON_METRICS_PORT}/metrics")
+            candidates += _paths(host, TRITON_METRICS_PORT)
     elif target.pid is not None:
         ports = listening_ports(target.pid)[:MAX_PROBED_PORTS]
-        candidates.extend(f"http://{h}:{p}/metrics" for p, h in ports)
+        for p, h in ports:
+            candidates += _paths(h, p)
         if not ports:
             target.metrics_problem = (f"process {target.pid} listens on no TCP port, so no server metrics were found "
                                       "(give --port or --metrics-url)")
@@ -257,15 +263,22 @@ def _discover_metrics(target: AttachTarget, host: str, timeout: float) -> None:
         try:
             kind, _ = probe(url, timeout)
         except MetricsError as exc:
-            problems.append(str(exc).rstrip("."))
+            if not url.endswith(METRICS_PATHS[1]):  # NIM's path is a second guess: its failure says nothing new
+                problems.append(str(exc).rstrip("."))
             continue
         if kind is None:
-            problems.append(f"{url} serves metrics of no known inference server")
+            if not url.endswith(METRICS_PATHS[1]):
+                problems.append(f"{url} serves metrics of no known inference server")
             continue
         target.metrics_url = url
         target.server_kind = _better_kind(kind, target.server_kind)
         return
     target.metrics_problem = "no server metrics: " + "; ".join(problems[:3]) if problems else "no server metrics found"
+
+
+def _paths(host: str, port: int) -> list[str]:
+    """/metrics, then NVIDIA NIM's /v1/metrics (tried only when /metrics gives no engine's page)."""
+    return [f"http://{host}:{port}{path}" for path in METRICS_PATHS]
 
 
 def kind_from_cmdline(cmdline: list[str]) -> str | None:
@@ -276,22 +289,41 @@ def kind_from_cmdline(cmdline: list[str]) -> str | None:
     return None
 
 
-def serving_from_cmdline(cmdline: list[str]) -> dict[str, Any]:
-    """Serving limits given on the command line (--max-num-seqs 256 or --max-num-seqs=256)."""
-    out: dict[str, Any] = {}
+def serving_from_cmdline(cmdline: list[str]) -> ServingConfig:
+    """The serving configuration given on the command line (--max-num-seqs 256 or --max-num-seqs=256); flags that
+    fit no typed field are kept as text in `extra`."""
+    known: dict[str, Any] = {}
+    extra: dict[str, str] = {}
     args = list(cmdline)
+    fields = ServingConfig.__struct_fields__
     for i, arg in enumerate(args):
         flag, _, inline = arg.partition("=")
         if flag in _BOOL_FLAGS:
-            out[_BOOL_FLAGS[flag]] = True
+            known[_BOOL_FLAGS[flag]] = True
             continue
         key = _SERVING_FLAGS.get(flag)
         if key is None:
             continue
         value = inline if inline else (args[i + 1] if i + 1 < len(args) else "")
-        if value and not value.startswith("-"):
-            out[key] = _number(value)
-    return out
+        if not value or value.startswith("-"):
+            continue
+        target = _FIELD_OF.get(key, key)
+        kind = ServingConfig.__annotations__.get(target, "")
+        if target in fields and target != "extra":
+            parsed = _number(value)
+            if "int" in str(kind) and isinstance(parsed, int) or "float" in str(kind) and isinstance(parsed, (int, float)):
+                known[target] = float(parsed) if "float" in str(kind) else parsed
+                continue
+            if str(kind).startswith("str"):
+                known[target] = value
+                continue
+        extra[key] = value
+    engine = kind_from_cmdline(args)
+    if engine and engine != "unknown":
+        known["engine"] = engine
+    if engine in ("vllm", "sglang"):
+        known.setdefault("enforce_eager" if engine == "vllm" else "disable_cuda_graph", False)
+    return ServingConfig(**known, extra=extra)
 
 
 def _number(value: str) -> Any:

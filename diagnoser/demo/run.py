@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from diagnoser.capture import Capture, ModelInfo, save
+from diagnoser.capture import Capture, ModelInfo
 from diagnoser.collectors.server_metrics import MetricsError, probe
 from diagnoser.collectors.session import Progress, collect
 from diagnoser.collectors.target import resolve_target
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.errors import InputError, SourceUnavailable
+from diagnoser.pipeline import Outcome
 from diagnoser.reports.jsonout import dumps as diagnosis_json
 
 DEFAULT_OUT = Path("diagnoser-demo")
@@ -49,8 +50,7 @@ class DemoConfig:
 
 @dataclass
 class DemoRun:
-    capture: Capture
-    diagnosis: Diagnosis
+    outcome: Outcome
     out_dir: Path
     device: str
     files: dict[str, Path] = field(default_factory=dict)
@@ -59,10 +59,18 @@ class DemoRun:
     loadgen_pid: int = 0
     problems: list[str] = field(default_factory=list)
 
+    @property
+    def capture(self) -> Capture:
+        return self.outcome.capture
+
+    @property
+    def diagnosis(self) -> Diagnosis:
+        return self.outcome.diagnosis
+
 
 def run_demo(cfg: DemoConfig, out_dir: Path = DEFAULT_OUT, *, on_sample: Callable[[Progress], None] | None = None,
              on_status: Callable[[str], None] | None = None, thresholds: Any = None) -> DemoRun:
-    from diagnoser.rules import diagnose
+    from diagnoser.pipeline import Pipeline
 
     status = on_status or (lambda _msg: None)
     out_dir = Path(out_dir)
@@ -100,15 +108,18 @@ def run_demo(cfg: DemoConfig, out_dir: Path = DEFAULT_OUT, *, on_sample: Callabl
         for log in logs:
             log.close()
     _describe_demo(capture, cfg, device)
-    saved = save(capture, out_dir / "capture.dgc")  # first: whatever fails later, the capture is on disk
-    run = DemoRun(capture=capture, diagnosis=diagnose(capture, thresholds), out_dir=out_dir, device=device,
-                  load=load, server_pid=server.pid, loadgen_pid=loadgen.pid)
-    run.files["capture"] = saved
+    capture.origin = "demo"
+    # Saved first: whatever fails later, the capture is on disk.
+    pipeline = Pipeline(overrides=thresholds, save_to=out_dir / "capture.dgc")
+    pipeline.checkpoint(capture)
+    outcome = pipeline.diagnose(capture)
+    run = DemoRun(outcome=outcome, out_dir=out_dir, device=device, load=load, server_pid=server.pid,
+                  loadgen_pid=loadgen.pid)
+    run.files["capture"] = out_dir / "capture.dgc"
     run.files["diagnosis"] = _write(out_dir / "diagnosis.json", diagnosis_json(run.diagnosis) + "\n")
     try:
-        from diagnoser.reports.html import write_html
-
-        run.files["report"] = Path(write_html(run.diagnosis, capture, out_dir / "report.html"))
+        Pipeline(overrides=thresholds, html=out_dir / "report.html").write(outcome)
+        run.files["report"] = outcome.written["report"]
     except ImportError:
         run.problems.append("the HTML renderer is not installed, so no report.html was written")
     except Exception as exc:  # noqa: BLE001  (a renderer bug must not cost the capture and verdict)
@@ -225,10 +236,13 @@ def _describe_demo(capture: Capture, cfg: DemoConfig, device: str) -> None:
                               active_params=float(mc.params()), layers=mc.layers, hidden=mc.d_model, heads=mc.heads,
                               kv_heads=mc.heads, head_dim=mc.head_dim, vocab=mc.vocab,
                               dtype="fp32" if device == "cpu" else "bf16", max_context=mc.max_len)
-    capture.serving.update({"max_num_seqs": cfg.max_num_seqs, "kv_cache_tokens": cfg.kv_tokens,
-                            "load_concurrency": cfg.concurrency})
+    capture.serving.engine = "demo"
+    capture.serving.max_num_seqs = cfg.max_num_seqs
+    capture.serving.kv_cache_tokens = cfg.kv_tokens
+    capture.serving.load_concurrency = cfg.concurrency
     if device == "cpu":
         capture.cpu_only = True
     capture.notes.append(f"Demo workload: a {mc.params() / 1e6:.1f} M-parameter random-weight decoder on {device}, "
                          f"{cfg.concurrency} closed-loop clients, at most {cfg.max_num_seqs} sequences and a "
-                         f"{cfg.kv_tokens}-token KV cache (small on purpose).")
+                         f"{cfg.kv_tokens}-token KV cache"
+                         + (" (small on purpose)." if cfg.kv_tokens <= DemoConfig.kv_tokens else "."))

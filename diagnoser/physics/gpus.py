@@ -39,6 +39,9 @@ class GpuSpec:
     pcie_bytes_per_s: float
     arch: str
     source: str
+    # Roofs replaced by measurements (with_measured): "hbm" and/or precision names. A measured roof is what the GPU
+    # reaches; a datasheet roof is a peak that streaming kernels reach only a share of (physics.realised).
+    measured: frozenset[str] = frozenset()
     max_sm_clock_mhz: float | None = None  # the SM clock's maximum (nvidia-smi "Max Clocks"); None: not tabled
 
     def __post_init__(self) -> None:
@@ -83,7 +86,8 @@ _SPECS: tuple[GpuSpec, ...] = (
             "hopper", "NVIDIA H200 datasheet"),
     GpuSpec("h200-nvl", "H200 NVL 141GB", 141 * GIB, 4.8 * TB, _H100_NVL_FLOPS, 600, "PCIe Gen5 (NVLink bridge)",
             900 * GB, _PCIE5, "hopper", "NVIDIA H200 datasheet"),
-    GpuSpec("b200", "B200 180GB", 180 * GIB, 8.0 * TB, _hopper(75 * T, 1125 * T, 2250 * T, 4500 * T), 1000,
+    GpuSpec("b200", "B200 180GB", 180 * GIB, 8.0 * TB,
+            {**_hopper(75 * T, 1125 * T, 2250 * T, 4500 * T), "fp4": 9000 * T}, 1000,
             "NVLink 5", 1800 * GB, _PCIE5, "blackwell", "NVIDIA HGX B200 datasheet (per GPU)"),
     GpuSpec("l4", "L4 24GB", 24 * GIB, 300 * GB, _ada(30.3 * T, 60 * T, 121 * T, 242.5 * T, 242.5 * T), 72,
             "PCIe Gen4", None, _PCIE4, "ada", "NVIDIA L4 datasheet"),
@@ -228,8 +232,14 @@ def with_measured(gpu: GpuSpec, measured: Mapping[str, float]) -> GpuSpec:
     """A copy of `gpu` with measured roofs (GpuInfo.measured: "hbm_bytes_per_s", "<dtype>_flops") in place of the
     datasheet's, so ceilings use what this GPU can actually reach."""
     flops = dict(gpu.flops)
+    replaced = set(gpu.measured)
     for name, value in measured.items():
         if name.endswith("_flops") and value > 0:
-            flops[normalise_dtype(name.removesuffix("_flops"))] = value
-    bandwidth = measured.get("hbm_bytes_per_s") or gpu.hbm_bytes_per_s
-    return dataclasses.replace(gpu, flops=flops, hbm_bytes_per_s=bandwidth)
+            dtype = normalise_dtype(name.removesuffix("_flops"))
+            flops[dtype] = value
+            replaced.add(dtype)
+    bandwidth = gpu.hbm_bytes_per_s
+    if measured.get("hbm_bytes_per_s", 0) > 0:
+        bandwidth = measured["hbm_bytes_per_s"]
+        replaced.add("hbm")
+    return dataclasses.replace(gpu, flops=flops, hbm_bytes_per_s=bandwidth, measured=frozenset(replaced))

@@ -1,23 +1,29 @@
 """First-principles limits of LLM inference on a GPU: bytes moved and FLOPs done per step, against the roofs.
 
 Every function is pure and takes a diagnoser.capture.ModelInfo and, where the hardware matters, a GpuSpec. The
-numbers are upper bounds on speed (lower bounds on time): datasheet peaks, no kernel overheads, no tensor-parallel
-communication, no attention FLOPs. See docs/physics.md for the formulas and their sources.
+numbers are upper bounds on speed (lower bounds on time): datasheet peaks, no kernel overheads. See docs/physics.md
+for the formulas and their sources.
 
 Conventions: `dtype` is the weight precision (default: the model's, else bf16); `kv_dtype` the KV-cache precision
 (default: the model's, else 16-bit activations, as serving engines keep for quantised weights); `tp` the tensor-
-parallel degree, which splits weights and KV heads across GPUs; byte and time figures are per GPU.
+parallel degree, which splits weights and KV heads across GPUs and adds its all-reduces to each step (`link`: the
+interconnect, default from the GPU table, see physics.parallel); byte and time figures are per GPU.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from diagnoser.capture import ModelInfo
 from diagnoser.errors import InputError
 from diagnoser.physics.gpus import GpuSpec, peak_flops
-from diagnoser.physics.precision import activation_dtype, bytes_per_element, normalise_dtype
+from diagnoser.physics.parallel import Interconnect, interconnect, tp_comm_s
+from diagnoser.physics.precision import (
+    activation_dtype,
+    bytes_per_element,
+    normalise_dtype,
+)
+from diagnoser.physics.quant import param_split, weight_breakdown
 
 DEFAULT_MEM_FRACTION = 0.9  # vLLM's default gpu_memory_utilization
 
@@ -30,7 +36,8 @@ def weight_dtype(model: ModelInfo, dtype: str | None = None) -> str:
 
 
 def kv_cache_dtype(model: ModelInfo, kv_dtype: str | None = None, dtype: str | None = None) -> str:
-    """The KV-cache precision: `kv_dtype`, else the model's, else the activation precision of the weights."""
+    """The KV-cache precision: `kv_dtype`, else the model's, else the activation precision of the weights (FP8 or
+    INT4 weights keep a 16-bit KV cache unless told otherwise)."""
     return normalise_dtype(kv_dtype or model.kv_dtype or activation_dtype(weight_dtype(model, dtype)))
 
 
@@ -59,18 +66,24 @@ def has_kv_shape(model: ModelInfo) -> bool:
     return bool(model.layers and model.kv_heads and model.head_dim)
 
 
+def _link(gpu: GpuSpec, tp: int, link: Interconnect | None) -> Interconnect:
+    return link or interconnect(gpu, tp)
+
+
 # --- bytes ---------------------------------------------------------------------------------------------
 
 def weight_bytes(model: ModelInfo, dtype: str | None = None) -> float:
-    """Bytes of all weights: params x bytes per element (int4 without its group scales)."""
-    return _params(model) * bytes_per_element(weight_dtype(model, dtype))
+    """Bytes of all weights as stored: quantised matrices with their group scales, and the embedding, lm_head and
+    norms a quantised checkpoint keeps at 16 bits (physics.quant.weight_breakdown)."""
+    _params(model)
+    return weight_breakdown(model, weight_dtype(model, dtype)).total
 
 
 def kv_bytes_per_token(model: ModelInfo, kv_dtype: str | None = None, *, tp: int = 1) -> float:
     """KV-cache bytes one token adds: 2 (K and V) x layers x kv_heads x head_dim x bytes per element.
 
     With tensor parallelism each GPU holds kv_heads / tp heads, or one when there are fewer heads than GPUs (they
-    are replicated then), and this returns the per-GPU figure.
+    are replicated then), and this returns the per-GPU figure. An FP8 or INT8 cache halves it.
     Source: the standard KV-cache size formula, e.g. Pope et al., "Efficiently Scaling Transformer Inference" (2022).
     """
     _check(tp=tp)
@@ -84,16 +97,19 @@ def kv_bytes_per_token(model: ModelInfo, kv_dtype: str | None = None, *, tp: int
 def weights_read_bytes(model: ModelInfo, tokens: float = 1, dtype: str | None = None) -> float:
     """Expected weight bytes one forward pass over `tokens` tokens reads (all GPUs together).
 
-    Dense: all weights. MoE: a token uses a share a = active/params of the weights, and routing is assumed uniform,
-    so the pass reads weight_bytes x (1 - (1 - a)^tokens): the active weights for one token, all of them once
-    tokens >> params/active. (Shared layers are treated like experts here: exact at both ends, a few percent high
-    in between.)
+    The lm_head and norms are read whole; the input embedding only one row per token. Of the linear layers, a dense
+    model reads all; an MoE token uses a share a of them (its active linear parameters over all linear ones) and
+    routing is assumed uniform, so the pass reads linear x (1 - (1 - a)^tokens): the routed experts for one token,
+    all of them once tokens >> 1/a. (Attention is treated like the experts here: exact at both ends, a few percent
+    high in between.)
     """
-    total = weight_bytes(model, dtype)
-    share = _active(model) / _params(model)
-    if share >= 1.0:
-        return total
-    return total * (1.0 - (1.0 - share) ** max(tokens, 1))
+    parts = weight_breakdown(model, weight_dtype(model, dtype))
+    split = param_split(model)
+    share = (_active(model) - (_params(model) - split.linear)) / split.linear
+    share = min(1.0, max(share, 0.0))
+    read_share = 1.0 if share >= 1.0 else 1.0 - (1.0 - share) ** max(tokens, 1)
+    rows = parts.embedding * min(1.0, max(tokens, 1) / model.vocab) if parts.embedding and model.vocab else 0.0
+    return parts.linear * read_share + parts.lm_head + parts.norms + rows
 
 
 def decode_step_bytes(
@@ -105,7 +121,7 @@ def decode_step_bytes(
     kv_dtype: str | None = None,
     tp: int = 1,
 ) -> float:
-    """Bytes one GPU reads per decode step: weights / tp + batch x context x KV bytes per token (per GPU).
+    """Bytes one GPU reads per decode step: weights read / tp + batch x context x KV bytes per token (per GPU).
 
     Each step generates one token for each of `batch` sequences, reading every weight once (the weights are shared by
     the batch) and each sequence's whole KV cache of `context` tokens. `batch` and `context` may be observed means.
@@ -117,6 +133,26 @@ def decode_step_bytes(
     if context == 0 or not has_kv_shape(model):
         return weights
     return weights + batch * context * kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype), tp=tp)
+
+
+# --- FLOPs ---------------------------------------------------------------------------------------------
+
+def _matmul_params(model: ModelInfo) -> float:
+    """Active parameters that multiply: the input embedding is a lookup, not a matrix product."""
+    return _active(model) - param_split(model).embedding
+
+
+def attention_flops_per_token(model: ModelInfo, context: float) -> float:
+    """FLOPs of one new token attending to `context` earlier ones: QK^T and PV each cost 2 x head_dim per key and
+    query head, so 4 x layers x heads x head_dim x context (0 when the shape is unknown)."""
+    if not (model.layers and model.heads and model.head_dim):
+        return 0.0
+    return 4.0 * model.layers * model.heads * model.head_dim * context
+
+
+def _attention_rate(gpu: GpuSpec, model: ModelInfo, dtype: str | None) -> float:
+    """Attention runs at the activation precision's rate (16-bit for quantised weights)."""
+    return peak_flops(gpu, activation_dtype(weight_dtype(model, dtype)))
 
 
 # --- time ----------------------------------------------------------------------------------------------
@@ -136,15 +172,26 @@ def decode_floor_s(
 
 
 def decode_compute_s(
-    model: ModelInfo, gpu: GpuSpec, batch: float = 1, *, dtype: str | None = None, tp: int = 1
+    model: ModelInfo, gpu: GpuSpec, batch: float = 1, *, dtype: str | None = None, tp: int = 1, context: float = 0
 ) -> float:
-    """Compute time of one decode step: 2 x active params x batch / (tp x peak FLOP/s).
+    """Compute time of one decode step: 2 x active matrix parameters x batch / (tp x peak FLOP/s at the weights'
+    precision) + batch x attention FLOPs over `context` / (tp x peak at the activations' precision).
 
     A matrix-vector product costs 2 FLOP (multiply, add) per weight per token (Kaplan et al., "Scaling Laws for
-    Neural Language Models", 2020, section 2.1); attention's own FLOPs are left out, so this stays a lower bound.
+    Neural Language Models", 2020, section 2.1); attention adds 4 x layers x heads x head_dim per token of context.
     """
+    _check(batch, context, tp)
+    linear = 2.0 * _matmul_params(model) * batch / (tp * peak_flops(gpu, weight_dtype(model, dtype)))
+    attention = batch * attention_flops_per_token(model, context) / (tp * _attention_rate(gpu, model, dtype))
+    return linear + attention
+
+
+def decode_comm_s(
+    model: ModelInfo, gpu: GpuSpec, batch: float = 1, *, tp: int = 1, link: Interconnect | None = None
+) -> float:
+    """Tensor-parallel collective time of one decode step (physics.parallel.tp_comm_s); 0 at tp 1."""
     _check(batch, 0, tp)
-    return 2.0 * _active(model) * batch / (tp * peak_flops(gpu, weight_dtype(model, dtype)))
+    return tp_comm_s(model, batch, tp, _link(gpu, tp, link)) if tp > 1 else 0.0
 
 
 def decode_step_s(
@@ -156,10 +203,13 @@ def decode_step_s(
     dtype: str | None = None,
     kv_dtype: str | None = None,
     tp: int = 1,
+    link: Interconnect | None = None,
 ) -> float:
-    """Roofline time of one decode step: max(memory time, compute time)."""
+    """Roofline time of one decode step: max(memory time, compute time) + tensor-parallel collectives (they wait
+    on one layer's output and the next layer waits on them, so they add)."""
     memory = decode_floor_s(model, gpu, batch, context, dtype=dtype, kv_dtype=kv_dtype, tp=tp)
-    return max(memory, decode_compute_s(model, gpu, batch, dtype=dtype, tp=tp))
+    compute = decode_compute_s(model, gpu, batch, dtype=dtype, tp=tp, context=context)
+    return max(memory, compute) + decode_comm_s(model, gpu, batch, tp=tp, link=link)
 
 
 def decode_bound(
@@ -174,7 +224,8 @@ def decode_bound(
 ) -> str:
     """"memory" or "compute": which roof limits a decode step at this batch and context."""
     memory = decode_floor_s(model, gpu, batch, context, dtype=dtype, kv_dtype=kv_dtype, tp=tp)
-    return "compute" if decode_compute_s(model, gpu, batch, dtype=dtype, tp=tp) > memory else "memory"
+    compute = decode_compute_s(model, gpu, batch, dtype=dtype, tp=tp, context=context)
+    return "compute" if compute > memory else "memory"
 
 
 def decode_ceiling_tokens_per_s(
@@ -186,24 +237,90 @@ def decode_ceiling_tokens_per_s(
     tp: int = 1,
     *,
     kv_dtype: str | None = None,
+    link: Interconnect | None = None,
 ) -> float:
-    """Most output tokens/s the `tp` GPUs can generate: batch / max(memory time, compute time) per step.
+    """Most output tokens/s the `tp` GPUs can generate: batch / decode_step_s.
 
     It rises linearly with batch while memory-bound and flattens at tp x peak / (2 x active params) past the ridge
-    batch.
+    batch; tensor parallelism divides the bytes by tp but adds its collectives, so it scales sublinearly.
     """
-    return batch / decode_step_s(model, gpu, batch, context, dtype=dtype, kv_dtype=kv_dtype, tp=tp)
+    return batch / decode_step_s(model, gpu, batch, context, dtype=dtype, kv_dtype=kv_dtype, tp=tp, link=link)
 
 
-def prefill_time_s(model: ModelInfo, gpu: GpuSpec, tokens: int, dtype: str | None = None, tp: int = 1) -> float:
-    """Least time to prefill `tokens` prompt tokens: max(2 x active params x tokens / (tp x peak FLOP/s),
-    weights read / (tp x bandwidth)). Compute-bound for any real prompt; attention FLOPs are left out."""
+def prefill_cost(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    tokens: int,
+    dtype: str | None = None,
+    tp: int = 1,
+    *,
+    sequence_tokens: int | None = None,
+    kv_dtype: str | None = None,
+    link: Interconnect | None = None,
+) -> tuple[float, float, float]:
+    """(memory, compute, collectives) seconds of prefilling `tokens` prompt tokens in prompts of `sequence_tokens`
+    each (default: one prompt), per GPU. Compute: 2 x active matrix params x tokens at the weights' rate, plus causal
+    attention, 2 x layers x heads x head_dim x s(s+1) per prompt of s tokens, at the activations' rate. Memory: the
+    weights read once plus the KV cache written. Collectives: tp_comm_s over the tokens."""
     if tokens < 1:
         raise InputError(f"the prompt must have at least 1 token, not {tokens}.")
     _check(1, 0, tp)
-    compute = 2.0 * _active(model) * tokens / (tp * peak_flops(gpu, weight_dtype(model, dtype)))
-    memory = weights_read_bytes(model, tokens, dtype) / (tp * gpu.hbm_bytes_per_s)
-    return max(compute, memory)
+    per_prompt = sequence_tokens or tokens
+    if per_prompt < 1 or per_prompt > tokens:
+        raise InputError(f"a prompt of {per_prompt} tokens does not fit in {tokens} prompt tokens.")
+    prompts = tokens / per_prompt
+    attention = prompts * attention_flops_per_token(model, 1) * per_prompt * (per_prompt + 1) / 2
+    compute = (2.0 * _matmul_params(model) * tokens / peak_flops(gpu, weight_dtype(model, dtype))
+               + attention / _attention_rate(gpu, model, dtype)) / tp
+    written = tokens * kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype)) if has_kv_shape(model) \
+        else 0.0
+    memory = (weights_read_bytes(model, tokens, dtype) + written) / (tp * gpu.hbm_bytes_per_s)
+    comm = tp_comm_s(model, tokens, tp, _link(gpu, tp, link)) if tp > 1 else 0.0
+    return memory, compute, comm
+
+
+def prefill_time_s(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    tokens: int,
+    dtype: str | None = None,
+    tp: int = 1,
+    *,
+    sequence_tokens: int | None = None,
+    kv_dtype: str | None = None,
+    link: Interconnect | None = None,
+) -> float:
+    """Least time to prefill `tokens` prompt tokens: max(memory, compute) + collectives (prefill_cost).
+    Compute-bound for any real prompt."""
+    memory, compute, comm = prefill_cost(model, gpu, tokens, dtype, tp, sequence_tokens=sequence_tokens,
+                                         kv_dtype=kv_dtype, link=link)
+    return max(memory, compute) + comm
+
+
+def generation_ceiling_tokens_per_s(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    batch: float,
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    tp: int = 1,
+    link: Interconnect | None = None,
+) -> float:
+    """Most output tokens/s of a static batch: `batch` prompts of `input_tokens` prefilled together, then
+    `output_tokens` generated each (the first by the prefill). batch x output / (prefill + (output - 1) decode steps
+    at the mean context input + output / 2). A step's time is convex in its context, so the step at the mean
+    context is no longer than the mean step and the figure stays an upper bound."""
+    if output_tokens < 1 or input_tokens < 1:
+        raise InputError("a generation needs at least one input and one output token.")
+    _check(batch, 0, tp)
+    prefill = prefill_time_s(model, gpu, round(batch * input_tokens), dtype, tp, sequence_tokens=input_tokens,
+                             kv_dtype=kv_dtype, link=link)
+    context = input_tokens + output_tokens / 2 if has_kv_shape(model) else 0.0
+    step = decode_step_s(model, gpu, batch, context, dtype=dtype, kv_dtype=kv_dtype, tp=tp, link=link)
+    return batch * output_tokens / (prefill + (output_tokens - 1) * step)
 
 
 # --- memory capacity ----------------------------------------------------------------------------------------
@@ -237,18 +354,36 @@ def max_concurrent_sequences(
     *,
     dtype: str | None = None,
     kv_dtype: str | None = None,
+    pp: int = 1,
 ) -> int:
-    """Sequences of `context` tokens whose KV cache fits beside the weights, per tensor-parallel group:
-    floor((memory x mem_fraction - weights / tp) / (context x KV bytes per token per GPU)); 0 if the weights do not
-    fit. Activation workspace and fragmentation are ignored, so this is an upper bound."""
+    """Sequences of `context` tokens whose KV cache fits beside the weights, per tensor-parallel group (of `pp`
+    pipeline stages): floor(kv_capacity_tokens / context); 0 if the weights do not fit. An FP8 or INT8 KV cache
+    doubles it. Activation workspace and fragmentation are ignored, so this is an upper bound."""
     if context < 1:
         raise InputError(f"the context must be at least 1 token, not {context}.")
+    return int(kv_capacity_tokens(model, gpu, mem_fraction, tp, dtype=dtype, kv_dtype=kv_dtype, pp=pp) // context)
+
+
+def kv_capacity_tokens(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    mem_fraction: float = DEFAULT_MEM_FRACTION,
+    tp: int = 1,
+    *,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    pp: int = 1,
+) -> float:
+    """Tokens of KV cache that fit beside the weights: (memory x mem_fraction - weights / (tp x pp)) / (KV bytes per
+    token per GPU / pp), each of `pp` pipeline stages holding its share of the layers; 0 if the weights do not fit.
+    An upper bound on a server's KV pool (it also keeps activations)."""
     _check(tp=tp)
-    free = usable_memory_bytes(gpu, mem_fraction) - weight_bytes(model, dtype) / tp
+    if pp < 1:
+        raise InputError(f"the pipeline needs at least one stage, not {pp}.")
+    free = usable_memory_bytes(gpu, mem_fraction) - weight_bytes(model, dtype) / (tp * pp)
     if free <= 0:
-        return 0
-    per_sequence = context * kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype), tp=tp)
-    return int(free // per_sequence)
+        return 0.0
+    return free * pp / kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype), tp=tp)
 
 
 # --- the ridge -------------------------------------------------------------------------------------------
@@ -264,141 +399,31 @@ def ridge_batch(
 ) -> float:
     """The decode batch at which a step turns from memory-bound to compute-bound.
 
-    A step at batch B does F = 2 x active x B FLOP and reads W = params x bytes_per_element of weights, so its
-    intensity is I(B) = 2 x active x B / (params x bytes_per_element). Setting I(B) equal to the ridge point R
-    (peak FLOP/s / bandwidth) gives
+    A step at batch B does F = 2 x M x B FLOP (M: active matrix parameters) and reads W bytes of weights (all of
+    them at large batch, scales included, the embedding's lookups left out), so its intensity is I(B) = 2 x M x B /
+    W. Setting I(B) equal to the ridge point R (peak FLOP/s / bandwidth) gives
 
-        B* = R x bytes_per_element x params / (2 x active)
+        B* = R x W / (2 x M)
 
-    (for a dense model at 16 bits, B* = R). With `context` > 0 each sequence also reads context x kv bytes, and
-    B* = R x W / (2 x active - R x context x kv_per_token x tp) per tensor-parallel group; it is infinite (decode
-    never becomes compute-bound) when the denominator is not positive; an unknown KV shape counts as no KV. MoE
-    weights count in full: by B* every expert is read in practice.
+    (for a dense 16-bit model, B* = R). With `context` > 0 each sequence also reads context x kv bytes and does
+    attention FLOPs A (at the activations' rate P_a, counted as A x P / P_a), and B* = R x W / (2 x M + A x P / P_a
+    - R x context x kv_per_token x tp) per tensor-parallel group; it is infinite (decode never becomes
+    compute-bound) when the denominator is not positive; an unknown KV shape counts as no KV. MoE weights count in
+    full: by B* every expert is read in practice.
     """
     _check(1, context, tp)
     wdtype = weight_dtype(model, dtype)
-    ridge = peak_flops(gpu, wdtype) / gpu.hbm_bytes_per_s
+    peak = peak_flops(gpu, wdtype)
+    ridge = peak / gpu.hbm_bytes_per_s
     kv = kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, wdtype), tp=tp) \
         if context and has_kv_shape(model) else 0.0
-    denominator = 2.0 * _active(model) - ridge * context * kv * tp
+    attention = attention_flops_per_token(model, context) * peak / _attention_rate(gpu, model, wdtype) \
+        if context and has_kv_shape(model) else 0.0
+    denominator = 2.0 * _matmul_params(model) + attention - ridge * context * kv * tp
     if denominator <= 0:
         return math.inf
-    return ridge * weight_bytes(model, wdtype) / denominator
-
-
-# --- what if -----------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class WhatIf:
-    """Decode tokens/s ceiling before and after one or more changes, and why it moves."""
-
-    change: str
-    before_tokens_per_s: float
-    after_tokens_per_s: float
-    speedup: float | None  # None when the setup before does not fit, so there is nothing to compare with
-    explanation: str
-
-
-@dataclass(frozen=True)
-class _Setup:
-    gpu: GpuSpec
-    dtype: str
-    batch: float
-    tp: int
-
-
-def _memory_problem(model: ModelInfo, s: _Setup, context: float, kv_dtype: str | None, mem_fraction: float) -> str:
-    """Why a setup does not fit in memory, or "" if it does."""
-    usable = usable_memory_bytes(s.gpu, mem_fraction)
-    weights = weight_bytes(model, s.dtype) / s.tp
-    if weights > usable:
-        return (f"{weights / 1e9:.1f} GB of weights per GPU exceed the {usable / 1e9:.1f} GB usable on one "
-                f"{s.gpu.name}")
-    if context and has_kv_shape(model):
-        kv = s.batch * context * kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, s.dtype), tp=s.tp)
-        if weights + kv > usable:
-            return (f"the KV cache of {s.batch:g} x {context:g} tokens ({kv / 1e9:.1f} GB per GPU) does not fit beside "
-                    f"the weights on one {s.gpu.name}")
-    return ""
-
-
-def _tokens_per_s(model: ModelInfo, s: _Setup, context: float, kv_dtype: str | None, mem_fraction: float) -> float:
-    if _memory_problem(model, s, context, kv_dtype, mem_fraction):
-        return 0.0
-    return decode_ceiling_tokens_per_s(model, s.gpu, s.batch, context, s.dtype, s.tp, kv_dtype=kv_dtype)
-
-
-def _describe_change(before: _Setup, after: _Setup) -> str:
-    parts = []
-    if after.dtype != before.dtype:
-        parts.append(f"{before.dtype} -> {after.dtype}")
-    if after.gpu.key != before.gpu.key:
-        parts.append(f"{before.gpu.name} -> {after.gpu.name}")
-    if after.batch != before.batch:
-        parts.append(f"batch {before.batch:g} -> {after.batch:g}")
-    if after.tp != before.tp:
-        parts.append(f"tp {before.tp} -> {after.tp}")
-    return ", ".join(parts) or "no change"
-
-
-def _why(model: ModelInfo, before: _Setup, after: _Setup, context: float, kv_dtype: str | None) -> str:
-    """Which roof limits each side, and how the quantity behind that roof moves."""
-    bounds = [decode_bound(model, s.gpu, s.batch, context, dtype=s.dtype, kv_dtype=kv_dtype, tp=s.tp)
-              for s in (before, after)]
-    if bounds[0] != bounds[1]:
-        return f"decode goes from {bounds[0]}-bound to {bounds[1]}-bound"
-    if bounds[0] == "memory":
-        moved = [decode_step_bytes(model, s.batch, context, dtype=s.dtype, kv_dtype=kv_dtype, tp=s.tp) / s.batch
-                 for s in (before, after)]
-        why = (f"decode stays memory-bound; bytes read per GPU per token go {moved[0] / 1e9:.3g} -> "
-               f"{moved[1] / 1e9:.3g} GB")
-        if after.gpu.hbm_bytes_per_s != before.gpu.hbm_bytes_per_s:
-            why += (f" and bandwidth {before.gpu.hbm_bytes_per_s / 1e12:.3g} -> "
-                    f"{after.gpu.hbm_bytes_per_s / 1e12:.3g} TB/s")
-        return why
-    peaks = [s.tp * peak_flops(s.gpu, s.dtype) / 1e12 for s in (before, after)]
-    return f"decode stays compute-bound; peak goes {peaks[0]:.4g} -> {peaks[1]:.4g} TFLOP/s over the group"
-
-
-def what_if(
-    model: ModelInfo,
-    gpu: GpuSpec,
-    dtype: str | None = None,
-    batch: float = 1,
-    context: float = 0,
-    tp: int = 1,
-    *,
-    new_dtype: str | None = None,
-    new_gpu: GpuSpec | None = None,
-    new_batch: float | None = None,
-    new_tp: int | None = None,
-    kv_dtype: str | None = None,
-    mem_fraction: float = DEFAULT_MEM_FRACTION,
-) -> WhatIf:
-    """Compare the decode ceiling now with the ceiling after changing precision, GPU, batch and/or tensor parallel.
-
-    A setup whose weights or KV cache do not fit gets 0 tokens/s. Ceilings ignore all-reduce time, so a tp change
-    is an upper bound on its gain.
-    """
-    before = _Setup(gpu, weight_dtype(model, dtype), batch, tp)
-    after = _Setup(new_gpu or gpu, weight_dtype(model, new_dtype or before.dtype),
-                   new_batch if new_batch is not None else batch, new_tp if new_tp is not None else tp)
-    _check(before.batch, context, before.tp)
-    _check(after.batch, context, after.tp)
-    change = _describe_change(before, after)
-    rates = [_tokens_per_s(model, s, context, kv_dtype, mem_fraction) for s in (before, after)]
-    problems = [_memory_problem(model, s, context, kv_dtype, mem_fraction) for s in (before, after)]
-    if problems[1]:
-        why = problems[1]
-    elif problems[0]:
-        why = f"it fits, whereas now {problems[0]}"
-    else:
-        why = _why(model, before, after, context, kv_dtype)
-    speedup = rates[1] / rates[0] if rates[0] > 0 else None
-    tail = f", so tokens/s x{speedup:.2f}" if speedup is not None and not problems[1] else ""
-    if after.tp > before.tp and not problems[1]:
-        tail += " (all-reduce time not counted)"
-    return WhatIf(change, rates[0], rates[1], speedup, f"{change}: {why}{tail}.")
+    parts = weight_breakdown(model, wdtype)
+    return ridge * (parts.linear + parts.lm_head + parts.norms) / denominator
 
 
 # --- energy and cost ---------------------------------------------------------------------------------------

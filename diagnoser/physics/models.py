@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from diagnoser.capture import Capture, ModelInfo
+from diagnoser.capture import ServingConfig, Capture, ModelInfo
 from diagnoser.errors import InputError
 from diagnoser.physics.precision import bytes_per_element, normalise_dtype
 
@@ -24,9 +24,12 @@ BUNDLED_SOURCES: dict[str, str] = {
     "llama-2-7b": "meta-llama/Llama-2-7b-hf",
     "llama-2-70b": "meta-llama/Llama-2-70b-hf",
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
     "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1",
     "mixtral-8x7b-v0.1": "mistralai/Mixtral-8x7B-v0.1",
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen3-8b-base": "Qwen/Qwen3-8B-Base",
+    "gpt-j-6b": "EleutherAI/gpt-j-6b",
 }
 
 # Architectures with a gated MLP (gate, up, down: three matrices) whatever their activation is called.
@@ -39,6 +42,10 @@ _GATED_ACTS = frozenset({"silu", "swish", "swiglu"})
 _CLASSIC_TYPES = frozenset({"gpt2", "gpt_bigcode", "opt"})
 # Architectures with a bias on q, k and v only.
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
+# Architectures with an RMSNorm of head_dim weights on each head's q and on k.
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
+# GPT-J: attention and MLP in parallel after one LayerNorm (with bias), MLP and lm_head biases, rotary positions.
+_PARALLEL_TYPES = frozenset({"gptj"})
 
 
 def _first(cfg: dict[str, Any], *keys: str) -> Any:
@@ -59,42 +66,125 @@ def _positive_int(cfg: dict[str, Any], label: str, *keys: str, required: bool = 
     return value
 
 
-def _quantised_dtype(quant: dict[str, Any]) -> str:
-    """The stored weight precision a quantization_config describes, or "" when it does not say.
+def _bits_dtype(bits: object, kind: str = "int") -> str:
+    """The precision of `bits`-bit weights of `kind` int or float; "" for what is not one we size."""
+    if bits == 8:
+        return "fp8" if kind == "float" else "int8"
+    if bits == 4:
+        return "fp4" if kind == "float" else "int4"
+    return ""
 
-    Spellings: `quant_method` fp8 (vLLM/Transformers FP8 checkpoints); `bits`/`w_bit` (AWQ, GPTQ); bitsandbytes'
-    `load_in_4bit`/`load_in_8bit`; compressed-tensors' `config_groups.*.weights` {num_bits, type: int|float} (the
-    RedHatAI/llm-compressor FP8, W8A8 and W4A16 checkpoints); mxfp4 (4-bit floats: half a byte a weight, as INT4)."""
-    method = str(quant.get("quant_method", "")).lower()
-    if "fp8" in method:
-        return "fp8"
-    if method == "mxfp4" or quant.get("load_in_4bit") is True:
-        return "int4"
-    if quant.get("load_in_8bit") is True:
-        return "int8"
-    bits = quant.get("bits") or quant.get("w_bit")
-    if bits in (4, 8):
-        return "int4" if bits == 4 else "int8"
+
+def _positive(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _group(value: object) -> int | None:
+    """A config's group size: -1 (GPTQ's spelling) and 0 mean one scale per output channel."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value > 0 else -1
+    return None
+
+
+def _names_lm_head(modules: object) -> bool:
+    return isinstance(modules, list) and any("lm_head" in str(m) for m in modules)
+
+
+def _compressed_tensors(quant: dict[str, Any]) -> dict[str, Any]:
+    """compressed-tensors (llm-compressor, RedHatAI checkpoints): config_groups.*.weights {num_bits, type, strategy,
+    group_size, symmetric, block_structure}; lm_head is quantised unless `ignore` names it."""
     groups = quant.get("config_groups")
     for group in groups.values() if isinstance(groups, dict) else ():
         weights = group.get("weights") if isinstance(group, dict) else None
         if not isinstance(weights, dict):
             continue
         kind = str(weights.get("type", "int")).lower()
-        if weights.get("num_bits") == 8:
-            return "fp8" if kind == "float" else "int8"
-        if weights.get("num_bits") == 4:
-            return "int4"  # INT4 or NVFP4: half a byte a weight either way
-    return ""
+        dtype = _bits_dtype(weights.get("num_bits"), kind)
+        if not dtype:
+            continue
+        found: dict[str, Any] = {"dtype": dtype, "quant_method": "compressed-tensors",
+                                 "quant_lm_head": not _names_lm_head(quant.get("ignore"))}
+        strategy = str(weights.get("strategy", "")).lower()
+        wide = 2.0  # scales are stored at the checkpoint's 16-bit precision
+        if strategy == "tensor":
+            found.update(quant_group_size=0, quant_scale_bytes=0.0)
+        elif strategy == "channel":
+            found.update(quant_group_size=-1, quant_scale_bytes=wide)
+        elif strategy in ("group", "tensor_group"):
+            size = _positive(weights.get("group_size")) or 128
+            scale = 1.0 if dtype == "fp4" else wide  # NVFP4 keeps FP8 scales per 16 weights
+            zero = 0.0 if weights.get("symmetric", True) else bytes_per_element(dtype)
+            found.update(quant_group_size=size, quant_scale_bytes=scale + zero,
+                         quant_method="nvfp4" if dtype == "fp4" else "compressed-tensors")
+        elif strategy == "block":
+            block = weights.get("block_structure")
+            if isinstance(block, list) and len(block) == 2 and all(_positive(b) for b in block):
+                found.update(quant_group_size=block[0] * block[1], quant_scale_bytes=4.0)
+        return found
+    return {}
+
+
+def _quant_fields(quant: dict[str, Any]) -> dict[str, Any]:
+    """What a quantization_config says of the stored weights: their precision ("dtype") and the ModelInfo
+    quantisation fields; {} when it names no stored precision.
+
+    Spellings: `quant_method` fp8, with `weight_block_size` [128, 128] for block scales (DeepSeek-style, FP32 scale
+    per block); `bits`/`w_bit` with `group_size`/`q_group_size`, `sym`, `zero_point` and `lm_head` (GPTQ, AWQ);
+    bitsandbytes' `load_in_4bit`/`load_in_8bit`; compressed-tensors' `config_groups` (_compressed_tensors);
+    ModelOpt's `quant_algo` (FP8, NVFP4, W4A16_AWQ); mxfp4 (OCP MX: 4-bit floats, an E8M0 scale per 32 weights)."""
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        return _compressed_tensors(quant)
+    if method == "modelopt":
+        algo = str(quant.get("quant_algo", "")).upper()
+        if "NVFP4" in algo:
+            return {"dtype": "fp4", "quant_method": "nvfp4", "quant_group_size": _positive(quant.get("group_size"))}
+        if "FP8" in algo:
+            return {"dtype": "fp8", "quant_method": "fp8"}
+        if "W4A" in algo:
+            return {"dtype": "int4", "quant_method": "awq", "quant_group_size": _positive(quant.get("group_size"))}
+        return {}
+    if "fp8" in method:
+        block = quant.get("weight_block_size")
+        found: dict[str, Any] = {"dtype": "fp8", "quant_method": "fp8"}
+        if isinstance(block, list) and len(block) == 2 and all(_positive(b) for b in block):
+            found.update(quant_group_size=block[0] * block[1], quant_scale_bytes=4.0)
+        return found
+    if method == "mxfp4":
+        return {"dtype": "fp4", "quant_method": "mxfp4"}
+    if quant.get("load_in_4bit") is True:
+        double = quant.get("bnb_4bit_use_double_quant") is True
+        kind = "float" if str(quant.get("bnb_4bit_quant_type", "nf4")).lower() == "fp4" else "int"
+        # NF4 is a 4-bit lookup code, sized like INT4; double quantisation stores the absmax in 8 bits
+        return {"dtype": _bits_dtype(4, kind), "quant_method": "bitsandbytes", "quant_group_size": 64,
+                "quant_scale_bytes": 1.0 + 4.0 / 256 if double else 4.0}
+    if quant.get("load_in_8bit") is True:
+        return {"dtype": "int8", "quant_method": "bitsandbytes", "quant_group_size": -1, "quant_scale_bytes": 4.0}
+    bits = quant.get("bits") or quant.get("w_bit")
+    dtype = _bits_dtype(bits)
+    if not dtype:
+        return {}
+    found = {"dtype": dtype, "quant_method": method or "gptq", "quant_lm_head": quant.get("lm_head") is True}
+    group = _group(quant.get("group_size", quant.get("q_group_size")))
+    if group is not None:
+        found["quant_group_size"] = group
+    asymmetric = quant.get("sym") is False or quant.get("zero_point") is True
+    if method == "awq" and quant.get("zero_point") is not False:
+        asymmetric = True
+    found["quant_scale_bytes"] = 2.0 + (bytes_per_element(dtype) if asymmetric else 0.0)
+    return found
+
+
+def _config_quant(cfg: dict[str, Any]) -> dict[str, Any]:
+    quant = cfg.get("quantization_config")
+    return _quant_fields(quant) if isinstance(quant, dict) else {}
 
 
 def _config_dtype(cfg: dict[str, Any]) -> str:
     """Weight precision: a quantisation_config wins over torch_dtype (newer configs spell it "dtype")."""
-    quant = cfg.get("quantization_config")
-    if isinstance(quant, dict):
-        found = _quantised_dtype(quant)
-        if found:
-            return found
+    found = str(_config_quant(cfg).get("dtype", ""))
+    if found:
+        return found
     raw = _first(cfg, "torch_dtype", "dtype")
     return _flag_dtype(raw) if isinstance(raw, str) else ""  # "" for e.g. float64: leave it to the user's --dtype
 
@@ -110,14 +200,17 @@ class _Shape:
         self.vocab = _positive_int(cfg, label, "vocab_size") or 0
         self.kv_heads = _positive_int(cfg, label, "num_key_value_heads", required=False) or self.heads
         self.head_dim = _positive_int(cfg, label, "head_dim", required=False) or self.hidden // self.heads
-        self.intermediate = _positive_int(cfg, label, "intermediate_size", "n_inner", "ffn_dim", required=False)
-        self.intermediate = self.intermediate or 4 * self.hidden  # GPT-2's n_inner=null means 4 x hidden
+        # GPT-2's n_inner=null means 4 x hidden
+        self.intermediate: int = _positive_int(cfg, label, "intermediate_size", "n_inner", "ffn_dim",
+                                               required=False) or 4 * self.hidden
         self.classic = self.model_type in _CLASSIC_TYPES
+        self.parallel = self.model_type in _PARALLEL_TYPES
         act = str(_first(cfg, "hidden_act", "activation_function", "hidden_activation") or "").lower()
-        self.gated = not self.classic and (self.model_type in _GATED_TYPES or act in _GATED_ACTS)
+        self.gated = not (self.classic or self.parallel) and (self.model_type in _GATED_TYPES or act in _GATED_ACTS)
         self.qkv_bias = self.classic or bool(cfg.get("attention_bias")) or self.model_type in _QKV_BIAS_TYPES
         self.o_bias = self.classic or bool(cfg.get("attention_bias"))
-        self.mlp_bias = self.classic or bool(cfg.get("mlp_bias"))
+        self.mlp_bias = self.classic or self.parallel or bool(cfg.get("mlp_bias"))
+        self.qk_norm = self.model_type in _QK_NORM_TYPES
         self.tied = bool(cfg.get("tie_word_embeddings", True))  # transformers' default is tied
         self.positions = _positive_int(cfg, label, "max_position_embeddings", "n_positions", required=False)
         self.experts = _positive_int(cfg, label, "num_local_experts", "num_experts", "n_routed_experts",
@@ -143,19 +236,22 @@ class _Shape:
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
         o = self.heads * self.head_dim * self.hidden
         bias = (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
-        return q + kv + o + bias + (self.hidden if self.o_bias else 0)
+        qk_norm = 2 * self.head_dim if self.qk_norm else 0
+        return q + kv + o + bias + (self.hidden if self.o_bias else 0) + qk_norm
 
     def norm(self) -> int:
-        return 2 * self.hidden if self.classic else self.hidden  # LayerNorm has a bias, RMSNorm does not
+        # LayerNorm has a bias, RMSNorm does not
+        return 2 * self.hidden if self.classic or self.parallel else self.hidden
 
     def embeddings(self) -> int:
         tokens = self.vocab * self.hidden * (1 if self.tied else 2)  # input embedding, and lm_head unless tied
         positions = (self.positions or 0) * self.hidden if self.classic else 0
-        return tokens + positions + self.norm()  # the final norm rides along
+        head_bias = self.vocab if self.parallel else 0
+        return tokens + positions + head_bias + self.norm()  # the final norm rides along
 
     def counts(self) -> tuple[float, float]:
         """(total, active per token) parameters."""
-        per_layer = self.attention() + 2 * self.norm()
+        per_layer = self.attention() + (1 if self.parallel else 2) * self.norm()
         dense_mlp = self.mlp(self.intermediate)
         total = active = self.embeddings() + self.layers * per_layer + self.dense_layers * dense_mlp
         moe_layers = self.layers - self.dense_layers
@@ -186,6 +282,8 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str = "", label: str = "the co
         vocab=shape.vocab,
         dtype=_config_dtype(cfg),
         max_context=shape.positions,
+        tied_embeddings=shape.tied,
+        **{k: v for k, v in _config_quant(cfg).items() if k != "dtype" and v is not None},
     )
 
 
@@ -194,7 +292,8 @@ def _name_from_path(path: Path) -> str:
     for part in reversed(path.parts):
         if part.startswith("models--"):
             return part.removeprefix("models--").replace("--", "/")
-    return path.parent.name or path.stem
+    # A checkpoint's config.json is named by its folder; any other file (llama-2-7b.json) by its own name.
+    return (path.parent.name or path.stem) if path.name == "config.json" else path.stem
 
 
 def load_hf_config(path: str | Path) -> ModelInfo:
@@ -338,28 +437,28 @@ def _flag_dtype(value: object) -> str:
         return ""
 
 
-def with_serving_flags(model: ModelInfo, serving: dict[str, Any]) -> tuple[ModelInfo, list[str]]:
+def with_serving_flags(model: ModelInfo, serving: ServingConfig) -> tuple[ModelInfo, list[str]]:
     """The model as the server runs it: the precision and tensor parallelism its command line sets (the keys of
-    Capture.serving: quantization, dtype, kv_cache_dtype, tensor_parallel_size). A config.json describes the
+    ServingConfig: quantization, dtype, kv_cache_dtype, tensor_parallel_size). A config.json describes the
     checkpoint; `vllm serve X --quantization fp8 --kv-cache-dtype fp8 -tp 2` reads a quarter of its bytes per GPU
     and step. Returns the model and a note per change."""
     changes: dict[str, Any] = {}
     notes: list[str] = []
-    quant = str(serving.get("quantization") or "").strip().lower()
+    quant = str(serving.quantization or "").strip().lower()
     weights = _QUANTISING_FLAGS.get(quant, "")
     current = model.dtype
     if weights and (not current or bytes_per_element(current) > bytes_per_element(weights)):
         changes["dtype"] = weights
         notes.append(f"weights served as {weights} (--quantization {quant})")
-    elif not current and _flag_dtype(serving.get("dtype")):
-        changes["dtype"] = _flag_dtype(serving.get("dtype"))
+    elif not current and _flag_dtype(serving.dtype):
+        changes["dtype"] = _flag_dtype(serving.dtype)
         notes.append(f"weights served as {changes['dtype']} (--dtype)")
-    kv = _flag_dtype(serving.get("kv_cache_dtype"))
+    kv = _flag_dtype(serving.kv_cache_dtype)
     if kv and kv != model.kv_dtype:
         changes["kv_dtype"] = kv
         notes.append(f"KV cache in {kv} (--kv-cache-dtype)")
-    tp = serving.get("tensor_parallel_size")
-    if isinstance(tp, int) and not isinstance(tp, bool) and tp > 1 and model.tensor_parallel == 1:
+    tp = serving.tensor_parallel_size
+    if tp is not None and tp > 1 and model.tensor_parallel == 1:
         changes["tensor_parallel"] = tp
         notes.append(f"sharded over {tp} GPUs (tensor parallel)")
     return (msgspec.structs.replace(model, **changes) if changes else model), notes

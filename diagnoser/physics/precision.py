@@ -5,7 +5,7 @@ from __future__ import annotations
 from diagnoser.errors import InputError
 
 # Canonical precision names, the keys used everywhere else in the physics package.
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
 
 _ALIASES: dict[str, str] = {
     "fp32": "fp32",
@@ -32,10 +32,18 @@ _ALIASES: dict[str, str] = {
     "int4": "int4",
     "i4": "int4",
     "w4a16": "int4",
+    # 4-bit floats (E2M1): NVIDIA's NVFP4 (16-weight groups, FP8 scales) and OCP's MXFP4 (32-weight groups, E8M0
+    # scales) store half a byte a weight like INT4, and Blackwell computes on them at its FP4 rate.
+    "fp4": "fp4",
+    "e2m1": "fp4",
+    "fp4e2m1": "fp4",
+    "float4e2m1fnx2": "fp4",
+    "nvfp4": "fp4",
+    "mxfp4": "fp4",
 }
 
 # Bytes one stored element takes. TF32 is a compute mode: the tensors are stored as FP32.
-# INT4 ignores the per-group scales (about 3% extra at group size 128).
+# Quantised formats' group scales and the layers kept at 16 bits are added by physics.quant, not here.
 _BYTES: dict[str, float] = {
     "fp32": 4.0,
     "tf32": 4.0,
@@ -44,6 +52,7 @@ _BYTES: dict[str, float] = {
     "fp8": 1.0,
     "int8": 1.0,
     "int4": 0.5,
+    "fp4": 0.5,
 }
 
 # The tensor-core rate a precision runs at, best first; the first one the GPU has wins.
@@ -58,6 +67,7 @@ _COMPUTE_ORDER: dict[str, tuple[str, ...]] = {
     "fp8": ("fp8", "bf16", "fp16"),
     "int8": ("int8", "bf16", "fp16"),
     "int4": ("bf16", "fp16"),
+    "fp4": ("fp4", "bf16", "fp16"),
 }
 
 
@@ -71,7 +81,7 @@ def normalise_dtype(name: str) -> str:
 
 
 def bytes_per_element(dtype: str) -> float:
-    """Storage bytes of one element: fp32/tf32 4, bf16/fp16 2, fp8/int8 1, int4 0.5."""
+    """Storage bytes of one element: fp32/tf32 4, bf16/fp16 2, fp8/int8 1, int4/fp4 0.5 (scales not included)."""
     return _BYTES[normalise_dtype(dtype)]
 
 

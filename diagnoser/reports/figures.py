@@ -1,7 +1,8 @@
-"""The report's pictures: which charts a capture can support, drawn from its series, evidence and physics spec.
+"""The report's pictures as data: which charts a capture can support, from its series, evidence and physics.
 
 Each figure says what it shows and where its numbers came from. A chart the capture cannot support is not drawn; the
-report lists it with the reason instead. Charts are ordered so that the one about the verdict comes first.
+report lists it with the reason instead. Charts are ordered so that the one about the verdict comes first. The HTML
+renderer draws the specs (reports/svg.py); nothing here draws.
 """
 
 from __future__ import annotations
@@ -10,16 +11,24 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from markupsafe import Markup
-
 from diagnoser import physics
+from diagnoser import signals as S
 from diagnoser.capture import Capture, Series
+from diagnoser.characterise import MIN_COSTED_SHARE, costed_share
 from diagnoser.diagnosis import Diagnosis, Finding
 from diagnoser.errors import DiagnoserError
 from diagnoser.evidence import Evidence
-from diagnoser.reports import svg
-from diagnoser.reports.svg import PALETTE, Band, HLine, Line, Mark, Roof, RoofPoint, Segment
+from diagnoser.reports.figdata import (PALETTE, Band, Bars, Bullet, Figure, HLine, Line, Mark, NotDrawn, Roof,
+                                       Roofline, RoofPoint, Segment, StackedBar, TimeSeries)
+from diagnoser.reports.trace_figures import (IDLE_STYLE, collective_items, durations_figure, ranks_figure,
+                                            trace_window_figure)
 from diagnoser.units import fmt
+
+_OPS = {">=": "≥", "<=": "≤", "==": "=", "=": "="}
+
+
+def op_symbol(op: str) -> str:
+    return _OPS.get(op, op)
 
 SOURCE_NAMES = {
     "nvml": "NVML", "gpm": "NVML GPM", "dcgm": "DCGM", "psutil": "host (psutil)", "server": "server metrics",
@@ -38,37 +47,16 @@ SIGNAL_LABELS = {
     "gpu.nvlink_tx_bps": "NVLink out",
 }
 
-IDLE_CAUSES = {
-    "host": ("host launch gaps", "#D55E00"),
-    "sync": ("host syncs", "#E69F00"),
-    "pageable_memcpy": ("pageable copies", "#CC79A7"),
-    "queue_dry": ("nothing queued", "#56B4E9"),
-    "kernel_overhead": ("kernel-to-kernel gaps", "#F0B37E"),
-}
+IDLE_CAUSES = IDLE_STYLE  # one table of idle causes' names and colours for every chart
 BUSY_COLOR, UNATTRIBUTED_COLOR = "#009E73", "#B8BEC4"
 
 KERNEL_CLASSES = {
     "gemm": "GEMM (matmul)", "attention": "attention", "norm_elementwise": "norm / elementwise",
     "reduction": "reduction", "comm": "communication (NCCL)", "memcpy": "memcpy", "memset": "memset",
-    "other": "other",
+    "other": "other", "embedding": "embedding / gather",
 }
 
 _POINT_STATS = ("mean", "p50", "p90", "p99", "min", "max", "value")
-
-
-@dataclass
-class Figure:
-    key: str
-    title: str
-    svg: Markup
-    caption: str
-    wide: bool = False
-
-
-@dataclass
-class NotDrawn:
-    title: str
-    why: str
 
 
 def source_name(source: str) -> str:
@@ -136,7 +124,7 @@ def _threshold_lines(findings: Sequence[Finding], signals: Sequence[str], named:
     for (signal, stat, op, threshold, unit), rules in codes.items():
         what = f"{SIGNAL_LABELS.get(signal, signal)} " if named else ""
         out.append(HLine(threshold * scale,
-                         f"{', '.join(rules)}: {what}{stat} {svg.op_symbol(op)} {fmt(threshold, unit)}"))
+                         f"{', '.join(rules)}: {what}{stat} {op_symbol(op)} {fmt(threshold, unit)}"))
     return out
 
 
@@ -190,14 +178,17 @@ def time_series_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[l
                                                               if g.power_limit_w), None)
             if value:
                 hlines.append(HLine(value, f"power limit {value:.0f} W"))
+            default = ev.value(S.GPU_POWER_DEFAULT_LIMIT_W)
+            if default and (not value or abs(default - value) > 1.0):
+                hlines.append(HLine(default, f"board default {default:.0f} W"))
         if panel.key == "links" and ev.gpu_spec is not None:
-            link = getattr(ev.gpu_spec, "pcie_bytes_per_s", None)
+            link = ev.gpu_spec.pcie_bytes_per_s
             if link:
                 hlines.append(HLine(link, f"PCIe link {fmt(link, 'B/s')} (both directions)"))
         if len([s for n in panel.signals for s in capture.series_named(n) if s.values]) > _MAX_LINES:
             notes.append(f"first {_MAX_LINES} series shown")
-        chart = svg.time_series(panel.title, lines, unit=panel.unit, x_max=capture.duration_s, y_max=y_max,
-                                hlines=hlines, bands=bands)
+        chart = TimeSeries(panel.title, lines, unit=panel.unit, x_max=capture.duration_s, y_max=y_max,
+                           hlines=hlines, bands=bands)
         caption = "Source: " + "; ".join(sources) + "."
         if hlines:
             caption += " Dashed lines: the thresholds the rules compared these signals with, and hardware limits."
@@ -227,7 +218,7 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
         if rest > 0.0005:
             segments.append(Segment("idle: not attributed", rest, UNATTRIBUTED_COLOR))
         window = f" of the {trace.window_s:.2f} s traced window" if trace.window_s else ""
-        chart = svg.stacked_bar(title, segments)
+        chart = StackedBar(title, segments)
         return Figure("timeline", title, chart, f"Share{window}, from the torch.profiler trace"
                       + (f" ({trace.path})" if trace.path else "") + ": idle time split by what the GPU was waiting "
                       "for.")
@@ -235,7 +226,7 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     if busy is not None:
         segments = [Segment("busy", busy.mean, BUSY_COLOR, "a kernel was running"),
                     Segment("idle", max(0.0, 1.0 - busy.mean), UNATTRIBUTED_COLOR, "cause needs a trace")]
-        chart = svg.stacked_bar(title, segments)
+        chart = StackedBar(title, segments)
         return Figure("timeline", title, chart, f"Mean of gpu.busy from {source_name(busy.source)} over "
                       f"{busy.n} samples. A torch.profiler trace (attach --trace 5) splits the idle time by cause.")
     return NotDrawn(title, "needs gpu.busy or a torch.profiler trace: " + ev.why_missing("gpu.busy"))
@@ -246,10 +237,12 @@ def kernel_figure(capture: Capture) -> Figure | NotDrawn:
     trace = capture.trace
     if trace is None or not trace.kernel_share:
         return NotDrawn(title, "needs a torch.profiler trace (attach --trace 5 or analyze TRACE)")
-    items = [(KERNEL_CLASSES.get(k, k), v) for k, v in trace.kernel_share.items() if v > 0]
-    chart = svg.bar_chart(title, items)
+    items = [(KERNEL_CLASSES.get(k, k), v) for k, v in trace.kernel_share.items() if v > 0 and k != "comm"]
+    items += collective_items(trace)
+    chart = Bars(title, items)
     caption = (f"Share of GPU busy time over {trace.kernel_count:,} kernels in the trace"
-               + (f" ({trace.path})" if trace.path else "") + ".")
+               + (f" ({trace.path})" if trace.path else "") + "."
+               + (" Communication is split by collective." if len(collective_items(trace)) > 1 else ""))
     return Figure("kernels", title, chart, caption)
 
 
@@ -264,6 +257,9 @@ def _weight_dtype(capture: Capture) -> str:
 
 
 def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
+    """The workload against the roofs. Up to three points can place it, and they can disagree by 10-500x: the
+    physics of the model at the observed batch, the trace's costed ops, and the counters' ratio. One is trusted, in
+    that order when it describes the work; the others are drawn hollow with the reason they do not."""
     title = "Roofline: the workload against this GPU's roofs"
     gspec = ev.gpu_spec
     if gspec is None:
@@ -271,88 +267,153 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
                         if capture.gpus else "no GPU in this capture")
     dtype = _weight_dtype(capture)
     try:
-        compute = physics.compute_dtype(gspec, dtype)  # type: ignore[arg-type]
+        compute = physics.compute_dtype(gspec, dtype)
     except DiagnoserError:
-        return NotDrawn(title, f"the {gspec.name} has no compute rate for {dtype}")  # type: ignore[attr-defined]
-    bandwidth = gspec.hbm_bytes_per_s  # type: ignore[attr-defined]
-    flops = gspec.flops  # type: ignore[attr-defined]
+        return NotDrawn(title, f"the {gspec.name} has no compute rate for {dtype}")
+    bandwidth, flops = gspec.hbm_bytes_per_s, gspec.flops
     roofs = [Roof(f"{compute.upper()} dense", flops[compute], primary=True)]
     if "fp8" in flops and compute != "fp8":
         roofs.append(Roof("FP8 dense", flops["fp8"], primary=False))
-    points, sources = [], []
+    points: list[RoofPoint] = []
+    sources: list[str] = []
+    intensity = ev.value(S.THEORY_INTENSITY)
+    if intensity is not None and intensity > 0:
+        frac = ev.value(S.THEORY_COMPUTE_ROOF_FRAC)
+        batch = ev.observed_batch()
+        points.append(RoofPoint(f"decode at batch {batch:.0f} (physics)" if batch else "decode (physics)", intensity,
+                                frac * flops[compute] if frac else None, color=PALETTE[0]))
+        sources.append("physics: 2 x active parameters x batch FLOP over the weight and KV bytes a decode step reads"
+                       + (", achieved FLOP/s from the measured token rate" if frac else ""))
     trace = capture.trace
     if trace is not None:
-        intensity = trace.intensity_flop_per_byte
-        if intensity is None and trace.achieved_flops and trace.achieved_bytes_per_s:
-            intensity = trace.achieved_flops / trace.achieved_bytes_per_s
-        if intensity and intensity > 0:
-            points.append(RoofPoint("trace", intensity, trace.achieved_flops, color=PALETTE[5]))
+        t_int = trace.intensity_flop_per_byte
+        if t_int is None and trace.achieved_flops and trace.achieved_bytes_per_s:
+            t_int = trace.achieved_flops / trace.achieved_bytes_per_s
+        if t_int and t_int > 0:
+            covered = costed_share(trace)
+            good = covered is None or covered >= MIN_COSTED_SHARE
+            note = "" if good else (f"the ops with known shapes cover only {covered:.0%} of the GPU time")
+            if good and points:
+                good, note = False, "the physics of the whole decode step describes the work better"
+            points.append(RoofPoint("trace ops", t_int, trace.achieved_flops, color=PALETTE[5], trusted=good, note=note))
             sources.append("trace: time-weighted FLOP/byte of the ops with known shapes"
-                           + (", achieved FLOP/s over the window" if trace.achieved_flops else
-                              " (achieved FLOP/s not measured: drawn as a line)"))
-    tensor, dram = ev.get("gpu.tensor_active"), ev.get("gpu.dram_active")
+                           + (f" ({covered:.0%} of GPU time)" if covered is not None else ""))
+    tensor, dram = ev.get(S.GPU_TENSOR_ACTIVE), ev.get(S.GPU_DRAM_ACTIVE)
     if tensor is not None and dram is not None and tensor.mean > 0 and dram.mean > 0:
         est_flops, est_bytes = tensor.mean * flops[compute], dram.mean * bandwidth
-        points.append(RoofPoint("counters (est.)", est_flops / est_bytes, est_flops, color=PALETTE[3]))
-        sources.append(f"counters: an estimate, tensor active {tensor.mean:.0%} x peak and DRAM active "
-                       f"{dram.mean:.0%} x bandwidth ({source_name(tensor.source)})")
+        better = any(p.trusted for p in points)
+        good = not better and max(tensor.mean, dram.mean) >= 0.05
+        if good:
+            note = ""
+        elif better:
+            note = ("tensor-pipe activity counts the cycles the pipes run, padded tiles of small matmuls included, so "
+                    "this ratio overstates intensity; the filled point is measured more directly")
+        else:
+            note = "both counters are under 5 %: their ratio is noise"
+        points.append(RoofPoint("counters (est.)", est_flops / est_bytes, est_flops, color=PALETTE[3], trusted=good,
+                                note=note))
+        sources.append(f"counters: tensor active {tensor.mean:.0%} x peak over DRAM active {dram.mean:.0%} x "
+                       f"bandwidth ({source_name(tensor.source)})")
     if not points:
-        return NotDrawn(title, "no workload point: needs a trace with FLOP/byte intensity, or both tensor and DRAM "
-                        "activity counters (GPM on Hopper+, or DCGM profiling fields)")
-    measured = any(g.measured for g in capture.gpus)
-    chart = svg.roofline(title, bandwidth, roofs, points)
-    caption = (f"Roofs of the {gspec.name} ({'measured by diagnoser calibrate' if measured else gspec.source}): "  # type: ignore[attr-defined]
+        return NotDrawn(title, "no workload point: needs the model's shape and batch, a trace with FLOP/byte "
+                        "intensity, or both tensor and DRAM activity counters (GPM on Hopper+, or DCGM profiling "
+                        "fields)")
+    trusted = next((p for p in points if p.trusted), None)
+    chart = Roofline(title, bandwidth, roofs, points)
+    caption = (f"Roofs of the {gspec.name} ({'measured by diagnoser calibrate' if ev.meta.measured_roofs else gspec.source}): "
                f"{fmt(bandwidth, 'B/s')} memory, {fmt(flops[compute], 'FLOP/s')} {compute.upper()} dense tensor "
                f"peak; ridge {flops[compute] / bandwidth:.0f} FLOP/byte. Left of the ridge work waits on memory, "
-               f"right of it on math. Points: " + "; ".join(sources) + ".")
+               f"right of it on math. Points: " + "; ".join(sources) + ". ")
+    if trusted is not None:
+        caption += f"The filled point ({trusted.label}) is the one that describes the workload"
+        hollow = [p for p in points if not p.trusted]
+        caption += ("; hollow points do not: " + "; ".join(f"{p.label}: {p.note}" for p in hollow) + "."
+                    if hollow else ".")
+    else:
+        caption += "No point describes the whole workload (all hollow): " + "; ".join(
+            f"{p.label}: {p.note}" for p in points) + "."
     return Figure("roofline", title, chart, caption)
 
 
 # --- throughput against physics ------------------------------------------------------------------------------
 
+# Each ceiling keeps its key and colour in every report (Okabe-Ito, apart from the achieved bar's blue).
+MARK_COLORS = {"batch1": PALETTE[1], "observed": PALETTE[5], "ridge": PALETTE[3]}
+
+
+def _batch_text(batch: float) -> str:
+    return f"{batch:.0f}" if abs(batch - round(batch)) < 0.05 else f"{batch:.1f}"
+
+
+def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
+    """The decode ceilings a throughput is read against: one sequence, the observed batch, the ridge batch. Two that
+    fall on the same value (a batch-1 decode) are one mark that says both."""
+    model, gspec = capture.model, ev.gpu_spec
+    ceiling = ev.get("theory.decode_ceiling_tokens_per_s")
+    if ceiling is None or model is None or gspec is None:
+        return []
+    dtype = _weight_dtype(capture)
+    tp = max(1, model.tensor_parallel)
+    context = ev.context_tokens
+    batch = ev.observed_batch()
+
+    def at(b: float) -> float | None:
+        try:
+            return physics.decode_ceiling_tokens_per_s(model, gspec, batch=b, context=context,  # type: ignore[arg-type]
+                                                       dtype=dtype, tp=tp)
+        except DiagnoserError:
+            return None
+
+    marks: list[Mark] = []
+    single = at(1.0)
+    if single is not None:
+        marks.append(Mark("ceiling for one sequence (batch 1)", single, "what a single stream can reach",
+                          key="batch1", short="batch 1", color=MARK_COLORS["batch1"]))
+    observed = ceiling.values[0]
+    b = _batch_text(batch) if batch else ""
+    obs = Mark(f"ceiling at the observed batch {b}".rstrip(), observed,
+               "each step reads the weights and KV cache at full bandwidth", key="observed",
+               short=f"batch {b} (observed)" if b else "observed batch", color=MARK_COLORS["observed"])
+    same = next((m for m in marks if abs(m.value - observed) <= 0.005 * observed), None)
+    if same is not None:
+        same.label, same.short = f"{same.label}, the observed batch", f"batch {b} (observed)"
+        same.detail += "; the batch this capture ran at"
+    else:
+        marks.append(obs)
+    ridge = ev.get("theory.ridge_batch")
+    if ridge is not None and math.isfinite(ridge.values[0]) and ridge.values[0] >= 1:
+        top = at(ridge.values[0])
+        if top is not None and all(abs(m.value - top) > 0.005 * top for m in marks):
+            r = f"{ridge.values[0]:.0f}"
+            marks.append(Mark(f"ceiling at the ridge batch {r}", top, "where decode turns compute-bound",
+                              key="ridge", short=f"batch {r} (ridge)", color=MARK_COLORS["ridge"]))
+    return marks
+
+
 def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     title = "Generation throughput against its physical limits"
     achieved = ev.get("server.gen_tokens_per_s")
-    ceiling = ev.get("theory.decode_ceiling_tokens_per_s")
     model, gspec = capture.model, ev.gpu_spec
-    if ceiling is None or model is None or gspec is None:
+    marks = throughput_marks(capture, ev)
+    if not marks or model is None or gspec is None:
         why = []
         if gspec is None:
             why.append("a GPU in the physics table")
         if model is None or not model.params:
             why.append("the model's shape (--model)")
-        if ceiling is None and not why:
+        if not why:
             why.append("an observed batch (server.running or a trace)")
         return NotDrawn(title, "needs " + " and ".join(why))
     dtype = _weight_dtype(capture)
     tp = max(1, model.tensor_parallel)
-    context_value = capture.serving.get("mean_context_tokens")
-    context = int(context_value) if isinstance(context_value, (int, float)) and context_value > 0 else 0
-    batch = ev.observed_batch()
-    marks = []
-    try:
-        single = physics.decode_ceiling_tokens_per_s(model, gspec, batch=1, context=context, dtype=dtype, tp=tp)  # type: ignore[arg-type]
-        marks.append(Mark("one sequence (batch 1)", single, "what a single stream can reach"))
-    except DiagnoserError:
-        pass
-    marks.append(Mark(f"ceiling at the observed batch {batch:.1f}" if batch else "ceiling at the observed batch",
-                      ceiling.values[0], "each step reads the weights and KV cache at full bandwidth"))
-    ridge = ev.get("theory.ridge_batch")
-    if ridge is not None and math.isfinite(ridge.values[0]) and ridge.values[0] >= 1:
-        try:
-            top = physics.decode_ceiling_tokens_per_s(model, gspec, batch=ridge.values[0], context=context,  # type: ignore[arg-type]
-                                                      dtype=dtype, tp=tp)
-            marks.append(Mark(f"at the ridge batch {ridge.values[0]:.0f}", top, "where decode turns compute-bound"))
-        except DiagnoserError:
-            pass
-    chart = svg.throughput_bullet(title, achieved.mean if achieved is not None else None, marks)
+    context = ev.context_tokens
+    chart = Bullet(title, achieved.mean if achieved is not None else None, marks)
     eff = ev.get("theory.efficiency")
     caption = (f"Decode ceilings for {model.name or 'the model'} ({dtype}, tensor parallel {tp}) on the "
-               f"{gspec.name}"  # type: ignore[attr-defined]
+               f"{gspec.name}"
                + (f" at a mean context of {context} tokens" if context else ", weights only (no context length "
                   "known, so the ceilings are optimistic)") + ": "
-               + "; ".join(f"{i} = {m.detail}" for i, m in enumerate(sorted(marks, key=lambda m: m.value), 1))
-               + ". ")
+               + "; ".join(f"{m.short}: {m.detail}" for m in marks) + ". ")
     if achieved is not None:
         caption += f"Achieved: mean server.gen_tokens_per_s from {source_name(achieved.source)}"
         caption += f", {eff.values[0]:.0%} of the ceiling at this batch." if eff is not None else "."
@@ -366,22 +427,28 @@ def throughput_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
 _ORDER = {
     "memory_bandwidth": ("roofline", "activity", "throughput", "timeline", "kernels"),
     "compute": ("roofline", "activity", "kernels", "timeline", "throughput"),
+    "latency": ("roofline", "kernels", "durations", "trace-window", "activity", "timeline", "throughput"),
     "vram": ("kv", "memory", "server", "throughput", "activity"),
     "batching": ("server", "timeline", "activity", "throughput", "roofline"),
-    "host_launch": ("timeline", "host", "activity", "kernels"),
+    "host_launch": ("timeline", "trace-window", "host", "activity", "durations", "kernels"),
     "throttling": ("clocks", "power", "activity"),
-    "interconnect": ("kernels", "links", "timeline", "activity"),
+    "interconnect": ("kernels", "ranks", "trace-window", "links", "timeline", "activity"),
     "idle": ("timeline", "activity", "server", "power"),
     "errors": ("activity", "clocks", "power"),
 }
-_DEFAULT = ("activity", "timeline", "roofline", "throughput", "kernels", "server", "kv", "memory", "tokens",
-            "clocks", "power", "host", "links")
+_DEFAULT = ("activity", "timeline", "roofline", "throughput", "kernels", "ranks", "trace-window", "durations",
+            "server", "kv", "memory", "tokens", "clocks", "power", "host", "links")
 
 
 def build_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[list[Figure], list[NotDrawn]]:
     figures, missing = time_series_figures(capture, ev, d)
+    trace_views: tuple[Figure | NotDrawn, ...] = ()
+    if capture.trace is not None:  # without a trace, the kernel chart's note already says to take one
+        trace_views = (trace_window_figure(capture), durations_figure(capture))
+        if len(capture.trace.ranks) > 1:
+            trace_views += (ranks_figure(capture),)
     for built in (timeline_figure(capture, ev), kernel_figure(capture), roofline_figure(capture, ev),
-                  throughput_figure(capture, ev)):
+                  throughput_figure(capture, ev), *trace_views):
         if isinstance(built, Figure):
             figures.append(built)
         else:

@@ -15,6 +15,7 @@ from typing import Any
 
 from diagnoser.diagnosis import SCHEMA_VERSION, Diagnosis
 from diagnoser.fleet_model import FleetReport
+from diagnoser.reports.model import Report
 from diagnoser.reports.redact import redact_obj
 
 
@@ -39,6 +40,13 @@ def dumps(d: Diagnosis) -> str:
     return json.dumps(diagnosis_json(d), indent=2, allow_nan=False)
 
 
+class JsonRenderer:
+    """Renders a Report as the diagnosis JSON (docs/diagnosis.schema.json)."""
+
+    def render(self, report: Report) -> str:
+        return dumps(report.diagnosis)
+
+
 def fleet_json(report: FleetReport) -> dict[str, Any]:
     """A fleet report published the same way: every row's diagnosis redacted, non-finite numbers as null."""
     doc = report.to_dict()
@@ -55,4 +63,4 @@ def schema_path() -> Path | None:
     return path if path.is_file() else None
 
 
-__all__ = ["SCHEMA_VERSION", "diagnosis_json", "dumps", "fleet_json", "schema_path"]
+__all__ = ["SCHEMA_VERSION", "JsonRenderer", "diagnosis_json", "dumps", "fleet_json", "schema_path"]

@@ -18,11 +18,14 @@ from rich.table import Table
 from rich.text import Text
 
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis
+from diagnoser.reports.figdata import KernelTable
+from diagnoser.reports.model import Report, gain_text
 from diagnoser.reports.redact import redact
-from diagnoser.units import gain
+from diagnoser.reports.trace_figures import duration_text
 
 MAX_WIDTH = 80
 TOP_FIXES = 3
+TOP_KERNELS = 5
 
 _VERDICT_STYLE = {
     INCONCLUSIVE: "bold yellow", "errors": "bold red", "throttling": "bold red", "vram": "bold magenta",
@@ -42,7 +45,7 @@ def _is_tty(file: TextIO | None) -> bool:
 
 
 class TerminalRenderer:
-    """Renders a Diagnosis to a terminal (styled) or to a pipe or file (plain text), at most 80 columns wide."""
+    """Renders a Report to a terminal (styled) or to a pipe or file (plain text), at most 80 columns wide."""
 
     def __init__(self, file: TextIO | None = None, width: int | None = None, color: bool | None = None) -> None:
         tty = _is_tty(file)
@@ -55,26 +58,33 @@ class TerminalRenderer:
             color_system=None if self.plain else "auto", no_color=self.plain,
         )
 
-    def render(self, d: Diagnosis, *, verbose: bool = False) -> None:
+    def render(self, report: Report, *, verbose: bool = False) -> None:
+        d = report.diagnosis
         if not self.plain:
-            for block in self.blocks(d, verbose=verbose):
+            for block in self.blocks(d, verbose=verbose, regime=report.regime, kernels=report.kernels):
                 self.console.print(block)
             return
         # Plain text: rich pads table cells to the full width; a file or a pipe gets no trailing blanks.
         with self.console.capture() as captured:
-            for block in self.blocks(d, verbose=verbose):
+            for block in self.blocks(d, verbose=verbose, regime=report.regime, kernels=report.kernels):
                 self.console.print(block)
         text = "\n".join(line.rstrip() for line in captured.get().splitlines())
         self.console.file.write(text + "\n")
 
     # --- the blocks, in reading order -----------------------------------------------------------------------
 
-    def blocks(self, d: Diagnosis, *, verbose: bool = False) -> list[RenderableType]:
-        out: list[RenderableType] = [self._verdict(d)]
+    def blocks(self, d: Diagnosis, *, verbose: bool = False, regime: str = "",
+               kernels: KernelTable | None = None) -> list[RenderableType]:
+        out: list[RenderableType] = [self._verdict(d, regime)]
         if d.fixes:
             out.append(self._fixes(d, verbose))
+        if d.withheld and verbose:
+            out.append(self._section("Not proposed", self._bullets(
+                [f"{w.title} ({w.rule}): {w.why}." for w in d.withheld])))
         if d.findings:
             out.append(self._evidence(d))
+        if kernels is not None and kernels.rows:
+            out.append(self._kernels(kernels, verbose))
         if d.to_collect:
             out.append(self._section("To sharpen this verdict, collect" if d.fixes else "To reach a verdict, collect",
                                      self._bullets(d.to_collect)))
@@ -88,7 +98,7 @@ class TerminalRenderer:
         out.append(self._footer(d, verbose))
         return out
 
-    def _verdict(self, d: Diagnosis) -> RenderableType:
+    def _verdict(self, d: Diagnosis, regime: str = "") -> RenderableType:
         label = d.limiter.label if d.limiter else INCONCLUSIVE
         head = Text("VERDICT ", style="bold")
         head.append(label.upper(), style=_VERDICT_STYLE.get(d.verdict, "bold"))
@@ -101,6 +111,8 @@ class TerminalRenderer:
         gpu = self._gpu_line(d)
         if gpu:
             facts.add_row("GPU", gpu)
+        if regime:
+            facts.add_row("regime", regime)
         if d.secondary:
             facts.add_row("also", ", ".join(s.replace("_", " ") for s in d.secondary))
         parts: list[RenderableType] = [head, Text(redact(sentence)), Padding(facts, (0, 0, 0, 2))]
@@ -112,7 +124,9 @@ class TerminalRenderer:
                 notes.add_row("!", redact(note))
             parts.append(notes)
         if d.confidence_reasons and d.confidence < 0.7:
-            parts.append(Text("  confidence: " + "; ".join(d.confidence_reasons), style="dim"))
+            # Padded rather than prefixed with spaces, so wrapped lines keep the indent.
+            parts.append(Padding(Text("confidence: " + "; ".join(redact(r) for r in d.confidence_reasons),
+                                      style="dim"), (0, 0, 0, 2)))
         return Group(*parts)
 
     @staticmethod
@@ -140,11 +154,13 @@ class TerminalRenderer:
         for i, fix in enumerate(shown, 1):
             text = Text(fix.title, style="bold")
             text.append("  ")
-            text.append(gain(fix.gain), style="green" if fix.gain else "dim")
+            text.append(gain_text(fix), style="green" if fix.gain else "dim")
             text.append("\n" + redact(fix.action))
-            text.append(f" [{fix.rule}]", style="dim")
+            text.append(f" [{', '.join(fix.rules or (fix.rule,))}]", style="dim")
             if verbose and fix.basis:
                 text.append(f"\nbasis: {redact(fix.basis)}", style="dim")
+            if verbose and fix.capped:
+                text.append(f"\nbounded: {redact(fix.capped)}", style="dim")
             table.add_row(Text(f"{i}.", style="bold"), text)
         parts: list[RenderableType] = [table]
         title = "Top fixes, by expected gain" if not verbose else "Every fix, by expected gain"
@@ -170,6 +186,24 @@ class TerminalRenderer:
                     table.add_row("-", redact(c.text()))
                 parts.append(Padding(table, (0, 0, 0, 2)))
         return self._section("Evidence", Group(*parts))
+
+    def _kernels(self, kernels: KernelTable, verbose: bool) -> RenderableType:
+        """The kernels holding the GPU time: share, calls x mean, name, and speed of light where known."""
+        shown = kernels.rows if verbose else kernels.rows[:TOP_KERNELS]
+        table = self._grid(("share", {"no_wrap": True, "justify": "right"}),
+                           ("calls", {"no_wrap": True, "justify": "right"}), ("kernel", {"ratio": 1}))
+        for k in shown:
+            text = Text(redact(k.name))
+            text.append(f"  {k.kind}", style="dim")
+            if k.sol is not None:
+                text.append(f"\nspeed of light {k.sol:.0%} {k.sol_roof}", style="green" if k.sol >= 0.6 else "yellow")
+            table.add_row(f"{k.share:.1%}", f"{k.count:,} x {duration_text(k.mean_us)}", text)
+        parts: list[RenderableType] = [table]
+        more = len(kernels.rows) - len(shown)
+        if more > 0:
+            parts.append(Text(f"{more} more with --verbose; the HTML report (--html) has each one's spread.",
+                              style="dim"))
+        return self._section(kernels.title, Group(*parts))
 
     def _unavailable(self, d: Diagnosis) -> RenderableType:
         table = self._grid(("source", {"no_wrap": True}), ("what", {"ratio": 1}))

@@ -1,22 +1,51 @@
 """What a rule is: a code, a name, the limiter it points to, the signals it needs, visible thresholds, a predicate
 and a page (what it detects, why it limits throughput, the fixes, the sources of its thresholds).
 
-Rules are registered with the `@rule` decorator; `diagnoser rules CODE` prints the page.
+Writing a rule:
+
+    @rule(code="BW001", name="dram-bandwidth-saturated", limiter=Limiter.MEMORY_BANDWIDTH, summary="...",
+          requires=(S.GPU_DRAM_ACTIVE, AnyOf(S.GPU_BUSY, S.GPU_SM_ACTIVE)), uses=(S.GPU_TENSOR_ACTIVE,),
+          thresholds={"dram_active_mean": Threshold(0.6, "DRAM activity at or above which ...", "ratio")},
+          page=Page(detects="DRAM activity at or above {dram_active_mean} ...", why=..., fixes=..., sources=...))
+    def dram_bandwidth_saturated(c: Check) -> Finding | None:
+        dram = c.req(S.GPU_DRAM_ACTIVE)          # a Signal: the engine runs the rule only when it is present
+        busy = c.first(S.GPU_BUSY, S.GPU_SM_ACTIVE)
+        tensor = c.opt(S.GPU_TENSOR_ACTIVE)      # Signal | None
+        ...
+        c.fix(FixKind.FP8_WEIGHTS, "Serve FP8 weights", "...", gains.dtype_gain(c.ev, "fp8"))
+        return c.finding(0.8, "one sentence")
+
+Signals are named by their constants in diagnoser.signals (S); `@rule` rejects a name that is not registered, a
+threshold the page names but the rule lacks, and a duplicate requirement. `@rule` returns the Rule; it registers
+nothing: each rule module lists its rules in `RULES`, and diagnoser.rules.ruleset.RuleSet runs a tuple of them.
+A page's text may name thresholds in braces, `{dram_active_mean}`: `Rule.page_for(thresholds)` fills in the values in
+force (with the threshold's unit), so an overridden threshold reads right on the page too.
 """
 
 from __future__ import annotations
 
+import re
+import string
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from diagnoser.diagnosis import Citation, Finding, Fix, Limiter
+from diagnoser.diagnosis import Benefit, Citation, Finding, Fix, FixKind, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence, Signal
+from diagnoser.signals import Sig, known
+from diagnoser.units import fmt
 
 
 @dataclass(frozen=True)
 class Threshold:
     value: float
     meaning: str
+    unit: str = ""  # ratio, bytes, s, ...: how the value reads on the rule's page
+
+    def text(self, value: float | None = None) -> str:
+        v = self.value if value is None else value
+        if self.unit:
+            return fmt(v, self.unit)
+        return f"{v:g}"
 
 
 @dataclass(frozen=True)
@@ -26,12 +55,56 @@ class Page:
     fixes: str
     sources: str
 
+    def fields(self) -> dict[str, str]:
+        return {"detects": self.detects, "why": self.why, "fixes": self.fixes, "sources": self.sources}
 
-_POINT_STATS = ("mean", "p50", "p90", "p99", "min", "max")
+
+@dataclass(frozen=True)
+class AnyOf:
+    """A requirement met by any one of several signals (GPU busy from NVML, or SM activity from GPM)."""
+
+    names: tuple[Sig, ...]
+
+    def __init__(self, *names: Sig) -> None:
+        object.__setattr__(self, "names", tuple(names))
+
+    def __str__(self) -> str:
+        return " or ".join(self.names)
+
+
+Requirement = Sig | AnyOf
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A predicted throughput multiplier and how it was reached. `None` value: not predictable (basis says why)."""
+
+    value: float | None
+    basis: str
+    kind: GainKind = GainKind.ESTIMATE
+    benefit: Benefit = Benefit.SPEED
+    capped: str = ""
+
+    @classmethod
+    def unknown(cls, why: str, benefit: Benefit = Benefit.SPEED) -> Gain:
+        return cls(None, why, benefit=benefit)
+
+    def bounded(self, bound: float, why: str) -> Gain:
+        """This gain, no larger than `bound` (an Amdahl bound from a measured time split, say)."""
+        if self.value is None or self.value <= bound:
+            return self
+        return replace(self, value=bound, kind=GainKind.UPPER_BOUND,
+                       capped=(self.capped + "; " if self.capped else "") + f"{why} (from {self.value:.2f}x)")
+
+    def as_capacity(self, why: str) -> Gain:
+        return replace(self, benefit=Benefit.CAPACITY, basis=f"{self.basis}; {why}" if self.basis else why)
 
 
 class Check:
-    """What a predicate gets: the evidence, the thresholds in force, and helpers to cite and conclude."""
+    """What a predicate gets: the evidence, the thresholds in force, and helpers to read, cite and conclude.
+
+    `req` and `first` return signals the rule requires (present: the engine checked); `opt` one it uses (maybe
+    absent). Asking for a signal the rule did not declare is a bug in the rule, and raises."""
 
     def __init__(self, rule: Rule, ev: Evidence, thresholds: Mapping[str, float]) -> None:
         self.rule = rule
@@ -40,22 +113,42 @@ class Check:
         self.citations: list[Citation] = []
         self.fixes: list[Fix] = []
 
-    def sig(self, name: str) -> Signal | None:
-        return self.ev.get(name)
+    def req(self, name: Sig) -> Signal:
+        if name not in self.rule.required_names:
+            raise KeyError(f"{self.rule.code} reads {name} with req() but does not require it")
+        return self.ev.signals[name]
+
+    def first(self, *names: Sig) -> Signal:
+        for name in names:
+            if name not in self.rule.required_names:
+                raise KeyError(f"{self.rule.code} reads {name} with first() but does not require it")
+            found = self.ev.signals.get(name)
+            if found is not None:
+                return found
+        raise KeyError(f"{self.rule.code}: none of {', '.join(names)} is present")
+
+    def opt(self, name: Sig) -> Signal | None:
+        if name not in self.rule.declared:
+            raise KeyError(f"{self.rule.code} reads {name} but neither requires nor uses it")
+        return self.ev.signals.get(name)
 
     def cite(self, signal: Signal, stat: str = "mean", op: str = "", threshold: float | None = None) -> float:
         """Record a number this finding stands on, and return it."""
-        if signal.n == 1 and (stat == "value" or stat in _POINT_STATS):
+        if signal.n == 1 and signal.stats is None and (stat == "value" or stat in _POINT_STATS):
             value, shown = signal.values[0], "value"  # a one-number signal (trace, physics) has no statistics
         else:
             value, shown = signal.stat("mean" if stat == "value" else stat), stat
         self.citations.append(Citation(signal.name, shown, value, signal.unit, signal.source, op, threshold))
         return value
 
-    def fix(self, title: str, action: str, gain: float | None = None, basis: str = "") -> None:
-        self.fixes.append(Fix(title, action, gain, basis, self.rule.code))
+    def fix(self, kind: FixKind, title: str, action: str, gain: Gain | None = None) -> None:
+        g = gain or Gain(None, "")
+        self.fixes.append(Fix(title=title, action=action, gain=g.value, basis=g.basis, rule=self.rule.code,
+                              kind=kind, gain_kind=g.kind, benefit=g.benefit, capped=g.capped,
+                              rules=(self.rule.code,)))
 
-    def finding(self, strength: float, message: str) -> Finding:
+    def finding(self, strength: float, message: str, *, regime: Regime = Regime.UNKNOWN,
+                saturation: float | None = None) -> Finding:
         return Finding(
             code=self.rule.code,
             name=self.rule.name,
@@ -64,8 +157,12 @@ class Check:
             message=message,
             citations=tuple(self.citations),
             fixes=tuple(self.fixes),
+            regime=regime,
+            saturation=saturation,
         )
 
+
+_POINT_STATS = ("mean", "p50", "p90", "p99", "min", "max")
 
 Predicate = Callable[[Check], "Finding | None"]
 
@@ -76,46 +173,59 @@ class Rule:
     name: str
     limiter: Limiter
     summary: str
-    # Each entry is a signal name, or alternatives separated by "|" of which one is enough.
-    requires: tuple[str, ...]
-    uses: tuple[str, ...]
+    requires: tuple[Requirement, ...]
+    uses: tuple[Sig, ...]
     thresholds: Mapping[str, Threshold]
     page: Page
     predicate: Predicate = field(compare=False)
+    # Whether a finding of this rule can name the verdict on its own (False: it says where the time goes but not
+    # which roof, and the verdict stays inconclusive).
+    decisive: bool = True
 
-    def missing(self, ev: Evidence) -> list[str]:
-        # Called for every rule of every diagnosis (10,000 per fleet run): the alternatives are split once.
-        alternatives = _ALTERNATIVES.get(self.requires)
-        if alternatives is None:
-            alternatives = _ALTERNATIVES[self.requires] = tuple((req, tuple(req.split("|"))) for req in self.requires)
+    @property
+    def required_names(self) -> frozenset[str]:
+        names: set[str] = set()
+        for req in self.requires:
+            names.update(req.names if isinstance(req, AnyOf) else (req,))
+        return frozenset(names)
+
+    @property
+    def declared(self) -> frozenset[str]:
+        return self.required_names | frozenset(self.uses)
+
+    def missing(self, ev: Evidence) -> list[Requirement]:
         signals = ev.signals
-        return [req for req, alts in alternatives
-                if alts[0] not in signals and not (len(alts) > 1 and any(alt in signals for alt in alts[1:]))]
+        out: list[Requirement] = []
+        for req in self.requires:
+            if isinstance(req, AnyOf):
+                if not any(n in signals for n in req.names):
+                    out.append(req)
+            elif req not in signals:
+                out.append(req)
+        return out
 
-    def skip_reason(self, ev: Evidence) -> str | None:
-        missing = self.missing(ev)
-        if not missing:
-            return None
-        # The sentence depends only on what is missing and on the capture's unavailable list, which a fleet's GPUs
-        # mostly share: built once per distinct case (and then one string object, which pickles once per chunk).
-        key = (self.code, tuple(missing), ev.absent_key())
-        reason = _SKIP_REASONS.get(key)
-        if reason is None:
-            parts = []
-            for req in missing:
-                first = req.split("|")[0]
-                parts.append(f"{req.replace('|', ' or ')} ({ev.why_missing(first)})")
-            reason = "needs " + "; ".join(parts)
-            if len(_SKIP_REASONS) >= _SKIP_REASONS_MAX:
-                _SKIP_REASONS.clear()
-            _SKIP_REASONS[key] = reason
-        return reason
+    def defaults(self) -> dict[str, float]:
+        return {name: t.value for name, t in self.thresholds.items()}
+
+    def page_for(self, thresholds: Mapping[str, float] | None = None) -> Page:
+        """The page with every {threshold} replaced by the value in force, in its unit."""
+        values = {name: t.text((thresholds or {}).get(name)) for name, t in self.thresholds.items()}
+        return Page(**{k: v.format_map(values) for k, v in self.page.fields().items()})
+
+    def threshold_lines(self, thresholds: Mapping[str, float] | None = None) -> list[tuple[str, str, str]]:
+        """(name, value in force, meaning) for each threshold."""
+        return [(name, t.text((thresholds or {}).get(name)), t.meaning) for name, t in self.thresholds.items()]
 
 
-RULES: dict[str, Rule] = {}
-_SKIP_REASONS: dict[tuple[str, tuple[str, ...], tuple[tuple[str, str, str], ...]], str] = {}
-_SKIP_REASONS_MAX = 4096
-_ALTERNATIVES: dict[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]] = {}
+_CODE = re.compile(r"^[A-Z]+[0-9]{3}$")
+
+
+def _check_names(code: str, what: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        try:
+            known(name)
+        except Exception:  # noqa: BLE001  (InputError: an unknown signal is a bug in the rule)
+            raise ValueError(f"rule {code} {what} unknown signal '{name}'") from None
 
 
 def rule(
@@ -124,23 +234,32 @@ def rule(
     name: str,
     limiter: Limiter,
     summary: str,
-    requires: tuple[str, ...],
-    uses: tuple[str, ...] = (),
+    requires: tuple[Requirement, ...],
+    uses: tuple[Sig, ...] = (),
     thresholds: Mapping[str, Threshold],
     page: Page,
+    decisive: bool = True,
 ) -> Callable[[Predicate], Rule]:
-    def register(predicate: Predicate) -> Rule:
-        if code in RULES:
-            raise ValueError(f"duplicate rule code {code}")
-        r = Rule(code, name, limiter, summary, requires, uses, dict(thresholds), page, predicate)
-        RULES[code] = r
-        return r
+    """Make a Rule of a predicate, after checking its declaration (see the module docstring)."""
+    if not _CODE.match(code):
+        raise ValueError(f"rule code {code!r} is not letters then three digits")
+    flat: list[str] = []
+    for req in requires:
+        flat.extend(req.names if isinstance(req, AnyOf) else (req,))
+    _check_names(code, "requires", tuple(flat))
+    _check_names(code, "uses", tuple(uses))
+    if len(set(flat)) != len(flat):
+        raise ValueError(f"rule {code} requires a signal twice")
+    fields = {f for text in page.fields().values() for _, f, _, _ in string.Formatter().parse(text) if f}
+    unknown = fields - set(thresholds)
+    if unknown:
+        raise ValueError(f"rule {code}'s page names thresholds it does not have: {', '.join(sorted(unknown))}")
 
-    return register
+    def make(predicate: Predicate) -> Rule:
+        return Rule(code, name, limiter, summary, tuple(requires), tuple(uses), dict(thresholds), page, predicate,
+                    decisive)
+
+    return make
 
 
-def ratio_gain(after: float, before: float, cap: float = 20.0) -> float | None:
-    """A throughput multiplier from two rates, None if either is unusable."""
-    if before <= 0 or after <= 0:
-        return None
-    return min(cap, after / before)
+__all__ = ["AnyOf", "Check", "Gain", "Page", "Requirement", "Rule", "Threshold", "rule"]

@@ -1,120 +1,307 @@
-"""Predicted gains of fixes, from the physics module and the observed batch. Rules call these; none reads NVML."""
+"""Predicted gains of fixes, from the physics module, the observed batch and the measured time split.
+
+A gain is a promise to a user, so each one here is bounded by what was measured and says which kind it is:
+- an *estimate* is what the physics predicts this capture would get (a ceiling ratio, realised at the measured
+  efficiency: the time beyond the floor stays);
+- an *upper bound* is the most a fix could give, e.g. all of a measured idle share removed: 1 / (1 - share)
+  (Amdahl's law: a fix that speeds up a share s of the time by k gives 1 / (1 - s + s / k));
+- a gain that only helps if more load is offered is a *capacity* gain, not a speed-up of this traffic.
+Rules call these; none reads NVML or the capture.
+"""
 
 from __future__ import annotations
 
+import math
+
 from diagnoser import physics
+from diagnoser import signals as S
+from diagnoser.capture import ModelInfo
+from diagnoser.diagnosis import Benefit, GainKind
 from diagnoser.errors import InputError
 from diagnoser.evidence import Evidence
+from diagnoser.physics import GpuSpec
+from diagnoser.rules.base import Gain
+
+# When the serving context is unknown, gains assume this many tokens per sequence, so the KV cache both costs
+# bandwidth and caps how many sequences fit; the basis text says so.
+ASSUMED_CONTEXT = 1024
+# What tuned decode paths reach at small batch (fused norms and attention, CUDA graphs, GEMV kernels tuned for one
+# row): about 70 % of the bandwidth floor (e.g. published vLLM and TensorRT-LLM batch-1 decode rates).
+REACHABLE_EFFICIENCY = 0.70
+# No fix is predicted to give more than this; a larger figure is capped and says so.
+MAX_GAIN = 20.0
 
 
-def observed_batch(ev: Evidence) -> float | None:
-    return ev.observed_batch()
+def amdahl(share: float, speedup: float) -> float:
+    """Whole-run gain when `share` of the time gets `speedup` times faster (math.inf: removed entirely)."""
+    share = min(max(share, 0.0), 1.0)
+    rest = 0.0 if math.isinf(speedup) else share / speedup
+    return 1.0 / max(1e-9, 1.0 - share + rest)
 
 
-def _model_and_gpu(ev: Evidence):  # type: ignore[no-untyped-def]
-    model = ev.capture.model
+def removal(share: float, what: str) -> Gain:
+    """The upper bound of removing `share` of the time (an idle cause, host work): 1 / (1 - share)."""
+    share = min(max(share, 0.0), 0.95)
+    return Gain(1.0 / (1.0 - share), f"{what}: {share:.0%} of the time removed entirely, 1 / (1 - {share:.2f})",
+                GainKind.UPPER_BOUND)
+
+
+def capped(g: Gain) -> Gain:
+    return g.bounded(MAX_GAIN, f"capped at {MAX_GAIN:g}x")
+
+
+# --- the model and the GPU ------------------------------------------------------------------------------------
+
+def _model_and_gpu(ev: Evidence) -> tuple[ModelInfo, GpuSpec] | None:
+    model = ev.model
     if ev.gpu_spec is None or model is None or not model.params:
         return None
     return model, ev.gpu_spec
 
 
-def weights_dtype(ev: Evidence) -> str | None:
-    """The weights' precision when the model says it (and names a known one)."""
-    model = ev.capture.model
-    if model is None or not model.dtype:
-        return None
-    try:
-        return physics.normalise_dtype(model.dtype)
-    except InputError:
-        return None
-
-
 def _dtype(ev: Evidence) -> str:
-    return weights_dtype(ev) or "bf16"
-
-
-# When the serving context is unknown, gains assume this many tokens per sequence, so the KV cache both costs
-# bandwidth and caps how many sequences fit; the basis text says so.
-ASSUMED_CONTEXT = 1024
+    return ev.weights_dtype() or "bf16"
 
 
 def _context(ev: Evidence) -> tuple[int, str]:
-    value = ev.capture.serving.get("mean_context_tokens")
-    if isinstance(value, (int, float)) and value > 0:
-        return int(value), f"context {int(value)} tokens"
+    if ev.context_tokens > 0:
+        return ev.context_tokens, f"context {ev.context_tokens} tokens"
     return ASSUMED_CONTEXT, f"assumed context {ASSUMED_CONTEXT} tokens"
 
 
 def _mem_fraction(ev: Evidence) -> tuple[float, str]:
     """The share of GPU memory the server may fill (weights + KV cache): its flag, else vLLM's default."""
-    for key, flag in (("gpu_memory_utilization", "--gpu-memory-utilization"),
-                      ("mem_fraction_static", "--mem-fraction-static")):
-        value = ev.capture.serving.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1:
+    for value, flag in ((ev.serving.gpu_memory_utilization, "--gpu-memory-utilization"),
+                        (ev.serving.mem_fraction_static, "--mem-fraction-static")):
+        if value is not None and 0 < value <= 1:
             return float(value), f" in {value:.0%} of memory ({flag})"
     return physics.DEFAULT_MEM_FRACTION, ""
 
 
-def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | None = None) -> tuple[float | None, str]:
-    """Throughput multiplier of decoding at a larger batch (factor x the observed one, or a target), from the
-    decode ceiling: batch / max(bytes / bandwidth, FLOPs / peak)."""
+def demand(ev: Evidence) -> float | None:
+    """Sequences the offered load would keep running: running + waiting, when the server says."""
+    batch, waiting = ev.observed_batch(), ev.waiting()
+    if batch is None or waiting is None:
+        return None
+    return batch + waiting
+
+
+def _kv_dtype(ev: Evidence, model: ModelInfo) -> str:
+    return physics.kv_cache_dtype(model, None, _dtype(ev))
+
+
+def efficiency(ev: Evidence) -> float | None:
+    """Measured tokens/s over the decode ceiling, when both are known (physics realises gains from it)."""
+    eff = ev.value(S.THEORY_EFFICIENCY)
+    return min(1.0, eff) if eff is not None and eff > 0 else None
+
+
+def _from_what_if(w: physics.WhatIf, basis: str, *, bytes_only: bool) -> Gain:
+    """A what-if's gain: realised at the measured efficiency (the time beyond the roofline stays) when there is one;
+    else the ceiling ratio, which for a change of bytes alone is the most it could give."""
+    if w.speedup is None:
+        return Gain.unknown(f"{basis}: {w.explanation}")
+    if w.realised_speedup is not None:
+        return Gain(w.realised_speedup, f"{basis}: x{w.speedup:.2f} at the ceiling; the step runs at "
+                                        f"{w.efficiency:.0%} of it and the time beyond the roofline stays, so about "
+                                        f"x{w.realised_speedup:.2f}")
+    if bytes_only:
+        return Gain(w.speedup, f"{basis}: x{w.speedup:.2f} at the floor (no measured token rate, so the time beyond "
+                               "the floor is not known: an upper bound)", GainKind.UPPER_BOUND)
+    return Gain(w.speedup, f"{basis}: x{w.speedup:.2f} between the ceilings (no measured token rate: the step is "
+                           "assumed to keep its share of the ceiling)")
+
+
+# --- batching -------------------------------------------------------------------------------------------------
+
+def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | None = None) -> Gain:
+    """Throughput multiplier of decoding at a larger batch (factor x the observed one, or a target), capped by the
+    sequences whose KV cache fits; realised at the measured efficiency (physics.what_if). A speed gain only when
+    requests wait (and then bounded by running + waiting); else capacity."""
     mg = _model_and_gpu(ev)
-    batch = observed_batch(ev)
+    batch = ev.observed_batch()
     if mg is None or batch is None:
-        return None, "needs the model's shape and a recognised GPU to predict"
+        return Gain.unknown("needs the model's shape and a recognised GPU to predict")
     model, gpu = mg
     new = target if target is not None else batch * (factor or 1.0)
     dtype, tp = _dtype(ev), max(1, model.tensor_parallel)
     ctx, ctx_text = _context(ev)
-    capped = ""
+    fraction, where = _mem_fraction(ev)
+    notes = ""
     if physics.has_kv_shape(model):
-        fraction, where = _mem_fraction(ev)
         room = physics.max_concurrent_sequences(model, gpu, ctx, fraction, tp=tp, dtype=dtype)
         if room < new:
-            new, capped = float(room), f", capped by the {room} sequences whose KV cache fits{where}"
+            new, notes = float(room), f", capped by the {room} sequences whose KV cache fits{where}"
+    want = demand(ev)
+    speed = want is not None and want > batch + 0.5
+    if speed and want is not None and want < new:
+        new, notes = want, notes + f", capped by the demand ({batch:.0f} running + {want - batch:.0f} waiting)"
     new = max(new, batch)
     if new <= batch:
-        return None, f"no larger batch fits in memory at {ctx_text}"
-    before = physics.decode_ceiling_tokens_per_s(model, gpu, batch=max(1.0, batch), context=ctx, dtype=dtype, tp=tp)
-    after = physics.decode_ceiling_tokens_per_s(model, gpu, batch=max(1.0, new), context=ctx, dtype=dtype, tp=tp)
-    if before <= 0:
-        return None, "decode ceiling not computable"
-    return after / before, (f"decode ceiling at batch {new:.0f} vs {batch:.1f} on {gpu.name}, {ctx_text}{capped} "
-                            f"({after:.0f} vs {before:.0f} tokens/s)")
+        return Gain.unknown(f"no larger batch fits in memory at {ctx_text}")
+    w = physics.what_if(model, gpu, dtype, max(1.0, batch), ctx, tp, new_batch=max(1.0, new),
+                        efficiency=efficiency(ev), mem_fraction=fraction)
+    g = capped(_from_what_if(w, f"batch {new:.0f} vs {batch:.1f} on {gpu.name}, {ctx_text}{notes}",
+                             bytes_only=False))
+    if speed:
+        return g
+    if want is None:
+        return g.as_capacity("no queue metric: more throughput only if more load is offered")
+    return g.as_capacity("nothing waits: this traffic gets no faster; the GPU could serve this much more load")
 
 
-def dtype_gain(ev: Evidence, new_dtype: str) -> tuple[float | None, str]:
+# --- precision of weights and KV --------------------------------------------------------------------------------
+
+def dtype_gain(ev: Evidence, new_dtype: str) -> Gain:
     """Throughput multiplier of serving the weights in another precision at the observed batch.
 
     The ceilings' ratio is what a step running at its floor would gain. A step measured at efficiency e of its
-    ceiling spends (1 - e) of its time beyond the floor (norms, casts, softmax, launch gaps), which fewer weight
-    bytes do not shorten, so the realised gain is 1 / (1 - e + e / ratio). Measured on an H100 (2.4B decoder, batch
-    1, CUDA graphs, e = 0.33): FP8 weights gave 1.12x against 1.19x predicted this way and 1.97x from the ceilings
+    ceiling spends the time beyond the roofline (norms, casts, softmax, launch gaps) whatever the weights' bytes, so
+    the realised gain is about 1 / (1 - e + e / ratio). Measured on an H100 (2.4B decoder, batch 1, CUDA graphs,
+    e = 0.33): FP8 weights gave 1.12x against 1.18x predicted this way and 1.9x from the ceilings
     (tests/fixtures/gpu)."""
     mg = _model_and_gpu(ev)
     if mg is None:
-        return None, "needs the model's shape and a recognised GPU to predict"
+        return Gain(None, f"needs the model's shape and a recognised GPU to predict; {new_dtype} weights halve or "
+                          "quarter the bytes each step reads, which helps only as far as the step runs near its "
+                          "bandwidth floor")
     model, gpu = mg
-    batch = observed_batch(ev) or 1.0
+    batch = ev.observed_batch() or 1.0
     dtype, tp = _dtype(ev), max(1, model.tensor_parallel)
     ctx, ctx_text = _context(ev)
     if physics.bytes_per_element(new_dtype) >= physics.bytes_per_element(dtype):
-        return None, f"weights are already {dtype}"
-    before = physics.decode_ceiling_tokens_per_s(model, gpu, batch=batch, context=ctx, dtype=dtype, tp=tp)
-    after = physics.decode_ceiling_tokens_per_s(model, gpu, batch=batch, context=ctx, dtype=new_dtype, tp=tp)
-    if before <= 0:
-        return None, "decode ceiling not computable"
-    ratio = after / before
-    basis = f"decode ceiling with {new_dtype} weights vs {dtype} at batch {batch:.0f} on {gpu.name}, {ctx_text}"
-    eff = ev.get("theory.efficiency")
-    if eff is None or not eff.values or eff.values[0] <= 0:
-        return ratio, basis
-    e = min(1.0, eff.values[0])
-    realised = 1.0 / (1.0 - e + e / ratio)
-    return realised, (f"{basis}: {ratio:.2f}x at the floor; the step runs at {e:.0%} of its ceiling and the time "
-                      f"beyond the floor stays, so about {realised:.2f}x")
+        return Gain.unknown(f"weights are already {dtype}")
+    w = physics.what_if(model, gpu, dtype, max(1.0, batch), ctx, tp, new_dtype=new_dtype, efficiency=efficiency(ev))
+    return _from_what_if(w, f"decode ceiling with {new_dtype} weights vs {dtype} at batch {batch:.0f} on {gpu.name}, "
+                            f"{ctx_text}", bytes_only=True)
+
+
+def kv_dtype_gain(ev: Evidence, new_kv: str = "fp8") -> Gain:
+    """An FP8 (or INT8) KV cache: half the KV bytes each step reads and twice the sequences that fit; with requests
+    waiting the batch grows into the freed memory, up to the demand (physics.kv_dtype_what_if)."""
+    mg = _model_and_gpu(ev)
+    batch = ev.observed_batch()
+    if mg is None or batch is None:
+        return Gain(None, "needs the model's shape, a recognised GPU and the running batch to predict; an FP8 KV "
+                          "cache halves the KV bytes per token and doubles the sequences that fit")
+    model, gpu = mg
+    if not physics.has_kv_shape(model):
+        return Gain.unknown("needs the model's layers, KV heads and head size to size the KV cache")
+    dtype, tp = _dtype(ev), max(1, model.tensor_parallel)
+    old_kv = _kv_dtype(ev, model)
+    if physics.bytes_per_element(new_kv) >= physics.bytes_per_element(old_kv):
+        return Gain.unknown(f"the KV cache is already {old_kv}")
+    ctx, ctx_text = _context(ev)
+    fraction, _ = _mem_fraction(ev)
+    want = demand(ev)
+    grows = want is not None and want > batch + 0.5
+    pool = ev.get(S.SERVER_KV_USAGE)
+    if grows and want is not None and pool is not None and pool.p90 >= 0.9:
+        # The server's KV pool is full at this batch: its size in bytes is what it is, so the smaller KV fits
+        # bytes-ratio times the sequences in it, whatever else the GPU's memory holds.
+        ratio = physics.bytes_per_element(old_kv) / physics.bytes_per_element(new_kv)
+        want = min(want, max(1.0, batch) * ratio)
+    w = physics.kv_dtype_what_if(model, gpu, max(1.0, batch), ctx, new_kv_dtype=new_kv, dtype=dtype, tp=tp,
+                                 demand=want if grows else None, efficiency=efficiency(ev), mem_fraction=fraction)
+    kv_share = 1.0 - physics.decode_floor_s(model, gpu, max(1.0, batch), 0, dtype=dtype, tp=tp) / \
+        physics.decode_floor_s(model, gpu, max(1.0, batch), ctx, dtype=dtype, tp=tp)
+    grew = f"; the batch grows {w.before_batch:.0f} -> {w.after_batch:.0f}" if w.after_batch != w.before_batch else ""
+    return capped(_from_what_if(w, f"KV is {kv_share:.0%} of the bytes a step reads at batch {batch:.0f}, {ctx_text}; "
+                                   f"{new_kv} KV halves them and twice the sequences fit{grew}", bytes_only=not grows))
+
+
+def tp_gain(ev: Evidence, new_tp: int) -> Gain:
+    """Sharding over more GPUs: each reads its share of the weights and KV, plus two all-reduces a layer
+    (physics.tp_what_if): sublinear, and realised at the measured efficiency."""
+    mg = _model_and_gpu(ev)
+    batch = ev.observed_batch()
+    if mg is None or batch is None:
+        return Gain.unknown("needs the model's shape, a recognised GPU and the running batch to predict")
+    model, gpu = mg
+    tp = max(1, model.tensor_parallel)
+    ctx, ctx_text = _context(ev)
+    w = physics.tp_what_if(model, gpu, max(1.0, batch), ctx, new_tp, tp=tp, dtype=_dtype(ev),
+                           efficiency=efficiency(ev))
+    note = "; ".join(a for a in w.assumptions if "all-reduce" in a or "collective" in a)
+    return _from_what_if(w, f"tensor parallel {tp} -> {new_tp} on {gpu.name}, {ctx_text}"
+                            + (f" ({note})" if note else ""), bytes_only=False)
+
+
+# --- kernels and the floor ----------------------------------------------------------------------------------------
+
+def floor_bound(ev: Evidence) -> tuple[float, str] | None:
+    """1 / efficiency: nothing that keeps the bytes and the batch can beat the bandwidth (or compute) floor."""
+    eff = ev.value(S.THEORY_EFFICIENCY)
+    if eff is None or eff <= 0 or eff >= 1:
+        return None
+    return 1.0 / eff, f"the step at its floor: 1 / {eff:.0%} efficiency"
+
+
+def tuned_engine_gain(ev: Evidence) -> Gain:
+    bound = floor_bound(ev)
+    if bound is None:
+        return Gain.unknown("needs a measured token rate and the model's floor to predict")
+    eff = ev.value(S.THEORY_EFFICIENCY) or 0.0
+    target = REACHABLE_EFFICIENCY / eff
+    if target <= 1.0:
+        return Gain.unknown(f"the decode already reaches {eff:.0%} of its floor")
+    return Gain(min(target, bound[0]), f"from {eff:.0%} to {REACHABLE_EFFICIENCY:.0%} of the bandwidth ceiling, "
+                                       f"what tuned decode paths reach at small batch (at most {bound[0]:.2f}x: "
+                                       f"{bound[1]})")
+
+
+def elementwise_share(ev: Evidence) -> float | None:
+    """Share of the window in norm/elementwise/reduction kernels (of busy time x the busy fraction)."""
+    share = ev.value(S.TRACE_SHARE_ELEMENTWISE)
+    if share is None:
+        return None
+    idle = ev.value(S.TRACE_GPU_IDLE_FRAC)
+    return share * (1.0 - idle) if idle is not None else share
+
+
+def fusion_gain(ev: Evidence) -> Gain:
+    """Fusing the small kernels removes at most their time and the gaps between them (Amdahl)."""
+    share = elementwise_share(ev)
+    if share is None:
+        return Gain.unknown("needs a trace to measure the time in small kernels (attach --trace 5)")
+    gaps = ev.value(S.TRACE_IDLE_KERNEL_OVERHEAD_FRAC) or 0.0
+    g = removal(share + gaps, f"norm/elementwise/reduction kernels {share:.0%} of the window"
+                + (f" and kernel-to-kernel gaps {gaps:.0%}" if gaps else ""))
+    bound = floor_bound(ev)
+    return g.bounded(bound[0], bound[1]) if bound else g
+
+
+def fp8_matmul_gain(ev: Evidence) -> Gain:
+    """FP8 tensor cores double the peak, but only for the GEMM share of the time (Amdahl)."""
+    gpu = ev.gpu_spec
+    if gpu is None or "fp8" not in gpu.flops:
+        return Gain.unknown("needs a GPU with FP8 tensor cores (Hopper, Ada, Blackwell)")
+    dtype = _dtype(ev)
+    try:
+        base = physics.peak_flops(gpu, dtype)
+    except InputError:
+        return Gain.unknown(f"no {dtype} rate for the {gpu.name}")
+    ratio = gpu.flops["fp8"] / base
+    if ratio <= 1.0:
+        return Gain.unknown(f"the {gpu.name} computes {dtype} at its FP8 rate already")
+    gemm = ev.value(S.TRACE_SHARE_GEMM)
+    attention = ev.value(S.TRACE_SHARE_ATTENTION) or 0.0
+    if gemm is None:
+        return Gain(ratio, f"FP8 over {dtype} tensor peak of the {gpu.name} ({ratio:.2f}x), if all the time were "
+                           "matmuls (no trace to measure the GEMM share: an upper bound)", GainKind.UPPER_BOUND)
+    share = min(1.0, gemm + attention)
+    gain = amdahl(share, ratio)
+    return Gain(gain, f"FP8 over {dtype} tensor peak ({ratio:.2f}x) applies to the {share:.0%} of GPU time in "
+                      f"GEMMs and attention: 1 / ({1 - share:.2f} + {share:.2f} / {ratio:.2f})", GainKind.UPPER_BOUND)
+
+
+def host_bound(ev: Evidence) -> tuple[float, str] | None:
+    """1 / busy: removing host work can at most keep the GPU busy all the time."""
+    busy = ev.busy_fraction()
+    if busy is None or busy <= 0 or busy >= 1:
+        return None
+    return 1.0 / max(busy, 0.05), f"the GPU busy all the time: 1 / {busy:.0%} busy"
 
 
 def ridge_batch(ev: Evidence) -> float | None:
-    s = ev.get("theory.ridge_batch")
-    return s.values[0] if s is not None else None
+    return ev.value(S.THEORY_RIDGE_BATCH)

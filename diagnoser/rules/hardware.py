@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from diagnoser.diagnosis import Finding, Limiter
-from diagnoser.rules.base import Check, Page, Threshold, rule
+from diagnoser import signals as S
+from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
+from diagnoser.rules import gains
+from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
 
 
 @rule(
@@ -11,41 +13,72 @@ from diagnoser.rules.base import Check, Page, Threshold, rule
     name="clocks-throttled",
     limiter=Limiter.THROTTLING,
     summary="Clocks are held below their maximum by the power cap or a thermal slowdown while the GPU works.",
-    requires=("gpu.throttle.power|gpu.throttle.thermal", "gpu.sm_clock_frac"),
-    uses=("gpu.busy", "gpu.power_w", "gpu.power_limit_w", "gpu.temp_c"),
+    requires=(AnyOf(S.GPU_THROTTLE_POWER, S.GPU_THROTTLE_THERMAL), S.GPU_SM_CLOCK_FRAC),
+    uses=(S.GPU_BUSY, S.GPU_POWER_W, S.GPU_POWER_LIMIT_W, S.GPU_POWER_DEFAULT_LIMIT_W, S.GPU_TEMP_C),
     thresholds={
-        "throttled_frac": Threshold(0.20, "share of samples with a power or thermal clock event reason"),
-        "clock_frac_mean": Threshold(0.90, "SM clock over max (mean) below which throttling costs speed"),
+        "throttled_frac": Threshold(0.20, "share of samples with a power or thermal clock event reason", "ratio"),
+        "clock_frac_mean": Threshold(0.90, "SM clock over max (mean) below which throttling costs speed", "ratio"),
+        "lowered_cap": Threshold(0.97, "enforced power limit over the board's default below which the cap was "
+                                 "lowered", "ratio"),
     },
     page=Page(
-        detects="A power-cap or thermal clock event reason in at least 20 % of the samples with the SM clock below "
-        "90 % of its maximum on average.",
+        detects="A power-cap or thermal clock event reason in at least {throttled_frac} of the samples with the SM "
+        "clock below {clock_frac_mean} of its maximum on average.",
         why="Compute throughput scales with the SM clock; a GPU held at 70 % clock does at most 70 % of its work. "
-        "Power capping is normal under heavy tensor load, but a low cap or poor cooling costs throughput.",
-        fixes="Check the enforced power limit (nvidia-smi -q -d POWER) against the board's default, the cooling "
-        "and inlet temperature; on shared nodes look for a site power policy.",
-        sources="NVML clock event reasons (nvmlDeviceGetCurrentClocksEventReasons); DCGM POWER/THERMAL_VIOLATION.",
+        "Power capping at the board's default limit is normal under heavy tensor load (the GPU is power-bound, not "
+        "misconfigured); a cap lowered below the default (under {lowered_cap} of it) or a thermal slowdown costs "
+        "throughput that can be had back.",
+        fixes="Compare the enforced power limit with the board's default (nvidia-smi -q -d POWER); restore the "
+        "default if a site policy lowered it; check cooling and inlet temperature for thermal slowdowns.",
+        sources="NVML clock event reasons (nvmlDeviceGetCurrentClocksEventReasons) and default power limit "
+        "(nvmlDeviceGetPowerManagementDefaultLimit); DCGM clock-event reasons and POWER/THERMAL_VIOLATION.",
     ),
 )
 def clocks_throttled(c: Check) -> Finding | None:
-    clock = c.sig("gpu.sm_clock_frac")
-    assert clock is not None
-    reasons = [s for s in (c.sig("gpu.throttle.power"), c.sig("gpu.throttle.thermal")) if s is not None]
+    clock = c.req(S.GPU_SM_CLOCK_FRAC)
+    reasons = [s for s in (c.opt(S.GPU_THROTTLE_POWER), c.opt(S.GPU_THROTTLE_THERMAL)) if s is not None]
     worst = max(reasons, key=lambda s: s.frac_above(0.5))
     throttled = worst.frac_above(0.5)
-    busy = c.sig("gpu.busy")
+    busy = c.opt(S.GPU_BUSY)
     if throttled < c.t["throttled_frac"] or clock.mean >= c.t["clock_frac_mean"]:
         return None
     if busy is not None and busy.mean < 0.3:
         return None  # an idle GPU's clocks do not matter
     c.cite(worst, "frac_above:0.5", ">=", c.t["throttled_frac"])
     c.cite(clock, "mean", "<", c.t["clock_frac_mean"])
-    kind = "power cap" if worst.name.endswith("power") else "thermal slowdown"
-    c.fix("Restore full clocks", f"The {kind} holds clocks at {clock.mean:.0%} of max: check the power limit "
-          "(nvidia-smi -pl), cooling and inlet temperature.", 1.0 / max(0.3, clock.mean),
-          "compute scales with SM clock: 1 / clock fraction (upper bound)")
-    return c.finding(0.5 + min(0.4, (c.t["clock_frac_mean"] - clock.mean) * 2), f"The {kind} holds the SM clock at "
-                     f"{clock.mean:.0%} of its maximum for {throttled:.0%} of the window.")
+    thermal = worst.name == S.GPU_THROTTLE_THERMAL
+    limit, default = c.opt(S.GPU_POWER_LIMIT_W), c.opt(S.GPU_POWER_DEFAULT_LIMIT_W)
+    lowered = None
+    if not thermal and limit is not None and default is not None and default.max > 0:
+        lowered = limit.max < c.t["lowered_cap"] * default.max
+        c.cite(limit, "max", "<" if lowered else ">=", c.t["lowered_cap"] * default.max)
+        c.cite(default, "max")
+    bound = Gain(1.0 / max(0.3, clock.mean), f"compute scales with the SM clock: 1 / {clock.mean:.0%} clock "
+                                             "(memory-bound work gains less)", GainKind.UPPER_BOUND)
+    if thermal:
+        c.fix(FixKind.POWER_COOLING, "Cool the GPU", f"A thermal slowdown holds clocks at {clock.mean:.0%} of max: "
+              "check airflow, fan speeds and inlet temperature.", bound)
+        what = "thermal slowdown"
+    elif lowered:
+        c.fix(FixKind.POWER_COOLING, "Restore the default power limit", f"The enforced limit ({limit.max:.0f} W) "  # type: ignore[union-attr]
+              f"is below the board's default ({default.max:.0f} W): nvidia-smi -pl {default.max:.0f}, or lift the "  # type: ignore[union-attr]
+              "site power policy.", bound)
+        what = "lowered power cap"
+    else:
+        what = "power cap"
+        if lowered is None:
+            c.fix(FixKind.POWER_COOLING, "Check the enforced power limit", "Compare the enforced limit with the "
+                  "board's default (nvidia-smi -q -d POWER): a limit lowered by a site policy costs clock speed; at "
+                  "the default, the GPU is simply power-bound under this load.",
+                  Gain.unknown("the enforced or default power limit was not read, so whether the cap was lowered is "
+                               f"not known; if it was, up to 1 / {clock.mean:.0%} clock"))
+    strength = 0.5 + min(0.4, (c.t["clock_frac_mean"] - clock.mean) * 2)
+    if lowered is False:
+        return c.finding(min(strength, 0.45), f"The board's default power cap ({default.max:.0f} W) holds the SM "  # type: ignore[union-attr]
+                         f"clock at {clock.mean:.0%} of its maximum for {throttled:.0%} of the window: the GPU is "
+                         "power-bound under this load, which is how it is built to run, not a setting to restore.")
+    return c.finding(strength, f"The {what} holds the SM clock at {clock.mean:.0%} of its maximum for "
+                     f"{throttled:.0%} of the window.")
 
 
 @rule(
@@ -53,28 +86,44 @@ def clocks_throttled(c: Check) -> Finding | None:
     name="communication-bound",
     limiter=Limiter.INTERCONNECT,
     summary="Communication kernels (NCCL) take a large share of GPU time.",
-    requires=("trace.share.comm",),
-    thresholds={"comm_share": Threshold(0.30, "share of GPU busy time in communication kernels")},
+    requires=(S.TRACE_SHARE_COMM,),
+    uses=(S.TRACE_COMM_EXPOSED_FRAC,),
+    thresholds={"comm_share": Threshold(0.30, "share of GPU busy time in communication kernels", "ratio")},
     page=Page(
-        detects="NCCL/communication kernels at or above 30 % of GPU busy time in the trace.",
+        detects="NCCL/communication kernels at or above {comm_share} of GPU busy time in the trace.",
         why="In tensor-parallel serving every layer ends in an all-reduce; over PCIe or a slow NVLink these "
-        "dominate each step and more GPUs make it worse.",
-        fixes="Use fewer tensor-parallel ranks (more replicas instead), keep TP inside one NVLink domain, overlap "
-        "communication with compute, or use custom all-reduce kernels (vLLM's default on NVLink).",
+        "dominate each step and more GPUs make it worse. In data-parallel training the gradient all-reduce costs "
+        "time only where no backward compute overlaps it.",
+        fixes="Serving: fewer tensor-parallel ranks (more replicas instead), TP only inside one NVLink domain, "
+        "custom all-reduce kernels. Training: overlap the all-reduce with backward (DDP bucket_cap_mb, gradient "
+        "compression or PowerSGD comm hooks), and balance the ranks. The gain is at most the exposed (not "
+        "overlapped) communication time removed.",
         sources="XProf collectives rule (>= 30 %); torch-tb-profiler communication > 10 % rule.",
     ),
 )
 def communication_bound(c: Check) -> Finding | None:
-    comm = c.sig("trace.share.comm")
-    assert comm is not None
-    if comm.values[0] < c.t["comm_share"]:
+    comm = c.req(S.TRACE_SHARE_COMM)
+    if comm.value < c.t["comm_share"]:
         return None
     c.cite(comm, "value", ">=", c.t["comm_share"])
-    c.fix("Communicate less per token", "Fewer tensor-parallel ranks with more replicas, TP only within NVLink, "
-          "overlapped or custom all-reduce.", 1.0 / max(0.05, 1.0 - comm.values[0] / 2),
-          "halving communication time")
-    return c.finding(0.5 + min(0.4, comm.values[0] - c.t["comm_share"]), f"Communication kernels take "
-                     f"{comm.values[0]:.0%} of GPU time.")
+    exposed = c.opt(S.TRACE_COMM_EXPOSED_FRAC)
+    if exposed is not None:
+        c.cite(exposed, "value")
+        g = gains.removal(exposed.value, "the communication time no compute overlaps")
+    else:
+        g = Gain(1.0 / max(0.05, 1.0 - comm.value / 2), "halving communication time (overlap not measured)",
+                 GainKind.UPPER_BOUND)
+    if c.ev.workload == "training":
+        c.fix(FixKind.OVERLAP_COMM, "Overlap the all-reduce with backward", "Tune DDP's bucket_cap_mb so gradient "
+              "buckets reduce while backward runs, or add a comm hook (fp16/bf16 compression, PowerSGD); for "
+              "all-to-all (MoE) overlap the dispatch with expert compute.", g)
+    else:
+        c.fix(FixKind.REDUCE_TP, "Communicate less per token", "Fewer tensor-parallel ranks with more replicas, TP "
+              "only within NVLink, overlapped or custom all-reduce.", g)
+    return c.finding(0.5 + min(0.4, comm.value - c.t["comm_share"]), f"Communication kernels take "
+                     f"{comm.value:.0%} of GPU time"
+                     + (f", {exposed.value:.0%} of the window with nothing overlapping them." if exposed is not None
+                        else "."))
 
 
 @rule(
@@ -82,10 +131,12 @@ def communication_bound(c: Check) -> Finding | None:
     name="pcie-saturated",
     limiter=Limiter.INTERCONNECT,
     summary="PCIe traffic is near the link's bandwidth.",
-    requires=("gpu.pcie_rx_bps|gpu.pcie_tx_bps",),
-    thresholds={"link_frac_p90": Threshold(0.60, "PCIe traffic (p90, one direction) over the link's bandwidth")},
+    requires=(AnyOf(S.GPU_PCIE_RX_BPS, S.GPU_PCIE_TX_BPS),),
+    thresholds={"link_frac_p90": Threshold(0.60, "PCIe traffic (p90, one direction) over the link's bandwidth",
+                                           "ratio")},
     page=Page(
-        detects="Host-device traffic in either direction at or above 60 % of the GPU's PCIe bandwidth (p90).",
+        detects="Host-device traffic in either direction at or above {link_frac_p90} of the GPU's PCIe bandwidth "
+        "(p90).",
         why="Weights or KV blocks swapped over PCIe, CPU offload, or large inputs copied each step run at a few "
         "percent of HBM speed.",
         fixes="Keep weights and KV cache resident (no CPU offload or swap space in the hot path), pin and batch "
@@ -95,15 +146,16 @@ def communication_bound(c: Check) -> Finding | None:
 )
 def pcie_saturated(c: Check) -> Finding | None:
     gpu = c.ev.gpu_spec
-    link = getattr(gpu, "pcie_bytes_per_s", None)
+    link = gpu.pcie_bytes_per_s if gpu is not None else None
     if not link:
         return None
-    worst = max((s for s in (c.sig("gpu.pcie_rx_bps"), c.sig("gpu.pcie_tx_bps")) if s is not None),
+    worst = max((s for s in (c.opt(S.GPU_PCIE_RX_BPS), c.opt(S.GPU_PCIE_TX_BPS)) if s is not None),
                 key=lambda s: s.p90)
     if worst.p90 < c.t["link_frac_p90"] * link:
         return None
     c.cite(worst, "p90", ">=", c.t["link_frac_p90"] * link)
-    c.fix("Keep data on the GPU", "No CPU offload or KV swapping in the hot path; pin and batch host copies.")
+    c.fix(FixKind.KEEP_DATA_ON_GPU, "Keep data on the GPU", "No CPU offload or KV swapping in the hot path; pin and "
+          "batch host copies.")
     return c.finding(0.6, f"PCIe carries {worst.p90 / link:.0%} of the link's bandwidth (p90).")
 
 
@@ -112,11 +164,11 @@ def pcie_saturated(c: Check) -> Finding | None:
     name="gpu-errors",
     limiter=Limiter.ERRORS,
     summary="The GPU reported XID or uncorrectable ECC errors during the window.",
-    requires=("gpu.xid_errors|gpu.ecc_dbe",),
-    uses=("gpu.pcie_replays",),
-    thresholds={"errors": Threshold(0.0, "any XID or double-bit ECC error above this count")},
+    requires=(AnyOf(S.GPU_XID_ERRORS, S.GPU_ECC_DBE),),
+    uses=(S.GPU_PCIE_REPLAYS,),
+    thresholds={"errors": Threshold(0.0, "any XID or double-bit ECC error above this count", "count")},
     page=Page(
-        detects="Any XID error or uncorrectable (double-bit) ECC error during the window.",
+        detects="XID errors or uncorrectable (double-bit) ECC errors above {errors} during the window.",
         why="XIDs signal driver-visible faults (from an application's illegal access to a GPU falling off the "
         "bus); uncorrectable ECC errors kill the processes that touch the memory and need a reset or a "
         "retired page. Performance numbers from a failing GPU mean little.",
@@ -126,12 +178,95 @@ def pcie_saturated(c: Check) -> Finding | None:
     ),
 )
 def gpu_errors(c: Check) -> Finding | None:
-    found = [s for s in (c.sig("gpu.xid_errors"), c.sig("gpu.ecc_dbe")) if s is not None and s.max > c.t["errors"]]
+    found = [s for s in (c.opt(S.GPU_XID_ERRORS), c.opt(S.GPU_ECC_DBE)) if s is not None and s.max > c.t["errors"]]
     if not found:
         return None
     for s in found:
         c.cite(s, "max", ">", c.t["errors"])
-    c.fix("Drain and check the GPU", "Read the XID in the kernel log (dmesg | grep -i xid), run dcgmi diag, and "
-          "reset or replace the GPU before tuning anything.")
+    c.fix(FixKind.DRAIN_GPU, "Drain and check the GPU", "Read the XID in the kernel log (dmesg | grep -i xid), run "
+          "dcgmi diag, and reset or replace the GPU before tuning anything.",
+          Gain(None, "a failing GPU, not a speed question", benefit=Benefit.HEALTH))
     return c.finding(0.95, "The GPU reported " + " and ".join(f"{s.name.split('.')[-1]} = {s.max:.0f}" for s in found)
                      + " during the window.")
+
+
+@rule(
+    code="NET003",
+    name="collective-waits",
+    limiter=Limiter.INTERCONNECT,
+    summary="The GPU idles with work queued, waiting on another stream or a collective, not on the host.",
+    requires=(S.TRACE_IDLE_STREAM_WAIT_FRAC, S.TRACE_SHARE_COMM),
+    uses=(S.TRACE_RANK_IMBALANCE, S.TRACE_SHARE_ALL_TO_ALL),
+    thresholds={
+        "wait_frac": Threshold(0.15, "share of the window idle with work queued on the device", "ratio"),
+        "comm_share": Threshold(0.05, "communication kernels' share of busy time that makes the waits collective "
+                                "ones", "ratio"),
+    },
+    page=Page(
+        detects="At least {wait_frac} of the traced window idle while the next kernels were already queued (the host "
+        "had launched them long before), in a trace with communication kernels (at least {comm_share} of busy "
+        "time).",
+        why="A GPU with work queued that does not run it is waiting: on an event another stream records, on a "
+        "collective whose peers have not arrived, on a copy. The host is not the limiter there (graphs or faster "
+        "launches would not help); the slowest peer or the serial dependency between streams is.",
+        fixes="Overlap the collectives with compute (DDP bucket sizes, all-to-all dispatch overlapped with expert or "
+        "dense compute), balance the ranks' work so none waits for a straggler (embedding-table sharding, data), and "
+        "look in the timeline for which stream's event the idle one waits on.",
+        sources="HolisticTraceAnalysis idle-time breakdown (queue length, cross-stream waits); Nsight Systems NCCL "
+        "and stream-dependency views.",
+    ),
+)
+def collective_waits(c: Check) -> Finding | None:
+    wait, comm = c.req(S.TRACE_IDLE_STREAM_WAIT_FRAC), c.req(S.TRACE_SHARE_COMM)
+    if wait.value < c.t["wait_frac"] or comm.value < c.t["comm_share"]:
+        return None
+    c.cite(wait, "value", ">=", c.t["wait_frac"])
+    c.cite(comm, "value", ">=", c.t["comm_share"])
+    g = gains.removal(wait.value, "the waits on other streams and collectives")
+    if c.ev.workload == "training":
+        c.fix(FixKind.OVERLAP_COMM, "Overlap the collectives with compute", "Start each collective as soon as its "
+              "input is ready and keep compute queued behind it (DDP bucket_cap_mb, torch.distributed async ops, "
+              "TorchRec pipelined all-to-all), so waits on peers hide behind work.", g)
+        c.fix(FixKind.BALANCE_RANKS, "Balance the ranks", "A collective finishes when its slowest rank arrives: "
+              "rebalance the work (embedding-table sharding plan, data per rank) so no rank idles waiting.", g)
+    else:
+        c.fix(FixKind.REDUCE_TP, "Wait less on collectives per token", "Fewer tensor-parallel ranks with more "
+              "replicas, TP only within NVLink, overlapped or custom all-reduce.", g)
+    return c.finding(0.5 + min(0.35, wait.value), f"The GPU sat idle {wait.value:.0%} of the traced window with "
+                     "work already queued, waiting on other streams and collectives rather than on the host.")
+
+
+@rule(
+    code="NET004",
+    name="straggler-rank",
+    limiter=Limiter.INTERCONNECT,
+    summary="One rank of a multi-rank job computes clearly longer than the others: they wait for it in collectives.",
+    requires=(S.TRACE_RANK_IMBALANCE,),
+    thresholds={"imbalance": Threshold(1.10, "busiest rank's compute share over the median rank's")},
+    page=Page(
+        detects="In a trace of several ranks of one job, the busiest rank's compute share at least {imbalance}x the "
+        "median rank's.",
+        why="Every collective ends when its slowest rank arrives, so each step runs at the straggler's pace and the "
+        "other ranks' lead is spent waiting.",
+        fixes="Balance the work across ranks (sharding plan, batch per rank, data skew); check the straggler's GPU "
+        "for throttling or errors. The gain is at most the straggler's lead over the median.",
+        sources="HolisticTraceAnalysis temporal breakdown across ranks; MLPerf training practice.",
+    ),
+)
+def straggler_rank(c: Check) -> Finding | None:
+    imbalance = c.req(S.TRACE_RANK_IMBALANCE)
+    if imbalance.value < c.t["imbalance"]:
+        return None
+    c.cite(imbalance, "value", ">=", c.t["imbalance"])
+    c.fix(FixKind.BALANCE_RANKS, "Balance the ranks", "Give the straggler less work (or find why it is slow: its "
+          "GPU's clocks and errors, its shard's size) so the others stop waiting for it in each collective.",
+          Gain(imbalance.value, f"every rank at the median's pace: the straggler's lead x{imbalance.value:.2f}",
+               GainKind.UPPER_BOUND))
+    straggler = c.ev.trace.straggler if c.ev.trace is not None else ""
+    return c.finding(0.55 + min(0.3, imbalance.value - c.t["imbalance"]),
+                     (straggler[:1].upper() + straggler[1:].rstrip(".") + ": " if straggler else "")
+                     + f"the busiest rank computes {imbalance.value:.2f}x the median rank's share, and the others "
+                     "wait for it in every collective.")
+
+
+RULES = (clocks_throttled, communication_bound, collective_waits, straggler_rank, pcie_saturated, gpu_errors)

@@ -1,16 +1,53 @@
-"""Host and launch rules: the GPU waits for the CPU (a saturated serving thread, launch gaps, syncs, copies)."""
+"""Host and launch rules: the GPU waits for the CPU (a saturated serving thread, launch gaps, syncs, copies).
+
+Every gain here is an upper bound: removing a measured share s of idle time gives at most 1 / (1 - s), and no host
+fix can make the GPU busier than all the time (1 / busy; the engine's judge enforces that bound on every host-side
+fix).
+"""
 
 from __future__ import annotations
 
-from diagnoser.diagnosis import Finding, Limiter
-from diagnoser.rules.base import Check, Page, Threshold, rule
+from diagnoser import signals as S
+from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
+from diagnoser.evidence import Evidence
+from diagnoser.rules import gains
+from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.stacks import HotCode, hot_code
 
 _GRAPHS = "Capture the decode step in CUDA graphs (vLLM does by default unless --enforce-eager; torch.compile " \
     "mode='reduce-overhead'; SGLang --cuda-graph-max-bs) so one launch replaces hundreds."
 
 
-def _gap_gain(idle_frac: float) -> tuple[float, str]:
-    return 1.0 / max(0.05, 1.0 - idle_frac), f"removing {idle_frac:.0%} idle time: 1 / (1 - idle)"
+def _graphs_action(ev: Evidence) -> str:
+    if ev.platform == "rocm":
+        return _GRAPHS.replace("CUDA graphs", "HIP graphs (torch.cuda.graphs works on ROCm)")
+    if ev.workload == "training":
+        return ("Capture the training step (forward, backward, optimizer) in CUDA graphs: torch.compile "
+                "mode='reduce-overhead' or torch.cuda.make_graphed_callables, so one launch replaces hundreds.")
+    return _GRAPHS
+
+
+def _graphs_title(ev: Evidence) -> str:
+    return "Launch with HIP graphs" if ev.platform == "rocm" else "Launch with CUDA graphs"
+
+
+def _offload(c: Check, g: Gain, hot: HotCode | None = None) -> None:
+    if hot is not None:
+        # The sampled stacks name the code: the fix starts from it.
+        c.fix(FixKind.OFFLOAD_HOST_WORK, "Take the hot Python code off the serving loop", f"Start with "
+              f"{hot.function} ({hot.self_frac:.0%} of the samples of thread {hot.thread or '?'}, "
+              f"{hot.role or 'role unknown'} by its frames): move it to another process or thread, batch it, or "
+              "make it cheaper (vectorise, cache, or drop per-step Python work); tokenise and detokenise outside "
+              "the engine loop.", g)
+        return
+    if c.ev.workload == "training":
+        c.fix(FixKind.OFFLOAD_HOST_WORK, "Take host work off the training step's path", "Load and transform data in "
+              "DataLoader workers (num_workers, pin_memory=True, prefetch), keep logging and metric reads "
+              "(.item()) out of the step.", g)
+        return
+    c.fix(FixKind.OFFLOAD_HOST_WORK, "Move CPU work off the serving loop", "Tokenise, detokenise and post-process in "
+          "other processes (vLLM's API server does); enable asynchronous scheduling and output processing; keep "
+          "Python work out of the step.", g)
 
 
 @rule(
@@ -18,41 +55,46 @@ def _gap_gain(idle_frac: float) -> tuple[float, str]:
     name="serving-thread-saturated",
     limiter=Limiter.HOST_LAUNCH,
     summary="A thread of the server is pinned near 100 % of a core while the GPU is not fully busy.",
-    requires=("host.target_busiest_thread", "gpu.busy|gpu.sm_active|trace.gpu_idle_frac"),
-    uses=("host.target_cpu",),
+    requires=(S.HOST_TARGET_BUSIEST_THREAD, AnyOf(S.GPU_BUSY, S.GPU_SM_ACTIVE, S.TRACE_GPU_IDLE_FRAC)),
+    uses=(S.HOST_TARGET_CPU,),
     thresholds={
-        "thread_p50": Threshold(0.90, "busiest thread's share of one core (median) that counts as saturated"),
-        "busy_max": Threshold(0.70, "GPU busy fraction below which the GPU is waiting on the host"),
+        "thread_p50": Threshold(0.90, "busiest thread's share of one core (median) that counts as saturated",
+                                "ratio"),
+        "busy_max": Threshold(0.70, "GPU busy fraction below which the GPU is waiting on the host", "ratio"),
     },
     page=Page(
-        detects="The target's busiest thread at or above 90 % of one core for half the window while the GPU is "
-        "busy less than 70 %.",
+        detects="The target's busiest thread at or above {thread_p50} of one core for half the window while the GPU "
+        "is busy less than {busy_max}.",
         why="Python serving loops (scheduling, sampling, detokenising, launching kernels) run on one thread; when "
         "that thread is saturated the GPU waits between steps however fast it is.",
         fixes=_GRAPHS + " Move tokenisation/detokenisation to other processes (vLLM's API server does), enable "
-        "asynchronous scheduling/output processing, use a faster CPU.",
+        "asynchronous scheduling/output processing, use a faster CPU. The gain is at most 1 / busy. When the "
+        "target's Python stacks were sampled (py-spy, see docs/attach.md), the finding and the first fix name the "
+        "busiest thread's hottest function and what it does (scheduler, tokenizer, detokenizer, sampling, model "
+        "forward, data movement).",
         sources="Nsight Systems CPU-bound heuristics; nvitop-style per-thread CPU; MLPerf inference practice "
         "(CPUBottleneck: GPU < 10 % and CPU > 90 %).",
     ),
 )
 def serving_thread_saturated(c: Check) -> Finding | None:
-    thread = c.sig("host.target_busiest_thread")
-    assert thread is not None
-    busy = c.sig("gpu.busy") or c.sig("gpu.sm_active")
-    idle = c.sig("trace.gpu_idle_frac")
-    busy_frac = busy.mean if busy is not None else 1.0 - idle.values[0]  # type: ignore[union-attr]
+    thread = c.req(S.HOST_TARGET_BUSIEST_THREAD)
+    busy_sig = c.first(S.GPU_BUSY, S.GPU_SM_ACTIVE, S.TRACE_GPU_IDLE_FRAC)
+    busy_frac = 1.0 - busy_sig.value if busy_sig.name == S.TRACE_GPU_IDLE_FRAC else busy_sig.mean
     if thread.p50 < c.t["thread_p50"] or busy_frac >= c.t["busy_max"]:
         return None
     c.cite(thread, "p50", ">=", c.t["thread_p50"])
-    if busy is not None:
-        c.cite(busy, "mean", "<", c.t["busy_max"])
-    elif idle is not None:
-        c.cite(idle, "value")
-    gain, basis = 1.0 / max(0.05, busy_frac), "if the GPU were kept busy: 1 / busy fraction"
-    c.fix("Take launch work off the serving thread", _GRAPHS, min(gain, 5.0), basis)
-    c.fix("Move CPU work off the loop", "Detokenise and post-process in other processes; enable async scheduling.")
+    if busy_sig.name == S.TRACE_GPU_IDLE_FRAC:
+        c.cite(busy_sig, "value")
+    else:
+        c.cite(busy_sig, "mean", "<", c.t["busy_max"])
+    bound = Gain(1.0 / max(0.05, busy_frac), f"if the GPU were kept busy: 1 / {busy_frac:.0%} busy",
+                 GainKind.UPPER_BOUND)
+    hot = hot_code(c.ev.stacks, limit=1)
+    _offload(c, bound, hot[0] if hot else None)
+    c.fix(FixKind.CUDA_GRAPHS, _graphs_title(c.ev), _graphs_action(c.ev), bound)
+    where = f" Sampled stacks: {hot[0].cite()}." if hot else ""
     return c.finding(0.7, f"The server's busiest thread uses {thread.p50:.0%} of a core while the GPU is busy "
-                     f"{busy_frac:.0%}: the host sets the pace.")
+                     f"{busy_frac:.0%}: the host sets the pace.{where}")
 
 
 @rule(
@@ -60,27 +102,32 @@ def serving_thread_saturated(c: Check) -> Finding | None:
     name="launch-gaps",
     limiter=Limiter.HOST_LAUNCH,
     summary="The trace shows the GPU idle because the host had not launched the next kernel yet.",
-    requires=("trace.idle.host_frac",),
-    uses=("trace.gpu_idle_frac", "trace.kernels_per_s"),
-    thresholds={"host_idle_frac": Threshold(0.15, "share of the window idle waiting for launches")},
+    requires=(S.TRACE_IDLE_HOST_FRAC,),
+    uses=(S.TRACE_GPU_IDLE_FRAC, S.TRACE_KERNELS_PER_S),
+    thresholds={"host_idle_frac": Threshold(0.15, "share of the window idle waiting for launches", "ratio")},
     page=Page(
-        detects="At least 15 % of the traced window with the GPU idle while the host was still preparing the next "
-        "launch (the gap ends at a kernel whose launch call started inside the gap).",
+        detects="At least {host_idle_frac} of the traced window with the GPU idle while the host was still preparing "
+        "the next launch (the gap ends at a kernel whose launch call started inside the gap).",
         why="Each idle gap is time the GPU could have worked; a host that launches slower than the GPU executes "
         "caps throughput at the host's pace.",
-        fixes=_GRAPHS + " Fuse small ops (torch.compile), move Python work out of the step.",
+        fixes=_GRAPHS + " Fuse small ops (torch.compile), move Python work out of the step. Removing the gaps gives "
+        "at most 1 / (1 - their share).",
         sources="HolisticTraceAnalysis idle-time breakdown (host wait); Nsight Systems gpu_gaps rule.",
     ),
 )
 def launch_gaps(c: Check) -> Finding | None:
-    host = c.sig("trace.idle.host_frac")
-    assert host is not None
-    if host.values[0] < c.t["host_idle_frac"]:
+    host = c.req(S.TRACE_IDLE_HOST_FRAC)
+    if host.value < c.t["host_idle_frac"]:
         return None
     c.cite(host, "value", ">=", c.t["host_idle_frac"])
-    gain, basis = _gap_gain(host.values[0])
-    c.fix("Launch with CUDA graphs", _GRAPHS, gain, basis)
-    return c.finding(0.5 + min(0.4, host.values[0]), f"The GPU sat idle {host.values[0]:.0%} of the traced window "
+    g = gains.removal(host.value, "the host launch gaps")
+    c.fix(FixKind.CUDA_GRAPHS, _graphs_title(c.ev), _graphs_action(c.ev), g)
+    _offload(c, g)
+    if c.ev.workload == "training":
+        c.fix(FixKind.LARGER_BATCH, "Give each GPU a larger batch", "A larger per-GPU batch (or fewer, larger "
+              "micro-batches) gives every launch more work, so the host's per-step cost is spread over more "
+              "samples.", g)
+    return c.finding(0.5 + min(0.4, host.value), f"The GPU sat idle {host.value:.0%} of the traced window "
                      "waiting for the host to launch work.")
 
 
@@ -88,13 +135,13 @@ def launch_gaps(c: Check) -> Finding | None:
     code="HOST003",
     name="small-kernel-storm",
     limiter=Limiter.HOST_LAUNCH,
-    summary="Most kernels are shorter than their own launch call and no CUDA graphs are used.",
-    requires=("trace.short_kernel_frac", "trace.cuda_graph_launches"),
-    uses=("trace.kernels_per_s",),
-    thresholds={"short_kernel_frac": Threshold(0.50, "share of kernels shorter than their launch call")},
+    summary="Most kernels are shorter than their own launch call and no graphs are replayed.",
+    requires=(S.TRACE_SHORT_KERNEL_FRAC, S.TRACE_CUDA_GRAPH_LAUNCHES),
+    uses=(S.TRACE_KERNELS_PER_S, S.TRACE_IDLE_HOST_FRAC, S.TRACE_GPU_IDLE_FRAC),
+    thresholds={"short_kernel_frac": Threshold(0.50, "share of kernels shorter than their launch call", "ratio")},
     page=Page(
-        detects="Half or more of the kernels run for less time than the CPU spends launching them, with no "
-        "cudaGraphLaunch in the trace.",
+        detects="At least {short_kernel_frac} of the kernels run for less time than the CPU spends launching them, "
+        "with no graph launch in the trace.",
         why="When a kernel is shorter than its launch, the GPU drains faster than the host fills it; the run is "
         "launch-bound no matter how fast the GPU is.",
         fixes=_GRAPHS + " Fuse elementwise chains with torch.compile.",
@@ -102,15 +149,21 @@ def launch_gaps(c: Check) -> Finding | None:
     ),
 )
 def small_kernel_storm(c: Check) -> Finding | None:
-    short, graphs = c.sig("trace.short_kernel_frac"), c.sig("trace.cuda_graph_launches")
-    assert short is not None and graphs is not None
-    if short.values[0] < c.t["short_kernel_frac"] or graphs.values[0] > 0:
+    short, graphs = c.req(S.TRACE_SHORT_KERNEL_FRAC), c.req(S.TRACE_CUDA_GRAPH_LAUNCHES)
+    if short.value < c.t["short_kernel_frac"] or graphs.value > 0:
         return None
     c.cite(short, "value", ">=", c.t["short_kernel_frac"])
     c.cite(graphs, "value", "=", 0)
-    c.fix("Capture CUDA graphs", _GRAPHS)
-    return c.finding(0.6, f"{short.values[0]:.0%} of kernels are shorter than their launch and no CUDA graph is "
-                     "replayed: launch overhead dominates.")
+    idle = c.opt(S.TRACE_GPU_IDLE_FRAC)
+    host = c.opt(S.TRACE_IDLE_HOST_FRAC)
+    g = gains.removal(host.value, "the host launch gaps") if host is not None else Gain.unknown(
+        "the idle time the launches cause is not attributed in this trace")
+    c.fix(FixKind.CUDA_GRAPHS, _graphs_title(c.ev), _graphs_action(c.ev), g)
+    if idle is not None:
+        c.fix(FixKind.FUSE_KERNELS, "Fuse the short kernels", "Fuse elementwise chains (torch.compile) so fewer, "
+              "longer kernels are launched.", g)
+    return c.finding(0.6, f"{short.value:.0%} of kernels are shorter than their launch and no graph is replayed: "
+                     "launch overhead dominates.")
 
 
 @rule(
@@ -118,28 +171,28 @@ def small_kernel_storm(c: Check) -> Finding | None:
     name="host-sync-stalls",
     limiter=Limiter.HOST_LAUNCH,
     summary="The GPU idles while the host blocks in synchronisations.",
-    requires=("trace.idle.sync_frac",),
-    thresholds={"sync_idle_frac": Threshold(0.10, "share of the window idle inside host synchronisations")},
+    requires=(S.TRACE_IDLE_SYNC_FRAC,),
+    thresholds={"sync_idle_frac": Threshold(0.10, "share of the window idle inside host synchronisations", "ratio")},
     page=Page(
-        detects="At least 10 % of the traced window idle around cudaStreamSynchronize / cudaDeviceSynchronize / "
-        "blocking copies (`.item()`, `.cpu()`, `.tolist()`).",
+        detects="At least {sync_idle_frac} of the traced window idle around cudaStreamSynchronize / "
+        "cudaDeviceSynchronize / blocking copies (`.item()`, `.cpu()`, `.tolist()`).",
         why="A sync empties the GPU's queue: the host waits for the GPU, then the GPU waits for the host to launch "
         "again. In a decode loop this happens every step.",
         fixes="Keep sampling and stopping checks on the GPU; read results back once per step with non_blocking "
-        "copies into pinned buffers; overlap the next step's launch with the copy (async scheduling).",
+        "copies into pinned buffers; overlap the next step's launch with the copy (async scheduling). Removing the "
+        "stalls gives at most 1 / (1 - their share).",
         sources="Nsight Systems sync-API rule; HTA idle breakdown.",
     ),
 )
 def host_sync_stalls(c: Check) -> Finding | None:
-    sync = c.sig("trace.idle.sync_frac")
-    assert sync is not None
-    if sync.values[0] < c.t["sync_idle_frac"]:
+    sync = c.req(S.TRACE_IDLE_SYNC_FRAC)
+    if sync.value < c.t["sync_idle_frac"]:
         return None
     c.cite(sync, "value", ">=", c.t["sync_idle_frac"])
-    gain, basis = _gap_gain(sync.values[0])
-    c.fix("Remove per-step host syncs", "Avoid .item()/.cpu()/.tolist() inside the step; copy results with "
-          "non_blocking=True into pinned memory and read them one step later.", gain, basis)
-    return c.finding(0.5 + min(0.4, sync.values[0]), f"The GPU idled {sync.values[0]:.0%} of the traced window "
+    c.fix(FixKind.REMOVE_SYNCS, "Remove per-step host syncs", "Avoid .item()/.cpu()/.tolist() inside the step; copy "
+          "results with non_blocking=True into pinned memory and read them one step later.",
+          gains.removal(sync.value, "the idle time inside host syncs"))
+    return c.finding(0.5 + min(0.4, sync.value), f"The GPU idled {sync.value:.0%} of the traced window "
                      "inside host synchronisations.")
 
 
@@ -148,10 +201,11 @@ def host_sync_stalls(c: Check) -> Finding | None:
     name="pageable-memcpy",
     limiter=Limiter.HOST_LAUNCH,
     summary="Copies from pageable host memory stall the GPU.",
-    requires=("trace.idle.pageable_memcpy_frac",),
-    thresholds={"pageable_idle_frac": Threshold(0.05, "share of the window idle around pageable copies")},
+    requires=(S.TRACE_IDLE_PAGEABLE_MEMCPY_FRAC,),
+    thresholds={"pageable_idle_frac": Threshold(0.05, "share of the window idle around pageable copies", "ratio")},
     page=Page(
-        detects="At least 5 % of the traced window idle around host-to-device copies from pageable memory.",
+        detects="At least {pageable_idle_frac} of the traced window idle around host-to-device copies from pageable "
+        "memory.",
         why="A copy from pageable memory is staged through a driver buffer and is synchronous with respect to the "
         "host; it cannot overlap compute.",
         fixes="Allocate host tensors with pin_memory=True and copy with non_blocking=True.",
@@ -159,12 +213,13 @@ def host_sync_stalls(c: Check) -> Finding | None:
     ),
 )
 def pageable_memcpy(c: Check) -> Finding | None:
-    frac = c.sig("trace.idle.pageable_memcpy_frac")
-    assert frac is not None
-    if frac.values[0] < c.t["pageable_idle_frac"]:
+    frac = c.req(S.TRACE_IDLE_PAGEABLE_MEMCPY_FRAC)
+    if frac.value < c.t["pageable_idle_frac"]:
         return None
     c.cite(frac, "value", ">=", c.t["pageable_idle_frac"])
-    gain, basis = _gap_gain(frac.values[0])
-    c.fix("Pin host buffers", "pin_memory=True on host tensors that feed the GPU; .to(device, non_blocking=True).",
-          gain, basis)
-    return c.finding(0.5, f"Copies from pageable memory left the GPU idle {frac.values[0]:.0%} of the window.")
+    c.fix(FixKind.PIN_MEMORY, "Pin host buffers", "pin_memory=True on host tensors that feed the GPU; "
+          ".to(device, non_blocking=True).", gains.removal(frac.value, "the idle time around pageable copies"))
+    return c.finding(0.5, f"Copies from pageable memory left the GPU idle {frac.value:.0%} of the window.")
+
+
+RULES = (serving_thread_saturated, launch_gaps, small_kernel_storm, host_sync_stalls, pageable_memcpy)

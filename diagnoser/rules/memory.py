@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
-from diagnoser.diagnosis import Finding, Limiter
-from diagnoser.rules.base import Check, Page, Threshold, rule
-from diagnoser.rules.gains import batch_gain
+from diagnoser import signals as S
+from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
+from diagnoser.rules import gains
+from diagnoser.rules.base import Check, Gain, Page, Threshold, rule
+
+
+def _kv_fixes(c: Check) -> None:
+    """More room for the KV cache: the free memory, fewer bytes per token, fewer weight bytes, more GPUs."""
+    mem = c.opt(S.GPU_MEM_USED_FRAC)
+    if mem is None or mem.p90 < c.t["mem_free_for_kv"]:
+        want, batch = gains.demand(c.ev), c.ev.observed_batch()
+        g = gains.batch_gain(c.ev, target=want) if want is not None else Gain.unknown(
+            "needs the queue length to bound the gain by the demand")
+        if g.value is None and want is not None and batch:
+            g = Gain(want / batch, f"the waiting requests running too: {want:.0f} sequences for {batch:.0f} "
+                                   "(the model's shape or the GPU is unknown, so the step is assumed not to slow)",
+                     GainKind.UPPER_BOUND)
+        if mem is not None:
+            c.cite(mem, "p90", "<", c.t["mem_free_for_kv"])
+            where = f"Only {mem.p90:.0%} of the device memory is in use: raise"
+        else:
+            where = "If the device has memory free (its use was not read), raise"
+        c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory", f"{where} the KV cache's share (vLLM "
+              "--gpu-memory-utilization, SGLang --mem-fraction-static, a larger KV pool) so the waiting requests "
+              "can run.", g)
+    c.fix(FixKind.FP8_KV, "Store the KV cache in FP8", "Start the server with an FP8 KV cache (vLLM: "
+          "--kv-cache-dtype fp8); each token's KV then takes half the bytes, so twice the sequences fit and each "
+          "decode step reads half the KV bytes.", gains.kv_dtype_gain(c.ev, "fp8"))
+    if mem is None or mem.p90 >= c.t["mem_free_for_kv"]:
+        c.fix(FixKind.QUANTIZE_FOR_MEMORY, "Quantise the weights to free memory for the KV cache",
+              "Serve FP8 or INT4 weights (an FP8 checkpoint, AWQ/GPTQ INT4); the memory freed goes to the KV cache.")
+        c.fix(FixKind.SHARD_MODEL, "Shard the model or use a larger GPU", "Tensor parallelism over more GPUs (vLLM "
+              "--tensor-parallel-size) or a GPU with more memory (H200: 141 GB).")
 
 
 @rule(
@@ -12,34 +42,37 @@ from diagnoser.rules.gains import batch_gain
     name="kv-cache-full",
     limiter=Limiter.VRAM,
     summary="The KV cache is full while requests wait or get preempted.",
-    requires=("server.kv_usage",),
-    uses=("server.waiting", "server.preemptions_per_s", "server.running", "gpu.mem_used_frac"),
+    requires=(S.SERVER_KV_USAGE,),
+    uses=(S.SERVER_WAITING, S.SERVER_PREEMPTIONS_PER_S, S.SERVER_RUNNING, S.GPU_MEM_USED_FRAC),
     thresholds={
-        "kv_usage_p90": Threshold(0.90, "KV-cache use (p90) at or above which the cache counts as full"),
-        "waiting_mean": Threshold(1.0, "mean queued requests that count as pressure"),
-        "preemptions_per_s": Threshold(0.0, "any preemption above this rate counts as pressure"),
+        "kv_usage_p90": Threshold(0.90, "KV-cache use (p90) at or above which the cache counts as full", "ratio"),
+        "waiting_mean": Threshold(1.0, "mean queued requests that count as pressure", "requests"),
+        "preemptions_per_s": Threshold(0.0, "any preemption above this rate counts as pressure", "1/s"),
         "kv_usage_max_preempting": Threshold(0.80, "KV-cache use (max) that, with preemptions and a queue, counts "
-                                             "as full whatever the p90"),
+                                             "as full whatever the p90", "ratio"),
+        "mem_free_for_kv": Threshold(0.50, "device memory in use (p90) below which the KV pool, not the GPU, is "
+                                     "what is small", "ratio"),
     },
     page=Page(
-        detects="KV-cache use near 100 % (p90 >= 90 %) together with requests queued or preempted: the server would "
-        "batch more sequences but has no memory for their KV cache. Also: requests preempted while others wait "
-        "and the cache reached 80 %: engines preempt only when the cache has run out, and a gauge scraped once a "
-        "second misses the peaks (use swings from 67 % to 97 % as sequences are preempted and re-admitted).",
+        detects="KV-cache use near full (p90 at or above {kv_usage_p90}) together with requests queued or preempted: "
+        "the server would batch more sequences but has no memory for their KV cache. Also: requests preempted while "
+        "others wait and the cache reached {kv_usage_max_preempting}: engines preempt only when the cache has run "
+        "out, and a gauge scraped once a second misses the peaks. When the device memory itself is under "
+        "{mem_free_for_kv} used, the KV pool was sized small, and the fix is to give it the free memory.",
         why="Decode throughput grows with the batch until the ridge point; when the KV cache caps the batch, the "
         "GPU streams all the weights every step for only a few sequences. Preemptions also recompute or swap "
         "work already done.",
-        fixes="Store the KV cache in FP8 (vLLM `--kv-cache-dtype fp8`): half the bytes per token, twice the "
-        "sequences. Quantise the weights (FP8/INT4) to free memory for the cache. Shard with tensor parallelism "
-        "or move to a GPU with more memory. Lower `--max-model-len` if long contexts are rare.",
+        fixes="Give the KV cache the free memory when there is some. Store the KV cache in FP8 (vLLM "
+        "`--kv-cache-dtype fp8`): half the bytes per token, twice the sequences, half the KV bytes each step reads. "
+        "Quantise the weights (FP8/INT4) to free memory for the cache. Shard with tensor parallelism or move to a "
+        "GPU with more memory. Lower `--max-model-len` if long contexts are rare.",
         sources="KV bytes per token = 2 x layers x kv_heads x head_dim x bytes; vLLM docs on preemption; "
         "torch-tb-profiler's 90 % peak-memory rule.",
     ),
 )
 def kv_cache_full(c: Check) -> Finding | None:
-    kv = c.sig("server.kv_usage")
-    assert kv is not None
-    waiting, preempt = c.sig("server.waiting"), c.sig("server.preemptions_per_s")
+    kv = c.req(S.SERVER_KV_USAGE)
+    waiting, preempt = c.opt(S.SERVER_WAITING), c.opt(S.SERVER_PREEMPTIONS_PER_S)
     queued = waiting is not None and waiting.mean >= c.t["waiting_mean"]
     preempted = preempt is not None and preempt.max > c.t["preemptions_per_s"]
     if not (queued or preempted):
@@ -53,22 +86,19 @@ def kv_cache_full(c: Check) -> Finding | None:
         c.cite(kv, "p90", ">=", c.t["kv_usage_p90"])
     else:
         c.cite(kv, "max", ">=", c.t["kv_usage_max_preempting"])
-    if queued:
+    if queued and waiting is not None:
         c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
-    if preempted:
+    if preempted and preempt is not None:
         c.cite(preempt, "max", ">", c.t["preemptions_per_s"])
-    gain, basis = batch_gain(c.ev, factor=2.0)
-    c.fix("Store the KV cache in FP8", "Start the server with an FP8 KV cache (vLLM: --kv-cache-dtype fp8); "
-          "each sequence then takes half the memory, so about twice as many run at once.", gain, basis)
-    c.fix("Quantise the weights to free memory for the KV cache",
-          "Serve FP8 or INT4 weights (e.g. an FP8 checkpoint, AWQ/GPTQ INT4); the memory freed goes to the KV cache.")
-    c.fix("Shard the model or use a larger GPU",
-          "Tensor parallelism over more GPUs (vLLM --tensor-parallel-size) or a GPU with more memory (H200: 141 GB).")
+    _kv_fixes(c)
     strength = 0.6 + (0.2 if queued else 0.0) + (0.15 if preempted else 0.0)
     fullness = f"is {kv.p90:.0%} full (p90)" if full else f"runs out (read at up to {kv.max:.0%}; reads miss the peaks)"
+    mem = c.opt(S.GPU_MEM_USED_FRAC)
+    tail = (f"; the device memory is only {mem.p90:.0%} used, so the KV pool, not the GPU, is what is small"
+            if mem is not None and mem.p90 < c.t["mem_free_for_kv"] else "")
     return c.finding(strength, f"The KV cache {fullness} while requests "
                      f"{'wait' if queued else ''}{' and ' if queued and preempted else ''}"
-                     f"{'are preempted' if preempted else ''}: memory caps the batch.")
+                     f"{'are preempted' if preempted else ''}: memory caps the batch{tail}.")
 
 
 @rule(
@@ -76,28 +106,32 @@ def kv_cache_full(c: Check) -> Finding | None:
     name="weights-do-not-fit",
     limiter=Limiter.VRAM,
     summary="The model's weights alone do not fit in the GPU memory.",
-    requires=("theory.weight_bytes", "gpu.mem_total_bytes"),
-    thresholds={"weights_frac": Threshold(0.95, "weights over device memory at which nothing is left for the KV cache")},
+    requires=(S.THEORY_WEIGHT_BYTES, S.GPU_MEM_TOTAL_BYTES),
+    thresholds={"weights_frac": Threshold(0.95, "weights over device memory at which nothing is left for the KV "
+                                          "cache", "ratio")},
     page=Page(
-        detects="Weight bytes (parameters x bytes per parameter, per tensor-parallel rank) at or above the GPU's memory.",
+        detects="Weight bytes (parameters x bytes per parameter, per tensor-parallel rank) at or above "
+        "{weights_frac} of the GPU's memory.",
         why="A model that does not fit cannot run, or runs offloaded over PCIe at a small fraction of HBM speed; "
         "and with no room left for the KV cache no batch can form. Nothing else helps until it fits.",
         fixes="Quantise (FP8 halves BF16 weights, INT4 quarters them), shard with tensor parallelism, or use a "
         "GPU with more memory.",
-        sources="Seed physics: weight bytes = params x bytes per element; 'if the model does not fit VRAM nothing else helps'.",
+        sources="Seed physics: weight bytes = params x bytes per element; 'if the model does not fit VRAM nothing "
+        "else helps'.",
     ),
 )
 def weights_do_not_fit(c: Check) -> Finding | None:
-    weights, total = c.sig("theory.weight_bytes"), c.sig("gpu.mem_total_bytes")
-    assert weights is not None and total is not None
-    frac = weights.values[0] / total.max
+    weights, total = c.req(S.THEORY_WEIGHT_BYTES), c.req(S.GPU_MEM_TOTAL_BYTES)
+    frac = weights.value / total.max
     if frac < c.t["weights_frac"]:
         return None
     c.cite(weights, "value", ">=", c.t["weights_frac"] * total.max)
     c.cite(total, "max")
     need = max(2, int(-(-frac // 0.8)))  # ranks so each holds <= 80 % of a GPU
-    c.fix("Quantise the weights", "Serve FP8 (half of BF16) or INT4 (a quarter) weights.")
-    c.fix("Shard the model", f"Tensor parallelism over at least {need} GPUs of this kind.")
+    c.fix(FixKind.QUANTIZE_FOR_MEMORY, "Quantise the weights", "Serve FP8 (half of BF16) or INT4 (a quarter) weights.",
+          Gain.unknown("the model does not run as it is, so there is no speed to compare with"))
+    c.fix(FixKind.SHARD_MODEL, "Shard the model", f"Tensor parallelism over at least {need} GPUs of this kind.",
+          Gain.unknown("the model does not run as it is, so there is no speed to compare with"))
     return c.finding(1.0, f"The weights need {frac:.0%} of the GPU's memory: the model does not fit.")
 
 
@@ -106,12 +140,12 @@ def weights_do_not_fit(c: Check) -> Finding | None:
     name="device-memory-full",
     limiter=Limiter.VRAM,
     summary="Device memory is nearly full and no KV-cache metric tells whether that is pressure or preallocation.",
-    requires=("gpu.mem_used_frac",),
-    uses=("server.kv_usage",),
-    thresholds={"mem_used_p90": Threshold(0.97, "device memory in use (p90) that counts as full")},
+    requires=(S.GPU_MEM_USED_FRAC,),
+    uses=(S.SERVER_KV_USAGE,),
+    thresholds={"mem_used_p90": Threshold(0.97, "device memory in use (p90) that counts as full", "ratio")},
     page=Page(
-        detects="Device memory at or above 97 % with no server KV-cache metric to say whether the memory is "
-        "really under pressure.",
+        detects="Device memory at or above {mem_used_p90} with no server KV-cache metric to say whether the memory "
+        "is really under pressure.",
         why="Out-of-memory retries, allocator fragmentation and a KV cache with no room cap the batch. But serving "
         "engines preallocate (vLLM takes 90 % by default), so a full GPU alone is weak evidence: the rule stays "
         "weak unless server metrics confirm it (VRAM001).",
@@ -121,15 +155,16 @@ def weights_do_not_fit(c: Check) -> Finding | None:
     ),
 )
 def device_memory_full(c: Check) -> Finding | None:
-    if "server.kv_usage" in c.ev:
+    if c.opt(S.SERVER_KV_USAGE) is not None:
         return None  # VRAM001 decides with the better signal
-    mem = c.sig("gpu.mem_used_frac")
-    assert mem is not None
+    mem = c.req(S.GPU_MEM_USED_FRAC)
     if mem.p90 < c.t["mem_used_p90"]:
         return None
     c.cite(mem, "p90", ">=", c.t["mem_used_p90"])
-    c.fix("Confirm with server metrics", "Attach with --port so KV-cache use and preemptions are read "
-          "(serving engines preallocate most of the memory on purpose).")
+    c.fix(FixKind.CONFIRM_METRICS, "Confirm with server metrics", "Attach with --port so KV-cache use and "
+          "preemptions are read (serving engines preallocate most of the memory on purpose).")
     return c.finding(0.4, f"Device memory is {mem.p90:.0%} used (p90); without KV-cache metrics this may be "
                      "preallocation rather than pressure.")
 
+
+RULES = (kv_cache_full, weights_do_not_fit, device_memory_full)

@@ -1,313 +1,436 @@
-"""Roofline rules: memory-bandwidth- and compute-limited work, from GPU counters and from trace intensity."""
+"""The roofs and the gap below them: memory-bandwidth-limited, compute-limited, and latency/kernel-bound.
+
+Two questions, kept apart (see diagnoser/characterise.py): the *regime* says which roof the work would hit (its
+arithmetic intensity against the ridge point); the *saturation* says how close it gets (achieved bytes/s or FLOP/s
+over the roof, DRAM and tensor-pipe activity). Memory-bound work at 90 % of the bandwidth roof is bandwidth-limited;
+at 30 % it is limited by its kernels, and the fix is in the kernels (fusion, graphs, a tuned engine), not in HBM.
+Nsight Compute reads under 60 % of peak as latency issues; XProf calls a step latency-bound when neither unit
+reaches 50 %.
+"""
 
 from __future__ import annotations
 
-from diagnoser import physics
-from diagnoser.diagnosis import Finding, Limiter
-from diagnoser.rules.base import Check, Page, Threshold, rule
-from diagnoser.rules.gains import batch_gain, dtype_gain, observed_batch, ridge_batch, weights_dtype
+from diagnoser import signals as S
+from diagnoser.diagnosis import Finding, FixKind, Limiter, Regime
+from diagnoser.evidence import Evidence
+from diagnoser.physics import bytes_per_element
+from diagnoser.rules import gains
+from diagnoser.diagnosis import GainKind
+from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
 
-_BW_FIXES = "Quantise the weights (FP8 halves the bytes each decode step reads, INT4 quarters them); raise the " \
-    "batch toward the ridge batch so each weight read serves more tokens; store the KV cache in FP8 for long " \
-    "contexts; speculative decoding turns several sequential steps into one verify step."
+_NCU = "Nsight Compute speed-of-light: under 60 % of peak reads as latency issues, a 10-point split names the " \
+    "heavier unit; XProf: memory- or compute-bound when HBM or the MXU exceeds 70 % with the other under 50 %, " \
+    "latency-bound when neither reaches 50 %; DCGM docs: DRAM_ACTIVE ~0.8 is the practical peak."
+_PHYSICS = "Seed physics: t_token >= weight_bytes / HBM_bandwidth; arithmetic intensity = FLOPs / bytes; ridge = " \
+    "peak FLOP/s / peak bytes/s; roofline model (Williams et al. 2009)."
 
 
-def _bandwidth_fixes(c: Check) -> None:
-    dtype = weights_dtype(c.ev)
-    # Fewer bytes per weight: FP8 from 16-bit weights, INT4 from FP8/INT8 ones; nothing below INT4.
-    if not dtype or physics.bytes_per_element(dtype) > 1:
-        gain, basis = dtype_gain(c.ev, "fp8")
-        c.fix("Serve FP8 weights", "Use an FP8 checkpoint or on-the-fly FP8 quantisation (vLLM --quantization fp8): "
-              "each decode step reads half the bytes.", gain,
-              basis if gain is not None else "weight bytes halve from BF16; the gain approaches 2x at small batch "
-              "only where the step runs near its bandwidth floor")
-    elif physics.bytes_per_element(dtype) > 0.5:
-        gain, basis = dtype_gain(c.ev, "int4")
-        c.fix("Serve INT4 weights", f"The weights are already {dtype}: an INT4 checkpoint (AWQ or GPTQ, Marlin "
-              "kernels in vLLM) halves the bytes each decode step reads again.", gain, basis)
-    rb, batch = ridge_batch(c.ev), observed_batch(c.ev)
+def graphs(ev: Evidence) -> str:
+    return "HIP graphs" if ev.platform == "rocm" else "CUDA graphs"
+
+
+def top_kernels_text(ev: Evidence, n: int = 3) -> str:
+    """The kernels that hold the time, with how close each gets to its roof when its op's shapes were recorded."""
+    trace, gpu = ev.trace, ev.gpu_spec
+    if trace is None or not trace.top_kernels:
+        return ""
+    parts = []
+    for k in trace.top_kernels[:n]:
+        text = f"{k.name} {k.share:.0%}"
+        if gpu is not None and k.achieved_bytes_per_s:
+            text += f" at {k.achieved_bytes_per_s / gpu.hbm_bytes_per_s:.0%} of the bandwidth roof"
+        parts.append(text)
+    return " Top kernels by time: " + "; ".join(parts) + "."
+
+
+def _memory_regime_fixes(c: Check) -> None:
+    """Fewer bytes per token, or more tokens per byte read."""
+    dtype = c.ev.weights_dtype()
+    if not dtype or bytes_per_element(dtype) > 1:
+        c.fix(FixKind.FP8_WEIGHTS, "Serve FP8 weights", "Use an FP8 checkpoint or on-the-fly FP8 quantisation (vLLM "
+              "--quantization fp8): each decode step reads half the weight bytes.", gains.dtype_gain(c.ev, "fp8"))
+    elif bytes_per_element(dtype) > 0.5:
+        c.fix(FixKind.INT4_WEIGHTS, "Serve INT4 weights", f"The weights are already {dtype}: an INT4 checkpoint (AWQ "
+              "or GPTQ, Marlin kernels in vLLM) halves the bytes each decode step reads again.",
+              gains.dtype_gain(c.ev, "int4"))
+    rb, batch = gains.ridge_batch(c.ev), c.ev.observed_batch()
     if rb is not None and batch is not None and batch < rb / 2:
-        gain, basis = batch_gain(c.ev, target=rb / 2)
-        c.fix("Batch more sequences per step", f"Raise the running batch toward {rb / 2:.0f} (half the ridge batch "
-              f"{rb:.0f}): vLLM --max-num-seqs, more concurrent clients.", gain, basis)
+        c.fix(FixKind.BATCH_MORE, "Batch more sequences per step", f"Raise the running batch toward {rb / 2:.0f} (half "
+              f"the ridge batch {rb:.0f}): vLLM --max-num-seqs, more concurrent clients; each weight read then "
+              "serves more tokens.", gains.batch_gain(c.ev, target=rb / 2))
 
+
+def _kernel_fixes(c: Check, regime: Regime) -> None:
+    """The gap between the kernels and the roof: fuse them, replay them, or use kernels tuned for this shape."""
+    c.fix(FixKind.FUSE_KERNELS, "Fuse the small kernels", "Fuse the norms, activations, casts and softmax between the "
+          "matmuls (torch.compile, fused RMSNorm, FlashAttention/FlashInfer kernels): each unfused kernel reads and "
+          "writes its tensors through HBM and pays a launch.", gains.fusion_gain(c.ev))
+    if c.ev.model is not None and regime is Regime.MEMORY:
+        c.fix(FixKind.TUNED_ENGINE, "Serve with a tuned decode path", "An engine whose decode kernels are tuned for "
+              "small batches (vLLM, SGLang, TensorRT-LLM: fused attention, GEMV kernels for one row, "
+              f"{graphs(c.ev)}) closes most of the gap to the bandwidth floor.", gains.tuned_engine_gain(c.ev))
+    gaps = (c.ev.value(S.TRACE_IDLE_KERNEL_OVERHEAD_FRAC) or 0.0) + (c.ev.value(S.TRACE_IDLE_HOST_FRAC) or 0.0)
+    if gaps >= 0.05:
+        c.fix(FixKind.CUDA_GRAPHS, f"Replay the step with {graphs(c.ev)}", f"Capture the step in {graphs(c.ev)} "
+              "(torch.compile mode='reduce-overhead', vLLM without --enforce-eager) so one launch replaces hundreds.",
+              gains.removal(gaps, "launch and kernel-to-kernel gaps"))
+
+
+def _compute_fixes(c: Check) -> None:
+    c.fix(FixKind.FP8_MATMUL, "Run the matmuls in FP8", "FP8 weights and activations (vLLM --quantization fp8 on "
+          "Hopper/Ada/Blackwell) double the tensor-core peak for the matmul share of the time.",
+          gains.fp8_matmul_gain(c.ev))
+    share = gains.elementwise_share(c.ev)
+    if share is not None and share >= 0.15:
+        c.fix(FixKind.FUSE_KERNELS, "Fuse the elementwise work", f"{share:.0%} of the time goes to norms, "
+              "activations and reductions that leave the tensor cores idle: fuse them into the matmuls' epilogues "
+              "(torch.compile, fused RMSNorm/SwiGLU kernels).", gains.fusion_gain(c.ev))
+    if c.ev.workload != "training" and c.ev.value(S.SERVER_GEN_TOKENS_PER_S):
+        c.fix(FixKind.SPLIT_PREFILL, "Split prefill from decode", "Chunked prefill (vLLM --enable-chunked-prefill, a "
+              "smaller --max-num-batched-tokens) keeps long prompts from stalling decode; or disaggregate prefill to "
+              "its own GPUs.")
+    tp = c.ev.model.tensor_parallel if c.ev.model is not None else 1
+    c.fix(FixKind.ADD_GPUS, "Add GPUs", "Tensor or data parallelism: compute-bound work scales with the number of "
+          "GPUs (tensor parallelism less than linearly: each layer ends in an all-reduce; replicas scale linearly "
+          "with the load offered).", gains.tp_gain(c.ev, 2 * max(1, tp)))
+
+
+# --- memory bandwidth ---------------------------------------------------------------------------------------------
 
 @rule(
     code="BW001",
     name="dram-bandwidth-saturated",
     limiter=Limiter.MEMORY_BANDWIDTH,
-    summary="The memory interface is busy and clearly busier than the tensor pipes.",
-    requires=("gpu.dram_active",),
-    uses=("gpu.tensor_active", "gpu.sm_active"),
+    summary="The memory interface is near its roof and clearly busier than the tensor pipes.",
+    requires=(S.GPU_DRAM_ACTIVE,),
+    uses=(S.GPU_TENSOR_ACTIVE, S.GPU_SM_ACTIVE, S.THEORY_RIDGE_BATCH, S.SERVER_WAITING),
     thresholds={
-        "dram_active_mean": Threshold(0.50, "DRAM activity (mean) at or above which memory is heavily used"),
-        "split": Threshold(0.10, "how much busier DRAM must be than the tensor pipes to call it memory-limited"),
+        "dram_active_mean": Threshold(0.60, "DRAM activity (mean) at or above which HBM counts as saturated",
+                                      "ratio"),
+        "split": Threshold(0.10, "how much busier DRAM must be than the tensor pipes to call it memory-limited",
+                           "ratio"),
     },
     page=Page(
-        detects="DRAM activity (GPM DRAM_BW_UTIL or DCGM DRAM_ACTIVE) at or above 50 % with the tensor pipes at "
-        "least 10 points less busy.",
-        why="Decode reads every weight once per step, so t_token >= weight_bytes / HBM bandwidth. At small batch "
-        "the arithmetic intensity is far below the ridge point and the memory interface, not the math units, sets "
-        "the speed. NVIDIA puts the practical DRAM_ACTIVE peak near 0.8, so 0.5 is already most of what is "
-        "reachable.",
-        fixes=_BW_FIXES,
-        sources="Nsight Compute SOL: 60 % of peak = heavily used, a 10-point split names the heavier unit; XProf "
-        "MemoryBound (HBM > 70 % with MXU < 50 %); DCGM docs: DRAM_ACTIVE ~0.8 is the practical peak.",
+        detects="DRAM activity (GPM DRAM_BW_UTIL or DCGM DRAM_ACTIVE) at or above {dram_active_mean} with the tensor "
+        "pipes at least {split} less busy.",
+        why="Decode reads every weight once per step, so t_token >= weight_bytes / HBM bandwidth. At small batch the "
+        "arithmetic intensity is far below the ridge point and, once the kernels stream at full speed, the memory "
+        "interface sets the pace. NVIDIA puts the practical DRAM_ACTIVE peak near 0.8, so {dram_active_mean} is "
+        "most of what is reachable. Below it the kernels, not HBM, are the gap (LAT001).",
+        fixes="Read fewer bytes per token: FP8 weights halve them, INT4 quarters them; batch more so each weight "
+        "read serves more tokens; an FP8 KV cache for long contexts.",
+        sources=_NCU,
     ),
 )
 def dram_bandwidth_saturated(c: Check) -> Finding | None:
-    dram = c.sig("gpu.dram_active")
-    assert dram is not None
+    dram = c.req(S.GPU_DRAM_ACTIVE)
     if dram.mean < c.t["dram_active_mean"]:
         return None
-    tensor = c.sig("gpu.tensor_active")
+    tensor = c.opt(S.GPU_TENSOR_ACTIVE)
     if tensor is not None and dram.mean - tensor.mean < c.t["split"]:
         return None
     c.cite(dram, "mean", ">=", c.t["dram_active_mean"])
     if tensor is not None:
         c.cite(tensor, "mean")
-    _bandwidth_fixes(c)
-    strength = 0.55 + min(0.4, (dram.mean - c.t["dram_active_mean"]) * 1.5)
+    _memory_regime_fixes(c)
+    strength = 0.6 + min(0.3, (dram.mean - c.t["dram_active_mean"]) * 1.5)
     return c.finding(strength, f"DRAM is {dram.mean:.0%} busy"
                      + (f" against {tensor.mean:.0%} tensor activity" if tensor else "")
-                     + ": each step waits on memory, not math.")
+                     + ": the steps stream memory at its roof.", regime=Regime.MEMORY, saturation=dram.mean)
 
 
 @rule(
     code="BW002",
     name="decode-at-bandwidth-floor",
     limiter=Limiter.MEMORY_BANDWIDTH,
-    summary="Generation runs near the physical ceiling that bandwidth allows at this small batch.",
-    requires=("theory.efficiency", "theory.ridge_batch"),
-    uses=("server.running", "trace.decode_batch"),
+    summary="Decode reads its bytes at most of the bandwidth roof: it runs near its physical floor.",
+    requires=(S.THEORY_HBM_ROOF_FRAC, S.THEORY_RIDGE_BATCH),
+    uses=(S.THEORY_EFFICIENCY, S.SERVER_WAITING),
     thresholds={
-        "efficiency": Threshold(0.50, "achieved over the bandwidth ceiling at or above which decode is at the floor"),
-        "batch_over_ridge": Threshold(0.5, "observed batch below this fraction of the ridge batch counts as small"),
+        "hbm_roof_frac": Threshold(0.60, "bytes read per second over the bandwidth roof at or above which decode is "
+                                   "at its floor", "ratio"),
     },
     page=Page(
-        detects="Achieved generation tokens/s at or above half of the decode ceiling (weight and KV bytes over HBM "
-        "bandwidth at the observed batch), with the batch well below the ridge batch.",
-        why="At such a batch no kernel tuning helps: the step time is already set by the bytes each step must "
+        detects="The bytes decode reads per second (the measured token rate x the weights and KV cache each step "
+        "reads) at or above {hbm_roof_frac} of the memory bandwidth, in the memory-bound regime.",
+        why="At such a batch no kernel tuning helps much: the step time is already set by the bytes each step must "
         "read. Only reading fewer bytes (quantisation) or serving more tokens per read (batching) moves it.",
-        fixes=_BW_FIXES,
-        sources="Seed physics: t_token >= weight_bytes / HBM_bandwidth; ideal batch ~ ridge x (total/active params).",
+        fixes="Quantise the weights (FP8, INT4), batch toward the ridge batch, an FP8 KV cache for long contexts.",
+        sources=_PHYSICS + " " + _NCU,
     ),
 )
 def decode_at_bandwidth_floor(c: Check) -> Finding | None:
-    eff, rb = c.sig("theory.efficiency"), c.sig("theory.ridge_batch")
-    assert eff is not None and rb is not None
-    batch = observed_batch(c.ev)
-    if batch is None or eff.values[0] < c.t["efficiency"] or batch >= c.t["batch_over_ridge"] * rb.values[0]:
+    frac, rb = c.req(S.THEORY_HBM_ROOF_FRAC), c.req(S.THEORY_RIDGE_BATCH)
+    if frac.value < c.t["hbm_roof_frac"] or c.ev.regime is not Regime.MEMORY:
         return None
-    c.cite(eff, "value", ">=", c.t["efficiency"])
+    c.cite(frac, "value", ">=", c.t["hbm_roof_frac"])
     c.cite(rb, "value")
-    _bandwidth_fixes(c)
-    return c.finding(0.5 + 0.4 * min(1.0, eff.values[0]), f"Decode reaches {eff.values[0]:.0%} of the bandwidth "
-                     f"ceiling at batch {batch:.1f}, far below the ridge batch {rb.values[0]:.0f}.")
+    _memory_regime_fixes(c)
+    batch = c.ev.observed_batch()
+    at = f" at batch {batch:.1f}" if batch is not None else ""
+    return c.finding(0.6 + 0.3 * min(1.0, frac.value), f"Decode{at} reads its weights and KV cache at "
+                     f"{frac.value:.0%} of the bandwidth roof: it runs near its physical floor.",
+                     regime=Regime.MEMORY, saturation=frac.value)
 
 
-@rule(
-    code="BW003",
-    name="intensity-below-ridge",
-    limiter=Limiter.MEMORY_BANDWIDTH,
-    summary="The traced ops' arithmetic intensity is well below the GPU's ridge point while the GPU is busy.",
-    requires=("trace.intensity", "theory.ridge_flop_per_byte"),
-    uses=("trace.gpu_idle_frac",),
-    thresholds={
-        "intensity_over_ridge": Threshold(0.5, "intensity below this fraction of the ridge counts as memory-bound"),
-        "idle_max": Threshold(0.5, "the GPU must be idle less than this for the roofs to matter"),
-    },
-    page=Page(
-        detects="Time-weighted FLOP/byte of the traced GEMM/attention ops below half the ridge point (peak FLOP/s "
-        "over peak bytes/s) while the GPU is busy most of the window.",
-        why="Below the ridge every op finishes when its bytes arrive; the math units wait.",
-        fixes=_BW_FIXES,
-        sources="Roofline model (Williams et al. 2009): intensity = FLOPs / bytes; ridge = peak FLOP/s / peak B/s.",
-    ),
-)
-def intensity_below_ridge(c: Check) -> Finding | None:
-    ai, ridge = c.sig("trace.intensity"), c.sig("theory.ridge_flop_per_byte")
-    assert ai is not None and ridge is not None
-    idle = c.sig("trace.gpu_idle_frac")
-    limit = c.t["intensity_over_ridge"] * ridge.values[0]
-    if ai.values[0] >= limit or (idle is not None and idle.values[0] >= c.t["idle_max"]):
-        return None
-    c.cite(ai, "value", "<", limit)
-    c.cite(ridge, "value")
-    if idle is not None:
-        c.cite(idle, "value", "<", c.t["idle_max"])
-    _bandwidth_fixes(c)
-    return c.finding(0.6, f"The traced ops do {ai.values[0]:.0f} FLOP per byte, below the ridge point "
-                     f"({ridge.values[0]:.0f}): they are memory-bound.")
-
-
-# What tuned decode paths reach at small batch (fused norms and attention, CUDA graphs): the target of the "close the
-# gap to the floor" fix.
-REACHABLE_EFFICIENCY = 0.70
-
-
-@rule(
-    code="BW004",
-    name="small-batch-decode",
-    limiter=Limiter.MEMORY_BANDWIDTH,
-    summary="The GPU is kept busy decoding at a batch far below the ridge batch: the regime memory bandwidth bounds.",
-    requires=("theory.decode_share", "theory.ridge_batch", "gpu.busy|trace.gpu_idle_frac"),
-    uses=("theory.efficiency", "gpu.tensor_active", "trace.prefill_frac"),
-    thresholds={
-        "decode_share": Threshold(0.5, "decode's share of the least GPU time the served tokens need"),
-        "batch_over_ridge": Threshold(0.5, "observed batch below this fraction of the ridge batch counts as small"),
-        "busy_min": Threshold(0.70, "GPU busy fraction at or above which the GPU, not the host, sets the pace"),
-        "tensor_max": Threshold(0.50, "tensor activity below which the math units are not what limits"),
-        "efficiency_gap": Threshold(0.50, "efficiency below which the gap to the bandwidth floor is named as a fix"),
-    },
-    page=Page(
-        detects="Generation dominates the GPU's work (by the least time its tokens need), the running batch is below "
-        "half the ridge batch, the GPU is busy at least 70 % of the time and the tensor pipes are under 50 %. "
-        "Unlike BW001/BW002 it needs no DRAM counter and no particular efficiency: it names the regime, and when "
-        "the decode reaches less than half its bandwidth ceiling it also names the gap.",
-        why="Decode reads every weight once per step, so t_token >= weight_bytes / HBM bandwidth; at a batch far "
-        "below the ridge the arithmetic intensity (about the batch, in FLOP per byte, for 16-bit weights) cannot "
-        "reach the ridge point, so bandwidth, not math, bounds the step. A real decode often reaches only 30-60 % "
-        "of that bound: small unfused kernels (norms, casts, softmax) and kernel-to-kernel gaps add time that reads "
-        "no weights (measured on an H100: a 2.4B model at batch 1 ran at 31 % of its ceiling, 41 % of GPU time "
-        "outside the GEMMs). Both are fixed by reading fewer bytes per token, not by a faster GPU's math.",
-        fixes=_BW_FIXES + " When the decode is far from its ceiling, fuse the small kernels between the GEMMs "
-        "(torch.compile, fused RMSNorm and FlashAttention/FlashInfer decode kernels) and replay the step as a CUDA "
-        "graph.",
-        sources="Seed physics: t_token >= weight_bytes / HBM_bandwidth, ideal batch ~ ridge x (total/active params); "
-        "roofline model (Williams et al. 2009); nsys 50 % busy / XProf 70 % thresholds for 'the GPU is the "
-        "bottleneck'.",
-    ),
-)
-def small_batch_decode(c: Check) -> Finding | None:
-    share, rb = c.sig("theory.decode_share"), c.sig("theory.ridge_batch")
-    assert share is not None and rb is not None
-    batch = observed_batch(c.ev)
-    if batch is None or share.values[0] < c.t["decode_share"] or batch >= c.t["batch_over_ridge"] * rb.values[0]:
-        return None
-    busy, idle = c.sig("gpu.busy"), c.sig("trace.gpu_idle_frac")
-    busy_frac = busy.mean if busy is not None else 1.0 - idle.values[0]  # type: ignore[union-attr]
-    if busy_frac < c.t["busy_min"]:
-        return None
-    tensor = c.sig("gpu.tensor_active")
-    if tensor is not None and tensor.mean >= c.t["tensor_max"]:
-        return None
-    prefill = c.sig("trace.prefill_frac")
-    if prefill is not None and prefill.values[0] > 1.0 - c.t["decode_share"]:
-        return None  # the trace saw mostly prefill steps, whatever the counters' rates say
-    c.cite(share, "value", ">=", c.t["decode_share"])
-    c.cite(rb, "value")
-    if busy is not None:
-        c.cite(busy, "mean", ">=", c.t["busy_min"])
-    elif idle is not None:
-        c.cite(idle, "value")
-    if tensor is not None:
-        c.cite(tensor, "mean", "<", c.t["tensor_max"])
-    _bandwidth_fixes(c)
-    eff = c.sig("theory.efficiency")
-    tail = ""
-    if eff is not None:
-        c.cite(eff, "value")
-        tail = f" It reaches {eff.values[0]:.0%} of that ceiling."
-        if eff.values[0] < c.t["efficiency_gap"]:
-            c.fix("Close the gap to the bandwidth floor", "Fuse the small kernels between the GEMMs (torch.compile, "
-                  "fused RMSNorm, FlashAttention/FlashInfer decode kernels), replay the decode step as a CUDA graph, "
-                  "or serve with an engine whose decode path is tuned (vLLM, SGLang, TensorRT-LLM).",
-                  REACHABLE_EFFICIENCY / max(eff.values[0], 0.05),
-                  f"from {eff.values[0]:.0%} to {REACHABLE_EFFICIENCY:.0%} of the bandwidth ceiling, what tuned "
-                  "decode paths reach at small batch")
-    # Weaker than BW002 (which also measured the floor being reached): the regime alone, up to 0.65.
-    strength = 0.5 + 0.15 * (1.0 - batch / (c.t["batch_over_ridge"] * rb.values[0]))
-    return c.finding(strength, f"Decode at batch {batch:.1f}, far below the ridge batch {rb.values[0]:.0f}, keeps the "
-                     f"GPU {busy_frac:.0%} busy: each step reads every weight for a few tokens, so memory bandwidth "
-                     f"bounds it.{tail}")
-
-
-def _compute_fixes(c: Check) -> None:
-    gpu = c.ev.gpu_spec
-    fp8 = getattr(gpu, "flops", {}).get("fp8") if gpu is not None else None
-    bf16 = getattr(gpu, "flops", {}).get("bf16") if gpu is not None else None
-    gain = fp8 / bf16 if fp8 and bf16 else None
-    c.fix("Run the matmuls in FP8", "FP8 weights and activations (vLLM --quantization fp8 on Hopper/Ada/Blackwell) "
-          "double the tensor-core peak.", gain, "FP8 over BF16 dense tensor peak of this GPU" if gain else
-          "needs a GPU with FP8 tensor cores")
-    c.fix("Split prefill from decode", "Chunked prefill (vLLM --enable-chunked-prefill, a smaller "
-          "--max-num-batched-tokens) keeps long prompts from stalling decode; or disaggregate prefill to its own GPUs.")
-    c.fix("Add GPUs", "Tensor or data parallelism: compute-bound work scales with the number of GPUs.")
-
+# --- compute ------------------------------------------------------------------------------------------------------
 
 @rule(
     code="CMP001",
-    name="tensor-pipes-saturated",
+    name="compute-saturated",
     limiter=Limiter.COMPUTE,
-    summary="The tensor pipes (or SMs) are busy and clearly busier than the memory interface.",
-    requires=("gpu.tensor_active|gpu.sm_active",),
-    uses=("gpu.dram_active",),
+    summary="The tensor pipes or the SMs are near their roof in compute-bound work, clearly busier than DRAM.",
+    requires=(AnyOf(S.GPU_TENSOR_ACTIVE, S.GPU_SM_ACTIVE, S.THEORY_COMPUTE_ROOF_FRAC),),
+    uses=(S.GPU_DRAM_ACTIVE, S.TRACE_SHARE_GEMM, S.TRACE_SHARE_ATTENTION, S.TRACE_SHARE_ELEMENTWISE,
+          S.SERVER_GEN_TOKENS_PER_S),
     thresholds={
-        "tensor_active_mean": Threshold(0.50, "tensor-pipe activity (mean) at or above which math is heavily used"),
-        "sm_active_mean": Threshold(0.80, "SM activity that counts as compute-heavy when no tensor counter exists"),
-        "split": Threshold(0.10, "how much busier the math units must be than DRAM to call it compute-limited"),
+        "tensor_active_mean": Threshold(0.60, "tensor-pipe activity (mean) at or above which math is saturated",
+                                        "ratio"),
+        "compute_roof_frac": Threshold(0.60, "model FLOP/s over the tensor peak at or above which math is "
+                                       "saturated", "ratio"),
+        "sm_active_mean": Threshold(0.80, "SM activity that counts as saturated in compute-bound work", "ratio"),
+        "split": Threshold(0.10, "how much busier the math units must be than DRAM", "ratio"),
     },
     page=Page(
-        detects="Tensor-pipe activity at or above 50 % (or SM activity at or above 80 % without a tensor counter) "
-        "with DRAM at least 10 points less busy.",
+        detects="Tensor-pipe activity at or above {tensor_active_mean}, model FLOP/s at or above {compute_roof_frac} "
+        "of the tensor peak, or SMs active at or above {sm_active_mean} in compute-bound work (prefill, large "
+        "batches), with DRAM at least {split} less busy.",
         why="Prefill multiplies each weight by many tokens, so its intensity is above the ridge point and the math "
         "units set the speed; large decode batches get there too. More bandwidth will not help.",
-        fixes="FP8 matmuls (twice the tensor peak on Hopper), chunked or disaggregated prefill, more GPUs.",
-        sources="Nsight Compute SOL 60 %/10-point split; XProf ComputeBound (MXU > 70 % with HBM < 50 %); seed "
-        "physics: prefill is compute-bound.",
+        fixes="FP8 matmuls (twice the tensor peak on Hopper) for the matmul share of the time; fuse the elementwise "
+        "work that leaves the tensor cores idle; chunked or disaggregated prefill; more GPUs.",
+        sources=_NCU + " Seed physics: prefill is compute-bound.",
     ),
 )
-def tensor_pipes_saturated(c: Check) -> Finding | None:
-    tensor, sm, dram = c.sig("gpu.tensor_active"), c.sig("gpu.sm_active"), c.sig("gpu.dram_active")
-    if tensor is not None:
-        busy, limit = tensor, c.t["tensor_active_mean"]
-    else:
-        assert sm is not None
-        busy, limit = sm, c.t["sm_active_mean"]
-    if busy.mean < limit:
+def compute_saturated(c: Check) -> Finding | None:
+    tensor, sm = c.opt(S.GPU_TENSOR_ACTIVE), c.opt(S.GPU_SM_ACTIVE)
+    roof = c.opt(S.THEORY_COMPUTE_ROOF_FRAC)
+    dram = c.opt(S.GPU_DRAM_ACTIVE)
+    hits = []
+    if tensor is not None and tensor.mean >= c.t["tensor_active_mean"]:
+        hits.append((tensor, "mean", c.t["tensor_active_mean"], f"the tensor pipes are {tensor.mean:.0%} busy"))
+    if roof is not None and roof.value >= c.t["compute_roof_frac"]:
+        hits.append((roof, "value", c.t["compute_roof_frac"], f"the model runs at {roof.value:.0%} of the tensor peak"))
+    if sm is not None and sm.mean >= c.t["sm_active_mean"] and c.ev.regime is Regime.COMPUTE:
+        hits.append((sm, "mean", c.t["sm_active_mean"], f"the SMs are {sm.mean:.0%} active in compute-bound work"))
+    if not hits:
         return None
-    if dram is not None and busy.mean - dram.mean < c.t["split"]:
+    top = max(h[0].stat(h[1]) for h in hits)
+    if dram is not None and top - dram.mean < c.t["split"]:
         return None
-    c.cite(busy, "mean", ">=", limit)
+    for signal, stat, limit, _ in hits:
+        c.cite(signal, stat, ">=", limit)
+    for other in (tensor, roof):
+        if other is not None and all(other is not h[0] for h in hits):
+            c.cite(other, "value" if other is roof else "mean")
     if dram is not None:
         c.cite(dram, "mean")
     _compute_fixes(c)
-    strength = (0.55 if tensor is not None else 0.45) + min(0.4, (busy.mean - limit) * 1.5)
-    if dram is None:
-        strength -= 0.1  # cannot rule out memory without the DRAM counter
-    return c.finding(strength, f"The {'tensor pipes are' if tensor else 'SMs are'} {busy.mean:.0%} busy"
-                     + (f" against {dram.mean:.0%} DRAM activity" if dram else "") + ": math sets the pace.")
+    saturation = roof.value if roof is not None else tensor.mean if tensor is not None else None
+    strength = 0.6 + min(0.3, 0.1 * len(hits) + (top - 0.6) * 0.5)
+    detail = "; ".join(h[3] for h in hits)
+    others = []
+    if tensor is not None and all(tensor is not h[0] for h in hits):
+        others.append(f"tensor pipes {tensor.mean:.0%}")
+    if roof is not None and all(roof is not h[0] for h in hits):
+        others.append(f"model FLOP/s {roof.value:.0%} of the tensor peak")
+    if dram is not None:
+        others.append(f"DRAM {dram.mean:.0%}")
+    return c.finding(strength, f"Compute-bound regime: {detail}" + (f" ({', '.join(others)})" if others else "")
+                     + ": math sets the pace.", regime=Regime.COMPUTE, saturation=saturation)
+
+
+# --- the gap below the roofs --------------------------------------------------------------------------------------
+
+@rule(
+    code="LAT001",
+    name="kernel-bound",
+    limiter=Limiter.LATENCY,
+    summary="The GPU is busy, but its kernels saturate neither HBM nor the SMs: the gap is in the kernels.",
+    requires=(AnyOf(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC),
+              AnyOf(S.GPU_DRAM_ACTIVE, S.GPU_SM_ACTIVE, S.THEORY_HBM_ROOF_FRAC, S.THEORY_COMPUTE_ROOF_FRAC)),
+    uses=(S.GPU_TENSOR_ACTIVE, S.THEORY_EFFICIENCY, S.THEORY_RIDGE_BATCH, S.TRACE_SHARE_ELEMENTWISE,
+          S.TRACE_IDLE_KERNEL_OVERHEAD_FRAC, S.TRACE_IDLE_HOST_FRAC, S.SERVER_WAITING),
+    thresholds={
+        "busy_min": Threshold(0.70, "share of the time a kernel runs at or above which the GPU sets the pace",
+                              "ratio"),
+        "roof_frac": Threshold(0.60, "HBM or tensor use (of the roof) at or above which that roof is saturated",
+                               "ratio"),
+        "sm_active": Threshold(0.80, "SM activity at or above which the SMs are saturated", "ratio"),
+    },
+    page=Page(
+        detects="A kernel runs at least {busy_min} of the time, yet HBM stays under {roof_frac} of its roof (DRAM "
+        "activity, bytes read per second from the token rate), the tensor pipes and the model FLOP/s under "
+        "{roof_frac} of theirs and the SMs under {sm_active} active. The finding names the regime (which roof the "
+        "work would hit) and how far below it the work runs.",
+        why="'GPU utilisation' only says that some kernel was running. Small and unfused kernels (a batch-1 GEMV, "
+        "a norm or a cast over one token) occupy a few SMs, move little data each, and leave gaps between them, so "
+        "a GPU can be busy all the time at a third of its bandwidth. Measured on an H100: a 2.4 B decoder at batch "
+        "1 ran at 33 % of its bandwidth floor with DRAM 29 % and SMs 27 % active, 41 % of the GPU time in norms, "
+        "casts and softmax; FP8 weights then gave 1.12x, not the 2x the bytes promise. Neither more bandwidth nor "
+        "more FLOP/s would help: the kernels are the gap.",
+        fixes="Fuse the small kernels (torch.compile, fused norms and attention), replay the step as a graph, serve "
+        "with an engine whose decode kernels are tuned for small batches; fewer weight bytes help only in proportion "
+        "to the time spent at the floor.",
+        sources=_NCU + " " + _PHYSICS,
+    ),
+)
+def kernel_bound(c: Check) -> Finding | None:
+    busy_sig = c.first(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC)
+    busy = busy_sig.mean if busy_sig.name == S.GPU_BUSY else 1.0 - busy_sig.value
+    if busy < c.t["busy_min"]:
+        return None
+    dram, sm, tensor = c.opt(S.GPU_DRAM_ACTIVE), c.opt(S.GPU_SM_ACTIVE), c.opt(S.GPU_TENSOR_ACTIVE)
+    hbm, flops = c.opt(S.THEORY_HBM_ROOF_FRAC), c.opt(S.THEORY_COMPUTE_ROOF_FRAC)
+    hbm_use = max((x for x in (dram.mean if dram else None, hbm.value if hbm else None) if x is not None), default=None)
+    math_use = max((x for x in (tensor.mean if tensor else None, flops.value if flops else None) if x is not None),
+                   default=None)
+    if hbm_use is not None and hbm_use >= c.t["roof_frac"] or math_use is not None and math_use >= c.t["roof_frac"]:
+        return None
+    if sm is not None and sm.mean >= c.t["sm_active"]:
+        return None
+    c.cite(busy_sig, "mean" if busy_sig.name == S.GPU_BUSY else "value",
+           ">=" if busy_sig.name == S.GPU_BUSY else "<",
+           c.t["busy_min"] if busy_sig.name == S.GPU_BUSY else 1.0 - c.t["busy_min"])
+    for s, stat in ((dram, "mean"), (hbm, "value"), (tensor, "mean"), (flops, "value")):
+        if s is not None:
+            c.cite(s, stat, "<", c.t["roof_frac"])
+    if sm is not None:
+        c.cite(sm, "mean", "<", c.t["sm_active"])
+    regime = c.ev.regime
+    if regime is Regime.MEMORY:
+        saturation = hbm_use
+        lead = f"Memory-bound regime at {hbm_use:.0%} of the bandwidth roof" if hbm_use is not None else \
+            "Memory-bound regime"
+        gap = "the kernels, not HBM, are the gap"
+    elif regime is Regime.COMPUTE:
+        saturation = math_use
+        lead = f"Compute-bound regime at {math_use:.0%} of the tensor peak" if math_use is not None else \
+            "Compute-bound regime"
+        gap = "the kernels, not the math units, are the gap"
+    else:
+        saturation = max((x for x in (hbm_use, math_use) if x is not None), default=None)
+        lead = "Neither HBM nor the SMs are saturated"
+        gap = "the kernels are the gap"
+    counters = [f"a kernel runs {busy:.0%} of the time"]
+    if dram is not None:
+        counters.append(f"DRAM {dram.mean:.0%} active")
+    if sm is not None:
+        counters.append(f"SMs {sm.mean:.0%}")
+    if tensor is not None:
+        counters.append(f"tensor pipes {tensor.mean:.1%}")
+    message = f"{lead}: {gap} ({', '.join(counters)})."
+    small = c.opt(S.TRACE_SHARE_ELEMENTWISE)
+    if small is not None and small.value >= 0.15:
+        c.cite(small, "value")
+        message += f" {small.value:.0%} of the GPU time is in norm, elementwise and reduction kernels."
+    message += top_kernels_text(c.ev)
+    _kernel_fixes(c, regime)
+    if regime is Regime.MEMORY:
+        _memory_regime_fixes(c)
+    elif regime is Regime.COMPUTE:
+        c.fix(FixKind.FP8_MATMUL, "Run the matmuls in FP8", "FP8 weights and activations double the tensor peak for "
+              "the matmul share of the time.", gains.fp8_matmul_gain(c.ev))
+    far = 1.0 - (saturation if saturation is not None else 0.3) / c.t["roof_frac"]
+    strength = 0.55 + 0.25 * max(0.0, far) + (0.1 if regime is not Regime.UNKNOWN else 0.0)
+    return c.finding(min(0.9, strength), message, regime=regime, saturation=saturation)
 
 
 @rule(
-    code="CMP002",
-    name="intensity-above-ridge",
-    limiter=Limiter.COMPUTE,
-    summary="The traced ops' arithmetic intensity is above the GPU's ridge point while the GPU is busy.",
-    requires=("trace.intensity", "theory.ridge_flop_per_byte"),
-    uses=("trace.gpu_idle_frac", "trace.prefill_frac"),
-    thresholds={
-        "intensity_over_ridge": Threshold(1.0, "intensity at or above this fraction of the ridge is compute-bound"),
-        "idle_max": Threshold(0.5, "the GPU must be idle less than this for the roofs to matter"),
-    },
+    code="LAT002",
+    name="busy-gpu-roof-unknown",
+    limiter=Limiter.LATENCY,
+    summary="The GPU is busy nearly all the time, but nothing captured says which roof its kernels press on.",
+    requires=(AnyOf(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC),),
+    uses=(S.GPU_DRAM_ACTIVE, S.GPU_SM_ACTIVE, S.GPU_TENSOR_ACTIVE, S.THEORY_HBM_ROOF_FRAC,
+          S.THEORY_COMPUTE_ROOF_FRAC, S.TRACE_SHARE_ELEMENTWISE, S.TRACE_SHARE_GEMM, S.TRACE_IDLE_KERNEL_OVERHEAD_FRAC,
+          S.TRACE_IDLE_HOST_FRAC),
+    thresholds={"busy_min": Threshold(0.85, "share of the time a kernel runs at or above which the GPU is the "
+                                      "bottleneck", "ratio")},
+    decisive=False,
     page=Page(
-        detects="Time-weighted FLOP/byte of the traced ops at or above the ridge point with the GPU busy.",
-        why="Above the ridge each op finishes when its math is done; bytes arrive early.",
-        fixes="FP8 matmuls, chunked or disaggregated prefill, more GPUs.",
-        sources="Roofline model (Williams et al. 2009).",
+        detects="A kernel runs at least {busy_min} of the time, and neither DRAM, SM or tensor-pipe counters nor "
+        "the ops' FLOPs and bytes were captured.",
+        why="What is known: the GPU, not the host, sets the pace, and the limit is inside the kernels. Whether they "
+        "press on memory bandwidth, on the math units, or on neither (latency) needs DRAM and tensor activity (GPM "
+        "on Hopper, DCGM profiling fields) or the ops' input shapes (torch.profiler record_shapes=True).",
+        fixes="Collect the counters or shapes to name the roof; meanwhile, the trace's time split says which "
+        "kernels to look at (small unfused kernels can be fused whatever the roof).",
+        sources="nsys 'GPU is the bottleneck' at high busy time; " + _NCU,
     ),
 )
-def intensity_above_ridge(c: Check) -> Finding | None:
-    ai, ridge = c.sig("trace.intensity"), c.sig("theory.ridge_flop_per_byte")
-    assert ai is not None and ridge is not None
-    idle = c.sig("trace.gpu_idle_frac")
-    limit = c.t["intensity_over_ridge"] * ridge.values[0]
-    if ai.values[0] < limit or (idle is not None and idle.values[0] >= c.t["idle_max"]):
+def busy_gpu_roof_unknown(c: Check) -> Finding | None:
+    if any(c.opt(n) is not None for n in (S.GPU_DRAM_ACTIVE, S.GPU_SM_ACTIVE, S.GPU_TENSOR_ACTIVE,
+                                          S.THEORY_HBM_ROOF_FRAC, S.THEORY_COMPUTE_ROOF_FRAC)):
         return None
-    c.cite(ai, "value", ">=", limit)
-    if idle is not None:
-        c.cite(idle, "value", "<", c.t["idle_max"])
-    _compute_fixes(c)
-    return c.finding(0.6, f"The traced ops do {ai.values[0]:.0f} FLOP per byte, above the ridge point "
-                     f"({ridge.values[0]:.0f}): they are compute-bound.")
+    busy_sig = c.first(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC)
+    busy = busy_sig.mean if busy_sig.name == S.GPU_BUSY else 1.0 - busy_sig.value
+    if busy < c.t["busy_min"]:
+        return None
+    c.cite(busy_sig, "mean" if busy_sig.name == S.GPU_BUSY else "value")
+    message = (f"the GPU is busy {busy:.0%} of the time, so the limit is inside the kernels; DRAM and tensor-pipe "
+               "counters or the ops' shapes would tell compute from memory")
+    small, gemm = c.opt(S.TRACE_SHARE_ELEMENTWISE), c.opt(S.TRACE_SHARE_GEMM)
+    if small is not None and gemm is not None:
+        c.cite(gemm, "value")
+        c.cite(small, "value")
+        message += (f". Of the busy time, {gemm.value:.0%} is in GEMMs and {small.value:.0%} in norm, elementwise and "
+                    "reduction kernels")
+    message = message + "." + top_kernels_text(c.ev) if c.ev.trace is not None and c.ev.trace.top_kernels else \
+        message + "."
+    if small is not None and small.value >= 0.15:
+        c.fix(FixKind.FUSE_KERNELS, "Fuse the small kernels", "Fuse the norms, activations, casts and softmax between "
+              "the matmuls (torch.compile, fused kernels): whatever the roof, their reads and writes through HBM "
+              "and their launches are time the matmuls do not need.", gains.fusion_gain(c.ev))
+    return c.finding(0.45, message, regime=c.ev.regime)
+
+
+@rule(
+    code="CMP003",
+    name="fp32-matmuls",
+    limiter=Limiter.COMPUTE,
+    summary="The GPU's matmuls run on FP32 data (FP32 or TF32 GEMMs) where 16-bit data would double their rate.",
+    requires=(S.TRACE_FP32_SHARE, AnyOf(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC)),
+    uses=(S.TRACE_SHARE_ELEMENTWISE,),
+    thresholds={"fp32_share": Threshold(0.10, "share of GPU busy time in FP32/TF32 GEMMs (by kernel name)",
+                                        "ratio")},
+    page=Page(
+        detects="At least {fp32_share} of GPU busy time in GEMM kernels whose names say FP32 or TF32 data (cuBLAS "
+        "sgemm, CUTLASS s1688/s16816 tensor-op GEMMs, cuDNN scudnn), among the trace's top kernels.",
+        why="FP32 matmuls run at the FP32 or TF32 rate, a half or less of the BF16 rate, and move twice the bytes; "
+        "norms and elementwise kernels on FP32 activations read and write twice the bytes as well.",
+        fixes="Training: automatic mixed precision (torch.autocast(dtype=torch.bfloat16), or fp16 with a "
+        "GradScaler). Serving: the model in bf16. The gain is at most that of the matmuls at the 16-bit rate and "
+        "the elementwise kernels at half the bytes, over the time the GPU is busy.",
+        sources="NVIDIA's mixed-precision training guide; PyTorch AMP documentation; datasheet TF32/BF16 rates.",
+    ),
+)
+def fp32_matmuls(c: Check) -> Finding | None:
+    share = c.req(S.TRACE_FP32_SHARE)
+    if share.value < c.t["fp32_share"]:
+        return None
+    busy_sig = c.first(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC)
+    busy = busy_sig.mean if busy_sig.name == S.GPU_BUSY else 1.0 - busy_sig.value
+    c.cite(share, "value", ">=", c.t["fp32_share"])
+    c.cite(busy_sig, "mean" if busy_sig.name == S.GPU_BUSY else "value")
+    gpu = c.ev.gpu_spec
+    rate = gpu.flops["bf16"] / gpu.flops.get("tf32", gpu.flops["fp32"]) if gpu is not None and "bf16" in gpu.flops \
+        else 2.0
+    small = c.opt(S.TRACE_SHARE_ELEMENTWISE)
+    w_gemm, w_small = busy * share.value, busy * (small.value if small is not None else 0.0)
+    after = 1.0 - w_gemm - w_small + w_gemm / rate + w_small / 2.0
+    gain = Gain(1.0 / after, f"FP32/TF32 GEMMs ({w_gemm:.0%} of the window) at the BF16 rate (x{rate:.1f}) and "
+                             f"elementwise kernels ({w_small:.0%}) at half the bytes", GainKind.UPPER_BOUND)
+    if c.ev.workload == "training":
+        c.fix(FixKind.MIXED_PRECISION, "Train in mixed precision", "Wrap the forward pass and loss in "
+              "torch.autocast(device_type='cuda', dtype=torch.bfloat16) (or fp16 with torch.amp.GradScaler): "
+              "matmuls at the 16-bit tensor rate, activations at half the bytes.", gain)
+    else:
+        c.fix(FixKind.MIXED_PRECISION, "Serve the model in 16-bit", "Load the weights and run the model in bf16 "
+              "(model.to(torch.bfloat16), or the engine's --dtype bfloat16).", gain)
+    return c.finding(0.45, f"{share.value:.0%} of the GPU's busy time is in FP32/TF32 matmuls, at half or less of "
+                     "the 16-bit tensor rate.", regime=Regime.COMPUTE)
+
+
+RULES = (dram_bandwidth_saturated, decode_at_bandwidth_floor, compute_saturated, fp32_matmuls, kernel_bound,
+         busy_gpu_roof_unknown)

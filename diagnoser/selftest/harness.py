@@ -24,11 +24,12 @@ from typing import Any
 import msgspec
 
 from diagnoser import physics
+from diagnoser import signals as S
 from diagnoser.capture import Capture, GpuInfo, ModelInfo, TraceSummary, save
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.errors import DiagnoserError, InputError, SourceUnavailable
-from diagnoser.evidence import Evidence, build_evidence
-from diagnoser.rules.engine import diagnose_evidence
+from diagnoser.evidence import Evidence
+from diagnoser.pipeline import Pipeline
 from diagnoser.selftest.scenarios import DEFAULT_ORDER, SCENARIOS, Scenario
 
 CPU_VERDICT_NOTE = "CPU run: not a GPU verdict"
@@ -282,7 +283,7 @@ def ceiling_tokens_per_s(model: ModelInfo, spec: Any, plan: dict[str, Any], batc
 
 def _measured_rate(ev: Evidence, mode: str, stats: dict[str, Any]) -> float | None:
     """Tokens/s over the window from the workload's own /metrics as attach read them; its totals if unread."""
-    found = ev.get("server.prompt_tokens_per_s" if mode == "prefill" else "server.gen_tokens_per_s")
+    found = ev.get(S.SERVER_PROMPT_TOKENS_PER_S if mode == "prefill" else S.SERVER_GEN_TOKENS_PER_S)
     if found is not None and found.n:
         return found.mean
     value = stats.get("prompt_tokens_per_s" if mode == "prefill" else "gen_tokens_per_s")
@@ -306,15 +307,17 @@ def run_scenario(scn: Scenario, *, device: str, size: str, window_s: float, trac
     if capture.model is None:
         capture.model = model
     context = int(info.get("context_read") or 0)
-    if context:
-        capture.serving.setdefault("mean_context_tokens", context)
-    capture.serving.setdefault("selftest_scenario", scn.name)
+    if context and capture.serving.mean_context_tokens is None:
+        capture.serving.mean_context_tokens = context
+    capture.serving.selftest_scenario = capture.serving.selftest_scenario or scn.name
+    capture.serving.engine = capture.serving.engine or "selftest"
+    capture.origin = "selftest"
     if device == "cpu":
         capture.cpu_only = True
     capture.notes.append(f"selftest scenario {scn.name}: {scn.title}; expected {' or '.join(scn.expected)} "
                          f"because {scn.why}.")
-    ev = build_evidence(capture)
-    diagnosis = diagnose_evidence(ev)
+    outcome = Pipeline().diagnose(capture)
+    ev, diagnosis = outcome.evidence, outcome.diagnosis
     result.verdict, result.confidence, result.headline = diagnosis.verdict, diagnosis.confidence, diagnosis.headline
     found = {f.limiter.value for f in diagnosis.findings}
     right = diagnosis.verdict in scn.expected and (not scn.required_finding or scn.required_finding in found)

@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diagnoser.fileio import write_atomic
+from diagnoser import signals as S
 from diagnoser.capture import Capture
 from diagnoser.errors import InputError
 from diagnoser.evidence import build_evidence
+from diagnoser.fileio import write_atomic
 from diagnoser.selftest.harness import SelftestReport
 from diagnoser.traces.decode import TraceError
 from diagnoser.traces.trim import trim_trace
@@ -28,9 +29,9 @@ TRACES = "traces"  # trimmed trace windows, beside the captures
 FORMAT_NAME = "diagnoser-gpu-fixtures"
 FORMAT_VERSION = 1
 # Observed numbers kept beside each fixture, as window means.
-_OBSERVED = ("gpu.busy", "gpu.sm_active", "gpu.tensor_active", "gpu.dram_active", "gpu.mem_used_frac",
-             "gpu.power_w", "gpu.sm_clock_frac", "host.target_busiest_thread", "server.running", "server.waiting",
-             "server.kv_usage")
+_OBSERVED = (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_TENSOR_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_MEM_USED_FRAC,
+             S.GPU_POWER_W, S.GPU_SM_CLOCK_FRAC, S.HOST_TARGET_BUSIEST_THREAD, S.SERVER_RUNNING, S.SERVER_WAITING,
+             S.SERVER_KV_USAGE)
 
 
 def load_manifest(folder: Path) -> list[dict[str, Any]]:

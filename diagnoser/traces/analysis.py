@@ -13,20 +13,55 @@ The analysed window:
 
 from __future__ import annotations
 
+import gc
 import math
+import os
 import statistics
-from operator import add
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import add
 from pathlib import Path
 from typing import Any
 
-from diagnoser.capture import Capture, GpuInfo, ModelInfo, TraceSummary, new_capture
-from diagnoser.traces.classify import ATTENTION, COMM, GEMM, KERNEL_CLASSES
-from diagnoser.traces.decode import DecodeStats, TraceError
-from diagnoser.traces.kernels import KernelStats, comm_overlap_us, kernel_stats
-from diagnoser.traces.ops import LaunchIndex, OpsSummary, build_launch_index, cost_ops
+from diagnoser.capture import (
+    Capture,
+    GpuInfo,
+    ModelInfo,
+    TimelineWindow,
+    TraceSummary,
+    new_capture,
+)
+from diagnoser.traces import facts
+from diagnoser.traces.classify import ATTENTION, GEMM
+from diagnoser.traces.decode import (
+    SKIP_BAD_TYPE,
+    SKIP_MALFORMED,
+    SKIP_MISSING_TIME,
+    SKIP_NEGATIVE_DURATION,
+    SKIP_NEGATIVE_TIME,
+    SKIP_NON_FINITE,
+    SKIP_TRUNCATED,
+    DecodeStats,
+    TraceError,
+)
+from diagnoser.traces.kernels import (
+    COMM_KINDS,
+    KernelStats,
+    comm_overlap_us,
+    kernel_stats,
+)
+from diagnoser.traces.ops import (
+    LaunchIndex,
+    OpsSummary,
+    build_launch_index,
+    cost_ops,
+    covered_kernel_us,
+    kernel_costs,
+)
 from diagnoser.traces.phases import Phases, find_phases
-from diagnoser.traces.tables import Tables, collect
+from diagnoser.traces.snapshot import build_window, choose_range
+from diagnoser.traces.tables import Tables
 from diagnoser.traces.timeline import (
     IDLE_CAUSES,
     DeviceTimeline,
@@ -35,8 +70,10 @@ from diagnoser.traces.timeline import (
     build_timeline,
     device_order,
 )
+from diagnoser.traces.windows import (
+    WINDOWS,  # defined apart so that the CLI's help needs no analysis
+)
 
-WINDOWS = ("auto", "trace", "gpu", "steps")
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 LIVE_WINDOW_KEY = "diagnoser_window"
 
@@ -73,6 +110,8 @@ class TraceAnalysis:
     ranks: list[TraceAnalysis] = field(default_factory=list)  # per-file analyses of a folder
     ridge_flop_per_byte: float | None = None
     gpu_spec: str | None = None
+    snapshot: TimelineWindow | None = None  # also summary.timeline
+    step_ms_p50: float | None = None
 
     @property
     def skipped(self) -> list[str]:
@@ -118,7 +157,7 @@ class TraceAnalysis:
             d["phases"] = self.phases.to_dict()
         if self.decode is not None:
             d["decode"] = {"bytes_in": self.decode.bytes_in, "bytes_json": self.decode.bytes_json,
-                           "events": self.decode.events, "bad_events": self.decode.bad_events,
+                           "events": self.decode.events, "skips": dict(self.decode.skips),
                            "dropped_bytes": self.decode.dropped_bytes, "truncated": self.decode.truncated}
         if self.ranks:
             d["ranks"] = [r.to_dict() for r in self.ranks]
@@ -133,26 +172,81 @@ def trace_files(path: Path) -> list[Path]:
     return files
 
 
-def analyze_trace(path: str | Path, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:
-    """Analyse a Kineto/Chrome trace (plain or gzip) or a folder of per-rank traces.
+def analyze_trace(path: str | Path | Sequence[str | Path], *, window: str = "auto", gpu_name: str | None = None,
+                  max_bytes: int | None = None, jobs: int | None = None) -> TraceAnalysis:
+    """Analyse a Kineto/Chrome trace (plain or gzip), a folder of per-rank traces, or a list of trace files (the
+    ranks of one job: the analysis compares them, summary.ranks).
 
     `gpu_name` overrides the GPU named in deviceProperties for the ridge point (e.g. when the trace lacks them).
+    `max_bytes` overrides the trace-size limit (decode.max_trace_bytes). `jobs` is the number of processes that read a
+    large trace (parallel.py; default: every core this process may use; 1: this process alone).
     Raises TraceError (an InputError, exit 2) when nothing usable can be read; a partly readable trace gives a
     partial analysis whose summary.skipped says what was left out.
     """
     if window not in WINDOWS:
         raise TraceError(f"unknown window '{window}'; use one of {', '.join(WINDOWS)}.")
+    if not isinstance(path, (str, Path)):
+        files = [Path(p) for p in path]
+        if len(files) == 1:
+            return analyze_trace(files[0], window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
+        if not files:
+            raise TraceError("no trace files given.")
+        for f in files:
+            if not f.is_file() and not f.exists():
+                raise TraceError(f"no trace file at {f}.")
+            if f.is_dir():
+                raise TraceError(f"{f} is a folder; give either one folder of ranks or several trace files.")
+        from diagnoser.traces.ranks import combine
+
+        return combine(_common_parent(files), [analyze_file(f, window=window, gpu_name=gpu_name,
+                                                            max_bytes=max_bytes, jobs=jobs) for f in files])
     path = Path(path)
     if path.is_dir():
-        ranks = [analyze_file(p, window=window, gpu_name=gpu_name) for p in trace_files(path)]
-        return _combine(path, ranks)
+        from diagnoser.traces.ranks import combine
+
+        ranks = [analyze_file(p, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
+                 for p in trace_files(path)]
+        return combine(path, ranks)
     if not path.exists():
         raise TraceError(f"no trace file at {path}.")
-    return analyze_file(path, window=window, gpu_name=gpu_name)
+    return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
 
 
-def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:
-    t = collect(path)
+def quick_look(path: str | Path, *, window: str = "auto", gpu_name: str | None = None,
+               max_bytes: int | None = None, sample_bytes: int | None = None) -> TraceAnalysis | None:
+    """A first answer from part of a large trace (parallel.collect_sample): its summary says `sampled`, with
+    "quick look: <what was read>" as the reason. None for a trace small enough to analyse whole as quickly, or a
+    folder."""
+    from diagnoser.traces.parallel import QUICK_BYTES, collect_sample
+
+    path = Path(path)
+    if window not in WINDOWS:
+        raise TraceError(f"unknown window '{window}'; use one of {', '.join(WINDOWS)}.")
+    if path.is_dir():
+        return None
+    got = collect_sample(path, sample_bytes or QUICK_BYTES, max_bytes=max_bytes)
+    if got is None:
+        return None
+    t, what = got
+    if t.stats.events == 0:
+        return None
+    a = analyze_tables(t, window=window, gpu_name=gpu_name)
+    a.summary.sampled = True
+    a.summary.sampled_reason = f"quick look: {what}; the exact analysis reads the whole trace"
+    a.summary.skipped.insert(0, f"quick look: only {what} was read")
+    return a
+
+
+def _common_parent(files: list[Path]) -> Path:
+    parents = {f.resolve().parent for f in files}
+    return parents.pop() if len(parents) == 1 else Path(os.path.commonpath([str(p) for p in parents]))
+
+
+def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = None,
+                 max_bytes: int | None = None, jobs: int | None = None) -> TraceAnalysis:
+    from diagnoser.traces.parallel import collect_parallel
+
+    t = collect_parallel(path, jobs=jobs, max_bytes=max_bytes)
     if t.stats.events == 0:
         if t.stats.truncated:
             raise TraceError(f"{path} is cut short before its first complete event; nothing to analyse.")
@@ -160,17 +254,33 @@ def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = Non
     return analyze_tables(t, window=window, gpu_name=gpu_name)
 
 
-def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:  # noqa: C901
+def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:
+    """The analysis of decoded columns. The cyclic garbage collector is paused meanwhile: the analysis builds lists of
+    millions of numbers and no cycles, and each full collection would walk all of them (15 % of the analysis of an
+    800 MB trace)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _analyze_tables(t, window, gpu_name)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalysis:
     skipped: list[str] = list(t.stats.notes)
-    if t.stats.bad_events:
-        skipped.append(f"{t.stats.bad_events} events with fields of an unexpected type were skipped")
-    if t.missing_fields:
-        skipped.append(f"{t.missing_fields} complete events without a start or duration were skipped")
+    reasons = t.stats.skips + t.skips
+    if reasons:
+        skipped.append(_skip_note(reasons, t.stats.events + sum(t.stats.skips.values())))
     launches = Launches(t)
     order = device_order(t)
     win, policy = _window(t, window, launches, skipped)
     devices = _devices(t.metadata)
     summary = TraceSummary(path=str(t.path), window_s=max(0.0, (win[1] - win[0]) / 1e6))
+    summary.truncated = t.stats.truncated
+    summary.events_total = t.stats.events + sum(t.stats.skips.values())
+    summary.events_skipped = sum(reasons.values())
+    summary.skip_reasons = {k: v for k, v in sorted(reasons.items()) if v}
     analysis = TraceAnalysis(path=t.path, summary=summary, window=win, window_policy=policy, devices=devices,
                              decode=t.stats, metadata_keys=sorted(t.metadata))
     _distributed(analysis, t.metadata)
@@ -189,15 +299,15 @@ def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = No
     if t.g_ts and not t.r_ts:
         skipped.append("no CUDA runtime/driver events: idle gaps cannot be told apart by launch time")
     host = HostActivity(t)
+    shown = choose_range(t, selected, win, launches)
     for dev in sorted(in_window):
         idx = in_window[dev]
         if idx:
-            analysis.timelines.append(build_timeline(t, dev, idx, win, launches, host))
+            analysis.timelines.append(build_timeline(t, dev, idx, win, launches, host,
+                                                     keep_range=shown[:2] if shown else None))
             comm, overlapped = comm_overlap_us(t, idx, win)
             analysis.comm_us += comm
             analysis.comm_overlapped_us += overlapped
-    if selected:
-        analysis.kernels = kernel_stats(t, selected, launches)
     index: LaunchIndex | None = build_launch_index(t, launches, selected) if t.costed and selected else None
     if t.costed:
         analysis.ops = cost_ops(t, index, win)
@@ -207,12 +317,36 @@ def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = No
     elif t.counts["cpu_op"] and not t.shapes_seen:
         skipped.append("no recorded shapes (record_shapes=False): FLOPs, intensity and serving phases are not "
                        "derived")
+    if selected:
+        costs = kernel_costs(t, analysis.ops) if analysis.ops is not None and index is not None else {}
+        analysis.kernels = kernel_stats(t, selected, launches, costs=costs)
+    if shown is not None:
+        analysis.snapshot = build_window(t, selected, shown, win, launches, analysis.timelines)
+    analysis.step_ms_p50 = facts.step_ms_p50(t)
     if analysis.ops is not None and analysis.ops.runs:
         steps_in_window = [s for s in t.steps if s[1] + s[2] > win[0] and s[1] < win[1]]
         analysis.phases = find_phases(analysis.ops, steps_in_window, index, win)
     _ridge(analysis, gpu_name, skipped)
     _fill_summary(analysis, t, skipped)
     return analysis
+
+
+_SKIP_TEXT = {
+    SKIP_MALFORMED: "in text that is not JSON",
+    SKIP_BAD_TYPE: "with a field of an unexpected type",
+    SKIP_TRUNCATED: "cut off at the end of the file",
+    SKIP_NON_FINITE: "with a NaN or infinite time",
+    SKIP_NEGATIVE_TIME: "with a negative start",
+    SKIP_NEGATIVE_DURATION: "with a negative duration",
+    SKIP_MISSING_TIME: "without a start or duration",
+}
+
+
+def _skip_note(reasons: Counter[str], total: int) -> str:
+    """One line: how many events were left out of how many, and why."""
+    parts = ", ".join(f"{n} {_SKIP_TEXT.get(r, r)}" for r, n in reasons.most_common() if n)
+    skipped = sum(reasons.values())
+    return f"{skipped} of {total} events were left out ({parts})"
 
 
 def _window(t: Tables, policy: str, launches: Launches, skipped: list[str]) -> tuple[tuple[float, float], str]:
@@ -261,7 +395,7 @@ def _steps_span(t: Tables, launches: Launches, trace_span: tuple[float, float] |
 
 
 def _devices(meta: dict[str, Any]) -> list[DeviceInfo]:
-    out = []
+    out: list[DeviceInfo] = []
     props = meta.get("deviceProperties")
     if isinstance(props, list):
         for p in props:
@@ -338,6 +472,27 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
             skipped.append(f"{unattributed / 1e3:.1f} ms of idle time precede GPU ops whose launch call is not in "
                            "the trace; it was attributed by host activity alone")
     k = a.kernels
+    s.steps = facts.steps(t)
+    s.sampled, s.sampled_reason = facts.sampling(t)
+    if s.sampled:
+        skipped.append(f"the trace is incomplete: {s.sampled_reason}")
+    s.platform, _ = facts.platform(t, [d.name for d in a.devices])
+    if k is not None and k.total_us > 0:
+        s.comm_share_by_kind = {c: us / k.total_us for c, us in k.comm_us_by_kind.items()} if k.comm_us_by_kind \
+            else dict.fromkeys(COMM_KINDS, 0.0)
+    s.workload, s.workload_evidence = facts.workload(t, k.kernel_names if k else {}, s.comm_share_by_kind)
+    if k is not None and k.kernel_us > 0:
+        s.graph_kernel_frac = min(1.0, k.graph_kernel_us / k.kernel_us)
+        s.top_kernels = k.top
+        s.kernel_duration_us = k.durations
+        if a.ops is not None and a.ops.time_basis == "gpu":
+            s.costed_time_frac = min(1.0, covered_kernel_us(t, a.ops) / k.kernel_us)
+        elif a.ops is None or not a.ops.runs:
+            s.costed_time_frac = 0.0
+    s.timeline = a.snapshot
+    gaps = [g.length for tl in a.timelines for g in tl.longest_gaps]
+    if gaps and s.window_s > 0:
+        s.longest_gap_frac = min(1.0, max(gaps) / (s.window_s * 1e6))
     if k is not None and k.total_us > 0:
         s.kernel_share = k.shares()
         s.kernel_count = k.kernels
@@ -388,45 +543,6 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
     s.skipped = skipped
 
 
-def _combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
-    """A folder of per-rank traces: fractions are averaged over ranks, counts summed, shares weighted by GPU time."""
-    first = ranks[0]
-    s = TraceSummary(path=str(path), window_s=max(r.summary.window_s for r in ranks))
-    with_gpu = [r for r in ranks if r.summary.gpu_busy_frac is not None]
-    s.devices = sorted({d for r in ranks for d in r.summary.devices})
-    if with_gpu:
-        s.gpu_busy_frac = statistics.fmean(r.summary.gpu_busy_frac for r in with_gpu)  # type: ignore[misc]
-        s.idle_frac_by_cause = {c: statistics.fmean(r.summary.idle_frac_by_cause.get(c, 0.0) for r in with_gpu)
-                                for c in IDLE_CAUSES}
-    totals = {c: 0.0 for c in KERNEL_CLASSES}
-    for r in ranks:
-        if r.kernels is not None:
-            for c, us in r.kernels.time_us_by_class.items():
-                totals[c] += us
-    grand = sum(totals.values())
-    if grand > 0:
-        s.kernel_share = {c: v / grand for c, v in totals.items()}
-    s.kernel_count = sum(r.summary.kernel_count for r in ranks)
-    s.cuda_graph_launches = sum(r.summary.cuda_graph_launches for r in ranks)
-    for name in ("short_kernel_frac", "launch_call_us_p50", "launch_delay_us_p50", "intensity_flop_per_byte",
-                 "decode_batch", "prefill_frac", "attention_frac"):
-        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
-        if values:
-            setattr(s, name, statistics.fmean(values))
-    for name in ("achieved_flops", "achieved_bytes_per_s"):
-        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
-        if values:
-            setattr(s, name, sum(values))
-    s.skipped = [f"{r.path.name}: {note}" for r in ranks for note in r.summary.skipped]
-    s.extra["ranks"] = float(len(ranks))
-    if grand > 0:
-        s.extra["comm_share_max_rank"] = max((r.summary.kernel_share.get(COMM, 0.0) for r in ranks), default=0.0)
-    combined = TraceAnalysis(path=path, summary=s, window=first.window, window_policy=first.window_policy,
-                             devices=first.devices, ranks=ranks, ridge_flop_per_byte=first.ridge_flop_per_byte,
-                             gpu_spec=first.gpu_spec, world_size=first.world_size)
-    return combined
-
-
 def capture_from_trace(analysis: TraceAnalysis, *, model: ModelInfo | None = None,
                        gpu_name: str | None = None) -> Capture:
     """A Capture holding only what the trace says: target 'trace <file>', the GPUs from deviceProperties (or
@@ -449,9 +565,9 @@ def capture_from_trace(analysis: TraceAnalysis, *, model: ModelInfo | None = Non
                                 memory_total_bytes=spec.memory_bytes, spec_name=spec.key))
     else:
         for d in devices:
-            spec = physics.match_gpu(d.name, d.memory_bytes)
+            match = physics.match_gpu(d.name, d.memory_bytes)
             cap.gpus.append(GpuInfo(index=d.index, name=d.name, memory_total_bytes=d.memory_bytes,
-                                    cuda_capability=d.capability, spec_name=spec.key if spec else None))
+                                    cuda_capability=d.capability, spec_name=match.key if match else None))
     cap.trace = analysis.summary
     cap.model = model
     cap.cpu_only = not analysis.summary.devices

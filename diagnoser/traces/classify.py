@@ -2,7 +2,8 @@
 
 Names are classified once per distinct name (a trace has thousands of events per name), so the regexes here are
 not on the hot path. Order matters: communication before everything (NCCL kernels mention "Sum_float"), attention
-before GEMM (flash-attention kernels are CUTLASS kernels too), GEMM before elementwise (cuBLAS epilogues).
+before GEMM (flash-attention kernels are CUTLASS kernels too), embedding gathers before GEMM (fbgemm's namespace
+contains "gemm"), GEMM before elementwise (cuBLAS epilogues, Tensile's "_Bias_").
 """
 
 from __future__ import annotations
@@ -12,48 +13,60 @@ from functools import lru_cache
 
 GEMM = "gemm"
 ATTENTION = "attention"
+EMBEDDING = "embedding"  # table lookups, gathers and permutes of recommendation models: memory-bound
 NORM_ELEMENTWISE = "norm_elementwise"
 REDUCTION = "reduction"
 COMM = "comm"
 MEMCPY = "memcpy"
 MEMSET = "memset"
 OTHER = "other"
-KERNEL_CLASSES = (GEMM, ATTENTION, NORM_ELEMENTWISE, REDUCTION, COMM, MEMCPY, MEMSET, OTHER)
+# The keys of TraceSummary.kernel_share (docs/traces.md).
+KERNEL_CLASSES = (GEMM, ATTENTION, EMBEDDING, NORM_ELEMENTWISE, REDUCTION, COMM, MEMCPY, MEMSET, OTHER)
 
 # Every NCCL generation (ncclKernel_*, ncclDevKernel_*, ncclDevFunc), RCCL/HCCL, vLLM/SGLang custom all-reduce,
 # NVSHMEM and DeepEP expert-parallel exchange kernels.
 _COMM = re.compile(
     r"nccl|rccl|hccl|msccl|nvshmem|cross_device_reduce|custom_?all_?reduce|all_?reduce|allgather|all_?gather"
     r"|reduce_?scatter|all_?to_?all|deep_?ep|two_shot|one_shot_all|multimem",
-    re.I,
+    re.IGNORECASE,
 )
 # FlashAttention 1-3, xFormers/CUTLASS fmha, cuDNN SDPA, FlashInfer, vLLM/SGLang paged and Triton attention, the
 # KV-cache write that belongs to the attention block.
 _ATTENTION = re.compile(
     r"flash|fmha|attention|attn|_fwd_kernel|_fwd_grouped_kernel|_bwd_kernel|mha_|paged|BatchDecode|BatchPrefill|SinglePrefill"
     r"|SingleDecode|decode_kernel|reshape_and_cache|concat_and_cache|mla_|sdpa|softmax_fwd_.*kv",
-    re.I,
+    re.IGNORECASE,
+)
+# fbgemm/TorchRec embedding tables (split_embedding_* forward and backward with the fused optimizer), index bounds
+# checks, pooled-embedding and KJT permutes, jagged tensors, the UVM cache; ATen's embedding and index_select.
+_EMBEDDING = re.compile(
+    r"split_embedding|(?<!rotary_)embedding|bounds_check_indices|(?<![A-Za-z])permute_(?:pooled|2D|1D|sparse|multi|data|seq)"
+    r"|jagged|lxu_cache|linearize_cache|lfu_cache|lru_cache|batch_index_select|index_select|indexSelect"
+    r"|segment_sum_csr|reorder_batched_ad",
+    re.IGNORECASE,
 )
 # cuBLAS/cuBLASLt (incl. Hopper nvjet_*), CUTLASS, cuDNN implicit-GEMM convolutions, Triton matmul templates,
-# quantised GEMMs (Marlin, Machete, GPTQ/AWQ, FP8 scaled_mm), MoE grouped GEMMs, split-K reductions of cuBLAS.
+# quantised GEMMs (Marlin, Machete, GPTQ/AWQ, FP8 scaled_mm), MoE grouped GEMMs, split-K reductions of cuBLAS; on
+# ROCm Tensile's Cijk_* (rocBLAS and hipBLASLt), MIOpen's implicit-GEMM convolutions, Composable Kernel GEMMs.
 _GEMM = re.compile(
-    r"gemm|gemv|cublas|cutlass|nvjet|xmma|_mm_|_mm$|matmul|\bmm_|bmm|sgemm|hgemm|dgemm|s884|s1688|h884|h1688"
+    r"(?<!fb)gemm|gemv|cublas|cutlass|nvjet|xmma|_mm_|_mm$|matmul|\bmm_|bmm|sgemm|hgemm|dgemm|s884|s1688|h884|h1688"
+    r"|\bCijk_|hipblaslt|rocblas|MIOpenConv|miopenSp3AsmConv|naive_conv|conv_fwd_xdl|conv_bwd|xdl_cshuffle"
     r"|i8816|splitK|splitk|marlin|machete|gptq|awq|scaled_mm|fused_moe|moe_align|grouped_mm|wgrad|dgrad|fprop"
     r"|implicit_convolve|conv2d|convolve|winograd|fft2d|fft_|tensorop|triton_tem_|scudnn|hcudnn|884cudnn|1688cudnn"
     r"|_interior_nn|_small_nn|_large_nn|_medium_nn",
-    re.I,
+    re.IGNORECASE,
 )
 _REDUCTION = re.compile(
     r"reduce|reduction|softmax|SoftMax|argmax|argmin|topk|top_k|top_p|sort|cumsum|scan|sampling|sampler"
     r"|logsumexp|triton_red_|triton_per_|\bsum\b|nll_loss|cross_entropy",
-    re.I,
+    re.IGNORECASE,
 )
 _NORM_ELEMENTWISE = re.compile(
     r"elementwise|vectorized|unrolled|layer_?norm|rms_?norm|batch_?norm|group_?norm|bn_f|bn_b|instance_?norm"
     r"|act_and_mul|silu|gelu|relu|tanh|sigmoid|rotary|rope|triton_poi_|copy|Copy|fill|index|gather|scatter"
-    r"|cat_|CatArray|transpose|permute|nchwTo|nhwcTo|pool|dropout|where|masked|embedding|arange|distribution"
+    r"|cat_|CatArray|transpose|permute|nchwTo|nhwcTo|pool|dropout|where|masked|arange|distribution"
     r"|clamp|add_kernel|mul_kernel|quant|dequant|scale|bias|epilogue|multi_tensor_apply|lamb|adam",
-    re.I,
+    re.IGNORECASE,
 )
 
 
@@ -64,6 +77,8 @@ def kernel_class(name: str) -> str:
         return COMM
     if _ATTENTION.search(name):
         return ATTENTION
+    if _EMBEDDING.search(name):
+        return EMBEDDING
     if _GEMM.search(name):
         return GEMM
     if _REDUCTION.search(name):
@@ -134,6 +149,12 @@ def runtime_kind(name: str) -> int:
         return LAUNCH_KIND_COPY
     return 0
 
+
+# Host-side records of collectives: c10d ops ("c10d::allreduce_", "c10d::alltoall_base_"), the record_param_comms op
+# (its "Collective name" arg) and the "nccl:<collective>" annotations of PyTorch's ProcessGroupNCCL.
+COMM_OP_PREFIX = "c10d::"
+COMM_OP_NAMES = frozenset({"record_param_comms"})
+COMM_ANNOTATION_PREFIX = "nccl:"
 
 # The serving loop's profiler steps; the last one is kept (HolisticTraceAnalysis drops it by default).
 STEP_PREFIX = "ProfilerStep#"

@@ -1,27 +1,41 @@
 """Streaming decode of Kineto / Chrome-trace JSON (plain or gzip) into typed events, a chunk at a time.
 
 Why not `json.load`: a multi-GB trace becomes tens of millions of dicts (5x the file size in RAM, most of the time in
-the allocator and the garbage collector). Here the file is gunzipped in blocks, cut into chunks of whole events at
-`}, {` boundaries, and each chunk is decoded by msgspec into small typed structs that keep only the fields the
-analysis reads; unknown fields are skipped by the decoder without building objects. A chunk lives only while the
+the allocator and the garbage collector). Here the file is read (or gunzipped) in blocks, cut into chunks of whole
+events at event boundaries, and each chunk is decoded by msgspec into small typed structs that keep only the fields
+the analysis reads; unknown fields are skipped by the decoder without building objects. A chunk lives only while the
 caller consumes it, so memory is bounded by the chunk size plus what the caller keeps.
 
-Robustness: a boundary found inside a string makes its chunk invalid JSON, which the decoder reports as truncated;
-the cut then moves to an earlier boundary, so a wrong cut can never yield wrong events. A chunk with a value of an
-unexpected type is decoded leniently event by event and the bad events are counted, not fatal. A file cut short
-yields every complete event before the cut and says how much was dropped.
+Event boundaries: a '}' followed by ',' and the '{"' + letter that opens the next event. In valid JSON that
+sequence cannot lie inside a string (the '"' would close the string, and a letter cannot follow a closed string), so
+a candidate is either a real boundary or one between two objects nested inside an event; a cut is accepted only when
+the event after it decodes on its own with a "ph" key (`_probe`). Chunks therefore always hold whole events, however
+they are cut, which is what lets the parallel reader (parallel.py) split a file anywhere and get the same events.
+
+Damage: a chunk that does not decode is re-read event by event with the standard library's parser (which accepts
+NaN and Infinity), keeping every good event and skipping each bad one to the next boundary; what is skipped is
+counted by reason (`DecodeStats.skips`). A file cut short yields every complete event before the cut. Size: a file
+(or its gunzipped content) larger than the trace-size limit (`max_trace_bytes`) is refused before it is read, and a
+gzip stream is refused as soon as it outgrows the limit or expands like a decompression bomb; devices, pipes and
+sockets are refused outright.
 """
 
 from __future__ import annotations
 
 import enum
 import gzip
+import json
+import math
+import mmap
+import os
 import re
+import stat
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
 import msgspec
 
@@ -38,7 +52,7 @@ _NO_RAW = msgspec.Raw()
 class Args(msgspec.Struct, gc=False, omit_defaults=True):
     """The `args` keys the analysis reads; every other key is skipped by the decoder."""
 
-    stream: int | None = None
+    stream: int | str | None = None  # HIP runtime calls write it as a pointer string ("0x0")
     correlation: int | None = None
     device: int | None = None
     external_id: int | None = msgspec.field(default=None, name="External id")
@@ -135,35 +149,72 @@ class Ph(enum.Enum):
         return cls.OTHER
 
 
+# Times are checked by the decoder itself (in C): a negative value fails the chunk's fast decode, and the chunk is then
+# read event by event so that only the bad event is left out (and counted). JSON cannot carry NaN or infinity, and
+# msgspec refuses a number beyond float range, so a decoded time is finite.
+Micros = Annotated[float, msgspec.Meta(ge=0)]
+
+
 class Event(msgspec.Struct, gc=False, omit_defaults=True):
-    """One trace event. `ts`/`dur` are microseconds (floats carry nanoseconds); pid/tid may be strings."""
+    """One trace event. `ts`/`dur` are microseconds (floats carry nanoseconds), finite and >= 0; pid/tid may be
+    strings."""
 
     ph: Ph = Ph.OTHER
     cat: Cat = Cat.NONE
     name: str = ""
     pid: int | str | None = None
     tid: int | str | None = None
-    ts: float | None = None
-    dur: float | None = None
+    ts: Micros | None = None
+    dur: Micros | None = None
     args: Args | None = None
+
+
+class _Probe(msgspec.Struct):
+    """Enough of an event to tell it from an object nested inside one."""
+
+    ph: str | None = None
+    cat: str | None = None
+    ts: float | None = None
 
 
 _EVENTS = msgspec.json.Decoder(list[Event], strict=False)
 _EVENT = msgspec.json.Decoder(Event, strict=False)
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
+_PROBE = msgspec.json.Decoder(list[_Probe])
 _ANY = msgspec.json.Decoder()
+_PY_JSON = json.JSONDecoder()  # the damage path: accepts NaN/Infinity and reports where the text breaks
+Buffer = bytes | bytearray | mmap.mmap  # what the boundary search and the decoder read from
 
 # Default chunk: large enough that per-chunk overhead is nil, small enough to keep memory flat.
 CHUNK_BYTES = 8 << 20
 # One event larger than this is not a trace event (a corrupt file or a decompression bomb of one string).
-MAX_EVENT_BYTES = 256 << 20
-# Real traces compress 10-30x; a gzip stream that expands over this ratio (past MIN_BOMB_BYTES) is refused.
+MAX_EVENT_BYTES = 64 << 20
+# Real traces compress 10-50x; a gzip stream that expands over this ratio (past MIN_BOMB_BYTES) is refused.
 MAX_GZIP_RATIO = 1000
 MIN_BOMB_BYTES = 256 << 20
+# The largest trace read by default (JSON bytes, after gunzip): a 10 s window of a CUDA-graph decode on an H100 is
+# about 2.3 GB. The analysis keeps about half the JSON size in memory. Raise it with --max-trace-size or the
+# environment variable below.
+DEFAULT_MAX_TRACE_BYTES = 4 << 30
+MAX_BYTES_ENV = "DIAGNOSER_TRACE_MAX_BYTES"
 _READ_BYTES = 4 << 20
 
+# Skip reasons (DecodeStats.skips, TraceSummary.skip_reasons).
+SKIP_MALFORMED = "malformed_json"  # text that is not JSON (one count per damaged stretch)
+SKIP_BAD_TYPE = "bad_field_type"  # valid JSON, a field of an unexpected type (a string ts, a list for args...)
+SKIP_TRUNCATED = "truncated_tail"  # the incomplete last event of a file cut short
+SKIP_NON_FINITE = "non_finite_time"  # ts or dur NaN or infinite
+SKIP_NEGATIVE_TIME = "negative_time"
+SKIP_NEGATIVE_DURATION = "negative_duration"
+SKIP_MISSING_TIME = "missing_time"  # a complete ('X') event without ts or dur
+SKIP_REASONS = (SKIP_MALFORMED, SKIP_BAD_TYPE, SKIP_TRUNCATED, SKIP_NON_FINITE, SKIP_NEGATIVE_TIME,
+                SKIP_NEGATIVE_DURATION, SKIP_MISSING_TIME)
+
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_AFTER_CLOSE_BRACE = re.compile(rb"\s*,\s*\{")
-_ARRAY_END = re.compile(rb"\}\s*,?\s*\]")
+# '}' that ends an event, then the separator; the lookahead needs the next event's '{"' and the first letter of a key.
+_BOUNDARY = re.compile(rb'\}\s*,\s*(?=\{\s*"[A-Za-z_])')
+_BOUNDARY_STR = re.compile(r'\}\s*,\s*(?=\{\s*"[A-Za-z_])')
+_NON_FINITE_TOKEN = re.compile(r"-?(?:NaN|nan|Infinity|inf|INF)")
 _WS = b" \t\r\n"
 
 
@@ -173,11 +224,23 @@ class DecodeStats:
 
     bytes_in: int = 0  # file bytes (compressed when gzip)
     bytes_json: int = 0  # decompressed JSON bytes
-    events: int = 0
-    bad_events: int = 0  # dropped: a field of an unexpected type
-    dropped_bytes: int = 0  # dropped: malformed JSON or a truncated tail
+    events: int = 0  # events decoded (every phase and category)
+    dropped_bytes: int = 0  # bytes of damaged text skipped
     truncated: bool = False
+    skips: Counter[str] = field(default_factory=Counter)  # events left out, by reason (SKIP_*)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def bad_events(self) -> int:
+        return self.skips[SKIP_BAD_TYPE]
+
+    def merge(self, other: DecodeStats) -> None:
+        """Add another part's counts (the parallel reader decodes ranges of one file apart)."""
+        self.events += other.events
+        self.dropped_bytes += other.dropped_bytes
+        self.truncated = self.truncated or other.truncated
+        self.skips.update(other.skips)
+        self.notes.extend(n for n in other.notes if n not in self.notes)
 
 
 @dataclass
@@ -189,32 +252,85 @@ class TraceFile:
     stats: DecodeStats = field(default_factory=DecodeStats)
 
 
-def _open_stream(path: Path, stats: DecodeStats) -> Iterator[bytes]:
-    """Yield decompressed blocks of the file; gzip is detected by its magic bytes, not the suffix."""
+# --- limits and opening ------------------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(value: str) -> int:
+    """Bytes from '4G', '512MB', '8GiB', '1.5T' or a bare number of bytes (K/M/G/T are powers of 1024 here: a
+    limit, not a measurement)."""
+    m = _SIZE.match(value)
+    if m is None:
+        raise TraceError(f"a trace size limit must be a size such as 4G, 512M or 8GiB, not '{value}'.")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    size = int(float(m.group(1)) * scale)
+    if size <= 0:
+        raise TraceError(f"a trace size limit must be positive, not '{value}'.")
+    return size
+
+
+def max_trace_bytes(override: int | None = None) -> int:
+    """The trace-size limit: the override, else $DIAGNOSER_TRACE_MAX_BYTES, else DEFAULT_MAX_TRACE_BYTES."""
+    if override is not None:
+        return override
+    env = os.environ.get(MAX_BYTES_ENV)
+    return parse_size(env) if env else DEFAULT_MAX_TRACE_BYTES
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _too_big(path: Path, what: str, limit: int) -> TraceError:
+    return TraceError(f"{path} {what}, over the {_fmt_bytes(limit)} trace-size limit; if it is a real trace, raise "
+                      f"the limit with --max-trace-size or {MAX_BYTES_ENV} (the analysis keeps about half of it in "
+                      "memory).")
+
+
+def open_trace_file(path: Path, limit: int) -> tuple[BinaryIO, int]:
+    """Open a trace for reading after checking it is a regular file within the size limit; (file, size)."""
     try:
-        f: BinaryIO = open(path, "rb")
+        st = os.stat(path)  # follows links: a link to /dev/zero is judged by what it points to
     except FileNotFoundError:
         raise TraceError(f"no trace file at {path}.") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path} is a directory; pass the folder to analyze_trace, not to the file reader.") from None
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}.") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise TraceError(f"{path} is a directory; pass the folder to analyze_trace, not to the file reader.")
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceError(f"{path} is not a regular file (a device, pipe or socket); a trace is a .json or .json.gz "
+                         "file.")
+    if st.st_size > limit:
+        raise _too_big(path, f"is {_fmt_bytes(st.st_size)}", limit)
+    try:
+        return open(path, "rb"), st.st_size
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror or exc}.") from None
+
+
+def _open_stream(path: Path, stats: DecodeStats, limit: int) -> Iterator[bytes]:
+    """Yield decompressed blocks of the file; gzip is detected by its magic bytes, not the suffix."""
+    f, _ = open_trace_file(path, limit)
     with f:
         first = f.read(_READ_BYTES)
         if first[:2] != b"\x1f\x8b":
-            stats.bytes_in += len(first)
-            stats.bytes_json += len(first)
-            if first:
-                yield first
-            while block := f.read(_READ_BYTES):
+            block = first
+            while block:
                 stats.bytes_in += len(block)
                 stats.bytes_json += len(block)
+                if stats.bytes_json > limit:  # the file grew while being read
+                    raise _too_big(path, "grew while it was read", limit)
                 yield block
+                block = f.read(_READ_BYTES)
             return
-        yield from _gunzip(f, first, path, stats)
+        yield from _gunzip(f, first, path, stats, limit)
 
 
-def _gunzip(f: BinaryIO, first: bytes, path: Path, stats: DecodeStats) -> Iterator[bytes]:
+def _gunzip(f: BinaryIO, first: bytes, path: Path, stats: DecodeStats, limit: int) -> Iterator[bytes]:
     inflater = zlib.decompressobj(wbits=31)
     data = first
     stats.bytes_in += len(first)
@@ -242,24 +358,29 @@ def _gunzip(f: BinaryIO, first: bytes, path: Path, stats: DecodeStats) -> Iterat
         stats.bytes_json += len(out)
         if stats.bytes_json > MIN_BOMB_BYTES and stats.bytes_json > MAX_GZIP_RATIO * max(1, stats.bytes_in):
             raise TraceError(f"{path} expands more than {MAX_GZIP_RATIO}x when decompressed; refusing it as a "
-                             "likely decompression bomb (a real trace compresses 10-30x).")
+                             "likely decompression bomb (a real trace compresses 10-50x).")
+        if stats.bytes_json > limit:
+            raise _too_big(path, f"expands past {_fmt_bytes(limit)} when decompressed", limit)
         if out:
             yield out
 
 
-def iter_event_chunks(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES) -> tuple[TraceFile, Iterator[list[Event]]]:
+# --- the events array --------------------------------------------------------------------------------------------
+
+def iter_event_chunks(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES,
+                      max_bytes: int | None = None) -> tuple[TraceFile, Iterator[list[Event]]]:
     """Open a trace and return its metadata holder and an iterator over lists of events.
 
     Metadata that comes after `traceEvents` in the file is filled in once the iterator is exhausted.
     """
     path = Path(path)
     tf = TraceFile(path=path)
-    blocks = _open_stream(path, tf.stats)
-    head, rest = _read_head(blocks, path, tf)
-    return tf, _event_chunks(head, rest, blocks, tf, chunk_bytes)
+    blocks = _open_stream(path, tf.stats, max_trace_bytes(max_bytes))
+    head, in_object = read_head(blocks, path, tf)
+    return tf, _event_chunks(head, in_object, blocks, tf, chunk_bytes)
 
 
-def _read_head(blocks: Iterator[bytes], path: Path, tf: TraceFile) -> tuple[bytes, bool]:
+def read_head(blocks: Iterator[bytes], path: Path, tf: TraceFile) -> tuple[bytes, bool]:
     """Consume up to the start of the events array; return the bytes after '[' and whether the top is an object."""
     buf = b""
     for block in blocks:
@@ -275,16 +396,16 @@ def _read_head(blocks: Iterator[bytes], path: Path, tf: TraceFile) -> tuple[byte
         buf += block
         m = _EVENTS_KEY.search(buf, searched)
         if m is not None:
-            _parse_head_metadata(buf[: m.start()], tf)
+            parse_head_metadata(buf[: m.start()], tf)
             return buf[m.end():], True
-        if len(buf) > 64 << 20:
+        if len(buf) > MAX_EVENT_BYTES:
             break
     if not buf:
         raise TraceError(f"{path} is empty.")
     raise TraceError(f"{path} is JSON without a traceEvents array: not a torch.profiler/Chrome trace.")
 
 
-def _parse_head_metadata(head: bytes, tf: TraceFile) -> None:
+def parse_head_metadata(head: bytes, tf: TraceFile) -> None:
     text = head.rstrip(_WS)
     if text.endswith(b","):
         text = text[:-1]
@@ -293,223 +414,445 @@ def _parse_head_metadata(head: bytes, tf: TraceFile) -> None:
         return
     try:
         meta = _ANY.decode(text + b"}")
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         tf.stats.notes.append("the metadata before traceEvents is malformed and was ignored")
         return
     if isinstance(meta, dict):
         tf.metadata.update(meta)
 
 
-def _parse_tail_metadata(tail: bytes, tf: TraceFile) -> None:
+def _parse_tail(tail: bytes, in_object: bool) -> dict[str, Any] | None:
+    """The metadata after the events array's ']', or None when `tail` is not what follows the array's end."""
     text = tail.strip(_WS)
-    if not text or text == b"}":
-        return
+    if not in_object:
+        return {} if not text else None
     if text.startswith(b","):
         text = text[1:]
+    if not text.endswith(b"}"):
+        return None
     try:
         meta = _ANY.decode(b"{" + text)
-    except msgspec.DecodeError:
-        tf.stats.notes.append("the metadata after traceEvents is malformed and was ignored")
-        return
-    if isinstance(meta, dict):
-        tf.metadata.update(meta)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
-def _event_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile,
-                  chunk_bytes: int) -> Iterator[list[Event]]:
-    stats = tf.stats
-    # One spare byte in front so every chunk has a byte before its first '{' to turn into '['.
-    buf = bytearray(b" ") + head
-    start = _skip_ws(buf, 1)
-    exhausted = False
+def find_array_end(rest: bytes, in_object: bool) -> tuple[int, dict[str, Any]] | None:
+    """The index of the ']' closing the events array in `rest` (the end of the file), with the metadata after it;
+    None when the array is never closed (a file cut short, or damaged at its end).
+
+    The events are followed from the last event boundary (a ']' is not searched from the end: metadata after the
+    events, such as Kineto's "INFO" log lines, holds arrays of its own)."""
+    cut = last_cut(rest, 0, len(rest))
+    base = cut[1] if cut is not None else 0
+    text = rest[base:].decode("utf-8", "surrogateescape")
+    i, n = 0, len(text)
     while True:
-        while not exhausted and len(buf) - start < chunk_bytes:
-            block = next(blocks, None)
-            if block is None:
-                exhausted = True
-                break
-            buf += block
-        if exhausted:
-            yield from _final_chunk(bytes(buf[start:]), in_object, tf)
-            return
-        cut = _last_boundary(buf, start, len(buf))
-        events = None
-        while cut is not None:
-            nxt = _AFTER_CLOSE_BRACE.match(buf, cut + 1)  # before the decode overwrites the ','
-            events = _decode_in_place(buf, start, cut, stats)
-            if events is not None:
-                break
-            cut = _last_boundary(buf, start, cut)  # the cut fell inside a string: try an earlier one
-        if events is not None and cut is not None and nxt is not None:
-            # A new buffer for what is left: the decoded events may still reference the old one (Raw fields),
-            # and a bytearray with live views cannot be resized.
-            buf = bytearray(b" ") + buf[nxt.end() - 1:]
-            start = 1
-            stats.events += len(events)
-            yield events
+        i = _skip_ws_str(text, i)
+        if i < n and text[i] == "]":
+            break
+        try:
+            _, i = _PY_JSON.raw_decode(text, i)
+        except (ValueError, RecursionError) as exc:  # a damaged event: on to the next boundary, or to the close
+            err = max(getattr(exc, "pos", i), i + 1)
+            m = _BOUNDARY_STR.search(text, err)
+            if m is not None:
+                i = m.end()
+                continue
+            return _close_after(rest, base + len(text[:err].encode("utf-8", "surrogateescape")), in_object)
+        i = _skip_ws_str(text, i)
+        if i < n and text[i] == ",":  # the next event, or a trailing comma before ']'
+            i += 1
             continue
-        if len(buf) - start > MAX_EVENT_BYTES:
-            raise TraceError(f"{tf.path} has a single event over {MAX_EVENT_BYTES >> 20} MB: not a trace, or "
-                             "a damaged one.")
-        chunk_bytes *= 2  # one event spans the whole buffer: read more before cutting again
+        if i < n and text[i] == "]":
+            break
+        return None
+    close = base + len(text[:i].encode("utf-8", "surrogateescape"))
+    meta = _parse_tail(rest[close + 1:], in_object)
+    return None if meta is None else (close, meta)
 
 
-def _skip_ws(buf: bytearray | bytes, i: int) -> int:
-    n = len(buf)
+def _close_after(rest: bytes, pos: int, in_object: bool, tries: int = 64) -> tuple[int, dict[str, Any]] | None:
+    """After damage in the last event: the first ']' past `pos` that the file's end follows."""
+    for _ in range(tries):
+        i = rest.find(b"]", pos)
+        if i < 0:
+            return None
+        meta = _parse_tail(rest[i + 1:], in_object)
+        if meta is not None:
+            return i, meta
+        pos = i + 1
+    return None
+
+
+def _skip_ws(buf: Buffer, i: int, end: int | None = None) -> int:
+    n = len(buf) if end is None else end
     while i < n and buf[i] in _WS:
         i += 1
     return i
 
 
-def _last_boundary(buf: bytearray, start: int, end: int) -> int | None:
-    """Index of the last '}' in buf[start:end] that is followed by ', {' (a candidate event boundary)."""
-    while True:
-        i = buf.rfind(b"}", start, end)
-        if i < 0:
+def probe_cut(buf: Buffer, cut: int, limit: int) -> int | None:
+    """If the '}' at `cut` ends an event (the event after it decodes alone, with a "ph" key), the index where that
+    next event starts; else None. Only bytes before `limit` are read."""
+    m = _BOUNDARY.match(buf, cut, limit)
+    if m is None:
+        return None
+    nxt = m.end()
+    # the next event's own end: the next candidate boundary, or the end of the data if it has none
+    j = nxt
+    for _ in range(16):
+        k = _BOUNDARY.search(buf, j + 1, limit)
+        if k is None:
             return None
-        if _AFTER_CLOSE_BRACE.match(buf, i + 1):
-            return i
-        end = i
-
-
-def _decode_in_place(buf: bytearray, start: int, cut: int, stats: DecodeStats) -> list[Event] | None:
-    """Events in buf[start:cut+1] without copying: the delimiters on either side become '[' and ']'.
-
-    None when the cut is not a real boundary (the chunk is then truncated JSON)."""
-    before, after = buf[start - 1], buf[cut + 1]
-    buf[start - 1], buf[cut + 1] = 0x5B, 0x5D  # '[' and ']'
-    try:
-        return _EVENTS.decode(memoryview(buf)[start - 1 : cut + 2])
-    except msgspec.ValidationError:
-        return _decode_leniently(bytes(buf[start - 1 : cut + 2]), stats)
-    except msgspec.DecodeError as exc:
-        if "truncated" in str(exc):
-            buf[start - 1], buf[cut + 1] = before, after
-            return None
-        return _salvage(bytes(buf[start - 1 : cut + 2]), stats)
-
-
-def _decode_chunk(buf: bytearray | bytes, start: int, cut: int, stats: DecodeStats) -> list[Event] | None:
-    """Events in buf[start:cut+1] (a copy); None when the cut is not a real boundary."""
-    data = b"[" + bytes(buf[start : cut + 1]) + b"]"
-    try:
-        return _EVENTS.decode(data)
-    except msgspec.ValidationError:
-        return _decode_leniently(data, stats)
-    except msgspec.DecodeError as exc:
-        if "truncated" in str(exc):
-            return None
-        return _salvage(data, stats)
-
-
-def _decode_leniently(data: bytes, stats: DecodeStats) -> list[Event]:
-    """Decode event by event, dropping those whose fields have unexpected types."""
-    raw = _ANY.decode(data)
-    out: list[Event] = []
-    for item in raw if isinstance(raw, list) else ():
         try:
-            # Through JSON again rather than msgspec.convert: Raw fields can only be filled by the JSON decoder.
-            out.append(_EVENT.decode(msgspec.json.encode(item)))
-        except msgspec.ValidationError:
-            stats.bad_events += 1
-    return out
-
-
-def _salvage(data: bytes, stats: DecodeStats) -> list[Event]:
-    """Malformed JSON inside a chunk: keep the events before the damage, skip to the next boundary after it."""
-    body = bytearray(data[1:-1])
-    out: list[Event] = []
-    start = 0
-    while start < len(body):
-        cut = _last_boundary(body, start, len(body))
-        end = len(body) - 1 if body.rstrip(_WS).endswith(b"}") else None
-        for candidate in ([end] if end is not None else []) + ([cut] if cut is not None else []):
-            events = _try_decode(body, start, candidate, stats)
-            if events is not None:
-                out.extend(events)
-                nxt = _AFTER_CLOSE_BRACE.match(body, candidate + 1)
-                if nxt is None:
-                    return out
-                start = _skip_ws(body, nxt.end() - 1)
-                break
-        else:
-            # No clean prefix: drop the first event-sized piece and resynchronise at the next boundary.
-            nxt_i = body.find(b"}", start)
-            while nxt_i >= 0 and not _AFTER_CLOSE_BRACE.match(body, nxt_i + 1):
-                nxt_i = body.find(b"}", nxt_i + 1)
-            if nxt_i < 0:
-                stats.dropped_bytes += len(body) - start
-                return out
-            nxt = _AFTER_CLOSE_BRACE.match(body, nxt_i + 1)
-            assert nxt is not None
-            new_start = _skip_ws(body, nxt.end() - 1)
-            stats.dropped_bytes += new_start - start
-            start = new_start
+            probed = _PROBE.decode(b"".join((b"[", buf[nxt:k.start() + 1], b"]")))
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            j = k.start()  # that '}' closed an object nested in the event: try the next one
             continue
-    return out
-
-
-def _try_decode(body: bytearray, start: int, end: int, stats: DecodeStats) -> list[Event] | None:
-    """Decode body[start:end+1] greedily from the largest prefix that is valid; None if even one event fails."""
-    cut: int | None = end
-    while cut is not None and cut >= start:
-        data = b"[" + bytes(body[start : cut + 1]) + b"]"
-        try:
-            return _EVENTS.decode(data)
-        except msgspec.ValidationError:
-            return _decode_leniently(data, stats)
-        except msgspec.DecodeError:
-            cut = _last_boundary(body, start, cut)
+        p = probed[0] if len(probed) == 1 else None
+        return nxt if p is not None and (p.ph is not None or p.cat is not None or p.ts is not None) else None
     return None
 
 
-def _final_chunk(rest: bytes, in_object: bool, tf: TraceFile) -> Iterator[list[Event]]:
-    """The last events, the close of the array and the metadata after it; salvage a file cut short."""
+def last_cut(buf: Buffer, start: int, end: int) -> tuple[int, int] | None:
+    """The last event boundary in buf[start:end] whose next event is complete in the buffer: (index of the '}' that
+    ends the chunk, index where the next event starts)."""
+    hi = end
+    checked = 0
+    while checked < 256:
+        i = buf.rfind(b"}", start, hi)
+        if i < 0:
+            return None
+        if _BOUNDARY.match(buf, i, end):
+            checked += 1
+            nxt = probe_cut(buf, i, end)
+            if nxt is not None:
+                return i, nxt
+        hi = i
+    return None
+
+
+def first_cut(buf: Buffer, start: int, end: int) -> tuple[int, int] | None:
+    """The first event boundary at or after `start` (same result shape as last_cut)."""
+    pos = start
+    for _ in range(256):
+        m = _BOUNDARY.search(buf, pos, end)
+        if m is None:
+            return None
+        nxt = probe_cut(buf, m.start(), end)
+        if nxt is not None:
+            return m.start(), nxt
+        pos = m.start() + 1
+    return None
+
+
+def decode_events(buf: Buffer, stats: DecodeStats, start: int = 0, end: int | None = None, *,
+                  at_eof: bool = False) -> list[Event]:
+    """The events in buf[start:end]: whole events separated by commas (what lies between two event boundaries, or up
+    to the end of a file cut short when `at_eof`). Damaged events are skipped and counted in `stats.skips`."""
+    with memoryview(buf) as view:
+        data = b"".join((b"[", view[start:end], b"]"))  # one copy; the events' Raw fields may point into it
+    return decode_list(data, stats, at_eof=at_eof)
+
+
+def decode_list(data: bytes, stats: DecodeStats, *, at_eof: bool = False) -> list[Event]:
+    """The events of `data`, a JSON list of events ('[' ... ']'): one typed decode when all is well; valid JSON with a
+    bad value (a negative time, a string for a number) is decoded event by event, each bad one counted; text that
+    is not JSON goes to the standard library's parser (_salvage)."""
+    try:
+        return _EVENTS.decode(data)
+    except msgspec.ValidationError:
+        pass
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return _salvage(data[1:-1], stats, at_eof)
+    try:
+        raws = _RAWS.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        return _salvage(data[1:-1], stats, at_eof)
+    out: list[Event] = []
+    decode = _EVENT.decode
+    for raw in raws:
+        try:
+            out.append(decode(raw))
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+            stats.skips[_reason_of(bytes(raw))] += 1
+    return out
+
+
+def _reason_of(raw: bytes) -> str:
+    """Why one valid-JSON event did not decode: its times, or a field of another type."""
+    try:
+        obj = _PY_JSON.decode(raw.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        return SKIP_MALFORMED
+    return _time_reason(obj) or SKIP_BAD_TYPE
+
+
+def _time_reason(obj: object) -> str | None:
+    """The skip reason of an event's times (non-finite, negative), or None when they are fine or absent."""
+    if not isinstance(obj, dict):
+        return None
+    ts, dur = obj.get("ts"), obj.get("dur")
+    for v in (ts, dur):
+        if isinstance(v, float) and not math.isfinite(v):
+            return SKIP_NON_FINITE
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and ts < 0:
+        return SKIP_NEGATIVE_TIME
+    if isinstance(dur, (int, float)) and not isinstance(dur, bool) and dur < 0:
+        return SKIP_NEGATIVE_DURATION
+    return None
+
+
+def _salvage(data: bytes, stats: DecodeStats, at_eof: bool) -> list[Event]:
+    """Event by event with the standard library's parser: keep the good events, skip each bad one to the next
+    boundary and count it by reason."""
+    text = data.decode("utf-8", "surrogateescape")
+    n = len(text)
+    out: list[Event] = []
+    pos = _skip_ws_str(text, 0)
+    in_damage = False
+    while pos < n:
+        try:
+            obj, end = _PY_JSON.raw_decode(text, pos)
+        except (ValueError, RecursionError) as exc:
+            err = getattr(exc, "pos", pos)
+            m = _BOUNDARY_STR.search(text, max(err, pos + 1))
+            if m is None:  # the damage runs to the end of the data
+                reason = SKIP_TRUNCATED if at_eof and _looks_cut(exc, text) else _damage_reason(text, err)
+                if reason == SKIP_TRUNCATED:
+                    stats.truncated = True
+                if not in_damage or reason != SKIP_MALFORMED:
+                    stats.skips[reason] += 1
+                stats.dropped_bytes += len(text[pos:].encode("utf-8", "surrogateescape"))
+                return out
+            reason = _damage_reason(text, err)
+            if not (in_damage and reason == SKIP_MALFORMED):  # one count per damaged stretch
+                stats.skips[reason] += 1
+            in_damage = reason == SKIP_MALFORMED
+            stats.dropped_bytes += len(text[pos:m.end()].encode("utf-8", "surrogateescape"))
+            pos = m.end()
+            continue
+        in_damage = False
+        event = _to_event(obj, stats)
+        if event is not None:
+            out.append(event)
+        pos = _skip_ws_str(text, end)
+        if pos < n:
+            if text[pos] != ",":  # junk after an event: skip to the next boundary
+                m = _BOUNDARY_STR.search(text, pos)
+                stats.skips[SKIP_MALFORMED] += 1
+                stop = m.end() if m is not None else n
+                stats.dropped_bytes += len(text[pos:stop].encode("utf-8", "surrogateescape"))
+                pos = stop
+                continue
+            pos = _skip_ws_str(text, pos + 1)
+    return out
+
+
+def _skip_ws_str(text: str, i: int) -> int:
+    n = len(text)
+    while i < n and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _looks_cut(exc: BaseException, text: str) -> bool:
+    """Whether the parser stopped only because the text ends (an event cut short), not at a bad character."""
+    err = getattr(exc, "pos", -1)
+    return err >= len(text.rstrip()) - 1 or str(exc).startswith("Unterminated string")
+
+
+def _damage_reason(text: str, err: int) -> str:
+    return SKIP_NON_FINITE if _NON_FINITE_TOKEN.match(text, err) else SKIP_MALFORMED
+
+
+def _to_event(obj: object, stats: DecodeStats) -> Event | None:
+    """A parsed event (a dict from the standard library's parser) as an Event, or None (counted) when it is not one."""
+    if not isinstance(obj, dict):
+        stats.skips[SKIP_MALFORMED] += 1
+        return None
+    reason = _time_reason(obj)
+    if reason is not None:
+        stats.skips[reason] += 1
+        return None
+    try:
+        # Through JSON again rather than msgspec.convert: Raw fields can only be filled by the JSON decoder.
+        data = msgspec.json.encode(obj)
+    except (msgspec.EncodeError, UnicodeError, OverflowError, TypeError, ValueError):  # text that is not UTF-8
+        stats.skips[SKIP_MALFORMED] += 1
+        return None
+    try:
+        return _EVENT.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        stats.skips[SKIP_BAD_TYPE] += 1
+        return None
+
+
+# What a raw chunk holds (raw_chunks -> decode_chunk).
+WHOLE = 0  # whole events, between two event boundaries or up to the close of the array
+CUT_SHORT = 1  # the rest of a file cut short: its last event may be incomplete
+DAMAGED = 2  # data with damage and no event boundary after it: only the events before the damage are read
+PREFIX = 3  # the start of a trace read only in part (a quick look): its last event may be cut, which is no damage
+
+
+def _event_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile,
+                  chunk_bytes: int) -> Iterator[list[Event]]:
+    for data, mode in raw_chunks(head, in_object, blocks, tf, chunk_bytes):
+        events = decode_chunk(data, mode, tf.stats)
+        tf.stats.events += len(events)
+        if events:
+            yield events
+
+
+def decode_chunk(data: bytes, mode: int, stats: DecodeStats) -> list[Event]:
+    """The events of a raw chunk; what is left out is counted in `stats` (not the events read: the caller adds
+    those, as the parallel reader's workers each have their own stats)."""
+    if mode == DAMAGED:
+        stats.skips[SKIP_MALFORMED] += 1
+        return _salvage(data[1:-1], DecodeStats(), at_eof=False)  # the events before the damage, if any
+    if mode == PREFIX:
+        scratch = DecodeStats()
+        events = decode_list(data, scratch, at_eof=True)
+        scratch.skips.pop(SKIP_TRUNCATED, None)
+        stats.skips.update(scratch.skips)
+        return events
+    if mode == CUT_SHORT:
+        before = stats.skips[SKIP_TRUNCATED]
+        events = decode_list(data, stats, at_eof=True)
+        stats.truncated = True
+        if stats.skips[SKIP_TRUNCATED] == before and events:
+            stats.notes.append("the file is truncated: the events array is never closed")
+        else:
+            stats.notes.append("the file is truncated: its last, incomplete event was ignored")
+        return events
+    return decode_list(data, stats)
+
+
+def _listed(*parts: Buffer | memoryview) -> bytes:
+    """The bytes of a JSON list around `parts` (one copy)."""
+    return b"".join((b"[", *parts, b"]"))
+
+
+def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile, chunk_bytes: int,
+               ends: int | None = None) -> Iterator[tuple[bytes, int]]:
+    """Cut the events array (from just after its '[') into chunks of whole events, as (a JSON list of them, mode);
+    the metadata after the array goes to tf.metadata. Damaged stretches with no boundary are skipped as they arrive.
+
+    `ends` is for a part of the array (the parallel reader's ranges): the blocks end at an event boundary (WHOLE) or
+    where the file was cut short (CUT_SHORT), not with the array's close."""
+    stats = tf.stats
+    buf = bytearray(head)
+    start = _skip_ws(buf, 0)
+    exhausted = False
+    dropping = False  # inside damaged data with no event boundary yet: its bytes are skipped as they arrive
+    want = chunk_bytes
+    while True:
+        while not exhausted and len(buf) - start < want:
+            block = next(blocks, None)
+            if block is None:
+                exhausted = True
+                break
+            buf += block
+        if dropping:
+            found = first_cut(buf, start, len(buf))
+            if found is None:
+                keep = max(start, len(buf) - 4096)  # a boundary may straddle two blocks
+                stats.dropped_bytes += keep - start
+                del buf[:keep]
+                start = 0
+                if exhausted:
+                    stats.dropped_bytes += len(buf)
+                    stats.truncated = True
+                    stats.notes.append("the file ends inside damaged data; the events array is never closed")
+                    return
+                want = len(buf) + 1  # read on
+                continue
+            stats.dropped_bytes += found[1] - start
+            start = found[1]
+            dropping = False
+            want = chunk_bytes
+            continue
+        if exhausted:
+            if ends is None:
+                yield from _final_chunk(bytes(buf[start:]), in_object, tf)
+                return
+            rest = bytes(buf[start:]).rstrip(_WS)
+            if ends != CUT_SHORT and rest.endswith(b","):
+                rest = rest[:-1]
+            if rest.strip(_WS):
+                yield _listed(rest), ends
+            return
+        cut = last_cut(buf, start, len(buf))
+        if cut is not None:
+            with memoryview(buf) as view:
+                chunk = _listed(view[start:cut[0] + 1])
+            yield chunk, WHOLE
+            start = cut[1]
+            want = chunk_bytes
+            if start > len(buf) // 2:
+                del buf[:start]
+                start = 0
+            continue
+        # No boundary: one long event still arriving, the end of the array, or damaged data.
+        start = _skip_ws(buf, start)
+        if start == len(buf):  # whitespace between events never accumulates
+            del buf[:]
+            start = 0
+            want = chunk_bytes
+            continue
+        pending = bytes(buf[start:])
+        if len(pending) > MAX_EVENT_BYTES:
+            raise TraceError(f"{tf.path} has {MAX_EVENT_BYTES >> 20} MB without an event boundary: not a trace, or "
+                             "a damaged one.")
+        if _is_valid_prefix(pending):
+            want = 2 * len(pending)
+            continue
+        yield _listed(pending), DAMAGED
+        stats.notes.append("part of the file is not JSON (damaged); it was skipped up to the next event")
+        dropping = True
+
+
+def _is_valid_prefix(data: bytes) -> bool:
+    """Whether data could be the start of a valid events list (the decoder stops only because it ends)."""
+    try:
+        _PROBE.decode(b"[" + data)
+    except msgspec.DecodeError as exc:
+        return "truncated" in str(exc) or "trailing characters" in str(exc)  # (the array ends inside data)
+    except (msgspec.ValidationError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _final_chunk(rest: bytes, in_object: bool, tf: TraceFile) -> Iterator[tuple[bytes, int]]:
+    """The last events, the close of the array and the metadata after it; a file cut short as CUT_SHORT."""
     stats = tf.stats
     if not rest.strip(_WS):
         stats.truncated = True
         stats.notes.append("the file ends before the events array is closed")
         return
-    if rest.lstrip(_WS).startswith(b"]"):  # empty events array (or the previous chunk ended the array)
-        after = rest.lstrip(_WS)[1:]
-        if in_object:
-            _parse_tail_metadata(after, tf)
+    closed = find_array_end(rest, in_object)
+    if closed is not None:
+        i, meta = closed
+        tf.metadata.update(meta)
+        body = rest[:i].rstrip(_WS)
+        if body.endswith(b","):  # a trailing comma after the last event
+            body = body[:-1]
+        if body.strip(_WS):
+            yield _listed(body), WHOLE
         return
-    for m in _ARRAY_END.finditer(rest):
-        events = _decode_chunk(rest, 0, m.start(), stats)
-        if events is None:
-            continue
-        stats.events += len(events)
-        if in_object:
-            _parse_tail_metadata(rest[m.end():], tf)
-        yield events
-        return
-    # No close of the array: the file was cut short. Keep every complete event before the cut.
-    stats.truncated = True
-    buf = bytearray(rest)
-    cut = _last_boundary(buf, 0, len(buf))
-    while cut is not None:
-        events = _decode_chunk(buf, 0, cut, stats)
-        if events is not None:
-            stats.events += len(events)
-            stats.dropped_bytes += len(buf) - cut - 1
-            stats.notes.append(f"the file is truncated: the last {len(buf) - cut - 1} bytes (an incomplete event) "
-                               "were ignored")
-            yield events
-            return
-        cut = _last_boundary(buf, 0, cut)
-    stats.dropped_bytes += len(buf)
-    stats.notes.append(f"the file is truncated inside its first event chunk; {len(buf)} bytes were ignored")
+    yield _listed(rest), CUT_SHORT  # no close of the array: every complete event before the cut is kept
 
 
 class _Whole(msgspec.Struct):
     traceEvents: list[Event] = msgspec.field(default_factory=list)
 
 
-def read_json_bytes(path: str | Path) -> bytes:
-    """A whole trace's JSON (plain or gzip, with the reader's bomb guard); TraceError when it is cut short."""
+def read_json_bytes(path: str | Path, *, max_bytes: int | None = None) -> bytes:
+    """A whole trace's JSON (plain or gzip, with the reader's size and bomb guards); TraceError when it is cut
+    short."""
     stats = DecodeStats()
-    data = b"".join(_open_stream(Path(path), stats))
+    data = b"".join(_open_stream(Path(path), stats, max_trace_bytes(max_bytes)))
     if stats.truncated:
         raise TraceError(f"{path} is cut short ({'; '.join(stats.notes)}).")
     return data
@@ -523,5 +866,19 @@ def decode_whole(path: str | Path) -> list[Event]:
     return msgspec.json.decode(data, type=_Whole, strict=False).traceEvents
 
 
-__all__ = ["Args", "Cat", "DecodeStats", "Event", "Ph", "TraceError", "TraceFile", "decode_whole",
-           "iter_event_chunks", "read_json_bytes"]
+__all__ = [
+    "SKIP_REASONS",
+    "Args",
+    "Cat",
+    "DecodeStats",
+    "Event",
+    "Ph",
+    "TraceError",
+    "TraceFile",
+    "decode_events",
+    "decode_whole",
+    "iter_event_chunks",
+    "max_trace_bytes",
+    "parse_size",
+    "read_json_bytes",
+]

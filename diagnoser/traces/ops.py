@@ -35,6 +35,7 @@ class CostedRun:
     time_us: float  # GPU time of its kernels, or CPU time in a CPU-only trace
     dtype: str  # the cost's dtype, or "tf32" when fp32 ops ran TF32 kernels
     shapes: str
+    kernels: list[int] = field(default_factory=list)  # the GPU ops it launched (indices into the GPU columns)
 
 
 @dataclass
@@ -151,14 +152,15 @@ def cost_ops(t: Tables, index: LaunchIndex | None, window: tuple[float, float]) 
             out.uncosted += 1
             continue
         dtype = cost.dtype
+        launched: list[int] = []
         if gpu_trace:
             assert index is not None
-            time_us, tf32 = _gpu_time_of(index, t, op, names)
+            time_us, tf32, launched = _gpu_time_of(index, t, op, names)
             if dtype == "fp32" and tf32:
                 dtype = "tf32"
         else:
             time_us = op.dur
-        run = CostedRun(op.name, op.tid, op.ts, op.ts + op.dur, cost, time_us, dtype, _shape_text(dims))
+        run = CostedRun(op.name, op.tid, op.ts, op.ts + op.dur, cost, time_us, dtype, _shape_text(dims), launched)
         out.runs.append(run)
         out.total_flops += cost.flops
         out.total_bytes += cost.bytes
@@ -177,17 +179,39 @@ def cost_ops(t: Tables, index: LaunchIndex | None, window: tuple[float, float]) 
     return out
 
 
-def _gpu_time_of(index: LaunchIndex, t: Tables, op: CostedOp, names: list[str]) -> tuple[float, bool]:
-    """GPU time of the kernels launched from inside `op`, and whether any of them was a TF32 kernel."""
+def _gpu_time_of(index: LaunchIndex, t: Tables, op: CostedOp, names: list[str]) -> tuple[float, bool, list[int]]:
+    """GPU time of the kernels launched from inside `op`, whether any of them was a TF32 kernel, and which they are."""
     i, j = bisect_left(index.ts, op.ts), bisect_right(index.ts, op.ts + op.dur)
     total = 0.0
     tf32 = False
+    launched = []
     for k in range(i, j):
         if index.tid[k] == op.tid:
             total += index.dur[k]
+            launched.append(index.gpu[k])
             if not tf32 and "tf32" in names[t.g_name[index.gpu[k]]]:
                 tf32 = True
-    return total, tf32
+    return total, tf32, launched
+
+
+def kernel_costs(t: Tables, ops: OpsSummary) -> dict[int, tuple[float, float]]:
+    """FLOPs and bytes of each costed op, given to the longest kernel it launched (the GEMM or attention kernel; the
+    others are its split-K reductions, casts and copies): GPU op index -> (flops, bytes)."""
+    out: dict[int, tuple[float, float]] = {}
+    g_dur, g_kind = t.g_dur, t.g_kind
+    for r in ops.runs:
+        kernels = [i for i in r.kernels if g_kind[i] == 0]
+        if kernels and r.cost.bytes > 0:
+            main = max(kernels, key=g_dur.__getitem__)
+            prev = out.get(main, (0.0, 0.0))
+            out[main] = (prev[0] + r.cost.flops, prev[1] + r.cost.bytes)
+    return out
+
+
+def covered_kernel_us(t: Tables, ops: OpsSummary) -> float:
+    """GPU kernel time launched by costed ops (each kernel once)."""
+    seen = {i for r in ops.runs for i in r.kernels if t.g_kind[i] == 0}
+    return sum(t.g_dur[i] for i in seen)
 
 
 def _shape_text(dims: list[object]) -> str:

@@ -12,15 +12,18 @@ from __future__ import annotations
 import gc
 from array import array
 from collections import Counter
+from dataclasses import dataclass, field
 from itertools import compress
 from operator import add, attrgetter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from diagnoser.traces.classify import (
+    COMM_ANNOTATION_PREFIX,
+    COMM_OP_NAMES,
+    COMM_OP_PREFIX,
     COPY_CALLS,
     GRAPH_LAUNCHES,
     HOST_SYNC_KINDS,
@@ -30,7 +33,16 @@ from diagnoser.traces.classify import (
     SYNC_CALLS,
     runtime_kind,
 )
-from diagnoser.traces.decode import CHUNK_BYTES, Cat, DecodeStats, Event, Ph, iter_event_chunks
+from diagnoser.traces.decode import (
+    CHUNK_BYTES,
+    SKIP_BAD_TYPE,
+    SKIP_MISSING_TIME,
+    Cat,
+    DecodeStats,
+    Event,
+    Ph,
+    iter_event_chunks,
+)
 from diagnoser.traces.flops import COSTED_OPS
 
 GPU_KERNEL = 0
@@ -41,8 +53,10 @@ _GPU_CATS = {Cat.KERNEL: GPU_KERNEL, Cat.KERNEL_OLD: GPU_KERNEL, Cat.GPU_MEMCPY:
              Cat.MEMCPY_OLD: GPU_MEMCPY, Cat.GPU_MEMSET: GPU_MEMSET, Cat.MEMSET_OLD: GPU_MEMSET}
 _RUNTIME_CATS = {Cat.CUDA_RUNTIME, Cat.CUDA_DRIVER, Cat.RUNTIME_OLD, Cat.DRIVER_OLD}
 _OTHER_HOST_CATS = {Cat.PYTHON_FUNCTION, Cat.OPERATOR, Cat.OPERATOR_OLD}
-_REST_CATS = _OTHER_HOST_CATS | {Cat.USER_ANNOTATION, Cat.CUDA_SYNC, Cat.TRACE}
+_REST_CATS = _OTHER_HOST_CATS | {Cat.USER_ANNOTATION, Cat.GPU_USER_ANNOTATION, Cat.CUDA_SYNC, Cat.TRACE}
 _CAT_OF = attrgetter("cat")
+_PH = attrgetter("ph")
+_PH_X = Ph.X
 _TS = attrgetter("ts")
 _DUR = attrgetter("dur")
 _TID = attrgetter("tid")
@@ -107,15 +121,23 @@ class Tables:
     cpu_first: float = float("inf")
     cpu_last: float = float("-inf")
     counts: Counter[str] = field(default_factory=Counter)  # events seen: cpu_op, runtime, gpu, events (all)
-    missing_fields: int = 0  # complete events without ts/dur (skipped)
+    skips: Counter[str] = field(default_factory=Counter)  # events dropped here, by reason (decode.SKIP_*)
+    op_names: Counter[str] = field(default_factory=Counter)  # CPU ops and annotations by name
+    runtime_names: Counter[str] = field(default_factory=Counter)  # runtime and driver calls by name
+    ext_ids: array = field(default_factory=lambda: array("q"))  # the CPU ops' External ids, in file order
+    comm_ops: list[tuple[int, float, float, str]] = field(default_factory=list)  # (tid, ts, end, collective)
+    # "nccl:<collective>" annotations the profiler projects onto GPU streams: (device, stream, ts, end, collective)
+    gpu_comm: list[tuple[int, int, float, float, str]] = field(default_factory=list)
+    g_coll: dict[int, str] = field(default_factory=dict)  # GPU op index -> its "Collective name" arg
     shapes_seen: bool = False  # ops carry "Input Dims" (the profiler ran with record_shapes=True)
     metadata: dict[str, Any] = field(default_factory=dict)
     stats: DecodeStats = field(default_factory=DecodeStats)
     path: Path = Path()
 
     def tid(self, tid: object) -> int:
-        """Thread ids are ints in Kineto traces; anything else gets a stable negative stand-in."""
-        if isinstance(tid, int):
+        """Thread ids are ints in Kineto traces; anything else (or an int beyond 64 bits) gets a stable negative
+        stand-in."""
+        if isinstance(tid, int) and 0 <= tid < (1 << 63):
             return tid
         key = self.tids.get(tid)
         if key is None:
@@ -129,15 +151,50 @@ class Tables:
             self.names.append(name)
         return nid
 
+    def extend(self, part: Tables) -> None:
+        """Append the columns of `part`, the events that follow in the file (the parallel reader's chunks): the
+        result is what one pass over both would have built. Name ids and thread stand-ins are renumbered."""
+        names = [self.name_id(n) for n in part.names]
+        tids = {stand_in: self.tid(key) for key, stand_in in part.tids.items()}
+
+        def tid_of(values: array) -> array | list[int]:
+            return values if not tids else [tids.get(v, v) for v in values]
+
+        n0 = len(self.g_ts)
+        for col in ("g_dev", "g_stream", "g_kind", "g_ts", "g_dur", "g_corr", "g_bytes", "g_graph", "r_kind", "r_ts",
+                    "r_dur", "r_corr", "s_dev", "s_host", "s_ts", "s_dur", "h_ts", "h_end", "ext_ids"):
+            getattr(self, col).extend(getattr(part, col))
+        self.g_name.extend(array("i", map(names.__getitem__, part.g_name)))
+        self.r_name.extend(array("i", map(names.__getitem__, part.r_name)))
+        self.r_tid.extend(tid_of(part.r_tid))
+        self.h_tid.extend(tid_of(part.h_tid))
+        self.g_coll.update((n0 + i, c) for i, c in part.g_coll.items())
+        for op in part.costed:
+            op.tid = tids.get(op.tid, op.tid)
+        self.costed.extend(part.costed)
+        self.steps.extend((n, ts, d, tids.get(tid, tid)) for n, ts, d, tid in part.steps)
+        self.comm_ops.extend((tids.get(tid, tid), ts, e, c) for tid, ts, e, c in part.comm_ops)
+        self.trace_spans.extend(part.trace_spans)
+        self.gpu_comm.extend(part.gpu_comm)
+        for counter in ("counts", "skips", "op_names", "runtime_names"):
+            getattr(self, counter).update(getattr(part, counter))
+        self.shapes_seen = self.shapes_seen or part.shapes_seen
+
+    def finish(self) -> None:
+        """After the last events: the host span."""
+        if self.h_ts:
+            self.cpu_first = min(self.h_ts)
+            self.cpu_last = max(self.h_end)
+
 
 def _int_or(value: object, default: int) -> int:
     return value if isinstance(value, int) else default
 
 
-def collect(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES) -> Tables:
+def collect(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES, max_bytes: int | None = None) -> Tables:
     """Stream a trace file into Tables (one pass, bounded memory)."""
     path = Path(path)
-    tf, chunks = iter_event_chunks(path, chunk_bytes=chunk_bytes)
+    tf, chunks = iter_event_chunks(path, chunk_bytes=chunk_bytes, max_bytes=max_bytes)
     t = Tables(path=path)
     # Nothing built here forms reference cycles; collecting during the pass only costs time.
     was_enabled = gc.isenabled()
@@ -150,18 +207,18 @@ def collect(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES) -> Tables:
             gc.enable()
     t.metadata = tf.metadata
     t.stats = tf.stats
-    if t.h_ts:
-        t.cpu_first = min(t.h_ts)
-        t.cpu_last = max(t.h_end)
+    t.finish()
     return t
 
 
 def _ingest(t: Tables, events: list[Event]) -> None:
     """Sort a chunk's events by category (one identity test each), then extract columns in batches.
 
-    Each batch has a fast path that assumes well-formed Kineto events (complete 'X' events, int thread ids, args
-    present) and a per-event slow path taken only for a chunk where that assumption fails. List comprehensions
-    and array.fromlist are the fastest way CPython offers to move a field of many objects into a column."""
+    Each batch is first checked for valid times (complete 'X' events with finite, non-negative ts and dur: a few
+    C-level passes); a batch that fails is filtered event by event and what is dropped is counted by reason. Each
+    batch then has a fast path that assumes well-formed Kineto events (int thread ids, args present) and a per-event
+    slow path taken only for a chunk where that assumption fails. List comprehensions and array.fromlist are the
+    fastest way CPython offers to move a field of many objects into a column."""
     cpu_ops: list[Event] = []
     runtime: list[Event] = []
     gpu: list[Event] = []
@@ -181,14 +238,19 @@ def _ingest(t: Tables, events: list[Event]) -> None:
         elif c in rest_cats:
             rest.append(e)
     counts = t.counts
-    counts["cpu_op"] += len(cpu_ops)
-    counts["runtime"] += len(runtime)
-    counts["gpu"] += len(gpu)
     counts["events"] += len(events)
     if cpu_ops:
+        cpu_ops, ts, durs = _checked(t, cpu_ops)
+        counts["cpu_op"] += len(cpu_ops)
         if not t.shapes_seen:
             t.shapes_seen = any(e.args is not None and bool(e.args.input_dims) for e in cpu_ops[:64])
-        cpu_ops = _host_activity(t, cpu_ops)
+        cpu_ops = _host_activity(t, cpu_ops, ts, durs)
+        names = Counter(map(_NAME, cpu_ops))
+        t.op_names.update(names)
+        _external_ids(t, cpu_ops)
+        comm = {n for n in names if n in _COMM_OP_NAMES or n.startswith(COMM_OP_PREFIX)}
+        if comm:
+            _comm_ops(t, [e for e in cpu_ops if e.name in comm])
         costed = COSTED_OPS
         for e in [e for e in cpu_ops if e.name in costed]:
             args = e.args
@@ -196,14 +258,67 @@ def _ingest(t: Tables, events: list[Event]) -> None:
                 t.costed.append(CostedOp(e.name, t.tid(e.tid), e.ts, e.dur, args.external_id,  # type: ignore[arg-type]
                                          bytes(args.input_dims), bytes(args.input_type), bytes(args.concrete)))
     if runtime:
-        runtime = _host_activity(t, runtime)
+        runtime, ts, durs = _checked(t, runtime)
+        counts["runtime"] += len(runtime)
+        runtime = _host_activity(t, runtime, ts, durs)
         get_kind = _RUNTIME_KIND_GET
         kinds = [get_kind(e.name) for e in runtime]
         _runtime_calls(t, list(compress(runtime, kinds)), list(filter(None, kinds)))
+        t.runtime_names.update(map(_NAME, runtime))
     if gpu:
-        _gpu_work(t, gpu)
-    for e in rest:
-        _other(t, e)
+        gpu, ts, durs = _checked(t, gpu)
+        counts["gpu"] += len(gpu)
+        _gpu_work(t, gpu, ts, durs)
+    if rest:
+        rest, _, _ = _checked(t, rest, complete_only=False)
+        for e in rest:
+            _other(t, e)
+
+
+def _checked(t: Tables, events: list[Event], complete_only: bool = True) -> tuple[list[Event], list[float], list[float]]:
+    """The events of a batch with both times, and their ts and dur; complete events without one are counted in
+    t.skips. (The decoder already refused negative and non-finite times.)
+
+    Only complete ('X') events carry a duration; with `complete_only` other phases are dropped silently (they are
+    not what the batch's category is read for), otherwise they are kept unchecked."""
+    ts = list(map(_TS, events))
+    durs = list(map(_DUR, events))
+    if None not in durs and None not in ts:  # only complete events carry a duration
+        return events, ts, durs  # type: ignore[return-value]
+    keep: list[Event] = []
+    for e, ph, s, d in zip(events, map(_PH, events), ts, durs):
+        if ph is not _PH_X:
+            if not complete_only:
+                keep.append(e)
+        elif s is None or d is None:
+            t.skips[SKIP_MISSING_TIME] += 1
+        else:
+            keep.append(e)
+    return keep, [e.ts for e in keep], [e.dur for e in keep]  # type: ignore[misc]
+
+
+def _external_ids(t: Tables, ops: list[Event]) -> None:
+    """The ops' External ids (the profiler numbers every op it records; a trace that kept a sample of the ops has
+    large holes between consecutive ids)."""
+    try:
+        ids = [e.args.external_id for e in ops]  # type: ignore[union-attr]
+    except AttributeError:
+        ids = [e.args.external_id if e.args is not None else None for e in ops]
+    if None in ids:
+        ids = [i for i in ids if i is not None]
+    try:
+        t.ext_ids.fromlist(ids)  # type: ignore[arg-type]
+    except OverflowError:
+        t.ext_ids.fromlist([i for i in ids if -(1 << 63) <= i < (1 << 63)])  # type: ignore[operator]
+
+
+def _comm_ops(t: Tables, ops: list[Event]) -> None:
+    """Host-side records of collectives (c10d ops, record_param_comms with its "Collective name"), to name the
+    collective a communication kernel ran for when the kernel itself does not say."""
+    for e in ops:
+        coll = e.args.collective if e.args is not None and e.args.collective else e.name
+        if e.ts is not None and e.dur is not None:
+            t.comm_ops.append((t.tid(e.tid), e.ts, e.ts + e.dur, coll))
 
 
 def _truncate(n: int, *columns: array) -> None:
@@ -211,29 +326,21 @@ def _truncate(n: int, *columns: array) -> None:
         del col[n:]
 
 
-def _is_complete(e: Event) -> bool:
-    return e.ph is Ph.X and e.ts is not None and e.dur is not None
-
-
-def _host_activity(t: Tables, events: list[Event]) -> list[Event]:
-    """Record the events as host activity of their threads; return the complete ones."""
+def _host_activity(t: Tables, events: list[Event], ts: list[float], durs: list[float]) -> list[Event]:
+    """Record the (time-checked) events as host activity of their threads; return them."""
     n0 = len(t.h_ts)
     try:
-        ts = [e.ts for e in events]
-        te = list(map(add, ts, [e.dur for e in events]))  # TypeError on a missing start or duration
         t.h_tid.fromlist([e.tid for e in events])  # TypeError on a thread id that is not an int
-        t.h_ts.fromlist(ts)  # type: ignore[arg-type]
-        t.h_end.fromlist(te)
+        t.h_ts.fromlist(ts)
+        t.h_end.fromlist(list(map(add, ts, durs)))
         return events
-    except TypeError:
+    except (TypeError, OverflowError):
         _truncate(n0, t.h_tid, t.h_ts, t.h_end)
-    complete = [e for e in events if _is_complete(e)]
-    t.missing_fields += sum(1 for e in events if e.ph is Ph.X) - len(complete)
-    for e in complete:
+    for e, s, d in zip(events, ts, durs):
         t.h_tid.append(t.tid(e.tid))
-        t.h_ts.append(e.ts)  # type: ignore[arg-type]
-        t.h_end.append(e.ts + e.dur)  # type: ignore[operator]
-    return complete
+        t.h_ts.append(s)
+        t.h_end.append(s + d)
+    return events
 
 
 def _name_ids(t: Tables, events: list[Event]) -> list[int]:
@@ -252,28 +359,28 @@ def _runtime_calls(t: Tables, calls: list[Event], kinds: list[int]) -> None:
         t.r_dur.fromlist([e.dur for e in calls])  # type: ignore[misc]
         t.r_tid.fromlist([e.tid for e in calls])  # type: ignore[misc]
         t.r_corr.fromlist([e.args.correlation for e in calls])  # type: ignore[union-attr,misc]
-    except (TypeError, AttributeError):
+    except (TypeError, AttributeError, OverflowError):
         _truncate(n0, t.r_ts, t.r_dur, t.r_tid, t.r_corr)
         for e in calls:
             args = e.args
             t.r_ts.append(e.ts)  # type: ignore[arg-type]
             t.r_dur.append(e.dur)  # type: ignore[arg-type]
             t.r_tid.append(t.tid(e.tid))
-            t.r_corr.append(args.correlation if args is not None and args.correlation is not None else -1)
+            t.r_corr.append(_int64(args.correlation if args is not None else None, -1))
     t.r_kind.fromlist(kinds)
     t.r_name.fromlist(_name_ids(t, calls))
 
 
-def _gpu_work(t: Tables, events: list[Event]) -> None:
+def _gpu_work(t: Tables, events: list[Event], ts: list[float], durs: list[float]) -> None:
     n0 = len(t.g_ts)
     try:
-        t.g_ts.fromlist([e.ts for e in events])  # type: ignore[misc]
-        t.g_dur.fromlist([e.dur for e in events])  # type: ignore[misc]
+        t.g_ts.fromlist(ts)
+        t.g_dur.fromlist(durs)
         args = [e.args for e in events]
         t.g_dev.fromlist([a.device for a in args])  # type: ignore[union-attr,misc]
         t.g_stream.fromlist([a.stream for a in args])  # type: ignore[union-attr,misc]
         t.g_corr.fromlist([a.correlation for a in args])  # type: ignore[union-attr,misc]
-    except (TypeError, AttributeError):  # incomplete events or args without device/stream/correlation
+    except (TypeError, AttributeError, OverflowError):  # args without device/stream/correlation, or out of range
         _truncate(n0, t.g_ts, t.g_dur, t.g_dev, t.g_stream, t.g_corr)
         _gpu_work_slowly(t, events)
         return
@@ -281,18 +388,18 @@ def _gpu_work(t: Tables, events: list[Event]) -> None:
     t.g_kind.fromlist([kinds[e.cat] for e in events])
     t.g_name.fromlist(_name_ids(t, events))
     nbytes = [a.nbytes for a in args]  # type: ignore[union-attr]
-    t.g_bytes.fromlist([-1 if b is None else b for b in nbytes] if nbytes.count(None) != len(nbytes)
+    t.g_bytes.fromlist([_int64(b, -1) for b in nbytes] if nbytes.count(None) != len(nbytes)
                        else [-1] * len(nbytes))
     graphs = [a.graph_id for a in args]  # type: ignore[union-attr]
-    t.g_graph.fromlist([-1 if g is None else g for g in graphs] if graphs.count(None) != len(graphs)
+    t.g_graph.fromlist([_int64(g, -1) for g in graphs] if graphs.count(None) != len(graphs)
                        else [-1] * len(graphs))
+    colls = [a.collective for a in args]  # type: ignore[union-attr]
+    if colls.count(None) != len(colls):
+        t.g_coll.update((n0 + i, c) for i, c in enumerate(colls) if c)
 
 
 def _gpu_work_slowly(t: Tables, events: list[Event]) -> None:
     for e in events:
-        if not _is_complete(e):
-            t.missing_fields += e.ph is Ph.X
-            continue
         args = e.args
         if args is None:
             args = _NO_ARGS
@@ -300,29 +407,56 @@ def _gpu_work_slowly(t: Tables, events: list[Event]) -> None:
         if dev is None:
             dev = _int_or(e.pid, 0)
         stream = args.stream
-        if stream is None:
-            stream = _int_or(e.tid, 0)
+        if not isinstance(stream, int):
+            stream = _stream_of(stream, e.tid)
+        if not (-(1 << 31) <= dev < (1 << 31) and -(1 << 63) <= stream < (1 << 63)):
+            t.skips[SKIP_BAD_TYPE] += 1
+            continue
+        if args.collective:
+            t.g_coll[len(t.g_ts)] = args.collective
         t.g_dev.append(dev)
         t.g_stream.append(stream)
         t.g_kind.append(_GPU_CATS[e.cat])
         t.g_ts.append(e.ts)  # type: ignore[arg-type]
         t.g_dur.append(e.dur)  # type: ignore[arg-type]
         t.g_name.append(t.name_id(e.name))
-        t.g_corr.append(args.correlation if args.correlation is not None else -1)
-        t.g_bytes.append(args.nbytes if args.nbytes is not None else -1)
-        t.g_graph.append(args.graph_id if args.graph_id is not None else -1)
+        t.g_corr.append(_int64(args.correlation, -1))
+        t.g_bytes.append(_int64(args.nbytes, -1))
+        t.g_graph.append(_int64(args.graph_id, -1))
+
+
+def _stream_of(stream: str | None, tid: object) -> int:
+    """A stream given as a string ("0x0", "7") as a number; the row (tid) when there is none."""
+    if isinstance(stream, str):
+        try:
+            return int(stream, 0)
+        except ValueError:
+            pass
+    return _int_or(tid, 0)
+
+
+def _int64(value: int | None, default: int) -> int:
+    return value if value is not None and -(1 << 63) <= value < (1 << 63) else default
 
 
 def _other(t: Tables, e: Event) -> None:
-    if not _is_complete(e):
-        t.missing_fields += e.ph is Ph.X
+    if e.ph is not Ph.X:
         return
     ts, dur = e.ts, e.dur
     assert ts is not None and dur is not None
     c = e.cat
-    if c is Cat.USER_ANNOTATION and e.name.startswith(STEP_PREFIX):
-        t.steps.append((e.name, ts, dur, t.tid(e.tid)))
-    elif c is Cat.USER_ANNOTATION or c in _OTHER_HOST_CATS:
+    if c is Cat.USER_ANNOTATION:
+        t.op_names[e.name] += 1
+        if e.name.startswith(STEP_PREFIX):
+            t.steps.append((e.name, ts, dur, t.tid(e.tid)))
+            return
+        if e.name.startswith(COMM_ANNOTATION_PREFIX):
+            t.comm_ops.append((t.tid(e.tid), ts, ts + dur, e.name[len(COMM_ANNOTATION_PREFIX):]))
+    elif c is Cat.GPU_USER_ANNOTATION:
+        if e.name.startswith(COMM_ANNOTATION_PREFIX) and isinstance(e.pid, int) and isinstance(e.tid, int):
+            t.gpu_comm.append((e.pid, e.tid, ts, ts + dur, e.name[len(COMM_ANNOTATION_PREFIX):]))
+        return
+    if c is Cat.USER_ANNOTATION or c in _OTHER_HOST_CATS:
         t.h_tid.append(t.tid(e.tid))
         t.h_ts.append(ts)
         t.h_end.append(ts + dur)
@@ -338,6 +472,7 @@ def _other(t: Tables, e: Event) -> None:
         t.trace_spans.append((ts, ts + dur))
 
 
+_COMM_OP_NAMES = COMM_OP_NAMES
 _RUNTIME_KIND_GET = {n: runtime_kind(n) for n in (KERNEL_LAUNCHES | GRAPH_LAUNCHES | COPY_CALLS | SYNC_CALLS)}.get
 
 
@@ -348,6 +483,7 @@ class _NoArgs(msgspec.Struct):
     nbytes: int | None = None
     graph_id: int | None = None
     sync_kind: str | None = None
+    collective: str | None = None
 
 
 _NO_ARGS: Any = _NoArgs()

@@ -9,13 +9,15 @@ P1). Idle is the rest of the window, cut into gaps between busy runs; each gap g
   copy or in the synchronisation after it, or precedes one whose copy call (host-side staging) covers most of the
   gap;
 - sync: the host was blocked in a synchronisation (cudaStreamSynchronize, cudaDeviceSynchronize, a blocking copy,
-  `.item()`/`.cpu()`, which copy device-to-host and wait) when the GPU ran out of work, or the next op was queued
-  but waited on another stream's event;
+  `.item()`/`.cpu()`, which copy device-to-host and wait) when the GPU ran out of work;
 - kernel_overhead: the next op was already queued when the GPU went idle and the gap is short
   (<= KERNEL_OVERHEAD_US): the GPU's own kernel-to-kernel turnaround;
-- host: the next op's launch call began after the GPU went idle (the host had not launched yet) while the host
-  was doing something (CPU ops or runtime calls of any of its threads cover >= HOST_BUSY_FRAC of the gap, or the
-  gap is shorter than QUEUE_DRY_MIN_US);
+- stream_wait: the next op was queued (its launch call had returned) and still the GPU sat idle for longer than
+  that: it waited on something on the device side, another stream's event, a collective, a graph dependency. A GPU
+  whose queue runs far behind the host shows its waits here, not as launch overhead;
+- host: the next op's launch call began after the GPU went idle (the host had not launched yet), or was still
+  running and the op started right after it returned, while the host was doing something (CPU ops or runtime calls
+  of any of its threads cover >= HOST_BUSY_FRAC of the gap, or the gap is shorter than QUEUE_DRY_MIN_US);
 - queue_dry: the host launched nothing and did nothing: there was no work to give.
 
 Times are microseconds as in the trace; results are fractions of the window.
@@ -33,7 +35,7 @@ from operator import gt
 from diagnoser.traces.classify import LAUNCH_KIND_SYNC, is_pageable_copy
 from diagnoser.traces.tables import Tables
 
-IDLE_CAUSES = ("host", "sync", "pageable_memcpy", "queue_dry", "kernel_overhead")
+IDLE_CAUSES = ("host", "sync", "pageable_memcpy", "queue_dry", "kernel_overhead", "stream_wait")
 # HolisticTraceAnalysis' consecutive_kernel_delay is 30 (µs, although its docs say ns; pitfall P2). Same here, so
 # the kernel-to-kernel share is comparable.
 KERNEL_OVERHEAD_US = 30.0
@@ -66,6 +68,7 @@ class DeviceTimeline:
     busy_us_by_stream: dict[int, float] = field(default_factory=dict)
     ops: int = 0
     longest_gaps: list[Gap] = field(default_factory=list)
+    range_gaps: list[Gap] = field(default_factory=list)  # the gaps inside build_timeline's keep_range
     unattributed_launch_us: float = 0.0  # idle before ops whose launch call is not in the trace
 
     @property
@@ -115,9 +118,8 @@ class HostActivity:
         while busy < need:
             ns = starts[i] if i < n_s else b
             ne = ends[j] if j < n_e else b
-            nxt = ns if ns < ne else ne
-            if nxt > b:
-                nxt = b
+            nxt = min(ne, ns)
+            nxt = min(nxt, b)
             if open_now > 0:
                 busy += nxt - t
             if nxt >= b:
@@ -169,15 +171,15 @@ def device_order(t: Tables) -> dict[int, list[int]]:
     return by_dev
 
 
-def _gpu_sync_intervals(t: Tables, device: int) -> tuple[list[float], list[float], list[float], list[float]]:
-    """cuda_sync records on this device: host-wait ones and stream-wait-event ones, as sorted (start, end)."""
-    host, wait = [], []
+def _gpu_sync_intervals(t: Tables, device: int) -> tuple[list[float], list[float]]:
+    """cuda_sync records on this device that mirror a host wait, as sorted starts and the running max of their
+    ends. (Stream-wait-event records are device-side waits: a gap they explain is stream_wait either way.)"""
+    host: list[tuple[float, float]] = []
     for dev, is_host, ts, dur in zip(t.s_dev, t.s_host, t.s_ts, t.s_dur):
-        if dev == device:
-            (host if is_host else wait).append((ts, ts + dur))
+        if dev == device and is_host:
+            host.append((ts, ts + dur))
     host.sort()
-    wait.sort()
-    return [a for a, _ in host], _running_max([b for _, b in host]), [a for a, _ in wait], [b for _, b in wait]
+    return [a for a, _ in host], _running_max([b for _, b in host])
 
 
 def _running_max(values: Sequence[float]) -> list[float]:
@@ -188,21 +190,17 @@ def _running_max(values: Sequence[float]) -> list[float]:
     return out
 
 
-def _open_at(starts: list[float], ends_max: list[float], x: float, slack: float) -> bool:
-    i = bisect_right(starts, x)
-    return i > 0 and ends_max[i - 1] >= x - slack
-
-
 def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float, float], launches: Launches,
-                   host: HostActivity, keep_longest: int = 5) -> DeviceTimeline:
-    """Busy/idle of one device over `window`, with every idle gap attributed to a cause."""
+                   host: HostActivity, keep_longest: int = 5,
+                   keep_range: tuple[float, float] | None = None) -> DeviceTimeline:
+    """Busy/idle of one device over `window`, with every idle gap attributed to a cause; the gaps that overlap
+    `keep_range` are kept in `range_gaps` (clipped to it)."""
     w0, w1 = window
     tl = DeviceTimeline(device=device, window=window)
     g_ts, g_dur, g_name = t.g_ts, t.g_dur, t.g_name
     r_ts, r_dur = t.r_ts, t.r_dur
     of_gpu = launches.of_gpu
-    gs_start, gs_end_max, gw_start, gw_end = _gpu_sync_intervals(t, device)
-    gw_end_max = _running_max(gw_end)
+    gs_start, gs_end_max = _gpu_sync_intervals(t, device)
     pageable_htod = {nid for nid, name in enumerate(t.names) if is_pageable_copy(name) and "HtoD" in name}
     to_host = {nid for nid, name in enumerate(t.names) if name.startswith("Memcpy") and "DtoH" in name}
 
@@ -221,9 +219,9 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
         if e <= w0 or s >= w1:
             continue
         n += 1
-        if s < w0:
+        if s < w0:  # noqa: PLR1730 - an if is cheaper than max() in this loop over every GPU op
             s = w0
-        if e > w1:
+        if e > w1:  # noqa: PLR1730
             e = w1
         st = g_stream[i]
         streams[st] = streams.get(st, 0.0) + (e - s)
@@ -268,31 +266,48 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
             return "sync"
         launch = of_gpu[nxt] if nxt is not None else None
         if launch is not None and r_ts[launch] <= g0:
-            # queued before the GPU went idle: its own turnaround, or a wait on another stream
+            # launched before the GPU went idle: its own turnaround when short; the launch call still running (the
+            # op started as soon as it returned) is the host's; else the queued op waited on the device side
             if g1 - g0 <= KERNEL_OVERHEAD_US:
                 return "kernel_overhead"
-            if gw_start and _open_at(gw_start, gw_end_max, g1, SYNC_SLACK_US):
-                return "sync"
-            return "kernel_overhead"
+            if g1 - max(g0, r_ts[launch] + r_dur[launch]) <= KERNEL_OVERHEAD_US:
+                return "host"
+            return "stream_wait"
         if launch is None and nxt is not None:
             tl.unattributed_launch_us += g1 - g0  # no launch record: judged by host activity alone
         if g1 - g0 < QUEUE_DRY_MIN_US:
             return "host"
         return "host" if host.busy_at_least(g0, g1, HOST_BUSY_FRAC) else "queue_dry"
 
+    # Most gaps are plain: no sync open, no copy around them, the next op's launch known; those are classified inline
+    # (a function call per gap costs more than the rule).
+    special = pageable_htod | to_host
+    causes: list[str] = []
+    append = causes.append
+    for (g0, g1, nxt, prev), sync_open in zip(gaps, host_sync):
+        launch = of_gpu[nxt] if nxt is not None else None
+        if sync_open or launch is None or (special and (g_name[nxt] in special  # type: ignore[index]
+                                                         or (prev is not None and g_name[prev] in special))):
+            append(cause(g0, g1, nxt, prev, sync_open))
+        elif r_ts[launch] <= g0:
+            append("kernel_overhead" if g1 - g0 <= KERNEL_OVERHEAD_US else cause(g0, g1, nxt, prev, False))
+        else:
+            append("host" if g1 - g0 < QUEUE_DRY_MIN_US else cause(g0, g1, nxt, prev, False))
     idle = tl.idle_us_by_cause
     counts = tl.gaps_by_cause
-    longest: list[tuple[float, float, float, str]] = []
-    for (g0, g1, nxt, prev), sync_open in zip(gaps, host_sync):
-        c = cause(g0, g1, nxt, prev, sync_open)
-        length = g1 - g0
-        idle[c] += length
+    for (g0, g1, _, _), c in zip(gaps, causes):
+        idle[c] += g1 - g0
         counts[c] += 1
-        if len(longest) < keep_longest:
-            heapq.heappush(longest, (length, g0, g1, c))
-        elif length > longest[0][0]:
-            heapq.heapreplace(longest, (length, g0, g1, c))
-    tl.longest_gaps = [Gap(g0, g1, c) for _, g0, g1, c in sorted(longest, reverse=True)]
+    order = heapq.nlargest(keep_longest, range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])
+    tl.longest_gaps = [Gap(gaps[k][0], gaps[k][1], causes[k]) for k in order]
+    if keep_range is not None and gaps:
+        lo = max(0, bisect_right(g0s, keep_range[0]) - 1)
+        for k in range(lo, len(gaps)):
+            g0, g1 = gaps[k][0], gaps[k][1]
+            if g0 >= keep_range[1]:
+                break
+            if g1 > keep_range[0]:
+                tl.range_gaps.append(Gap(max(g0, keep_range[0]), min(g1, keep_range[1]), causes[k]))
     return tl
 
 

@@ -22,16 +22,26 @@ GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 LEAD_US = 2_000.0
 
 
+def _windowed(w: _When) -> bool:
+    """Events kept only from the window's start: GPU work and profiler steps (a step that began in the lead would
+    stretch the analysed window over GPU work that was cut away)."""
+    return w.cat in GPU_CATS or w.name.startswith("ProfilerStep#")
+
+
 class _When(msgspec.Struct):
     ph: str = ""
     cat: str = ""
+    name: str = ""
     ts: float | None = None
     dur: float = 0.0
 
 
-def trim_trace(src: Path, dst: Path, *, window_ms: float = 30.0, at: float = 0.5) -> int:
+def trim_trace(src: Path, dst: Path, *, window_ms: float = 30.0, at: float = 0.5, step: str | None = None,
+               lead_ms: float = LEAD_US / 1e3) -> int:
     """Write the `window_ms` window of `src` that starts at the `at` quantile of GPU event starts to `dst` (gzip
-    JSON). Returns the number of events kept. Raises TraceError for a file that is not a trace with GPU events."""
+    JSON); with `step` ("ProfilerStep#16"), the window is that step's span instead. Host events of `lead_ms` before
+    the window are kept too (a GPU far behind its host needs more than the default). Returns the number of events
+    kept. Raises TraceError for a file that is not a trace with GPU events (or without that step)."""
     if window_ms <= 0 or not 0.0 <= at < 1.0:
         raise TraceError("the window must be positive and start at a quantile in [0, 1).")
     data = read_json_bytes(src)
@@ -45,10 +55,18 @@ def trim_trace(src: Path, dst: Path, *, window_ms: float = 30.0, at: float = 0.5
     starts = sorted(w.ts for w in when if w.ph == "X" and w.cat in GPU_CATS and w.ts is not None)
     if not starts:
         raise TraceError(f"{src} has no GPU events to place a window on.")
-    t0 = starts[int(len(starts) * at)]
-    t1 = t0 + window_ms * 1e3
+    if step is not None:
+        spans = [(w.ts, w.dur) for w in when if w.name == step and w.cat == "user_annotation" and w.ts is not None]
+        if not spans:
+            raise TraceError(f"{src} has no annotation named {step}.")
+        t0, dur = max(spans, key=lambda s: s[1])
+        t1 = t0 + dur
+    else:
+        t0 = starts[int(len(starts) * at)]
+        t1 = t0 + window_ms * 1e3
+    lead = lead_ms * 1e3
     kept = [raw for raw, w in zip(raw_events, when, strict=True)
-            if w.ph == "M" or (w.ts is not None and t0 - LEAD_US <= w.ts and w.ts + w.dur <= t1)]
+            if w.ph == "M" or (w.ts is not None and w.ts + w.dur <= t1 and w.ts >= (t0 if _windowed(w) else t0 - lead))]
     top["traceEvents"] = msgspec.Raw(msgspec.json.encode(kept))
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(dst, "wb", compresslevel=9) as out:

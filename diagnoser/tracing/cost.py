@@ -13,14 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from diagnoser import signals as S
 from diagnoser.collectors.server_metrics import MetricsError, served_totals
 
 T = TypeVar("T")
 
 # Rates compared, in the order they are named: the server's own counters, as `served_totals` returns them.
 RATES = ("gen_tokens", "prompt_tokens", "requests")
-_SIGNALS = {"gen_tokens": "server.gen_tokens_per_s", "prompt_tokens": "server.prompt_tokens_per_s",
-            "requests": "server.requests_per_s"}
+_SIGNALS = {"gen_tokens": S.SERVER_GEN_TOKENS_PER_S, "prompt_tokens": S.SERVER_PROMPT_TOKENS_PER_S,
+            "requests": S.SERVER_REQUESTS_PER_S}
 _UNITS = {"gen_tokens": "generated tokens/s", "prompt_tokens": "prompt tokens/s", "requests": "requests/s"}
 
 
@@ -45,7 +46,7 @@ class TraceCost:
         pauses = "; ".join(f"pid {pid} paused {ms:.0f} ms by the profiler" for pid, ms in self.pauses_ms.items())
         rate = self.headline_rate()
         if rate is None:
-            told = f"throughput while tracing not measured: {self.why_not}" if self.why_not else \
+            told = f"throughput while tracing not measured: {self.why_not}" if self.why_not else\
                 "throughput while tracing not measured"
             return f"Tracing took {self.seconds:.1f} s; {told}" + (f"; {pauses}." if pauses else ".")
         loss = self.loss(rate)

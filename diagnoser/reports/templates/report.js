@@ -30,11 +30,17 @@
         rows.forEach(function (row) { body.appendChild(row); });
         Array.prototype.forEach.call(heads, function (other) { other.removeAttribute("aria-sort"); });
         th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+        // The sentence above the table (and on paper) says the order the rows are in now.
+        var note = document.getElementById(table.getAttribute("data-sort-note") || "");
+        if (note) {
+          var order = numeric ? (ascending ? "lowest first" : "highest first") : (ascending ? "A to Z" : "Z to A");
+          note.textContent = "Sorted by " + (th.getAttribute("title") || button.textContent) + ", " + order + ".";
+        }
       });
     });
   });
   // On paper nothing can be clicked open: print every collapsed section.
   window.addEventListener("beforeprint", function () {
-    Array.prototype.forEach.call(document.querySelectorAll("details"), function (d) { d.open = true; });
+    Array.prototype.forEach.call(document.querySelectorAll("details:not(.fullname)"), function (d) { d.open = true; });
   });
 })();

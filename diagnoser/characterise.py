@@ -1,0 +1,208 @@
+"""What the evidence says about the workload before any rule runs: its regime (which roof it would hit), which
+fixes are already in place, whether it is training or serving, on which platform, and what limits the data's quality.
+
+Pure functions over an Evidence being built (evidence.build_evidence calls `characterise` last). The regime is a
+different question from the limiter: a batch-1 decode is in the memory-bound regime, but whether HBM is saturated is
+measured separately (theory.hbm_roof_frac, gpu.dram_active), and a decode at a third of its roof is limited by its
+kernels, not by HBM.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from diagnoser import signals as S
+from diagnoser.diagnosis import FixKind, Regime
+
+if TYPE_CHECKING:
+    from diagnoser.capture import TraceSummary
+    from diagnoser.evidence import Evidence, Quality
+
+# Below this share of GPU time covered by ops with known FLOPs and bytes, the trace's op intensity describes a sliver
+# of the work (a CUDA-graph decode's eager prefills, say) and does not name the regime.
+MIN_COSTED_SHARE = 0.5
+# Counter-based regime: DRAM clearly used while the tensor pipes are nearly idle reads as memory-bound work; tensor
+# pipes busier than DRAM as compute-bound. (Tensor-active counts the cycles the pipes run, padded tiles included, so
+# the ratio of the two counters overstates intensity for small-M GEMMs: only the clear cases are read.)
+COUNTER_DRAM_MIN = 0.10
+COUNTER_TENSOR_IDLE = 0.10
+COUNTER_TENSOR_BUSY = 0.30
+
+ENGINES_WITH_CONTINUOUS_BATCHING = ("vllm", "sglang", "tgi")
+ENGINES_WITH_TUNED_DECODE = ("vllm", "sglang", "tgi", "trtllm")
+
+
+def characterise(ev: Evidence) -> None:
+    ev.platform = _platform(ev)
+    ev.workload = _workload(ev)
+    ev.regime, ev.regime_basis = _regime(ev)
+    ev.in_place = _in_place(ev)
+    ev.quality = _quality(ev)
+
+
+def _platform(ev: Evidence) -> str:
+    trace = ev.trace
+    found = trace.platform if trace is not None else ""
+    if found:
+        return found
+    if any(g.name for g in ev.meta.gpus):
+        return "rocm" if any("amd" in g.name.lower() or "instinct" in g.name.lower() for g in ev.meta.gpus) else "cuda"
+    return ""
+
+
+def _workload(ev: Evidence) -> str:
+    trace = ev.trace
+    found = trace.workload if trace is not None else ""
+    if found:
+        return found
+    if ev.meta.server_kind or any(s.startswith("server.") for s in ev.signals):
+        return "inference"
+    return ""
+
+
+def _regime(ev: Evidence) -> tuple[Regime, str]:
+    """The roof the work would hit, and the numbers that say so."""
+    ridge = ev.value(S.THEORY_RIDGE_FLOP_PER_BYTE)
+    intensity = ev.value(S.THEORY_INTENSITY)
+    share = ev.value(S.THEORY_DECODE_SHARE)
+    prefill = ev.value(S.TRACE_PREFILL_FRAC)
+    rb = ev.value(S.THEORY_RIDGE_BATCH)
+    batch = ev.observed_batch()
+    if share is not None and share < 0.5 or prefill is not None and prefill > 0.5:
+        why = (f"prefill takes {1 - share:.0%} of the least GPU time the served tokens need" if share is not None
+               and share < 0.5 else f"the trace spends {prefill:.0%} of its GPU time in prefill-like steps")
+        return Regime.COMPUTE, f"{why}; prefill multiplies each weight by every prompt token"
+    if intensity is not None and ridge:
+        regime = Regime.MEMORY if intensity < ridge else Regime.COMPUTE
+        where = f" (batch {batch:.1f} against a ridge batch of {rb:.0f})" if batch is not None and rb else ""
+        return regime, (f"decode does {intensity:.1f} FLOP per byte read{where}, "
+                        f"{'below' if regime is Regime.MEMORY else 'above'} the ridge point {ridge:.0f}")
+    traced = ev.value(S.TRACE_INTENSITY)
+    costed = costed_share(ev.trace)
+    if traced is not None and ridge and (costed is None or costed >= MIN_COSTED_SHARE):
+        regime = Regime.MEMORY if traced < ridge else Regime.COMPUTE
+        cover = f" ({costed:.0%} of GPU time costed)" if costed is not None else ""
+        return regime, (f"the traced ops do {traced:.1f} FLOP per byte{cover}, "
+                        f"{'below' if regime is Regime.MEMORY else 'above'} the ridge point {ridge:.0f}")
+    dram, tensor = ev.value(S.GPU_DRAM_ACTIVE), ev.value(S.GPU_TENSOR_ACTIVE)
+    if dram is not None and tensor is not None:
+        if dram >= COUNTER_DRAM_MIN and tensor < COUNTER_TENSOR_IDLE:
+            return Regime.MEMORY, (f"DRAM is {dram:.0%} active while the tensor pipes are {tensor:.1%}: the work "
+                                   "moves bytes, not math (read from counters)")
+        if tensor >= COUNTER_TENSOR_BUSY and tensor > dram:
+            return Regime.COMPUTE, (f"the tensor pipes are {tensor:.0%} active against {dram:.0%} DRAM activity "
+                                    "(read from counters)")
+    return Regime.UNKNOWN, ""
+
+
+def costed_share(trace: TraceSummary | None) -> float | None:
+    """Share of GPU kernel time whose op FLOPs and bytes are known (captures before format 2 kept it in `extra`)."""
+    if trace is None:
+        return None
+    value = trace.costed_time_frac
+    if value is None:
+        value = trace.extra.get("costed_gpu_frac")
+    return float(value) if value is not None else None
+
+
+def graph_share(trace: TraceSummary | None) -> float | None:
+    """Share of GPU kernel time (older captures: of kernels) launched from graph replays."""
+    if trace is None or not trace.kernel_count:
+        return None
+    value = trace.graph_kernel_frac
+    if value is None:
+        value = trace.extra.get("graph_kernel_frac")
+    return float(value) if value is not None else None
+
+
+def _in_place(ev: Evidence) -> dict[FixKind, str]:
+    """Fixes the capture shows are already applied, each with the evidence."""
+    found: dict[FixKind, str] = {}
+    graphs = ev.value(S.TRACE_GRAPH_KERNEL_FRAC)
+    launches = ev.value(S.TRACE_CUDA_GRAPH_LAUNCHES)
+    word = "HIP" if ev.platform == "rocm" else "CUDA"
+    if graphs is not None and graphs >= 0.5:
+        found[FixKind.CUDA_GRAPHS] = f"{graphs:.0%} of the traced kernels run inside {word} graph replays"
+    elif launches and launches > 0 and graphs is None:
+        found[FixKind.CUDA_GRAPHS] = f"the trace replays {word} graphs ({launches:.0f} graph launches)"
+    elif ev.serving.graphs_disabled() is False:
+        found[FixKind.CUDA_GRAPHS] = f"{ev.serving.engine} captures {word} graphs by default (no --enforce-eager)"
+    dtype = ev.weights_dtype()
+    if dtype in ("fp8", "int8"):
+        found[FixKind.FP8_WEIGHTS] = f"the weights are already {dtype}"
+    elif dtype == "int4":
+        found[FixKind.FP8_WEIGHTS] = "the weights are already int4"
+        found[FixKind.INT4_WEIGHTS] = "the weights are already int4"
+    kv = (ev.model.kv_dtype if ev.model is not None else "") or ev.serving.kv_cache_dtype
+    if kv and kv.lower().startswith(("fp8", "int8", "e4m3", "e5m2")):
+        found[FixKind.FP8_KV] = f"the KV cache is already {kv}"
+    # A self-test workload or the demo exports vLLM-named metrics, but is not vLLM.
+    engine = ev.serving.engine or ("selftest" if ev.serving.selftest_scenario else ev.meta.server_kind)
+    if engine in ENGINES_WITH_CONTINUOUS_BATCHING:
+        found[FixKind.CONTINUOUS_BATCHING] = f"{engine} schedules per iteration (continuous batching)"
+    if engine in ENGINES_WITH_TUNED_DECODE:
+        found[FixKind.TUNED_ENGINE] = f"the server is already {engine}"
+    if ev.serving.prefix_caching:
+        found[FixKind.PREFIX_CACHING] = "prefix caching is enabled"
+    if ev.serving.chunked_prefill:
+        found[FixKind.SPLIT_PREFILL] = "chunked prefill is enabled"
+    return found
+
+
+def _quality(ev: Evidence) -> list[Quality]:
+    """What limits how far the data can be trusted: each a confidence factor with its reason."""
+    from diagnoser.evidence import Quality
+
+    out: list[Quality] = []
+    trace = ev.trace
+    has_counters = any(n in ev for n in (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE))
+    if trace is not None:
+        if trace.truncated:
+            out.append(Quality(0.6, "the trace file is cut short: its end is missing, so its shares describe only "
+                                    "what was read"))
+        total, skipped = trace.events_total, trace.events_skipped
+        if total and skipped / total >= 0.01:
+            frac = skipped / total
+            out.append(Quality(max(0.4, 1.0 - frac), f"{skipped:,} of {total:,} trace events ({frac:.0%}) were "
+                                                     "damaged and skipped"))
+        if trace.longest_gap_frac is not None and trace.longest_gap_frac >= 0.5:
+            out.append(Quality(0.5, f"one idle gap is {trace.longest_gap_frac:.0%} of the traced window: the window "
+                                    "holds a long pause (a warm-up, a stray kernel before the steps), and its idle "
+                                    "shares describe that pause more than the workload"))
+        if trace.sampled:
+            why = trace.sampled_reason or "its events are a sample"
+            out.append(Quality(0.7, f"the trace is sampled ({why}): shares and gaps are estimates"))
+        kernels = trace.kernel_count
+        if not has_counters:
+            if kernels < 20:
+                out.append(Quality(0.4, f"the trace holds only {kernels} GPU kernel{'s' if kernels != 1 else ''}: "
+                                        "too few to describe a workload"))
+            elif kernels < 200:
+                out.append(Quality(0.65, f"the trace holds only {kernels} GPU kernels"))
+            if 0 < trace.window_s < 0.01:
+                out.append(Quality(0.7, f"the traced window is {trace.window_s * 1e3:.1f} ms"))
+            steps = trace.steps
+            if steps is not None and 0 < steps < 3:
+                out.append(Quality(0.85, f"the trace covers {steps} step{'s' if steps != 1 else ''}"))
+    return out
+
+
+# GEMM-name markers of FP32 data: cuBLAS sgemm, CUTLASS s1688/s16816 (TF32 tensor ops on float data), cuDNN
+# scudnn, TF32 implicit GEMMs. Only GEMMs are read: elementwise kernels of a 16-bit model often accumulate in float
+# and would look FP32 by their template arguments.
+_FP32_GEMM_MARKS = ("sgemm", "s1688gemm", "s16816gemm", "scudnn", "tf32")
+_LOW_PRECISION_MARKS = ("h1688", "h16816", "bf16", "bfloat16", "half", "fp16", "e4m3", "e5m2", "fp8", "i8816", "int8")
+
+
+def fp32_share(trace: TraceSummary | None) -> float | None:
+    """Share of GPU busy time in the top kernels that are FP32/TF32 GEMMs by name (a lower bound: only the listed
+    kernels are read), or None without top kernels."""
+    if trace is None or not trace.top_kernels:
+        return None
+    share = 0.0
+    for k in trace.top_kernels:
+        name = (k.full_name or k.name).lower()
+        if k.kind == "gemm" and any(m in name for m in _FP32_GEMM_MARKS) \
+                and not any(m in name for m in _LOW_PRECISION_MARKS):
+            share += k.share
+    return share

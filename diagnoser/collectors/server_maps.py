@@ -1,0 +1,395 @@
+"""What each serving engine's /metrics page calls the numbers a diagnosis reads: one table per engine.
+
+Names are written as the engines register them (vLLM's v1 metrics loggers and its V0 names still in the field,
+SGLang's metrics collector, TGI's router, Triton's core and TensorRT-LLM backend metrics, NVIDIA NIM's documented
+table). Counters carry the `_total` suffix prometheus_client adds on exposition. A name may select one label value,
+`family{label="value"}` (Triton's TensorRT-LLM backend puts several gauges in one family).
+
+A signal lists its sources in order of preference; the first one the page has is used. Kinds of source:
+- Gauge: the value at each scrape, summed over label sets (engines, DP ranks), or averaged for ratios;
+- Rate: a counter's per-second increase between scrapes;
+- StepRatio: the ratio of two counters' increases between scrapes (generated tokens per engine step);
+- GaugeRatio: the ratio of two gauges at each scrape (used KV blocks / all KV blocks);
+- WindowRatio: the ratio of two counters' increases over the whole window, one value (prefix-cache hits / queries).
+Histograms give, per key, the window's p50, p99 and mean (signals server.KEY_p50[_s], _p99[_s], _mean[_s]).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from diagnoser import signals as S
+
+
+@dataclass(frozen=True)
+class Gauge:
+    specs: tuple[str, ...]
+    mean: bool = False  # a ratio: averaged over label sets, not summed
+    positive: bool = False  # a value <= 0 means "not in use" (SGLang reports spec acceptance 0 without a draft)
+
+
+@dataclass(frozen=True)
+class Rate:
+    specs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StepRatio:
+    num: tuple[str, ...]
+    den: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GaugeRatio:
+    num: str
+    den: str
+
+
+@dataclass(frozen=True)
+class WindowRatio:
+    # (numerator specs summed, denominator specs summed), first pair the page has wins
+    pairs: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+    plus: float = 0.0  # added to the ratio (vLLM's mean acceptance length counts the bonus token)
+    scale: float = 1.0  # unit conversion (Triton's cumulative microseconds)
+
+
+Source = Gauge | Rate | StepRatio | GaugeRatio | WindowRatio
+
+
+@dataclass(frozen=True)
+class Hist:
+    bases: tuple[str, ...]  # histogram base names (or summaries), first present wins
+    scale: float = 1.0  # to seconds / tokens (Triton's first-response histogram is in ms)
+
+
+@dataclass(frozen=True)
+class HistKey:
+    key: str
+    unit: str  # "s" or "tokens" or "requests"
+    meaning: str
+
+
+# Histogram keys, the unit of their signals and what they measure. Signals: server.{key}_{p50,p99,mean}{_s if s}.
+HIST_KEYS: tuple[HistKey, ...] = (
+    HistKey("ttft", "s", "time to first token"),
+    HistKey("itl", "s", "inter-token latency"),
+    HistKey("tpot", "s", "per request, mean time per output token"),
+    HistKey("queue_time", "s", "per request, time waiting to be scheduled"),
+    HistKey("prefill_time", "s", "per request, time in prefill"),
+    HistKey("prefill_time_per_token", "s", "per request, prefill time per prompt token"),
+    HistKey("decode_time", "s", "per request, time in decode"),
+    HistKey("inference_time", "s", "per request, time running (prefill + decode)"),
+    HistKey("e2e", "s", "per request, end-to-end latency"),
+    HistKey("prefill_step", "s", "one prefill forward pass of a batch"),
+    HistKey("decode_step", "s", "one decode forward pass of a batch"),
+    HistKey("prompt_len", "tokens", "prompt tokens per request"),
+    HistKey("gen_len", "tokens", "generated tokens per request"),
+    HistKey("max_tokens", "tokens", "the max_tokens (max_new_tokens) requests asked for"),
+    HistKey("max_gen_len", "tokens", "per request, the most tokens any of its n sequences generated"),
+    HistKey("params_n", "sequences", "the n (parallel sequences) requests asked for"),
+    HistKey("iteration_tokens", "tokens", "tokens per engine step (prefill + decode)"),
+)
+HIST_UNITS = {h.key: h.unit for h in HIST_KEYS}
+
+
+def hist_signal(key: str, stat: str) -> str:
+    """server.ttft_p50_s, server.prompt_len_mean, ..."""
+    return f"server.{key}_{stat}" + ("_s" if HIST_UNITS[key] == "s" else "")
+
+
+@dataclass(frozen=True)
+class ServerMap:
+    kind: str
+    label: str
+    prefixes: tuple[str, ...]  # a page whose names start so is this engine's
+    signals: dict[str, tuple[Source, ...]] = field(default_factory=dict)
+    histograms: dict[str, Hist] = field(default_factory=dict)
+    # spelling -> canonical prefix (SGLang behind some routers and exporters writes sglang_ for sglang:)
+    aliases: tuple[tuple[str, str], ...] = ()
+    # signal -> why this engine does not expose it
+    absent: dict[str, str] = field(default_factory=dict)
+    # names read only for the serving configuration (info gauges and constants)
+    config_names: tuple[str, ...] = ()
+
+    def names(self, *, histograms: bool = True) -> tuple[str, ...]:
+        """Metric names the mapping reads (line prefixes, canonical and alias spellings); without histograms the
+        cheap per-scrape set."""
+        out: list[str] = []
+        for sources in self.signals.values():
+            for src in sources:
+                out.extend(_source_names(src))
+        if histograms:
+            for h in self.histograms.values():
+                out.extend(h.bases)
+            out.extend(self.config_names)
+        bare = [spec_name(n) for n in out]
+        for alt, canonical in self.aliases:
+            bare += [alt + n[len(canonical):] for n in bare if n.startswith(canonical)]
+        return tuple(dict.fromkeys(bare))
+
+
+def _source_names(src: Source) -> list[str]:
+    if isinstance(src, (Gauge, Rate)):
+        return list(src.specs)
+    if isinstance(src, StepRatio):
+        return [*src.num, *src.den]
+    if isinstance(src, GaugeRatio):
+        return [src.num, src.den]
+    return [n for num, den in src.pairs for n in (*num, *den)]
+
+
+_SPEC = re.compile(r'^(?P<name>[^{]+)(?:\{(?P<label>[a-zA-Z_]\w*)="(?P<value>[^"]*)"\})?$')
+
+
+def spec_name(spec: str) -> str:
+    m = _SPEC.match(spec)
+    return m.group("name") if m else spec
+
+
+def parse_spec(spec: str) -> tuple[str, tuple[str, str] | None]:
+    """'family{label="v"}' -> ('family', ('label', 'v')); 'name' -> ('name', None)."""
+    m = _SPEC.match(spec)
+    if m is None:
+        return spec, None
+    if m.group("label"):
+        return m.group("name"), (m.group("label"), m.group("value"))
+    return m.group("name"), None
+
+
+# --- vLLM (V1 names first, then the V0 and pre-0.9 names still in the field) -------------------------------------
+
+_V = "vllm:"
+_VLLM_SIGNALS: dict[str, tuple[Source, ...]] = {
+    S.SERVER_RUNNING: (Gauge((_V + "num_requests_running",)),),
+    S.SERVER_WAITING: (Gauge((_V + "num_requests_waiting",)),),
+    S.SERVER_WAITING_DEFERRED: (Gauge((_V + 'num_requests_waiting_by_reason{reason="deferred"}',)),),
+    S.SERVER_KV_USAGE: (Gauge((_V + "kv_cache_usage_perc", _V + "gpu_cache_usage_perc"), mean=True),),
+    S.SERVER_CPU_KV_USAGE: (Gauge((_V + "cpu_cache_usage_perc",), mean=True),),
+    S.SERVER_SWAPPED: (Gauge((_V + "num_requests_swapped",)),),
+    S.SERVER_PREEMPTIONS_PER_S: (Rate((_V + "num_preemptions_total",)),),
+    S.SERVER_PROMPT_TOKENS_PER_S: (Rate((_V + "prompt_tokens_total",)),),
+    S.SERVER_GEN_TOKENS_PER_S: (Rate((_V + "generation_tokens_total",)),),
+    S.SERVER_REQUESTS_PER_S: (Rate((_V + "request_success_total", _V + "e2e_request_latency_seconds_count")),),
+    # generated tokens per engine step = sequences decoding together
+    S.SERVER_BATCH_SIZE: (StepRatio((_V + "generation_tokens_total",), (_V + "iteration_tokens_total_count",)),),
+    S.SERVER_PREFIX_CACHE_HIT_RATE: (
+        WindowRatio((((_V + "prefix_cache_hits_total",), (_V + "prefix_cache_queries_total",)),
+                     ((_V + "gpu_prefix_cache_hits_total",), (_V + "gpu_prefix_cache_queries_total",)))),
+        Gauge((_V + "gpu_prefix_cache_hit_rate",), mean=True, positive=True),  # V0: -1 while disabled
+    ),
+    S.SERVER_SPEC_ACCEPTANCE_RATE: (
+        WindowRatio((((_V + "spec_decode_num_accepted_tokens_total",),
+                      (_V + "spec_decode_num_draft_tokens_total",)),)),
+        Gauge((_V + "spec_decode_draft_acceptance_rate",), mean=True, positive=True),  # V0
+    ),
+    S.SERVER_SPEC_MEAN_ACCEPT_LEN: (
+        WindowRatio((((_V + "spec_decode_num_accepted_tokens_total",), (_V + "spec_decode_num_drafts_total",)),),
+                    plus=1.0),
+    ),
+    S.SERVER_SPEC_DRAFT_LEN: (
+        WindowRatio((((_V + "spec_decode_num_draft_tokens_total",), (_V + "spec_decode_num_drafts_total",)),)),
+    ),
+}
+_VLLM_HISTOGRAMS = {
+    "ttft": Hist((_V + "time_to_first_token_seconds",)),
+    "itl": Hist((_V + "inter_token_latency_seconds", _V + "time_per_output_token_seconds")),
+    "tpot": Hist((_V + "request_time_per_output_token_seconds",)),
+    "queue_time": Hist((_V + "request_queue_time_seconds",)),
+    "prefill_time": Hist((_V + "request_prefill_time_seconds",)),
+    "prefill_time_per_token": Hist((_V + "time_per_prefill_token_request_seconds",)),
+    "decode_time": Hist((_V + "request_decode_time_seconds",)),
+    "inference_time": Hist((_V + "request_inference_time_seconds",)),
+    "e2e": Hist((_V + "e2e_request_latency_seconds",)),
+    "prompt_len": Hist((_V + "request_prompt_tokens",)),
+    "gen_len": Hist((_V + "request_generation_tokens",)),
+    "max_tokens": Hist((_V + "request_params_max_tokens",)),
+    "max_gen_len": Hist((_V + "request_max_num_generation_tokens",)),
+    "params_n": Hist((_V + "request_params_n",)),
+    "iteration_tokens": Hist((_V + "iteration_tokens_total",)),
+}
+VLLM_CACHE_INFO = _V + "cache_config_info"
+VLLM_LORA_INFO = _V + "lora_requests_info"
+
+
+def _vllm(kind: str, label: str, extra_prefixes: tuple[str, ...] = ()) -> ServerMap:
+    return ServerMap(kind=kind, label=label, prefixes=(*extra_prefixes, _V), signals=_VLLM_SIGNALS,
+                     histograms=_VLLM_HISTOGRAMS, config_names=(VLLM_CACHE_INFO,),
+                     absent={S.SERVER_RETRACTIONS_PER_S: "vLLM counts preemptions (server.preemptions_per_s), "
+                                                         "not retractions"})
+
+
+# --- SGLang (sglang: as its metrics collector registers them; sglang_ as some builds and routers write them) --------
+
+_S = "sglang:"
+SGLANG_MAP = ServerMap(
+    kind="sglang", label="SGLang", prefixes=(_S, "sglang_"), aliases=(("sglang_", _S),),
+    signals={
+        S.SERVER_RUNNING: (Gauge((_S + "num_running_reqs",)),),
+        S.SERVER_WAITING: (Gauge((_S + "num_queue_reqs",)),),
+        S.SERVER_KV_USAGE: (Gauge((_S + "token_usage",), mean=True),),
+        S.SERVER_KV_USED_TOKENS: (Gauge((_S + "num_used_tokens",)),),
+        S.SERVER_RETRACTED: (Gauge((_S + "num_retracted_reqs",)),),
+        S.SERVER_RETRACTIONS_PER_S: (Rate((_S + "num_retracted_requests_total",)),),
+        S.SERVER_PROMPT_TOKENS_PER_S: (Rate((_S + "prompt_tokens_total",)),),
+        # the counter when the page has it; SGLang's own last-interval gauge otherwise
+        S.SERVER_GEN_TOKENS_PER_S: (Rate((_S + "generation_tokens_total",)), Gauge((_S + "gen_throughput",))),
+        S.SERVER_REQUESTS_PER_S: (Rate((_S + "num_requests_total", _S + "e2e_request_latency_seconds_count")),),
+        S.SERVER_PREFIX_CACHE_HIT_RATE: (
+            WindowRatio((((_S + "cached_tokens_total",), (_S + "prompt_tokens_total",)),
+                         ((_S + 'realtime_tokens_total{mode="prefill_cache"}',),
+                          (_S + 'realtime_tokens_total{mode="prefill_cache"}',
+                           _S + 'realtime_tokens_total{mode="prefill_compute"}')))),
+            Gauge((_S + "cache_hit_rate",), mean=True),
+        ),
+        S.SERVER_SPEC_ACCEPTANCE_RATE: (Gauge((_S + "spec_accept_rate",), mean=True, positive=True),),
+        S.SERVER_SPEC_MEAN_ACCEPT_LEN: (Gauge((_S + "spec_accept_length",), mean=True, positive=True),),
+        S.SERVER_LORA_RUNNING_ADAPTERS: (Gauge((_S + "lora_pool_slots_used",)),),
+    },
+    histograms={
+        "ttft": Hist((_S + "time_to_first_token_seconds",)),
+        "itl": Hist((_S + "inter_token_latency_seconds", _S + "time_per_output_token_seconds")),
+        "tpot": Hist((_S + "request_time_per_output_token_seconds",)),
+        "queue_time": Hist((_S + "queue_time_seconds",)),
+        "e2e": Hist((_S + "e2e_request_latency_seconds",)),
+        "prompt_len": Hist((_S + "prompt_tokens_histogram",)),
+        "gen_len": Hist((_S + "generation_tokens_histogram",)),
+    },
+    config_names=(_S + "max_total_num_tokens", _S + "page_size", _S + "context_len", _S + "max_running_requests",
+                  _S + "lora_pool_slots_total"),
+    absent={S.SERVER_PREEMPTIONS_PER_S: "SGLang retracts requests instead of preempting them "
+                                        "(server.retracted, server.retractions_per_s)",
+            S.SERVER_BATCH_SIZE: "SGLang exposes no per-iteration batch metric (server.running is the batch)"},
+)
+
+# --- HuggingFace TGI (router metrics; histograms are summaries in older releases) ---------------------------------
+
+TGI_MAP = ServerMap(
+    kind="tgi", label="TGI", prefixes=("tgi_",),
+    signals={
+        S.SERVER_RUNNING: (Gauge(("tgi_batch_current_size",)),),
+        S.SERVER_WAITING: (Gauge(("tgi_queue_size",)),),
+        S.SERVER_BATCH_SIZE: (Gauge(("tgi_batch_current_size",)),),
+        S.SERVER_BATCH_RESERVED_TOKENS: (Gauge(("tgi_batch_current_max_tokens",)),),
+        S.SERVER_PROMPT_TOKENS_PER_S: (Rate(("tgi_request_input_length_sum",)),),
+        S.SERVER_GEN_TOKENS_PER_S: (Rate(("tgi_request_generated_tokens_sum",)),),
+        S.SERVER_REQUESTS_PER_S: (Rate(("tgi_request_success", "tgi_request_success_total")),),
+    },
+    histograms={
+        "itl": Hist(("tgi_request_mean_time_per_token_duration",)),
+        "queue_time": Hist(("tgi_request_queue_duration",)),
+        "inference_time": Hist(("tgi_request_inference_duration",)),
+        "e2e": Hist(("tgi_request_duration",)),
+        "prefill_step": Hist(('tgi_batch_forward_duration{method="prefill"}',)),
+        "decode_step": Hist(('tgi_batch_forward_duration{method="decode"}',)),
+        "prompt_len": Hist(("tgi_request_input_length",)),
+        "gen_len": Hist(("tgi_request_generated_tokens",)),
+        "max_tokens": Hist(("tgi_request_max_new_tokens",)),
+    },
+    absent={S.SERVER_KV_USAGE: "TGI exposes no KV-cache usage metric",
+            S.SERVER_PREEMPTIONS_PER_S: "TGI exposes no preemption counter",
+            S.SERVER_TTFT_P50_S: "TGI exposes no time-to-first-token metric",
+            S.SERVER_TTFT_P99_S: "TGI exposes no time-to-first-token metric"},
+)
+
+# --- Triton, with the TensorRT-LLM backend's nv_trt_llm_* families when it is loaded -------------------------------
+
+_T = "nv_trt_llm_"
+TRITON_MAP = ServerMap(
+    kind="triton", label="Triton", prefixes=(_T, "nv_llm_", "nv_inference_"),
+    signals={
+        S.SERVER_RUNNING: (Gauge((_T + 'request_metrics{request_type="active"}',)),),
+        S.SERVER_WAITING: (Gauge((_T + 'request_metrics{request_type="waiting"}',
+                                  "nv_inference_pending_request_count")),),
+        S.SERVER_PREFILL_REQUESTS: (Gauge((_T + 'request_metrics{request_type="context"}',)),),
+        S.SERVER_PAUSED: (Gauge((_T + 'inflight_batcher_metrics{inflight_batcher_specific_metric="paused_requests"}',
+                                 )),),
+        S.SERVER_KV_USAGE: (Gauge((_T + 'kv_cache_block_metrics{kv_cache_block_type="fraction"}',), mean=True),
+                            GaugeRatio(_T + 'kv_cache_block_metrics{kv_cache_block_type="used"}',
+                                       _T + 'kv_cache_block_metrics{kv_cache_block_type="max"}')),
+        S.SERVER_REQUESTS_PER_S: (Rate(("nv_inference_request_success", "nv_inference_request_success_total")),),
+        S.SERVER_PROMPT_TOKENS_PER_S: (Rate(("nv_llm_input_token_len_sum",)),),
+        S.SERVER_GEN_TOKENS_PER_S: (Rate(("nv_llm_output_token_len_sum",)),),
+        # TensorRT-LLM's scheduled requests per iteration; plain Triton documents inference count / execution count
+        S.SERVER_BATCH_SIZE: (Gauge((_T + 'request_metrics{request_type="scheduled"}',)),
+                              StepRatio(("nv_inference_count", "nv_inference_count_total"),
+                                        ("nv_inference_exec_count", "nv_inference_exec_count_total"))),
+        S.SERVER_QUEUE_TIME_MEAN_S: (
+            WindowRatio(((("nv_inference_queue_duration_us",), ("nv_inference_request_success",)),
+                         (("nv_inference_queue_duration_us_total",), ("nv_inference_request_success_total",))),
+                        scale=1e-6),
+        ),
+    },
+    histograms={
+        "ttft": Hist(("nv_inference_first_response_histogram_ms",), scale=1e-3),
+        "prompt_len": Hist(("nv_llm_input_token_len",)),
+        "gen_len": Hist(("nv_llm_output_token_len",)),
+    },
+    config_names=(_T + "kv_cache_block_metrics", _T + "request_metrics"),
+    absent={s: "Triton reports requests and executions; tokens, KV cache and token latencies only with the "
+               "TensorRT-LLM backend's nv_trt_llm_* metrics"
+            for s in (S.SERVER_RUNNING, S.SERVER_KV_USAGE, S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_GEN_TOKENS_PER_S)}
+    | {S.SERVER_PREEMPTIONS_PER_S: "TensorRT-LLM pauses requests when KV blocks run out (server.paused), it has "
+                                   "no preemption counter",
+       S.SERVER_ITL_P50_S: "Triton exposes no inter-token latency metric",
+       S.SERVER_ITL_P99_S: "Triton exposes no inter-token latency metric"},
+)
+
+# --- NVIDIA NIM for LLMs (documented table; names without a prefix, served at /v1/metrics) -------------------------
+
+NIM_MAP = ServerMap(
+    kind="nim", label="NVIDIA NIM", prefixes=("num_request_max",),
+    signals={
+        S.SERVER_RUNNING: (Gauge(("num_requests_running",)),),
+        S.SERVER_WAITING: (Gauge(("num_requests_waiting",)),),
+        S.SERVER_KV_USAGE: (Gauge(("gpu_cache_usage_perc",), mean=True),),
+        S.SERVER_PROMPT_TOKENS_PER_S: (Rate(("prompt_tokens_total",)),),
+        S.SERVER_GEN_TOKENS_PER_S: (Rate(("generation_tokens_total",)),),
+        S.SERVER_REQUESTS_PER_S: (Rate(("request_success_total", "e2e_request_latency_seconds_count")),),
+    },
+    histograms={
+        "ttft": Hist(("time_to_first_token_seconds",)),
+        "itl": Hist(("time_per_output_token_seconds",)),
+        "e2e": Hist(("e2e_request_latency_seconds",)),
+        "prompt_len": Hist(("request_prompt_tokens",)),
+        "gen_len": Hist(("request_generation_tokens",)),
+    },
+    config_names=("num_request_max",),
+    absent={S.SERVER_PREEMPTIONS_PER_S: "NIM's documented metrics have no preemption counter",
+            S.SERVER_BATCH_SIZE: "NIM's documented metrics have no per-iteration batch metric (server.running is the "
+                                 "batch)"},
+)
+
+SERVER_MAPS: dict[str, ServerMap] = {
+    "vllm": _vllm("vllm", "vLLM"),
+    "demo": _vllm("demo", "diagnoser demo", ("diagnoser_demo_info",)),
+    "sglang": SGLANG_MAP,
+    "tgi": TGI_MAP,
+    "triton": TRITON_MAP,
+    "nim": NIM_MAP,
+}
+
+# Signals every map is checked for at the end of a window (absent ones are said, never zeroed).
+CORE_SIGNALS = (S.SERVER_RUNNING, S.SERVER_WAITING, S.SERVER_KV_USAGE, S.SERVER_PREEMPTIONS_PER_S,
+                S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_GEN_TOKENS_PER_S, S.SERVER_REQUESTS_PER_S,
+                S.SERVER_TTFT_P50_S, S.SERVER_TTFT_P99_S, S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S,
+                S.SERVER_BATCH_SIZE)
+
+
+def detect_kind(names: Iterable[str]) -> str | None:
+    """The engine whose names the page carries most of: vLLM, SGLang, TGI, Triton, NIM or the demo (its info
+    gauge). A page from the demo also carries vllm: names, so the demo's marker decides first."""
+    names = list(names)
+    if any(n.startswith("diagnoser_demo_info") for n in names):
+        return "demo"
+    counts: dict[str, int] = {}
+    for kind in ("vllm", "sglang", "tgi", "triton"):
+        prefixes = SERVER_MAPS[kind].prefixes
+        counts[kind] = sum(1 for n in names if n.startswith(prefixes))
+    # NIM writes vLLM's old names without a prefix; its num_request_max gauge is its own
+    if not any(counts.values()) and ("num_request_max" in names or
+                                     ("num_requests_running" in names and "gpu_cache_usage_perc" in names)):
+        return "nim"
+    best = max(counts, key=lambda k: counts[k])
+    return best if counts[best] else None

@@ -1,0 +1,284 @@
+"""`diagnoser compare BEFORE AFTER`: did the physics hold?
+
+A user applies the top fix, re-attaches, and compares. The comparison says what changed in the configuration, the
+verdict before and after, the measured rates and latencies with their spread, and, for every fix the BEFORE
+capture proposed, what it predicted against what was realised. Where the change made is not the change a fix
+assumed (a batch of 16, not the 129 the fix aimed at), the physics is asked again for the change actually made, from
+the BEFORE capture's own efficiency: that is the number the measurement checks.
+
+Pure data: the CLI and the renderers (terminal, JSON, HTML) show a `Comparison`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from diagnoser import signals as S
+from diagnoser.diagnosis import FixKind
+from diagnoser.evidence import Evidence
+from diagnoser.pipeline import Outcome
+from diagnoser.rules import gains
+
+# Rates that say how much work was done, in the order a reader looks for them.
+RATES = (S.SERVER_GEN_TOKENS_PER_S, S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_REQUESTS_PER_S)
+LATENCIES = (S.SERVER_TTFT_P50_S, S.SERVER_TTFT_P99_S, S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S)
+# A realised gain within this factor of the prediction counts as the physics holding (the published corpus's band).
+AGREEMENT = 0.25
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One measured quantity before and after, with the spread of its samples."""
+
+    signal: str
+    unit: str
+    before: float | None
+    after: float | None
+    before_sd: float | None = None  # standard deviation of the samples
+    after_sd: float | None = None
+    n_before: int = 0
+    n_after: int = 0
+
+    @property
+    def ratio(self) -> float | None:
+        if self.before is None or self.after is None or self.before <= 0:
+            return None
+        return self.after / self.before
+
+    @property
+    def ratio_error(self) -> float | None:
+        """The ratio's relative standard error, from each side's standard error of the mean."""
+        if self.ratio is None or not self.before or not self.after:
+            return None
+        parts = []
+        for mean, sd, n in ((self.before, self.before_sd, self.n_before), (self.after, self.after_sd, self.n_after)):
+            if sd is None or n < 2:
+                return None
+            parts.append((sd / math.sqrt(n) / mean) ** 2)
+        return math.sqrt(sum(parts))
+
+
+@dataclass(frozen=True)
+class Change:
+    what: str  # a ServingConfig field, model.dtype, gpu, batch, trace.graph_kernel_frac, ...
+    before: str
+    after: str
+    fix: FixKind | None = None  # the kind of fix this change applies, when it is one
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A fix the BEFORE capture proposed, and what happened."""
+
+    kind: FixKind
+    title: str
+    predicted: float | None  # as the diagnosis said, for the change the fix aimed at
+    predicted_kind: str  # estimate or upper_bound
+    benefit: str  # speed or capacity
+    applied: bool  # the configuration changed the way this fix says
+    for_change: float | None = None  # the physics asked again, for the change actually made
+    for_change_basis: str = ""
+    realised: float | None = None  # the measured ratio of the rate that fix moves
+    verdict: str = ""  # held / over-predicted / under-predicted / within the bound / not applied / not measurable
+
+    @property
+    def error(self) -> float | None:
+        reference = self.for_change if self.for_change is not None else self.predicted
+        if reference is None or self.realised is None or reference <= 0:
+            return None
+        return self.realised / reference - 1.0
+
+
+@dataclass
+class Comparison:
+    before_target: str
+    after_target: str
+    before_verdict: str
+    after_verdict: str
+    before_headline: str
+    after_headline: str
+    changes: list[Change] = field(default_factory=list)
+    rates: list[Measure] = field(default_factory=list)
+    latencies: list[Measure] = field(default_factory=list)
+    activity: list[Measure] = field(default_factory=list)
+    predictions: list[Prediction] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for p, out in zip(self.predictions, d["predictions"]):
+            out["kind"] = p.kind.value
+            out["error"] = p.error
+        for c, out in zip(self.changes, d["changes"]):
+            out["fix"] = c.fix.value if c.fix is not None else None
+        for group in ("rates", "latencies", "activity"):
+            for m, out in zip(getattr(self, group), d[group]):
+                out["ratio"] = m.ratio
+                out["ratio_error"] = m.ratio_error
+        return d
+
+
+def _measure(name: S.Sig, before: Evidence, after: Evidence) -> Measure | None:
+    a, b = before.get(name), after.get(name)
+    if a is None and b is None:
+        return None
+
+    def sd(s: Any) -> float | None:
+        if s is None or s.stats is not None or s.n < 2:
+            return None
+        mean = s.mean
+        return math.sqrt(sum((v - mean) ** 2 for v in s.values) / (s.n - 1))
+
+    return Measure(name, name.unit, a.mean if a else None, b.mean if b else None, sd(a), sd(b),
+                   a.n if a else 0, b.n if b else 0)
+
+
+def _fmt(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _changes(before: Outcome, after: Outcome) -> list[Change]:
+    out: list[Change] = []
+    sa, sb = before.capture.serving, after.capture.serving
+    kinds = {
+        "max_num_seqs": FixKind.BATCH_MORE, "max_num_batched_tokens": FixKind.BATCH_MORE,
+        "max_batch_total_tokens": FixKind.BATCH_MORE, "kv_cache_tokens": FixKind.KV_MEMORY,
+        "gpu_memory_utilization": FixKind.KV_MEMORY, "mem_fraction_static": FixKind.KV_MEMORY,
+        "kv_cache_dtype": FixKind.FP8_KV, "quantization": FixKind.FP8_WEIGHTS,
+        "tensor_parallel_size": FixKind.ADD_GPUS, "enforce_eager": FixKind.CUDA_GRAPHS,
+        "disable_cuda_graph": FixKind.CUDA_GRAPHS, "prefix_caching": FixKind.PREFIX_CACHING,
+        "chunked_prefill": FixKind.SPLIT_PREFILL,
+    }
+    for name in type(sa).__struct_fields__:
+        if name in ("trace_cost", "extra", "selftest_scenario"):
+            continue
+        x, y = getattr(sa, name), getattr(sb, name)
+        if x != y:
+            out.append(Change(f"serving.{name}", _fmt(x), _fmt(y), kinds.get(name)))
+    for key in sorted(set(sa.extra) | set(sb.extra)):
+        if sa.extra.get(key) != sb.extra.get(key):
+            out.append(Change(f"serving.{key}", _fmt(sa.extra.get(key)), _fmt(sb.extra.get(key))))
+    ma, mb = before.capture.model, after.capture.model
+    if ma is not None and mb is not None:
+        for name, kind in (("dtype", FixKind.FP8_WEIGHTS), ("kv_dtype", FixKind.FP8_KV),
+                           ("tensor_parallel", FixKind.ADD_GPUS), ("name", None), ("params", None)):
+            x, y = getattr(ma, name), getattr(mb, name)
+            if x != y:
+                if name == "dtype" and y and "int4" in str(y).lower():
+                    kind = FixKind.INT4_WEIGHTS
+                out.append(Change(f"model.{name}", _fmt(x), _fmt(y), kind))
+    ga = before.capture.gpus[0].name if before.capture.gpus else ""
+    gb = after.capture.gpus[0].name if after.capture.gpus else ""
+    if ga != gb:
+        out.append(Change("gpu", ga or "-", gb or "-"))
+    ba, bb = before.evidence.observed_batch(), after.evidence.observed_batch()
+    if ba is not None and bb is not None and abs(bb - ba) > max(0.5, 0.1 * ba):
+        out.append(Change("running batch (measured)", f"{ba:.1f}", f"{bb:.1f}", FixKind.BATCH_MORE if bb > ba else None))
+    graphs = [o.evidence.value(S.TRACE_GRAPH_KERNEL_FRAC) for o in (before, after)]
+    if graphs[0] is not None and graphs[1] is not None and graphs[1] - graphs[0] >= 0.3:
+        out.append(Change("kernels in graph replays (trace)", f"{graphs[0]:.0%}", f"{graphs[1]:.0%}",
+                          FixKind.CUDA_GRAPHS))
+    small = [o.evidence.value(S.TRACE_SHARE_ELEMENTWISE) for o in (before, after)]
+    if small[0] is not None and small[1] is not None and small[0] - small[1] >= 0.1:
+        out.append(Change("norm/elementwise share of GPU time (trace)", f"{small[0]:.0%}", f"{small[1]:.0%}",
+                          FixKind.FUSE_KERNELS))
+    return out
+
+
+def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float | None, str]:
+    """The BEFORE evidence's prediction for the change actually made (None when the physics has no model of it)."""
+    ev = before.evidence
+    ma, mb = before.capture.model, after.capture.model
+    ask: Callable[[], gains.Gain] | None = None
+    if kind is FixKind.BATCH_MORE:
+        batch = after.evidence.observed_batch()
+        if batch is not None:
+            ask = lambda: gains.batch_gain(ev, target=batch)  # noqa: E731
+    elif kind in (FixKind.FP8_WEIGHTS, FixKind.INT4_WEIGHTS) and mb is not None and mb.dtype:
+        ask = lambda: gains.dtype_gain(ev, mb.dtype)  # noqa: E731
+    elif kind is FixKind.FP8_KV and mb is not None and mb.kv_dtype:
+        ask = lambda: gains.kv_dtype_gain(ev, mb.kv_dtype)  # noqa: E731
+    elif kind is FixKind.ADD_GPUS and ma is not None and mb is not None and mb.tensor_parallel != ma.tensor_parallel:
+        ask = lambda: gains.tp_gain(ev, mb.tensor_parallel)  # noqa: E731
+    elif kind is FixKind.KV_MEMORY:
+        batch = after.evidence.observed_batch()
+        if batch is not None:
+            ask = lambda: gains.batch_gain(ev, target=batch)  # noqa: E731
+    if ask is None:
+        return None, ""
+    try:
+        g = ask()
+    except Exception as exc:  # noqa: BLE001  (a what-if the physics cannot answer is said, not fatal)
+        return None, f"the physics could not answer for this change ({exc})"
+    return g.value, g.basis
+
+
+def _main_rate(comparison: Comparison) -> Measure | None:
+    """The measured rate the fixes move: generated tokens/s, else prompt tokens/s, else requests/s."""
+    for m in comparison.rates:
+        if m.ratio is not None:
+            return m
+    return None
+
+
+def _judge(p: Prediction, measure: Measure | None) -> Prediction:
+    if not p.applied:
+        return p
+    if measure is None or measure.ratio is None:
+        return Prediction(**{**asdict(p), "kind": p.kind, "verdict": "not measurable: no rate in both captures"})
+    realised = measure.ratio
+    reference = p.for_change if p.for_change is not None else p.predicted
+    if reference is None:
+        verdict = "no prediction to check"
+    elif p.predicted_kind == "upper_bound" and p.for_change is None:
+        verdict = "within the bound" if realised <= reference * (1 + AGREEMENT) else "beyond the bound"
+    elif abs(realised / reference - 1.0) <= AGREEMENT:
+        verdict = "held"
+    else:
+        verdict = "over-predicted" if realised < reference else "under-predicted"
+    return Prediction(**{**asdict(p), "kind": p.kind, "realised": realised, "verdict": verdict})
+
+
+def compare(before: Outcome, after: Outcome) -> Comparison:
+    db, da = before.diagnosis, after.diagnosis
+    c = Comparison(before.capture.target, after.capture.target, db.verdict, da.verdict, db.headline, da.headline)
+    c.changes = _changes(before, after)
+    c.rates = [m for n in RATES if (m := _measure(n, before.evidence, after.evidence)) is not None]
+    c.latencies = [m for n in LATENCIES if (m := _measure(n, before.evidence, after.evidence)) is not None]
+    c.activity = [m for n in (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE,
+                              S.TRACE_GPU_IDLE_FRAC, S.THEORY_EFFICIENCY)
+                  if (m := _measure(n, before.evidence, after.evidence)) is not None]
+    applied = {ch.fix for ch in c.changes if ch.fix is not None}
+    measure = _main_rate(c)
+    for fix in db.fixes:
+        on = fix.kind in applied
+        for_change, basis = _for_change(fix.kind, before, after) if on else (None, "")
+        p = Prediction(fix.kind, fix.title, fix.gain, fix.gain_kind.value, fix.benefit.value, on, for_change, basis,
+                       verdict="" if on else "not applied")
+        c.predictions.append(_judge(p, measure))
+    # A change that matches no proposed fix is still checked against the physics when it can be.
+    proposed = {f.kind for f in db.fixes}
+    for kind in sorted(applied - proposed, key=lambda k: k.value):
+        for_change, basis = _for_change(kind, before, after)
+        p = Prediction(kind, f"(not proposed) {kind.value.replace('_', ' ')}", None, "estimate", "speed", True,
+                       for_change, basis)
+        c.predictions.append(_judge(p, measure))
+    if not c.changes:
+        c.notes.append("No configuration change was found between the two captures: the difference is load, noise or "
+                       "a change the captures do not record.")
+    if not c.rates:
+        c.notes.append("Neither capture has a server rate (tokens/s, requests/s): realised gains cannot be measured; "
+                       "attach with --port to read the server's /metrics.")
+    if before.capture.gpus and after.capture.gpus and before.capture.gpus[0].name != after.capture.gpus[0].name:
+        c.notes.append("The GPUs differ: a realised gain mixes the fix and the hardware.")
+    return c
+
+
+__all__ = ["AGREEMENT", "Change", "Comparison", "Measure", "Prediction", "compare"]

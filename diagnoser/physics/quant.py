@@ -1,0 +1,169 @@
+"""Weight bytes as a decode step reads them: quantised matrices with their group scales, and the layers that stay
+at 16 bits (input embedding, lm_head, norms).
+
+A quantised checkpoint is not params x bits / 8. Each group of g weights carries a scale (and, for asymmetric
+formats, a zero point), and the embedding, lm_head and norms are usually left at 16 bits. The scheme comes from the
+model's quantisation fields (read from config.json by physics.models) or, where the config says nothing, from the
+defaults below; docs/physics.md lists both with their sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diagnoser.capture import ModelInfo
+from diagnoser.errors import InputError
+from diagnoser.physics.precision import (
+    activation_dtype,
+    bytes_per_element,
+    normalise_dtype,
+)
+
+PER_CHANNEL = -1  # one scale per output channel: a row of in_features (about `hidden`) weights
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How one precision's weights are stored. `group_size` weights share `scale_bytes` of scale and zero point
+    (PER_CHANNEL: one per output row; 0: per tensor, negligible); `lm_head` says whether lm_head is quantised."""
+
+    dtype: str
+    method: str
+    group_size: int
+    scale_bytes: float
+    lm_head: bool
+    from_config: bool
+
+    @property
+    def quantised(self) -> bool:
+        return bytes_per_element(self.dtype) < 2
+
+    def bytes_per_weight(self, hidden: int | None) -> float:
+        """Element bytes plus the group's scale spread over its weights."""
+        element = bytes_per_element(self.dtype)
+        if self.group_size > 0:
+            return element + self.scale_bytes / self.group_size
+        if self.group_size == PER_CHANNEL and hidden:
+            return element + self.scale_bytes / hidden
+        return element
+
+    def describe(self) -> str:
+        if not self.quantised:
+            return self.dtype
+        if self.group_size > 0:
+            groups = f"{self.scale_bytes:g} B of scale per {self.group_size} weights"
+        elif self.group_size == PER_CHANNEL:
+            groups = f"{self.scale_bytes:g} B of scale per output channel"
+        else:
+            groups = "one scale per tensor"
+        head = "lm_head quantised" if self.lm_head else "lm_head 16-bit"
+        return f"{self.method or self.dtype} ({groups}; {head})"
+
+
+# (group size, scale bytes) for each precision when the config does not say; sources in docs/physics.md.
+_DEFAULTS: dict[str, tuple[str, int, float]] = {
+    "fp8": ("fp8 per-tensor", 0, 0.0),  # vLLM --quantization fp8: one FP32 scale per tensor
+    "int8": ("int8 per-channel", PER_CHANNEL, 2.0),  # W8A8 (SmoothQuant, compressed-tensors): a 16-bit scale a row
+    "int4": ("int4 g128", 128, 2.0),  # GPTQ/AWQ: an FP16 scale per 128 weights (a zero point adds half a byte)
+    "fp4": ("nvfp4", 16, 1.0),  # NVFP4: an FP8 E4M3 scale per 16 weights
+}
+# Methods whose defaults differ from their precision's.
+_METHOD_DEFAULTS: dict[str, tuple[int, float]] = {
+    "mxfp4": (32, 1.0),  # OCP MX: an E8M0 scale per 32 weights
+    "nvfp4": (16, 1.0),
+    "awq": (128, 2.5),  # FP16 scale + 4-bit zero point per group (AWQ is asymmetric)
+    "gptq": (128, 2.0),
+    "bitsandbytes": (64, 4.0),  # NF4/FP4 blocks of 64 with an FP32 absmax (no double quantisation)
+}
+
+
+def quant_scheme(model: ModelInfo, dtype: str | None = None) -> QuantScheme:
+    """The storage scheme of the weights at `dtype` (default: the model's). The model's own quantisation fields
+    apply when `dtype` is its precision; another precision (a what-if) gets that precision's defaults."""
+    own = normalise_dtype(model.dtype) if model.dtype else ""
+    wanted = normalise_dtype(dtype) if dtype else (own or "bf16")
+    if bytes_per_element(wanted) >= 2:
+        return QuantScheme(wanted, "", 0, 0.0, True, False)
+    name, group, scale = _DEFAULTS[wanted]
+    if wanted != own:
+        return QuantScheme(wanted, name, group, scale, False, False)
+    method = model.quant_method.lower()
+    if method in _METHOD_DEFAULTS:
+        group, scale = _METHOD_DEFAULTS[method]
+    from_config = model.quant_group_size is not None or model.quant_scale_bytes is not None
+    if model.quant_group_size is not None:
+        group = model.quant_group_size
+    if model.quant_scale_bytes is not None:
+        scale = model.quant_scale_bytes
+    if group < PER_CHANNEL or scale < 0:
+        raise InputError(f"a quantisation group of {group} weights with {scale} scale bytes is not a valid scheme.")
+    return QuantScheme(wanted, method or name, group, scale, model.quant_lm_head, from_config or bool(method))
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """The weights' bytes by part, all GPUs together. `embedding` is the input table (untied models only: a tied
+    table is lm_head and counted there); `linear` holds the attention and MLP/expert matrices with their scales."""
+
+    linear: float
+    lm_head: float
+    embedding: float
+    norms: float
+    scheme: QuantScheme
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.lm_head + self.embedding + self.norms
+
+    @property
+    def sixteen_bit(self) -> float:
+        """Bytes of the parts a quantised checkpoint keeps at the activation precision."""
+        if not self.scheme.quantised:
+            return 0.0
+        return self.embedding + self.norms + (0.0 if self.scheme.lm_head else self.lm_head)
+
+
+@dataclass(frozen=True)
+class ParamSplit:
+    """Parameter counts by part: the matrices a quantiser converts, and the rest."""
+
+    linear: float
+    lm_head: float
+    embedding: float
+    norms: float
+
+
+def param_split(model: ModelInfo) -> ParamSplit:
+    """Embedding = vocab x hidden; lm_head = vocab x hidden unless tied (then the embedding is the head); norms =
+    hidden x (2 x layers + 1) (two RMSNorms a layer and the final one); linear = the rest. Without vocab and hidden
+    every parameter counts as linear."""
+    params = model.params or 0.0
+    if params <= 0:
+        raise InputError("the model's parameter count is unknown.")
+    if not (model.vocab and model.hidden):
+        return ParamSplit(params, 0.0, 0.0, 0.0)
+    table = float(model.vocab * model.hidden)
+    norms = float(model.hidden * (2 * (model.layers or 0) + 1))
+    if model.tied_embeddings:
+        head, embedding = table, 0.0
+    else:
+        head, embedding = table, table
+    linear = params - head - embedding - norms
+    if linear <= 0:
+        raise InputError("the model's parameter count is smaller than its embeddings; check vocab and hidden.")
+    return ParamSplit(linear, head, embedding, norms)
+
+
+def weight_breakdown(model: ModelInfo, dtype: str | None = None) -> WeightBytes:
+    """Bytes of each part at `dtype`: linear x (element + scale/group); lm_head likewise when the scheme quantises it,
+    else 16-bit; embedding and norms 16-bit. Unquantised precisions store everything at their own size."""
+    scheme = quant_scheme(model, dtype)
+    split = param_split(model)
+    if not scheme.quantised:
+        element = bytes_per_element(scheme.dtype)
+        return WeightBytes(split.linear * element, split.lm_head * element, split.embedding * element,
+                           split.norms * element, scheme)
+    per_weight = scheme.bytes_per_weight(model.hidden)
+    wide = bytes_per_element(activation_dtype(scheme.dtype))
+    head = split.lm_head * (per_weight if scheme.lm_head else wide)
+    return WeightBytes(split.linear * per_weight, head, split.embedding * wide, split.norms * wide, scheme)

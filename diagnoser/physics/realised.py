@@ -1,0 +1,194 @@
+"""Realised gains: what a change delivers to a server that runs below its ceiling.
+
+A ceiling ratio says what a step running at its floor would gain. A real step takes T = t / e, where t is the
+ceiling time and e the measured efficiency (measured tokens/s over the ceiling). The model here splits T into
+
+- the attained roofline time: max(bytes / (s_m x bandwidth), FLOPs / (s_c x peak)) + collectives, where s_m and s_c
+  are the shares of the datasheet roofs that streaming kernels reach (ATTAINABLE_BANDWIDTH, ATTAINABLE_COMPUTE; 1
+  for a roof `diagnoser calibrate` measured), which scales with the bytes and FLOPs a change moves, and
+- the rest, O = T - attained, per decode step: kernel launches and their fixed latencies, small unfused kernels
+  (norms, casts, sampling), host scheduling. It does not shrink with fewer bytes, a larger batch or more GPUs
+  (each GPU runs the same kernels), so it stays.
+
+After the change T' = attained' + O, and the realised speedup is (tokens' / T') / (tokens / T). For a pure bytes
+change on a memory-bound step with measured roofs this is 1 / (1 - e + e / r) for a ceiling ratio r
+(realised_gain). docs/physics.md derives it per change and checks it against published measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diagnoser.capture import ModelInfo
+from diagnoser.errors import InputError
+from diagnoser.physics.gpus import GpuSpec, compute_dtype
+from diagnoser.physics.llm import (
+    decode_comm_s,
+    decode_compute_s,
+    decode_floor_s,
+    has_kv_shape,
+    prefill_cost,
+    weight_dtype,
+)
+from diagnoser.physics.parallel import Interconnect
+
+# Shares of the datasheet roofs that streaming kernels reach. Memory: a copy or read kernel reaches 3.1 of an H100
+# SXM's 3.35 TB/s (0.93, `diagnoser calibrate`, tests/fixtures/gpu/README.md) and about 1.7 of an A100's 2.04 TB/s at
+# a 330 W cap (0.83, gpt-fast's README); 0.9 between them. Compute: dense BF16 GEMMs reach 799 of 989 TFLOP/s on
+# the same H100 (0.81), FP8 0.74; 0.8.
+ATTAINABLE_BANDWIDTH = 0.9
+ATTAINABLE_COMPUTE = 0.8
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One step's roofline parts on one GPU, at the datasheet (or measured) roofs: seconds of memory traffic, of
+    arithmetic, and of tensor-parallel collectives."""
+
+    memory_s: float
+    compute_s: float
+    comm_s: float = 0.0
+
+    @property
+    def ceiling_s(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.comm_s
+
+    def attained_s(self, bandwidth_share: float, compute_share: float) -> float:
+        return max(self.memory_s / bandwidth_share, self.compute_s / compute_share) + self.comm_s
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A unit of serving work: an optional prefill, then `steps` decode steps like `decode`, yielding `tokens`
+    output tokens. Steady-state decode is one step yielding `batch` tokens."""
+
+    decode: StepCost
+    steps: float
+    tokens: float
+    prefill: StepCost | None = None
+    bandwidth_share: float = ATTAINABLE_BANDWIDTH
+    compute_share: float = ATTAINABLE_COMPUTE
+
+    @property
+    def ceiling_s(self) -> float:
+        prefill = self.prefill.ceiling_s if self.prefill else 0.0
+        return prefill + self.steps * self.decode.ceiling_s
+
+    @property
+    def ceiling_tokens_per_s(self) -> float:
+        return self.tokens / self.ceiling_s
+
+    @property
+    def attained_s(self) -> float:
+        shares = (self.bandwidth_share, self.compute_share)
+        prefill = self.prefill.attained_s(*shares) if self.prefill else 0.0
+        return prefill + self.steps * self.decode.attained_s(*shares)
+
+
+def attainable_shares(gpu: GpuSpec, dtype: str) -> tuple[float, float]:
+    """(bandwidth, compute) shares of `gpu`'s roofs that kernels reach: 1 for a roof measured on the GPU
+    (GpuSpec.measured), else ATTAINABLE_BANDWIDTH and ATTAINABLE_COMPUTE."""
+    bandwidth = 1.0 if "hbm" in gpu.measured else ATTAINABLE_BANDWIDTH
+    compute = 1.0 if compute_dtype(gpu, dtype) in gpu.measured else ATTAINABLE_COMPUTE
+    return bandwidth, compute
+
+
+def decode_step_cost(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    batch: float,
+    context: float,
+    *,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    tp: int = 1,
+    link: Interconnect | None = None,
+) -> StepCost:
+    """The roofline parts of one decode step (llm.decode_floor_s, decode_compute_s, decode_comm_s)."""
+    context = context if has_kv_shape(model) else 0.0
+    return StepCost(decode_floor_s(model, gpu, batch, context, dtype=dtype, kv_dtype=kv_dtype, tp=tp),
+                    decode_compute_s(model, gpu, batch, dtype=dtype, tp=tp, context=context),
+                    decode_comm_s(model, gpu, batch, tp=tp, link=link))
+
+
+def decode_workload(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    batch: float,
+    context: float,
+    *,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    tp: int = 1,
+    link: Interconnect | None = None,
+) -> Workload:
+    """Steady-state decode: one step of `batch` sequences at `context` tokens, yielding `batch` tokens."""
+    shares = attainable_shares(gpu, weight_dtype(model, dtype))
+    return Workload(decode_step_cost(model, gpu, batch, context, dtype=dtype, kv_dtype=kv_dtype, tp=tp, link=link),
+                    1.0, float(batch), None, *shares)
+
+
+def generation_workload(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    batch: float,
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    tp: int = 1,
+    link: Interconnect | None = None,
+) -> Workload:
+    """A static batch: `batch` prompts of `input_tokens` prefilled together, then output_tokens - 1 decode steps at
+    the mean context input + output / 2 (llm.generation_ceiling_tokens_per_s)."""
+    if output_tokens < 1 or input_tokens < 1:
+        raise InputError("a generation needs at least one input and one output token.")
+    prefill = StepCost(*prefill_cost(model, gpu, round(batch * input_tokens), dtype, tp,
+                                     sequence_tokens=input_tokens, kv_dtype=kv_dtype, link=link))
+    step = decode_step_cost(model, gpu, batch, input_tokens + output_tokens / 2, dtype=dtype, kv_dtype=kv_dtype,
+                            tp=tp, link=link)
+    shares = attainable_shares(gpu, weight_dtype(model, dtype))
+    return Workload(step, float(output_tokens - 1), float(batch * output_tokens), prefill, *shares)
+
+
+def _check_efficiency(efficiency: float) -> float:
+    if not 0 < efficiency <= 1:
+        raise InputError(f"an efficiency against the ceiling must be in (0, 1], not {efficiency:.3g}; a measured rate "
+                         "above the ceiling means the setup (model, precision, GPU, batch) is not the one measured.")
+    return efficiency
+
+
+def realised_gain(ceiling_ratio: float, efficiency: float) -> float:
+    """Realised speedup of a pure bytes change (weights' or KV cache's precision) on a memory-bound step that runs at
+    `efficiency` of its ceiling: the time beyond the floor stays, so 1 / (1 - e + e / ceiling_ratio).
+
+    Example: FP8 weights halve the bytes (ratio 2); at e = 0.33 the step gets 1 / (0.67 + 0.165) = 1.20x faster.
+    """
+    if ceiling_ratio <= 0:
+        raise InputError(f"a ceiling ratio must be positive, not {ceiling_ratio:.3g}.")
+    e = _check_efficiency(efficiency)
+    return 1.0 / (1.0 - e + e / ceiling_ratio)
+
+
+def realised_speedup(before: Workload, after: Workload, efficiency: float) -> float:
+    """Realised tokens/s ratio of moving from `before` (measured at `efficiency` of its ceiling) to `after`.
+
+    Measured time T = ceiling / e; the time beyond the attained roofline, O = T - attained, stays per decode step;
+    T' = attained' + O x steps'. If the measurement beat the attained estimate (e above the attainable share), O is 0
+    and the attained times are scaled to the measurement."""
+    e = _check_efficiency(efficiency)
+    measured = before.ceiling_s / e
+    attained = before.attained_s
+    scale, overhead = 1.0, 0.0
+    if attained >= measured:
+        scale = measured / attained
+    else:
+        overhead = (measured - attained) / max(before.steps, 1.0)
+    after_time = after.attained_s * scale + max(after.steps, 1.0) * overhead
+    return (after.tokens / after_time) / (before.tokens / measured)
+
+
+def realised_tokens_per_s(workload: Workload, efficiency: float, after: Workload) -> float:
+    """Tokens/s after the change: the measured rate (efficiency x ceiling) times realised_speedup."""
+    return efficiency * workload.ceiling_tokens_per_s * realised_speedup(workload, after, efficiency)

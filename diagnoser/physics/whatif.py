@@ -1,0 +1,296 @@
+"""What-ifs: the decode ceiling before and after a change of precision, KV-cache precision, GPU, batch or tensor
+parallelism, and, where the efficiency against the ceiling is known, the gain a server would realise.
+
+`speedup` is always the ratio of the ceilings; `realised_speedup` the gain with the time beyond the roofline kept
+(physics.realised). They say different things and both are reported, named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diagnoser.capture import ModelInfo
+from diagnoser.physics.gpus import GpuSpec, peak_flops
+from diagnoser.physics.llm import (
+    DEFAULT_MEM_FRACTION,
+    _check,
+    decode_bound,
+    decode_ceiling_tokens_per_s,
+    decode_comm_s,
+    decode_step_bytes,
+    has_kv_shape,
+    kv_bytes_per_token,
+    kv_cache_dtype,
+    max_concurrent_sequences,
+    usable_memory_bytes,
+    weight_bytes,
+    weight_dtype,
+)
+from diagnoser.physics.parallel import Interconnect, has_tp_shape, interconnect
+from diagnoser.physics.quant import quant_scheme
+from diagnoser.physics.realised import (
+    ATTAINABLE_BANDWIDTH,
+    attainable_shares,
+    decode_workload,
+    realised_speedup,
+)
+
+REALISED_PREFIX = "realised gain:"  # the assumption behind realised_speedup starts so
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """Decode tokens/s ceiling before and after one or more changes, why it moves, and what it assumes.
+
+    `speedup` is the ceiling ratio (None when the setup before does not fit, so there is nothing to compare with);
+    `realised_speedup` the gain at the measured `efficiency` with the time beyond the roofline kept (None without an
+    efficiency). `expected_speedup` is the realised one when there is one."""
+
+    change: str
+    before_tokens_per_s: float
+    after_tokens_per_s: float
+    speedup: float | None
+    explanation: str
+    realised_speedup: float | None = None
+    efficiency: float | None = None
+    assumptions: tuple[str, ...] = field(default=())
+    before_batch: float = 1.0
+    after_batch: float = 1.0
+
+    @property
+    def expected_speedup(self) -> float | None:
+        return self.realised_speedup if self.realised_speedup is not None else self.speedup
+
+
+@dataclass(frozen=True)
+class _Setup:
+    gpu: GpuSpec
+    dtype: str
+    kv_dtype: str
+    batch: float
+    tp: int
+    link: Interconnect
+
+
+def _memory_problem(model: ModelInfo, s: _Setup, context: float, mem_fraction: float) -> str:
+    """Why a setup does not fit in memory, or "" if it does."""
+    usable = usable_memory_bytes(s.gpu, mem_fraction)
+    weights = weight_bytes(model, s.dtype) / s.tp
+    if weights > usable:
+        return (f"{weights / 1e9:.1f} GB of weights per GPU exceed the {usable / 1e9:.1f} GB usable on one "
+                f"{s.gpu.name}")
+    if context and has_kv_shape(model):
+        kv = s.batch * context * kv_bytes_per_token(model, s.kv_dtype, tp=s.tp)
+        if weights + kv > usable:
+            return (f"the KV cache of {s.batch:g} x {context:g} tokens ({kv / 1e9:.1f} GB per GPU) does not fit beside "
+                    f"the weights on one {s.gpu.name}")
+    return ""
+
+
+def _tokens_per_s(model: ModelInfo, s: _Setup, context: float, mem_fraction: float) -> float:
+    if _memory_problem(model, s, context, mem_fraction):
+        return 0.0
+    return decode_ceiling_tokens_per_s(model, s.gpu, s.batch, context, s.dtype, s.tp, kv_dtype=s.kv_dtype,
+                                       link=s.link)
+
+
+def _describe_change(before: _Setup, after: _Setup) -> str:
+    parts = []
+    if after.dtype != before.dtype:
+        parts.append(f"{before.dtype} -> {after.dtype}")
+    if after.kv_dtype != before.kv_dtype:
+        parts.append(f"KV {before.kv_dtype} -> {after.kv_dtype}")
+    if after.gpu.key != before.gpu.key:
+        parts.append(f"{before.gpu.name} -> {after.gpu.name}")
+    if after.batch != before.batch:
+        parts.append(f"batch {before.batch:g} -> {after.batch:g}")
+    if after.tp != before.tp:
+        parts.append(f"tp {before.tp} -> {after.tp}")
+    return ", ".join(parts) or "no change"
+
+
+def _kv_share(model: ModelInfo, s: _Setup, context: float) -> float:
+    total = decode_step_bytes(model, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp)
+    weights = decode_step_bytes(model, s.batch, 0, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp)
+    return (total - weights) / total if total > 0 else 0.0
+
+
+def _why(model: ModelInfo, before: _Setup, after: _Setup, context: float) -> str:
+    """Which roof limits each side, and how the quantity behind that roof moves."""
+    bounds = [decode_bound(model, s.gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp)
+              for s in (before, after)]
+    if bounds[0] != bounds[1]:
+        return f"decode goes from {bounds[0]}-bound to {bounds[1]}-bound"
+    if bounds[0] == "memory":
+        moved = [decode_step_bytes(model, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp) / s.batch
+                 for s in (before, after)]
+        why = (f"decode stays memory-bound; bytes read per GPU per token go {moved[0] / 1e9:.3g} -> "
+               f"{moved[1] / 1e9:.3g} GB")
+        if after.kv_dtype != before.kv_dtype:
+            why += f" (the KV cache is {_kv_share(model, before, context):.0%} of a step's bytes before)"
+        if after.gpu.hbm_bytes_per_s != before.gpu.hbm_bytes_per_s:
+            why += (f" and bandwidth {before.gpu.hbm_bytes_per_s / 1e12:.3g} -> "
+                    f"{after.gpu.hbm_bytes_per_s / 1e12:.3g} TB/s")
+        return why
+    peaks = [s.tp * peak_flops(s.gpu, s.dtype) / 1e12 for s in (before, after)]
+    return f"decode stays compute-bound; peak goes {peaks[0]:.4g} -> {peaks[1]:.4g} TFLOP/s over the group"
+
+
+def _assumptions(model: ModelInfo, before: _Setup, after: _Setup, context: float, efficiency: float | None,
+                 mem_fraction: float) -> list[str]:
+    notes = []
+    if after.kv_dtype != before.kv_dtype and context >= 1 and has_kv_shape(model):
+        fit = [max_concurrent_sequences(model, s.gpu, int(context), mem_fraction, s.tp, dtype=s.dtype,
+                                        kv_dtype=s.kv_dtype) for s in (before, after)]
+        per_token = [kv_bytes_per_token(model, s.kv_dtype) for s in (before, after)]
+        notes.append(f"KV cache {per_token[0] / 1024:,.0f} -> {per_token[1] / 1024:,.0f} KiB a token: "
+                     f"{fit[0]:,} -> {fit[1]:,} sequences of {context:,.0f} tokens fit")
+    for s in (before, after):
+        if s.tp > 1:
+            if has_tp_shape(model):
+                comm = decode_comm_s(model, s.gpu, s.batch, tp=s.tp, link=s.link)
+                notes.append(f"tp {s.tp}: 2 all-reduces a layer of batch x hidden x 2 bytes (ring, 2(n-1)/n of it "
+                             f"over {s.link.describe()}) and a logits gather: {comm * 1e3:.3g} ms a step")
+            else:
+                notes.append(f"tp {s.tp}: collectives not counted (the model's layers and hidden size are unknown)")
+    for s in {before.dtype: before, after.dtype: after}.values():
+        scheme = quant_scheme(model, s.dtype)
+        if scheme.quantised:
+            notes.append(f"{s.dtype} weights stored as {scheme.describe()}"
+                         + ("" if scheme.from_config else " (default; the config does not say)"))
+    if model.active_params and model.params and model.active_params < model.params:
+        notes.append("MoE: a step reads the experts its tokens route to, routing assumed uniform")
+    if efficiency is not None:
+        shares = attainable_shares(before.gpu, before.dtype)
+        roof = "at the measured roofs" if shares[0] == 1.0 else (f"taken at {ATTAINABLE_BANDWIDTH:.0%} of the "
+                                                                 "datasheet bandwidth, what streaming kernels reach")
+        notes.append(f"{REALISED_PREFIX} the step runs at {efficiency:.0%} of its ceiling; the time beyond the "
+                     f"roofline ({roof}) is per-step work (launches, small kernels, host) that stays")
+    return notes
+
+
+def what_if(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    dtype: str | None = None,
+    batch: float = 1,
+    context: float = 0,
+    tp: int = 1,
+    *,
+    new_dtype: str | None = None,
+    new_gpu: GpuSpec | None = None,
+    new_batch: float | None = None,
+    new_tp: int | None = None,
+    kv_dtype: str | None = None,
+    new_kv_dtype: str | None = None,
+    demand: float | None = None,
+    efficiency: float | None = None,
+    link: Interconnect | None = None,
+    new_link: Interconnect | None = None,
+    mem_fraction: float = DEFAULT_MEM_FRACTION,
+) -> WhatIf:
+    """Compare the decode ceiling now with the ceiling after changing precision, KV-cache precision, GPU, batch
+    and/or tensor parallelism.
+
+    `demand`: the sequences that want to run (running + waiting). With it, a change that frees memory (a smaller KV
+    cache or weights, more GPUs, a larger GPU) runs min(demand, the sequences whose KV cache then fits) of them, and
+    never fewer than now; it is how an FP8 KV cache doubles the batch of a server whose cache is full. `efficiency`:
+    measured tokens/s over the ceiling now, for the realised gain. A setup whose weights or KV cache do not fit gets
+    0 tokens/s. `link` and `new_link` override the interconnect (physics.parallel.interconnect).
+    """
+    wdtype = weight_dtype(model, dtype)
+    kv_now = kv_cache_dtype(model, kv_dtype, wdtype)
+    after_dtype = weight_dtype(model, new_dtype or wdtype)
+    after_gpu, after_tp = new_gpu or gpu, new_tp if new_tp is not None else tp
+    # An explicit KV precision stays when only the weights change; an implicit one follows the weights' activations.
+    if new_kv_dtype:
+        kv_after = kv_cache_dtype(model, new_kv_dtype, after_dtype)
+    else:
+        kv_after = kv_now if kv_dtype else kv_cache_dtype(model, None, after_dtype)
+    before = _Setup(gpu, wdtype, kv_now, batch, tp, link or interconnect(gpu, tp))
+    same_link = new_gpu is None and after_tp == tp
+    after = _Setup(after_gpu, after_dtype, kv_after, new_batch if new_batch is not None else batch, after_tp,
+                   new_link or (before.link if same_link else interconnect(after_gpu, after_tp)))
+    _check(before.batch, context, before.tp)
+    _check(after.batch, context, after.tp)
+    capacity_note = ""
+    if demand is not None and new_batch is None and context and has_kv_shape(model):
+        room = max_concurrent_sequences(model, after.gpu, int(context), mem_fraction, after.tp, dtype=after.dtype,
+                                        kv_dtype=after.kv_dtype)
+        grown = max(batch, min(demand, float(room)))
+        if grown != batch:
+            after = _Setup(after.gpu, after.dtype, after.kv_dtype, grown, after.tp, after.link)
+        capacity_note = (f"{room} sequences of {context:g} tokens fit after the change; {demand:g} want to run, "
+                         f"so the batch goes {batch:g} -> {after.batch:g}")
+    change = _describe_change(before, after)
+    rates = [_tokens_per_s(model, s, context, mem_fraction) for s in (before, after)]
+    problems = [_memory_problem(model, s, context, mem_fraction) for s in (before, after)]
+    if problems[1]:
+        why = problems[1]
+    elif problems[0]:
+        why = f"it fits, whereas now {problems[0]}"
+    else:
+        why = _why(model, before, after, context)
+    speedup = rates[1] / rates[0] if rates[0] > 0 else None
+    realised = None
+    if efficiency is not None and speedup is not None and rates[1] > 0:
+        workloads = [decode_workload(model, s.gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp,
+                                     link=s.link) for s in (before, after)]
+        realised = realised_speedup(workloads[0], workloads[1], efficiency)
+    tail = ""
+    if speedup is not None and not problems[1]:
+        tail = f", so tokens/s x{speedup:.2f} at the ceiling"
+        if realised is not None:
+            tail += (f"; x{realised:.2f} realised at {efficiency:.0%} of the ceiling (the time beyond the roofline "
+                     "stays)")
+    assumptions = _assumptions(model, before, after, context, efficiency if realised is not None else None,
+                               mem_fraction)
+    if capacity_note:
+        assumptions.insert(0, capacity_note)
+    return WhatIf(change, rates[0], rates[1], speedup, f"{change}: {why}{tail}.", realised, efficiency,
+                  tuple(assumptions), before.batch, after.batch)
+
+
+def kv_dtype_what_if(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    batch: float,
+    context: float,
+    *,
+    new_kv_dtype: str = "fp8",
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    tp: int = 1,
+    demand: float | None = None,
+    efficiency: float | None = None,
+    link: Interconnect | None = None,
+    mem_fraction: float = DEFAULT_MEM_FRACTION,
+) -> WhatIf:
+    """Storing the KV cache in `new_kv_dtype` (FP8/INT8: half the bytes per token), nothing else changed: each step
+    reads half the KV bytes, and twice the sequences fit. With `demand` (running + waiting sequences) the batch
+    grows into the freed memory, up to the demand; without it the batch stays and only the bytes move."""
+    return what_if(model, gpu, dtype, batch, context, tp, kv_dtype=kv_dtype, new_kv_dtype=new_kv_dtype,
+                   demand=demand, efficiency=efficiency, link=link, mem_fraction=mem_fraction)
+
+
+def tp_what_if(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    batch: float,
+    context: float,
+    new_tp: int,
+    *,
+    tp: int = 1,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+    efficiency: float | None = None,
+    link: Interconnect | None = None,
+    new_link: Interconnect | None = None,
+    demand: float | None = None,
+    mem_fraction: float = DEFAULT_MEM_FRACTION,
+) -> WhatIf:
+    """Sharding over `new_tp` GPUs: each reads 1/new_tp of the weights and KV cache and adds 2 all-reduces a layer
+    plus a logits gather (physics.parallel), so the ceiling grows less than new_tp/tp; its assumptions name the link
+    and the collective time per step."""
+    return what_if(model, gpu, dtype, batch, context, tp, new_tp=new_tp, kv_dtype=kv_dtype, efficiency=efficiency,
+                   link=link, new_link=new_link, demand=demand, mem_fraction=mem_fraction)

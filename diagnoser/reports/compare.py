@@ -1,0 +1,207 @@
+"""Renderers of a comparison (diagnoser/compare.py): terminal, JSON and HTML, in the report's visual language."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from diagnoser.compare import AGREEMENT, Comparison, Measure
+from diagnoser.diagnosis import LIMITER_LABELS, Limiter
+from diagnoser.reports.figdata import Figure, GainPair, GainPairs, NotDrawn, Ratio, Ratios
+from diagnoser.reports.redact import redact, redact_obj
+from diagnoser.units import fmt
+
+
+def _ratio(m: Measure) -> str:
+    if m.ratio is None:
+        return "-"
+    text = f"x{m.ratio:.2f}"
+    if m.ratio_error is not None:
+        text += f" ± {m.ratio * m.ratio_error:.2f}"
+    return text
+
+
+def _value(m: Measure, side: str) -> str:
+    mean = getattr(m, side)
+    sd = getattr(m, f"{side}_sd")
+    if mean is None:
+        return "-"
+    return fmt(mean, m.unit) + (f" ± {fmt(sd, m.unit)}" if sd is not None else "")
+
+
+def _gain(x: float | None) -> str:
+    return "-" if x is None else f"x{x:.2f}"
+
+
+def terminal_lines(c: Comparison) -> list[str]:
+    out = [f"BEFORE {redact(c.before_target)}", f"  {c.before_verdict}: {redact(c.before_headline)}",
+           f"AFTER  {redact(c.after_target)}", f"  {c.after_verdict}: {redact(c.after_headline)}", ""]
+    out.append("What changed")
+    out += [f"  {ch.what}: {redact(ch.before)} -> {redact(ch.after)}"
+            + (f"  (fix: {ch.fix.value})" if ch.fix else "") for ch in c.changes] or ["  nothing the captures record"]
+    for title, group in (("Rates", c.rates), ("Latencies", c.latencies), ("GPU activity", c.activity)):
+        if group:
+            out += ["", f"{title} (mean ± sd of the samples; ratio ± its standard error)"]
+            out += [f"  {m.signal}: {_value(m, 'before')} -> {_value(m, 'after')}  {_ratio(m)}" for m in group]
+    out += ["", "Predicted (by the BEFORE capture) against realised"]
+    for p in c.predictions:
+        line = f"  {p.title} [{p.kind.value}]: predicted {_gain(p.predicted)} ({p.predicted_kind}, {p.benefit})"
+        if p.applied:
+            if p.for_change is not None:
+                line += f"; for the change made {_gain(p.for_change)}"
+            line += f"; realised {_gain(p.realised)}: {p.verdict}"
+        else:
+            line += ": not applied"
+        out.append(line)
+    for note in c.notes:
+        out.append(f"! {redact(note)}")
+    return out
+
+
+def render_terminal(c: Comparison, file: TextIO) -> None:
+    file.write("\n".join(terminal_lines(c)) + "\n")
+
+
+def render_json(c: Comparison) -> str:
+    def finite(obj: object) -> object:
+        if isinstance(obj, float) and math.isnan(obj) or obj in (float("inf"), float("-inf")):
+            return None
+        if isinstance(obj, dict):
+            return {k: finite(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [finite(v) for v in obj]
+        return obj
+
+    return json.dumps(redact_obj(finite(c.to_dict())), indent=2, allow_nan=False)
+
+
+# --- the HTML page's view: the report's visual language for a before/after pair ------------------------------
+
+COMPARE_LABELS = {
+    "server.requests_per_s": "requests finished/s", "server.ttft_p50_s": "time to first token p50",
+    "server.ttft_p99_s": "time to first token p99", "server.itl_p50_s": "inter-token latency p50",
+    "server.itl_p99_s": "inter-token latency p99", "trace.gpu_idle_frac": "GPU idle (trace)",
+    "theory.efficiency": "share of the decode ceiling",
+}
+
+
+def _label(signal: str) -> str:
+    from diagnoser.reports.figures import SIGNAL_LABELS
+
+    return COMPARE_LABELS.get(signal) or SIGNAL_LABELS.get(signal, signal)
+
+
+@dataclass
+class Side:
+    """One capture of the pair, as the report's verdict card shows it."""
+
+    name: str  # Before / After
+    verdict_key: str
+    verdict: str
+    headline: str
+    target: str
+
+
+@dataclass
+class CompareView:
+    c: Comparison
+    title: str
+    sides: list[Side]
+    summary: list[str]
+    gains: Figure | NotDrawn
+    ratios: Figure | NotDrawn
+    measures: list[dict[str, str]] = field(default_factory=list)
+
+
+def _side(name: str, key: str, headline: str, target: str) -> Side:
+    label = LIMITER_LABELS[Limiter(key)] if key in Limiter._value2member_map_ else key
+    prefix = label.lower() + ": "
+    if headline.lower().startswith(prefix):
+        headline = headline[len(prefix):]
+        headline = headline[:1].upper() + headline[1:]
+    return Side(name, key, label, headline, target)
+
+
+def _gains_figure(c: Comparison) -> Figure | NotDrawn:
+    title = "Predicted against realised, per fix applied"
+    checked = [p for p in c.predictions if p.applied and p.realised is not None]
+    if not checked:
+        why = ("no proposed fix was applied (nothing the captures record changed the way a fix says)"
+               if not any(p.applied for p in c.predictions) else "needs a server rate measured in both captures")
+        return NotDrawn(title, why)
+    pairs = [GainPair(p.title, p.for_change if p.for_change is not None else p.predicted, p.realised,
+                      upper_bound=p.predicted_kind == "upper_bound" and p.for_change is None, verdict=p.verdict)
+             for p in checked]
+    rate = next((m for m in c.rates if m.ratio is not None), None)
+    what = _label(rate.signal) if rate else "the rate"
+    caption = (f"Each fix the BEFORE capture proposed and the change made applies: the gain the physics predicts for "
+               f"the change actually made (outlined), and the measured ratio of {what} (filled), from x1 (no change). "
+               f"Shaded: within {AGREEMENT:.0%} of an estimate, or under an upper bound, the prediction holds.")
+    return Figure("gains", title, GainPairs(title, pairs, band=AGREEMENT), caption)
+
+
+_BETTER = {"server.gen_tokens_per_s": "higher", "server.prompt_tokens_per_s": "higher",
+           "server.requests_per_s": "higher", "theory.efficiency": "higher", "trace.gpu_idle_frac": "lower"}
+
+
+def _ratios_figure(c: Comparison) -> Figure | NotDrawn:
+    title = "What moved: after over before"
+    items = []
+    for m in c.rates + c.latencies + c.activity:
+        if m.ratio is None or m.ratio <= 0:
+            continue
+        better = _BETTER.get(m.signal, "lower" if m in c.latencies else "")
+        items.append(Ratio(_label(m.signal), m.ratio, m.ratio_error, better,
+                           f"{_value(m, 'before')} -> {_value(m, 'after')}"))
+    if not items:
+        return NotDrawn(title, "no quantity was measured in both captures")
+    caption = ("Each measured quantity after over before, on a log axis around x1, with its standard error (from each "
+               "side's samples). Green: moved the better way beyond its error; red: the worse way; grey: within the "
+               "noise, or a quantity with no better way (activity).")
+    return Figure("ratios", title, Ratios(title, items), caption)
+
+
+def build_compare_view(c: Comparison) -> CompareView:
+    sides = [_side("Before", c.before_verdict, c.before_headline, c.before_target),
+             _side("After", c.after_verdict, c.after_headline, c.after_target)]
+    summary = []
+    rate = next((m for m in c.rates if m.ratio is not None), None)
+    if rate is not None:
+        summary.append(f"{_label(rate.signal)}: {_value(rate, 'before')} -> {_value(rate, 'after')}, {_ratio(rate)}")
+    checked = [p for p in c.predictions if p.applied and p.realised is not None]
+    if checked:
+        held = sum(1 for p in checked if p.verdict in ("held", "within the bound"))
+        summary.append(f"{held} of {len(checked)} fix{'es' if len(checked) != 1 else ''} applied held to "
+                       "the physics")
+    if c.before_verdict != c.after_verdict:
+        summary.append(f"the verdict moved from {sides[0].verdict} to {sides[1].verdict}")
+    measures = [{"group": group, "signal": m.signal, "label": _label(m.signal), "before": _value(m, "before"),
+                 "after": _value(m, "after"), "ratio": _ratio(m)}
+                for group, ms in (("rate", c.rates), ("latency", c.latencies), ("activity", c.activity))
+                for m in ms]
+    return CompareView(c, f"Compare: {c.before_target} -> {c.after_target}", sides, summary, _gains_figure(c),
+                       _ratios_figure(c), measures)
+
+
+def render_html(c: Comparison) -> str:
+    from diagnoser.reports.html import _Drawn, _page, draw_both
+
+    view = build_compare_view(c)
+    figures = [_Drawn(f.key, f.title, draw_both(f.spec), f.caption, f.wide)
+               for f in (view.gains, view.ratios) if isinstance(f, Figure)]
+    not_drawn = [f for f in (view.gains, view.ratios) if isinstance(f, NotDrawn)]
+    return _page("compare.html.j2", c=c, view=view, figures=figures, not_drawn=not_drawn, title=view.title,
+                 ratio=_ratio, value=_value, gain=_gain)
+
+
+def write_html(c: Comparison, path: str | Path) -> Path:
+    from diagnoser.reports.html import _atomic_write
+
+    return _atomic_write(render_html(c), path)
+
+
+__all__ = ["CompareView", "build_compare_view", "render_html", "render_json", "render_terminal", "terminal_lines",
+           "write_html"]

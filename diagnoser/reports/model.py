@@ -1,0 +1,390 @@
+"""The report model: everything a renderer shows, built once from the capture, its evidence, the diagnosis and the
+rule set in force. Terminal, JSON and HTML each render a Report; none of them rebuilds evidence, reruns physics or
+looks rules up.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from diagnoser import __version__, physics
+from diagnoser.capture import Capture
+from diagnoser.diagnosis import (INCONCLUSIVE, LIMITER_LABELS, Benefit, Diagnosis, Fix, GainKind, Limiter,
+                                 Regime)
+from diagnoser.evidence import Evidence
+from diagnoser.fleet_model import FleetReport, FleetRow
+from diagnoser.reports.figdata import Figure, KernelTable, NotDrawn, Segment, StackedBar
+from diagnoser.reports.figures import SOURCE_NAMES, build_figures, op_symbol, source_name
+from diagnoser.reports.redact import MASK, redact_argv
+from diagnoser.reports.trace_figures import kernel_table
+from diagnoser.rules.ruleset import RuleSet, default_rules
+from diagnoser.signals import spec
+from diagnoser.units import fmt
+
+VERDICT_COLORS = {
+    "vram": "#8250df", "memory_bandwidth": "#0969da", "compute": "#bf3989", "latency": "#116329",
+    "batching": "#bc4c00", "host_launch": "#9a6700", "throttling": "#cf222e", "interconnect": "#1a7f37",
+    "idle": "#57606a", "errors": "#a40e26", INCONCLUSIVE: "#6e7781",
+}
+
+
+def utc(ts: float | None) -> str:
+    if not ts:
+        return "n/a"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def verdict_label(d: Diagnosis) -> str:
+    return d.limiter.label if d.limiter else INCONCLUSIVE
+
+
+def headline_sentence(d: Diagnosis) -> str:
+    """The headline without its "Verdict-label: " prefix, which a report shows beside it."""
+    prefix = verdict_label(d).lower() + ": "
+    text = d.headline
+    if text.lower().startswith(prefix):
+        text = text[len(prefix):]
+        text = text[:1].upper() + text[1:]
+    return text
+
+
+def join_argv(argv: list[str]) -> str:
+    """A shell-quoted command line that leaves the redaction mask readable."""
+    return " ".join(w if w == MASK else shlex.quote(w) for w in argv)
+
+
+def gain_text(fix: Fix) -> str:
+    """A fix's gain as a promise a user can hold us to: an estimate, an upper bound, or capacity."""
+    g = fix.gain
+    if g is None:
+        return {"cost": "frees GPU time", "health": "a failing GPU"}.get(fix.benefit.value, "gain not predictable")
+    amount = f"{g:.1f}x" if g >= 1.995 else f"+{(g - 1) * 100:.0f} %"
+    text = f"up to {amount}" if fix.gain_kind is GainKind.UPPER_BOUND else f"about {amount}"
+    if fix.benefit is Benefit.CAPACITY:
+        text = f"capacity {amount}" if fix.gain_kind is GainKind.ESTIMATE else f"capacity up to {amount}"
+    if fix.capped:
+        text += " (capped)"
+    return text
+
+
+_BENEFIT_TEXT = {
+    Benefit.SPEED: "speed: this traffic served faster",
+    Benefit.CAPACITY: "capacity: more load fits; a gain only if more is offered",
+    Benefit.COST: "cost: fewer or cheaper GPUs",
+    Benefit.HEALTH: "health: a failing GPU",
+}
+
+
+@dataclass
+class FixView:
+    rank: int
+    title: str
+    action: str
+    gain: str  # the promise, in words (gain_text)
+    multiplier: float | None
+    basis: str
+    rule: str  # every rule that proposed it, comma-separated
+    kind: str
+    benefit: str
+    upper_bound: bool
+    capped: str
+
+
+@dataclass
+class CitationView:
+    signal: str
+    description: str
+    stat: str
+    value: str
+    test: str
+    source: str
+
+
+@dataclass
+class FindingView:
+    code: str
+    name: str
+    limiter: str
+    limiter_key: str
+    strength: float
+    message: str
+    detects: str
+    primary: bool
+    regime: str = ""
+    citations: list[CitationView] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """One capture's report, ready to render."""
+
+    diagnosis: Diagnosis
+    title: str
+    verdict: str  # the verdict's label
+    headline: str  # without the label prefix
+    window_text: str
+    generated: str
+    secondary: list[tuple[str, str]]
+    fixes: list[FixView]
+    withheld: list[dict[str, str]]
+    findings: list[FindingView]
+    skipped: list[dict[str, str]]
+    signals: list[dict[str, str]]
+    ctx: dict[str, Any]
+    figures: list[Figure]
+    not_drawn: list[NotDrawn]
+    regime: str  # "memory-bound regime at 33 % of the bandwidth roof", or ""
+    source_names: dict[str, str] = field(default_factory=lambda: dict(SOURCE_NAMES))
+    kernels: KernelTable | None = None  # the kernels holding the GPU time, where a trace names them
+    tool_version: str = __version__
+
+    @property
+    def top_fixes(self) -> list[FixView]:
+        return self.fixes[:3]
+
+
+def fix_views(d: Diagnosis) -> list[FixView]:
+    return [FixView(rank=i, title=f.title, action=f.action, gain=gain_text(f), multiplier=f.gain, basis=f.basis,
+                    rule=", ".join(f.rules or (f.rule,)), kind=f.kind.value, benefit=_BENEFIT_TEXT[f.benefit],
+                    upper_bound=f.is_upper_bound, capped=f.capped) for i, f in enumerate(d.fixes, 1)]
+
+
+def finding_views(d: Diagnosis, rules: RuleSet) -> list[FindingView]:
+    views = []
+    for i, f in enumerate(d.findings):
+        rule = rules.get(f.code)
+        citations = [CitationView(
+            signal=c.signal, description=spec(c.signal).description, stat=c.stat, value=fmt(c.value, c.unit),
+            test=f"{op_symbol(c.op)} {fmt(c.threshold, c.unit)}" if c.op and c.threshold is not None else "context",
+            source=source_name(c.source)) for c in f.citations]
+        detects = rule.page_for(rules.thresholds(rule.code)).detects if rule is not None else ""
+        views.append(FindingView(
+            code=f.code, name=f.name, limiter=f.limiter.label, limiter_key=f.limiter.value, strength=f.strength,
+            message=f.message, detects=detects, primary=i == 0 and d.limiter is f.limiter, regime=f.regime.value,
+            citations=citations, fixes=[x.title for x in f.fixes]))
+    return views
+
+
+def _skipped_views(d: Diagnosis, rules: RuleSet) -> list[dict[str, str]]:
+    out = []
+    for s in d.skipped:
+        rule = rules.get(s.code)
+        out.append({"code": s.code, "name": rule.name if rule else "", "reason": s.reason})
+    return out
+
+
+def _signal_rows(ev: Evidence) -> list[dict[str, str]]:
+    rows = []
+    for sig in sorted(ev, key=lambda s: s.name):
+        one = sig.n == 1
+        rows.append({
+            "name": sig.name, "description": spec(sig.name).description, "source": source_name(sig.source),
+            "n": str(sig.n), "mean": fmt(sig.mean, sig.unit), "p50": "" if one else fmt(sig.p50, sig.unit),
+            "p90": "" if one else fmt(sig.p90, sig.unit), "max": "" if one else fmt(sig.max, sig.unit),
+        })
+    return rows
+
+
+def _kv(rows: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """Context rows with something to say, values as display strings."""
+    out = []
+    for key, value in rows:
+        if value is None or value == "" or value == [] or value == {}:
+            continue
+        out.append((key, value if isinstance(value, str) else str(value)))
+    return out
+
+
+def _count(value: float | None) -> str:
+    if not value:
+        return ""
+    for size, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if value >= size:
+            return f"{value / size:.3g} {suffix}"
+    return f"{value:,.0f}"
+
+
+def _context_views(capture: Capture, ev: Evidence) -> dict[str, Any]:
+    end = capture.started_at + capture.duration_s if capture.started_at else None
+    window = _kv([("target", capture.target), ("start", utc(capture.started_at)), ("end", utc(end)),
+                  ("duration", fmt(capture.duration_s, "s")), ("host", capture.host),
+                  ("captured by", f"diagnoser {capture.tool_version}" if capture.tool_version else ""),
+                  ("report by", f"diagnoser {__version__}"),
+                  ("CPU-only run", "yes: counters describe the host, not a GPU" if capture.cpu_only else "")])
+    gpus = []
+    for g in capture.gpus:
+        matched = physics.match_gpu(g.name, g.memory_total_bytes)
+        gpus.append({
+            "index": str(g.index), "name": g.name, "uuid": g.uuid, "memory": fmt(g.memory_total_bytes, "bytes")
+            if g.memory_total_bytes else "", "driver": g.driver, "cc": g.cuda_capability,
+            "clock": f"{g.max_sm_clock_mhz:.0f} MHz" if g.max_sm_clock_mhz else "",
+            "power": f"{g.power_limit_w:.0f} W" if g.power_limit_w else "",
+            "mig": g.mig_instance or ("on" if g.mig_mode else ""),
+            "spec": (matched.name + (" (measured roofs)" if g.measured else "")) if matched else "not in the table",
+        })
+    process = None
+    if capture.process is not None:
+        p = capture.process
+        process = _kv([("pid", str(p.pid)), ("name", p.name), ("user", p.user),
+                       ("command line", join_argv(redact_argv(p.cmdline)) if p.cmdline else ""),
+                       ("children", ", ".join(map(str, p.children))),
+                       ("GPUs", ", ".join(map(str, p.gpu_indices))),
+                       ("exited", f"{p.exited_at_s:.1f} s into the window" if p.exited_at_s is not None else "")])
+    server = None
+    if capture.server is not None:
+        server = _kv([("kind", capture.server.kind), ("metrics URL", capture.server.url),
+                      ("version", capture.server.version)])
+    model = None
+    if capture.model is not None:
+        m = capture.model
+        model = _kv([("name", m.name), ("parameters", _count(m.params)),
+                     ("active per token", _count(m.active_params) if m.active_params != m.params else ""),
+                     ("layers", m.layers), ("hidden size", m.hidden), ("attention heads", m.heads),
+                     ("KV heads", m.kv_heads), ("head size", m.head_dim), ("vocabulary", m.vocab),
+                     ("weights", m.dtype), ("KV cache", m.kv_dtype), ("max context", m.max_context),
+                     ("tensor parallel", m.tensor_parallel if m.tensor_parallel != 1 else "")])
+    serving = _kv([(str(k), v if isinstance(v, str) else repr(v)) for k, v in capture.serving.items()])
+    trace = None
+    if capture.trace is not None:
+        t = capture.trace
+        trace = _kv([("file", t.path), ("window", fmt(t.window_s, "s") if t.window_s else ""),
+                     ("devices", ", ".join(map(str, t.devices))), ("kernels", f"{t.kernel_count:,}"),
+                     ("CUDA graph launches", f"{t.cuda_graph_launches:,}"),
+                     ("launch call p50", f"{t.launch_call_us_p50:.1f} µs" if t.launch_call_us_p50 else ""),
+                     ("launch delay p50", f"{t.launch_delay_us_p50:.1f} µs" if t.launch_delay_us_p50 else ""),
+                     ("decode batch", f"{t.decode_batch:.1f}" if t.decode_batch else ""),
+                     ("not read", "; ".join(t.skipped))]
+                    + [(k, f"{v:g}") for k, v in t.extra.items()])
+    physics_rows = _kv([("regime", _regime_text(ev.regime, None)), ("regime from", ev.regime_basis),
+                        ("workload", ev.workload), ("platform", ev.platform)]
+                       + [(f"in place: {k.value.replace('_', ' ')}", why) for k, why in ev.in_place.items()]
+                       + [("data quality", q.reason) for q in ev.quality])
+    return {"window": window, "gpus": gpus, "process": process, "server": server, "model": model,
+            "serving": serving, "trace": trace, "physics": physics_rows, "roofs_note": "; ".join(ev.notes)}
+
+
+def _regime_text(regime: Regime, saturation: float | None) -> str:
+    if regime is Regime.UNKNOWN:
+        return ""
+    roof = "the bandwidth roof" if regime is Regime.MEMORY else "the tensor peak"
+    at = f" at {saturation:.0%} of {roof}" if saturation is not None else ""
+    return f"{regime.value}-bound regime{at}"
+
+
+def build_report(capture: Capture, evidence: Evidence, diagnosis: Diagnosis, rules: RuleSet | None = None) -> Report:
+    """Everything a renderer needs for one capture's report."""
+    rules = rules or default_rules()
+    d = diagnosis
+    figures, not_drawn = build_figures(capture, evidence, d)
+    kernels = kernel_table(capture, evidence) if capture.trace is not None else None
+    if isinstance(kernels, NotDrawn):
+        not_drawn.append(kernels)
+        kernels = None
+    return Report(
+        diagnosis=d, title=f"{verdict_label(d)}: {capture.target}", verdict=verdict_label(d),
+        headline=headline_sentence(d), window_text=f"{fmt(capture.duration_s, 's')} from {utc(capture.started_at)}",
+        generated=utc(time.time()),
+        secondary=[(v, LIMITER_LABELS[Limiter(v)]) for v in d.secondary if v in Limiter._value2member_map_],
+        fixes=fix_views(d),
+        withheld=[{"title": w.title, "why": w.why, "rule": w.rule, "kind": w.kind.value} for w in d.withheld],
+        findings=finding_views(d, rules), skipped=_skipped_views(d, rules), signals=_signal_rows(evidence),
+        ctx=_context_views(capture, evidence), figures=figures, not_drawn=not_drawn,
+        regime=_regime_text(d.regime, d.saturation), kernels=kernels,
+    )
+
+
+def report_from_diagnosis(diagnosis: Diagnosis, rules: RuleSet | None = None) -> Report:
+    """A report of a diagnosis alone (a fleet row's, say): no figures, signals or run context."""
+    rules = rules or default_rules()
+    d = diagnosis
+    return Report(
+        diagnosis=d, title=f"{verdict_label(d)}: {d.target}", verdict=verdict_label(d), headline=headline_sentence(d),
+        window_text="", generated=utc(time.time()),
+        secondary=[(v, LIMITER_LABELS[Limiter(v)]) for v in d.secondary if v in Limiter._value2member_map_],
+        fixes=fix_views(d), withheld=[{"title": w.title, "why": w.why, "rule": w.rule, "kind": w.kind.value}
+                                      for w in d.withheld],
+        findings=finding_views(d, rules), skipped=_skipped_views(d, rules), signals=[], ctx={}, figures=[],
+        not_drawn=[], regime=_regime_text(d.regime, d.saturation))
+
+
+# --- a fleet -------------------------------------------------------------------------------------------------
+
+@dataclass
+class FleetView:
+    report: FleetReport
+    title: str
+    generated: str
+    start: str
+    end: str
+    rows: list[dict[str, Any]]
+    details: list[dict[str, Any]]
+    summary: dict[str, Any]
+    verdict_chart: StackedBar | None
+    tool_version: str = __version__
+
+
+_DETAIL_ROWS = 200  # per-GPU detail sections; the table and the JSON output carry every row
+
+
+def _row_view(i: int, r: FleetRow, window_h: float, rules: RuleSet) -> dict[str, Any]:
+    d = r.diagnosis
+    top = d.fixes[0] if d.fixes else None
+    return {
+        "i": i, "node": r.node, "gpu": r.gpu, "uuid": r.uuid, "model": r.model_name,
+        "pod": "/".join(x for x in (r.namespace, r.pod) if x), "container": r.container, "mig": r.mig_profile,
+        "verdict": verdict_label(d), "verdict_key": d.verdict, "color": VERDICT_COLORS.get(d.verdict, "#6e7781"),
+        "confidence": d.confidence, "confidence_label": d.confidence_label, "headline": headline_sentence(d),
+        "usd_h": r.usd_per_hour_at_stake, "usd_window": r.usd_per_hour_at_stake * window_h,
+        "priced": r.usd_per_gpu_hour is not None or r.usd_per_hour_at_stake > 0,
+        "busy": r.busy,
+        "gain": r.top_fix_gain, "gain_text": gain_text(top) if top is not None and r.top_fix_gain is not None else "",
+        "top_fix": top.title if top else "", "partial": r.partial, "notes": r.notes,
+        "findings": finding_views(d, rules)[:3], "fixes": fix_views(d)[:3], "to_collect": d.to_collect,
+    }
+
+
+def build_fleet_view(report: FleetReport, rules: RuleSet | None = None) -> FleetView:
+    """The fleet report: what is at stake, verdicts across GPUs, a sortable table and per-GPU evidence."""
+    rules = rules or default_rules()
+    window_s = max(0.0, report.window_end - report.window_start)
+    window_h = window_s / 3600.0
+    rows = sorted(report.rows, key=lambda r: (-r.usd_per_hour_at_stake, -(r.top_fix_gain or 0.0), r.node, r.gpu))
+    views = [_row_view(i, r, window_h, rules) for i, r in enumerate(rows)]
+    counts = Counter(r.diagnosis.verdict for r in rows)
+    segments = [Segment(f"{LIMITER_LABELS[Limiter(k)] if k in Limiter._value2member_map_ else k}: {n} GPU"
+                        + ("s" if n != 1 else ""), n / len(rows), VERDICT_COLORS.get(k, "#6e7781"))
+                for k, n in counts.most_common()] if rows else []
+    verdict_chart = StackedBar("Verdicts across the fleet", segments, width=1080) if segments else None
+    usd_h = sum(r.usd_per_hour_at_stake for r in rows)
+    priced = [r for r in views if r["priced"]]
+    if report.usd_per_gpu_hour is not None:
+        price_note = f"at ${report.usd_per_gpu_hour:.2f} per GPU-hour"
+    elif priced:
+        price_note = ("at rough cloud list prices per GPU model (pass --usd-per-gpu-hour for yours)"
+                      + (f"; {len(views) - len(priced)} GPU{'s' if len(views) - len(priced) != 1 else ''} without a "
+                         "price" if len(priced) < len(views) else ""))
+    else:
+        price_note = ""
+    gains = [r.top_fix_gain for r in rows if r.top_fix_gain is not None]
+    summary = {
+        "gpus": len(rows), "nodes": len({r.node for r in rows}), "usd_h": usd_h, "usd_window": usd_h * window_h,
+        "usd_month": usd_h * 730.0, "window": fmt(window_s, "s") if window_s < 3600 else f"{window_h:.1f} h",
+        "idle": counts.get("idle", 0), "big_gain": sum(1 for g in gains if g >= 1.5),
+        "median_gain": statistics.median(gains) if gains else None,
+        "inconclusive": counts.get(INCONCLUSIVE, 0), "partial": sum(1 for r in rows if r.partial),
+        "priced": bool(priced), "price_note": price_note,
+    }
+    return FleetView(report=report, title=f"Fleet diagnosis: {len(rows)} GPUs", generated=utc(time.time()),
+                     start=utc(report.window_start), end=utc(report.window_end), rows=views,
+                     details=views[:_DETAIL_ROWS], summary=summary, verdict_chart=verdict_chart)
+
+
+__all__ = ["FixView", "FindingView", "FleetView", "Report", "VERDICT_COLORS", "build_fleet_view", "build_report",
+           "gain_text", "headline_sentence", "report_from_diagnosis", "verdict_label"]

@@ -1,0 +1,518 @@
+"""Serving rules: what an LLM-serving engineer reads off the engine's own metrics (prefix cache, where time to first
+token goes, prefill interfering with decode, speculative decoding, KV pressure, max_tokens reservations, LoRA slots).
+
+Every gain is bounded by a measured time or count and says so in its basis; a fix that buys capacity or latency
+rather than tokens per second has no throughput gain and says which it buys.
+
+Each predicate reads only the signals it declares (diagnoser.rules.base) and the capture's serving configuration.
+"""
+
+from __future__ import annotations
+
+from diagnoser import signals as S
+from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
+from diagnoser.evidence import Signal
+from diagnoser.rules import gains
+from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+
+# Engines whose scheduler admits a request only with room for its prompt plus max_tokens (TGI's token budget,
+# SGLang's admission estimate, TensorRT-LLM's GUARANTEED_NO_EVICT policy); vLLM allocates KV blocks as tokens come.
+RESERVING_ENGINES = {"tgi": "TGI", "sglang": "SGLang", "triton": "TensorRT-LLM"}
+_LATENCY_SOURCES = ("MLPerf Inference LLM server scenarios bound TTFT (0.5-2 s) and TPOT (40-200 ms) per model; "
+                    "vLLM's request phase histograms (queue, prefill, decode) split TTFT into waiting and prefill.")
+
+
+def _prefill_share(c: Check) -> tuple[float, str] | None:
+    """Prefill's share of the serving work: from the physics (least GPU time of the served tokens) when the model
+    and GPU are known, else from the engine's per-request prefill and decode times (a proxy)."""
+    decode = c.opt(S.THEORY_DECODE_SHARE)
+    if decode is not None:
+        return 1.0 - decode.values[0], "prefill's share of the least GPU time the served tokens need"
+    pre, dec = c.opt(S.SERVER_PREFILL_TIME_MEAN_S), c.opt(S.SERVER_DECODE_TIME_MEAN_S)
+    if pre is not None and dec is not None and pre.mean + dec.mean > 0:
+        c.cite(pre, "value")
+        c.cite(dec, "value")
+        return pre.mean / (pre.mean + dec.mean), "prefill's share of requests' running time (prefill / (prefill + decode))"
+    return None
+
+
+def _value(s: Signal) -> float:
+    return s.value
+
+
+def _number(text: str | None) -> float | None:
+    """A number kept as text in ServingConfig.extra (max_loras, shared_prefix_frac); None when absent or not one."""
+    try:
+        return float(text) if text not in (None, "") else None  # type: ignore[arg-type]
+    except ValueError:
+        return None
+
+
+@rule(
+    code="SRV001",
+    name="prefix-cache-missing",
+    limiter=Limiter.COMPUTE,
+    summary="Long prompts are prefilled again and again: the prefix cache is off or rarely hits.",
+    requires=(S.SERVER_PROMPT_LEN_MEAN,),
+    uses=(S.SERVER_PREFIX_CACHE_HIT_RATE, S.SERVER_PROMPT_TOKENS_PER_S, S.THEORY_DECODE_SHARE,
+          S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
+    thresholds={
+        "hit_rate_max": Threshold(0.20, "prefix-cache hit rate below which the cache saves little prefill", "ratio"),
+        "target_hit_rate": Threshold(0.50, "hit rate a workload with shared prompts reaches (system prompt, "
+                                     "few-shot, multi-turn history); the gain assumes it unless the capture says "
+                                     "the shared share (serving key shared_prefix_frac)", "ratio"),
+        "prompt_len_min": Threshold(256, "mean prompt tokens below which prefill is too short to matter", "tokens"),
+        "prefill_share_min": Threshold(0.15, "prefill's share of the work below which caching cannot pay", "ratio"),
+    },
+    page=Page(
+        detects="Prompts averaging {prompt_len_min} or more, prefill taking at least {prefill_share_min} of the work, "
+        "and the prefix cache either switched off (vLLM cache_config_info enable_prefix_caching=False) or hitting "
+        "under {hit_rate_max} of "
+        "the prompt tokens it is asked for over the window. It does not fire when the capture says the prompts "
+        "share nothing (serving key shared_prefix_frac = 0).",
+        why="A prompt whose prefix (system prompt, few-shot examples, earlier turns) was prefilled before can reuse "
+        "its KV blocks; every miss recomputes those tokens, which is compute-bound prefill work that also delays "
+        "first tokens and decode steps.",
+        fixes="Enable prefix caching (vLLM --enable-prefix-caching, on by default in V1; SGLang's radix cache is "
+        "on unless --disable-radix-cache). Put the shared part first and keep it byte-identical (no timestamps or "
+        "request ids in the system prompt). Route requests with the same prefix to the same replica "
+        "(prefix-aware routing). Give the cache room: evictions under a full KV cache lose prefixes. Predicted "
+        "gain: the prefill time the extra hits would save, an upper bound.",
+        sources="vLLM automatic prefix caching docs; SGLang RadixAttention (Zheng et al., 2024); hit rate = "
+        "prefix_cache_hits / prefix_cache_queries (vLLM), cached / prompt tokens (SGLang).",
+    ),
+)
+def prefix_cache_missing(c: Check) -> Finding | None:
+    prompt = c.opt(S.SERVER_PROMPT_LEN_MEAN)
+    assert prompt is not None
+    serving = c.ev.serving
+    shared = _number(serving.extra.get("shared_prefix_frac"))
+    if shared is not None and shared <= 0:
+        return None  # the operator says no prompt shares a prefix: nothing to cache
+    hit = c.opt(S.SERVER_PREFIX_CACHE_HIT_RATE)
+    off = serving.prefix_caching is False
+    if _value(prompt) < c.t["prompt_len_min"] or not (off or (hit is not None and _value(hit) < c.t["hit_rate_max"])):
+        return None
+    share = _prefill_share(c)
+    if share is not None and share[0] < c.t["prefill_share_min"]:
+        return None
+    c.cite(prompt, "value", ">=", c.t["prompt_len_min"])
+    h = 0.0 if off or hit is None else _value(hit)
+    if hit is not None and not off:
+        c.cite(hit, "value", "<", c.t["hit_rate_max"])
+    target = shared if shared is not None and 0 < shared < 1 else c.t["target_hit_rate"]
+    gain = Gain.unknown("no prefill share measured (needs the model and GPU, or vLLM's prefill/decode histograms)")
+    if share is not None and target > h:
+        saved = share[0] * (target - h) / (1.0 - h)  # prefill work that the extra hits would not recompute
+        assumed = "the capture's shared_prefix_frac" if target != c.t["target_hit_rate"] else "an assumed"
+        gain = Gain(1.0 / max(0.05, 1.0 - saved), f"{share[1]} {share[0]:.0%}, hits from {h:.0%} to {target:.0%} "
+                    f"({assumed} shared share) save {saved:.0%} of the work: 1 / (1 - {saved:.2f})",
+                    GainKind.UPPER_BOUND)
+    action = ("Start vLLM with --enable-prefix-caching (SGLang: drop --disable-radix-cache)" if off else
+              "Put the shared prompt first and byte-identical, route equal prefixes to one replica, and leave the "
+              "KV cache room so prefixes are not evicted")
+    c.fix(FixKind.PREFIX_CACHING, "Reuse shared prompt prefixes", action + ".", gain)
+    state = "is off" if off else f"hits {h:.0%} of the prompt tokens it is asked for"
+    return c.finding(0.5, f"Prompts average {_value(prompt):.0f} tokens and the prefix cache {state}: shared prefixes "
+                     "are prefilled again for every request.")
+
+
+@rule(
+    code="SRV002",
+    name="ttft-dominated-by-queueing",
+    limiter=Limiter.BATCHING,
+    summary="Time to first token is mostly time spent waiting to be scheduled: the server lacks capacity.",
+    requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_QUEUE_TIME_MEAN_S),
+    uses=(S.SERVER_KV_USAGE, S.SERVER_WAITING, S.SERVER_PREFILL_TIME_MEAN_S),
+    thresholds={
+        "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making", "s"),
+        "queue_share": Threshold(0.5, "queue time's share of TTFT at which waiting dominates", "ratio"),
+        "kv_full": Threshold(0.90, "KV use (p90) at which memory, not the scheduler's limits, holds requests",
+                             "ratio"),
+    },
+    page=Page(
+        detects="Mean time to first token of {ttft_min_s} or more, {queue_share} or more of it spent queued (vLLM "
+        "request_queue_time vs time_to_first_token; SGLang queue_time; Triton queue duration).",
+        why="A request that waits is not being served at all: the batch is at the scheduler's limit "
+        "(max-num-seqs) or the KV cache is full, so new requests queue until others finish.",
+        fixes="A capacity fix, not a speed fix: more replicas or GPUs for the load; if the KV cache has room, a "
+        "larger running batch (vLLM --max-num-seqs, SGLang --max-running-requests); if it is full, more KV memory "
+        "(FP8 KV cache, --gpu-memory-utilization). Predicted: TTFT falls by at most the queue time.",
+        sources=_LATENCY_SOURCES,
+    ),
+)
+def ttft_dominated_by_queueing(c: Check) -> Finding | None:
+    ttft, queue = c.opt(S.SERVER_TTFT_MEAN_S), c.opt(S.SERVER_QUEUE_TIME_MEAN_S)
+    assert ttft is not None and queue is not None
+    t, q = _value(ttft), min(_value(queue), _value(ttft))
+    if t < c.t["ttft_min_s"] or q / t < c.t["queue_share"]:
+        return None
+    c.cite(ttft, "value", ">=", c.t["ttft_min_s"])
+    c.cite(queue, "value", ">=", round(c.t["queue_share"] * t, 4))
+    kv = c.opt(S.SERVER_KV_USAGE)
+    full = kv is not None and kv.p90 >= c.t["kv_full"]
+    if kv is not None:
+        c.cite(kv, "p90", ">=" if full else "<", c.t["kv_full"])
+    gain = Gain.unknown(f"capacity, not speed: TTFT falls at most by the queue time, {t:.2f} s to {t - q:.2f} s",
+                        Benefit.CAPACITY)
+    if full:
+        c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory (capacity)", "FP8 KV cache (vLLM --kv-cache-dtype "
+              "fp8), a higher --gpu-memory-utilization, or more GPUs: the cache is what keeps requests waiting.", gain)
+    else:
+        c.fix(FixKind.BATCH_MORE, "Admit more requests per step (capacity)", "Raise vLLM --max-num-seqs / SGLang "
+              "--max-running-requests while the KV cache has room, or add replicas.", gain)
+    return c.finding(0.55, f"Requests wait {q:.2f} s of their {t:.2f} s to first token ({q / t:.0%}): time to first "
+                     f"token is queueing, the server is at capacity{' (KV cache full)' if full else ''}.")
+
+
+@rule(
+    code="SRV003",
+    name="ttft-dominated-by-prefill",
+    limiter=Limiter.COMPUTE,
+    summary="Time to first token is mostly the prompt's own prefill, not waiting.",
+    requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_PREFILL_TIME_MEAN_S),
+    uses=(S.SERVER_QUEUE_TIME_MEAN_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S),
+    thresholds={
+        "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making", "s"),
+        "prefill_share": Threshold(0.5, "prefill time's share of TTFT at which prefill dominates", "ratio"),
+    },
+    page=Page(
+        detects="Mean time to first token of {ttft_min_s} or more, {prefill_share} or more of it in the request's "
+        "prefill phase "
+        "(vLLM request_prefill_time vs time_to_first_token).",
+        why="Long prompts, or prefill split into small chunks that share each step with decodes, make the first "
+        "token wait for the prompt's compute.",
+        fixes="Larger prefill chunks per step (vLLM --max-num-batched-tokens; SGLang --chunked-prefill-size) "
+        "shorten prefill at the cost of decode latency during it; prefix caching removes repeated prompt tokens; "
+        "disaggregated prefill (separate prefill and decode instances) stops the two from sharing steps. "
+        "Predicted: TTFT falls at most by the prefill time (latency, not throughput).",
+        sources=_LATENCY_SOURCES + " Sarathi-Serve (Agrawal et al., OSDI 2024) and DistServe (Zhong et al., OSDI "
+        "2024) on chunked and disaggregated prefill.",
+    ),
+)
+def ttft_dominated_by_prefill(c: Check) -> Finding | None:
+    ttft, prefill = c.opt(S.SERVER_TTFT_MEAN_S), c.opt(S.SERVER_PREFILL_TIME_MEAN_S)
+    assert ttft is not None and prefill is not None
+    t, p = _value(ttft), min(_value(prefill), _value(ttft))
+    if t < c.t["ttft_min_s"] or p / t < c.t["prefill_share"]:
+        return None
+    c.cite(ttft, "value", ">=", c.t["ttft_min_s"])
+    c.cite(prefill, "value", ">=", round(c.t["prefill_share"] * t, 4))
+    prompt = c.opt(S.SERVER_PROMPT_LEN_MEAN)
+    if prompt is not None:
+        c.cite(prompt, "value")
+    c.fix(FixKind.SPLIT_PREFILL, "Prefill in larger chunks, or on its own instances", "Raise vLLM "
+          "--max-num-batched-tokens (SGLang --chunked-prefill-size) so a prompt prefills in fewer steps, or "
+          "disaggregate prefill and decode; reuse shared prefixes (prefix caching).",
+          Gain.unknown(f"latency, not throughput: TTFT falls at most by the prefill time, {t:.2f} s to {t - p:.2f} s"))
+    return c.finding(0.5, f"Prefill takes {p:.2f} s of the {t:.2f} s to first token ({p / t:.0%}): time to first "
+                     "token is the prompt's compute, not queueing.")
+
+
+@rule(
+    code="SRV004",
+    name="itl-inflated-by-prefill",
+    limiter=Limiter.BATCHING,
+    summary="Some decode steps are much slower than the median: prefill work shares them.",
+    requires=(S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S, AnyOf(S.SERVER_ITERATION_TOKENS_P99, S.SERVER_PREFILL_STEP_MEAN_S)),
+    uses=(S.SERVER_ITERATION_TOKENS_P50, S.SERVER_DECODE_STEP_MEAN_S, S.SERVER_PROMPT_TOKENS_PER_S),
+    thresholds={
+        "itl_ratio": Threshold(3.0, "p99 / p50 inter-token latency at which the tail counts as inflated"),
+        "step_ratio": Threshold(4.0, "tokens of the p99 step over the median step (vLLM), or prefill over decode "
+                                "step time (TGI), that shows prefill riding along"),
+    },
+    page=Page(
+        detects="p99 inter-token latency at least {itl_ratio}x the median while the engine's steps show prefill work: "
+        "vLLM's tokens per step at p99 at least {step_ratio}x the median step, or TGI's prefill forward pass at "
+        "least {step_ratio}x its decode pass.",
+        why="A decode token comes out once per step; a step that also prefills a prompt chunk takes as long as that "
+        "chunk's compute, so every running sequence's next token waits for someone else's prompt.",
+        fixes="Cap the prefill per step: a smaller chunk (vLLM --max-num-batched-tokens, SGLang "
+        "--chunked-prefill-size) trades some TTFT for a tighter inter-token tail; disaggregated prefill removes "
+        "the interference. Predicted: p99 inter-token latency falls at most to the median (latency, not "
+        "throughput).",
+        sources="Sarathi-Serve (Agrawal et al., OSDI 2024): generation stalls from prefills in the same batch; "
+        "vLLM chunked-prefill docs; DistServe (OSDI 2024).",
+    ),
+)
+def itl_inflated_by_prefill(c: Check) -> Finding | None:
+    p50, p99 = c.opt(S.SERVER_ITL_P50_S), c.opt(S.SERVER_ITL_P99_S)
+    assert p50 is not None and p99 is not None
+    if _value(p50) <= 0 or _value(p99) / _value(p50) < c.t["itl_ratio"]:
+        return None
+    steps_hi, steps_lo = c.opt(S.SERVER_ITERATION_TOKENS_P99), c.opt(S.SERVER_ITERATION_TOKENS_P50)
+    pre, dec = c.opt(S.SERVER_PREFILL_STEP_MEAN_S), c.opt(S.SERVER_DECODE_STEP_MEAN_S)
+    if steps_hi is not None and steps_lo is not None and _value(steps_lo) > 0:
+        ratio, cite = _value(steps_hi) / _value(steps_lo), (steps_hi, steps_lo)
+    elif pre is not None and dec is not None and _value(dec) > 0:
+        ratio, cite = _value(pre) / _value(dec), (pre, dec)
+    else:
+        return None
+    if ratio < c.t["step_ratio"]:
+        return None
+    c.cite(p99, "value", ">=", round(c.t["itl_ratio"] * _value(p50), 6))
+    c.cite(p50, "value")
+    c.cite(cite[0], "value", ">=", round(c.t["step_ratio"] * _value(cite[1]), 6))
+    c.cite(cite[1], "value")
+    c.fix(FixKind.SPLIT_PREFILL, "Cap the prefill that rides in decode steps", "Lower vLLM --max-num-batched-tokens "
+          "(SGLang --chunked-prefill-size) so a step carries a smaller prompt chunk, or disaggregate prefill and "
+          "decode.", Gain.unknown(f"latency, not throughput: p99 inter-token latency falls at most to the median, "
+                                  f"{_value(p99) * 1e3:.0f} ms to {_value(p50) * 1e3:.0f} ms"))
+    return c.finding(0.45, f"p99 inter-token latency is {_value(p99) / _value(p50):.1f}x the median while the "
+                     f"heaviest steps carry {ratio:.1f}x the work of a typical one: prefills stall decoding.")
+
+
+def _spec_speedup(alpha: float, k: int, cost: float) -> float:
+    """Tokens per unit of target-model time with k draft tokens at acceptance alpha, each draft token costing
+    `cost` of a target step (Leviathan et al., 2023): E[tokens] = (1 - alpha^(k+1)) / (1 - alpha)."""
+    tokens = float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    return tokens / (1.0 + k * cost)
+
+
+@rule(
+    code="SRV005",
+    name="speculative-decoding-not-paying",
+    limiter=Limiter.COMPUTE,
+    summary="Speculative decoding's accepted tokens do not pay for the drafting, or a shorter draft would pay more.",
+    requires=(AnyOf(S.SERVER_SPEC_MEAN_ACCEPT_LEN, S.SERVER_SPEC_ACCEPTANCE_RATE),),
+    uses=(S.SERVER_SPEC_DRAFT_LEN,),
+    thresholds={
+        "draft_cost": Threshold(0.10, "cost of one draft token as a share of a target-model step (EAGLE-style "
+                                "heads ~0.05-0.1; a separate draft model ~ its size over the target's)"),
+        "tune_gain": Threshold(1.10, "speed-up of the best draft length over the current one that is worth a "
+                               "change"),
+    },
+    page=Page(
+        detects="Speculative decoding whose measured tokens per verification step, against the draft's cost, "
+        "give no speed-up over plain decoding (drop it), or a draft length whose acceptance falls so fast that a "
+        "shorter draft is at least {tune_gain}x as fast (tune it), with a draft token costing {draft_cost} of a "
+        "target step. Acceptance and draft length come from the engine's "
+        "counters (vLLM spec_decode_*; SGLang spec_accept_rate / spec_accept_length).",
+        why="Each step drafts k tokens and verifies them in one target pass; it pays only if the accepted tokens "
+        "per step exceed the extra draft and verification work. Low acceptance means the target computes tokens "
+        "it throws away.",
+        fixes="Drop speculative decoding when it does not pay, shorten the draft (vLLM num_speculative_tokens, "
+        "SGLang --speculative-num-steps) when late positions are rarely accepted, or use a draft better matched "
+        "to the target (EAGLE heads trained on it). Gains are from the expected-tokens formula with the assumed "
+        "draft cost: upper bounds.",
+        sources="Leviathan et al., 'Fast Inference from Transformers via Speculative Decoding' (2023); vLLM "
+        "SpecDecodingProm (acceptance = accepted / draft tokens; mean acceptance length = 1 + accepted / drafts); "
+        "EAGLE (Li et al., 2024).",
+    ),
+)
+def speculative_decoding_not_paying(c: Check) -> Finding | None:
+    length, rate, k_sig = (c.opt(S.SERVER_SPEC_MEAN_ACCEPT_LEN), c.opt(S.SERVER_SPEC_ACCEPTANCE_RATE),
+                           c.opt(S.SERVER_SPEC_DRAFT_LEN))
+    cost = c.t["draft_cost"]
+    k = round(_value(k_sig)) if k_sig is not None and _value(k_sig) >= 1 else None
+    if length is not None and k is not None:
+        tokens, now = _value(length), _value(length) / (1.0 + k * cost)
+    elif rate is not None and k is not None:
+        now = _spec_speedup(_value(rate), k, cost)
+        tokens = now * (1.0 + k * cost)
+    elif length is not None:
+        tokens, now = _value(length), _value(length) / (1.0 + cost)  # k unknown: at least one draft token's cost
+    else:
+        return None
+    best_k, best = k, 0.0
+    if rate is not None and k is not None:
+        for trial in range(1, max(k, 8) + 1):
+            speed = _spec_speedup(min(_value(rate), 0.999), trial, cost)
+            if speed > best:
+                best_k, best = trial, speed
+    for s in (length, rate, k_sig):
+        if s is not None:
+            c.cite(s, "value")
+    if now < 1.0:
+        c.fix(FixKind.SPEC_DECODE, "Turn speculative decoding off", "Serve without a draft (vLLM: no "
+              "--speculative-config; SGLang: no --speculative-algorithm): plain decoding is faster at this "
+              "acceptance.", Gain(1.0 / now, f"{tokens:.2f} tokens per step for 1 + {k or 1} x {cost:g} of a step's "
+                                  f"work = {now:.2f}x plain decoding; off: 1 / {now:.2f}", GainKind.UPPER_BOUND))
+        return c.finding(0.5, f"Speculative decoding yields {tokens:.2f} tokens per verification step: with the "
+                         f"draft's cost that is {now:.2f}x plain decoding, slower than none.")
+    formula_now = _spec_speedup(min(_value(rate), 0.999), k, cost) if rate is not None and k is not None else now
+    if best_k is not None and best_k != k and best / formula_now >= c.t["tune_gain"]:
+        c.fix(FixKind.SPEC_DECODE, "Shorten the speculative draft", f"Draft {best_k} tokens instead of {k} (vLLM "
+              "num_speculative_tokens, SGLang --speculative-num-steps).",
+              Gain(best / formula_now, f"from acceptance {_value(rate):.0%} (positions assumed independent) and "  # type: ignore[arg-type]
+                   f"draft cost {cost:g}: {best:.2f}x vs {formula_now:.2f}x plain decoding", GainKind.UPPER_BOUND))
+        return c.finding(0.4, f"Speculative decoding accepts {_value(rate):.0%} of drafted tokens: a {best_k}-token "  # type: ignore[arg-type]
+                         f"draft would beat the current {k} ({best:.2f}x vs {formula_now:.2f}x plain decoding).")
+    return None
+
+
+@rule(
+    code="SRV006",
+    name="kv-preemption-churn",
+    limiter=Limiter.VRAM,
+    summary="Requests are preempted, retracted, swapped or paused for lack of KV memory and redo their work.",
+    requires=(AnyOf(S.SERVER_PREEMPTIONS_PER_S, S.SERVER_RETRACTIONS_PER_S, S.SERVER_SWAPPED, S.SERVER_RETRACTED, S.SERVER_PAUSED),),
+    uses=(S.SERVER_REQUESTS_PER_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_GEN_LEN_MEAN, S.SERVER_PROMPT_TOKENS_PER_S,
+          S.THEORY_DECODE_SHARE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
+    thresholds={
+        "per_request": Threshold(0.05, "preemptions (or retractions) per finished request that count as churn"),
+        "held_mean": Threshold(1.0, "requests swapped out, retracted or paused at a time (mean) that count"),
+    },
+    page=Page(
+        detects="At least {per_request} preemptions or retractions per finished request (vLLM num_preemptions, "
+        "SGLang num_retracted_requests), or on average {held_mean} request swapped out (vLLM V0), retracted "
+        "(SGLang) or paused (TensorRT-LLM) at any time.",
+        why="An engine that runs out of KV blocks evicts a running request: it recomputes its prompt and generated "
+        "tokens later (recompute), copies its cache over PCIe (swap) or parks it (pause). That work is paid twice, "
+        "and the evicted request's latency jumps.",
+        fixes="Admit fewer sequences than the cache can hold at peak (vLLM --max-num-seqs, SGLang "
+        "--max-running-requests or a higher --schedule-conservativeness, TensorRT-LLM GUARANTEED_NO_EVICT), or "
+        "give the cache more memory (FP8 KV cache, --gpu-memory-utilization / --mem-fraction-static). Predicted "
+        "gain: the recomputed prefill work, an upper bound; fewer admissions are a capacity trade, not speed.",
+        sources="vLLM docs on preemption (recompute vs swap); SGLang scheduler retraction and "
+        "schedule_conservativeness; TensorRT-LLM batch manager scheduler policies.",
+    ),
+)
+def kv_preemption_churn(c: Check) -> Finding | None:
+    events = c.opt(S.SERVER_PREEMPTIONS_PER_S) or c.opt(S.SERVER_RETRACTIONS_PER_S)
+    held = c.opt(S.SERVER_SWAPPED) or c.opt(S.SERVER_RETRACTED) or c.opt(S.SERVER_PAUSED)
+    requests = c.opt(S.SERVER_REQUESTS_PER_S)
+    churn = None
+    if events is not None and requests is not None and requests.mean > 0:
+        churn = events.mean / requests.mean
+    many = churn is not None and churn >= c.t["per_request"]
+    holding = held is not None and held.mean >= c.t["held_mean"]
+    if not (many or holding):
+        return None
+    if many:
+        c.cite(events, "mean")  # type: ignore[arg-type]
+        c.cite(requests, "mean")  # type: ignore[arg-type]
+    if holding:
+        c.cite(held, "mean", ">=", c.t["held_mean"])  # type: ignore[arg-type]
+    gain = Gain.unknown("capacity trade: fewer admissions stop the churn but run fewer sequences at once",
+                        Benefit.CAPACITY)
+    prompt, gen, share = c.opt(S.SERVER_PROMPT_LEN_MEAN), c.opt(S.SERVER_GEN_LEN_MEAN), _prefill_share(c)
+    if many and prompt is not None and gen is not None and share is not None and _value(prompt) > 0:
+        # each recompute prefills the prompt and, on average, half the generated tokens again
+        redo = churn * (_value(prompt) + _value(gen) / 2.0) / _value(prompt)  # type: ignore[operator]
+        wasted = min(0.9, share[0] * redo / (1.0 + redo))
+        gain = Gain(1.0 / (1.0 - wasted), f"{churn:.2f} recomputes per request redo {redo:.0%} of the prefill work; "
+                    f"{share[1]} {share[0]:.0%}: 1 / (1 - {wasted:.2f})", GainKind.UPPER_BOUND)
+    c.fix(FixKind.KV_MEMORY, "Stop evicting running requests", "Admit fewer sequences than the KV cache holds at "
+          "peak (vLLM --max-num-seqs, SGLang --schedule-conservativeness 1.3 or --max-running-requests, TensorRT-LLM "
+          "GUARANTEED_NO_EVICT) or give the cache more memory (FP8 KV cache).", gain)
+    what = (f"{churn:.2f} evictions per finished request" if many else
+            f"{held.mean:.1f} requests held out of the batch on average")  # type: ignore[union-attr]
+    return c.finding(0.5, f"The KV cache runs out mid-request: {what}; evicted work is done twice.")
+
+
+@rule(
+    code="SRV007",
+    name="max-tokens-over-reserved",
+    limiter=Limiter.VRAM,
+    summary="Requests ask for far more tokens than they generate, and the engine reserves KV space for all of them.",
+    requires=(S.SERVER_MAX_TOKENS_MEAN, S.SERVER_GEN_LEN_MEAN),
+    uses=(S.SERVER_WAITING, S.SERVER_BATCH_RESERVED_TOKENS, S.SERVER_PROMPT_LEN_MEAN),
+    thresholds={
+        "over_ratio": Threshold(4.0, "max_tokens asked over tokens generated (means) that counts as over-reserved"),
+        "waiting_mean": Threshold(1.0, "mean queued requests that show the reservation turns work away"),
+    },
+    page=Page(
+        detects="On an engine that admits requests by prompt + max_tokens (TGI's token budget, SGLang's admission "
+        "estimate, TensorRT-LLM's GUARANTEED_NO_EVICT), requests asking on average {over_ratio}x or more the tokens "
+        "they generate while others wait. Not on vLLM, which allocates KV blocks as tokens are generated.",
+        why="KV space reserved for tokens that are never generated is space no other sequence can use: the batch "
+        "stays small and requests queue while memory sits idle.",
+        fixes="Set max_tokens (max_new_tokens) near what requests need, per route or client; on TGI lower "
+        "--max-total-tokens / raise --max-batch-total-tokens consistently; on TensorRT-LLM use the "
+        "MAX_UTILIZATION policy. Predicted gain: the larger decode batch the freed reservation admits, bounded by "
+        "the decode physics and by the reservation ratio: an upper bound, and a capacity gain.",
+        sources="TGI router admission (max_batch_total_tokens budget of input + max_new_tokens); SGLang "
+        "PrefillAdder new_token_ratio estimate; TensorRT-LLM capacity scheduler policies; vLLM PagedAttention "
+        "(Kwon et al., SOSP 2023) allocates blocks on demand.",
+    ),
+)
+def max_tokens_over_reserved(c: Check) -> Finding | None:
+    engine = RESERVING_ENGINES.get(c.ev.serving.engine or c.ev.meta.server_kind)
+    if engine is None:
+        return None  # vLLM, NIM's vLLM backend and the demo allocate KV blocks as tokens are generated
+    asked, made = c.opt(S.SERVER_MAX_TOKENS_MEAN), c.opt(S.SERVER_GEN_LEN_MEAN)
+    assert asked is not None and made is not None
+    waiting = c.opt(S.SERVER_WAITING)
+    if _value(made) <= 0 or waiting is None:
+        return None
+    ratio = _value(asked) / _value(made)
+    if ratio < c.t["over_ratio"] or waiting.mean < c.t["waiting_mean"]:
+        return None
+    c.cite(asked, "value", ">=", round(c.t["over_ratio"] * _value(made), 2))
+    c.cite(made, "value")
+    c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
+    prompt = c.opt(S.SERVER_PROMPT_LEN_MEAN)
+    reserve = ratio if prompt is None else (_value(prompt) + _value(asked)) / (_value(prompt) + _value(made))
+    physics = gains.batch_gain(c.ev, factor=min(reserve, 4.0))
+    why = f"reservations {reserve:.1f}x the tokens used let up to that many more sequences run"
+    gain = (Gain(physics.value, f"{why}; {physics.basis}", GainKind.UPPER_BOUND, physics.benefit)
+            if physics.value is not None else
+            Gain.unknown(f"{why} (no decode physics to price it)", Benefit.CAPACITY))
+    c.fix(FixKind.MAX_TOKENS, "Ask for the tokens requests need", f"Lower max_tokens (max_new_tokens) toward what "
+          f"requests generate (mean {_value(made):.0f}, asked {_value(asked):.0f}); {engine} reserves KV space for all "
+          "of it.", gain)
+    return c.finding(0.5, f"Requests ask for {_value(asked):.0f} tokens and generate {_value(made):.0f} on average "
+                     f"({ratio:.0f}x) while {waiting.mean:.1f} wait: {engine} reserves KV space that is never used.")
+
+
+@rule(
+    code="SRV008",
+    name="lora-slots-limit-batch",
+    limiter=Limiter.BATCHING,
+    summary="Requests wait for a LoRA adapter slot: the adapters per batch cap the batch.",
+    requires=(S.SERVER_LORA_RUNNING_ADAPTERS,),
+    uses=(S.SERVER_LORA_WAITING_ADAPTERS, S.SERVER_WAITING_DEFERRED, S.SERVER_WAITING, S.SERVER_RUNNING),
+    thresholds={
+        "slots_full": Threshold(1.0, "running adapters over the batch's adapter slots (max_loras) that count as "
+                                "full"),
+        "waiting_adapters": Threshold(0.5, "mean adapters among waiting requests that show requests held back"),
+    },
+    page=Page(
+        detects="The running batch using every LoRA slot (running adapters at least {slots_full}x max_loras: vLLM "
+        "lora_requests_info running adapters = max_lora; SGLang LoRA pool slots used = total) while on average "
+        "{waiting_adapters} or more waiting requests need other adapters (vLLM waiting adapters, or requests "
+        "waiting for a 'deferred' reason).",
+        why="A batch holds at most max_loras distinct adapters; a request for another adapter waits, even with KV "
+        "space and batch room free, until an adapter leaves the batch (and its weights are swapped in).",
+        fixes="Raise the adapter slots (vLLM --max-loras, SGLang --max-loras-per-batch; each slot costs GPU memory "
+        "for max rank weights), route requests by adapter so each replica serves few adapters, or merge hot "
+        "adapters into the base weights. Predicted gain: the deferred requests admitted, bounded by the decode "
+        "physics: an upper bound.",
+        sources="vLLM LoRA docs (max_loras, max_cpu_loras); vLLM num_requests_waiting_by_reason ('deferred' = "
+        "LoRA budget); S-LoRA (Sheng et al., 2023); SGLang LoRA pool metrics.",
+    ),
+)
+def lora_slots_limit_batch(c: Check) -> Finding | None:
+    running = c.opt(S.SERVER_LORA_RUNNING_ADAPTERS)
+    assert running is not None
+    found = _number(c.ev.serving.extra.get("max_loras"))
+    slots = int(found) if found is not None else 0
+    if slots <= 0 or running.max < c.t["slots_full"] * slots:
+        return None
+    waiting_adapters, deferred = c.opt(S.SERVER_LORA_WAITING_ADAPTERS), c.opt(S.SERVER_WAITING_DEFERRED)
+    held = (waiting_adapters is not None and waiting_adapters.mean >= c.t["waiting_adapters"]) or \
+        (deferred is not None and deferred.mean > 0)
+    if not held:
+        return None
+    c.cite(running, "max", ">=", slots)
+    for s in (waiting_adapters, deferred):
+        if s is not None and s.mean > 0:
+            c.cite(s, "mean")
+    batch = c.opt(S.SERVER_RUNNING)
+    factor = None
+    if deferred is not None and batch is not None and batch.mean > 0:
+        factor = (batch.mean + deferred.mean) / batch.mean
+    physics = gains.batch_gain(c.ev, factor=factor) if factor and factor > 1 else None
+    gain = (Gain(physics.value, f"the {deferred.mean:.1f} deferred requests join the batch; {physics.basis}",  # type: ignore[union-attr]
+                 GainKind.UPPER_BOUND, physics.benefit)
+            if physics is not None and physics.value is not None else
+            Gain.unknown("requests for other adapters wait for a slot", Benefit.CAPACITY))
+    c.fix(FixKind.LORA, "Give the batch more adapter slots", f"Raise vLLM --max-loras above {slots} (SGLang "
+          "--max-loras-per-batch) if memory allows, route requests by adapter, or merge hot adapters.", gain)
+    return c.finding(0.5, f"All {slots} LoRA slots are in use while requests for other adapters wait: adapter "
+                     "slots, not memory, cap the batch.")
+
+
+RULES = (prefix_cache_missing, ttft_dominated_by_queueing, ttft_dominated_by_prefill, itl_inflated_by_prefill,
+         speculative_decoding_not_paying, kv_preemption_churn, max_tokens_over_reserved, lora_slots_limit_batch)

@@ -1,0 +1,332 @@
+"""Reading a large trace on every core: the events array is cut into chunks at event boundaries, worker processes
+decode each chunk and move its events into columns (tables.Tables), and the parent appends the parts in file order
+(Tables.extend), which gives exactly what one pass would have built. The analysis then runs on the merged columns.
+
+- A plain JSON file is memory-mapped: the parent finds the events array and cuts it into ranges at event boundaries
+  (decode.first_cut: a boundary whose next event decodes on its own), and each worker reads its ranges from the
+  mapping itself, chunk by chunk; nothing is copied between processes but the columns that come back.
+- A gzip file cannot be read from the middle: the parent decompresses it and cuts the stream into chunks
+  (decode.raw_chunks) while the workers decode the chunks already sent, so decompression overlaps decoding.
+
+Memory is bounded per worker (one chunk and the columns of one range, RANGE_BYTES of JSON) and in the parent (the
+merged columns, which a single pass holds too, plus at most 2 x workers chunks or parts in flight). Workers are
+forked when the process has a single thread (they inherit the imported modules), spawned otherwise.
+"""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import multiprocessing
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from diagnoser.traces.decode import (
+    _EVENTS_KEY,
+    CHUNK_BYTES,
+    CUT_SHORT,
+    MAX_EVENT_BYTES,
+    PREFIX,
+    WHOLE,
+    DecodeStats,
+    TraceFile,
+    _open_stream,
+    decode_chunk,
+    find_array_end,
+    first_cut,
+    max_trace_bytes,
+    open_trace_file,
+    parse_head_metadata,
+    raw_chunks,
+    read_head,
+)
+from diagnoser.traces.tables import Tables, _ingest
+
+# A range per worker task: large enough that a task's overhead is nil, small enough to balance the workers and
+# bound what each holds.
+RANGE_BYTES = 48 << 20
+# Below this much JSON one process is faster than starting workers.
+MIN_PARALLEL_BYTES = 64 << 20
+_TAIL_BYTES = 8 << 20
+_BLOCK = 4 << 20
+_WS = b" \t\r\n"
+
+
+def default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def collect_parallel(path: str | Path, *, jobs: int | None = None, max_bytes: int | None = None,
+                     chunk_bytes: int = CHUNK_BYTES, range_bytes: int = RANGE_BYTES,
+                     min_bytes: int = MIN_PARALLEL_BYTES) -> Tables:
+    """Tables of a trace read by `jobs` processes (default: every core this process may use). Falls back to one
+    process (tables.collect) for small files, one job, or a trace that cannot be split."""
+    from diagnoser.traces.tables import collect
+
+    path = Path(path)
+    jobs = default_jobs() if jobs is None else max(1, jobs)
+    limit = max_trace_bytes(max_bytes)
+    f, size = open_trace_file(path, limit)
+    with f:
+        gz = f.read(2) == b"\x1f\x8b"
+    # a gzip stream expands 10-50x: judge it by what it will be, not by its compressed size
+    if jobs == 1 or size * (10 if gz else 1) < min_bytes:
+        return collect(path, chunk_bytes=chunk_bytes, max_bytes=max_bytes)
+    if gz:
+        return _collect_gzip(path, jobs, limit, chunk_bytes)
+    return _collect_mapped(path, jobs, limit, chunk_bytes, range_bytes)
+
+
+# --- workers ---------------------------------------------------------------------------------------------------
+
+def _ingest_chunks(chunks: Iterator[tuple[bytes, int]], stats: DecodeStats) -> tuple[Tables, DecodeStats]:
+    part = Tables()
+    was = gc.isenabled()
+    gc.disable()  # nothing here forms cycles
+    try:
+        for data, mode in chunks:
+            events = decode_chunk(data, mode, stats)
+            stats.events += len(events)
+            _ingest(part, events)
+    finally:
+        if was:
+            gc.enable()
+    return part, stats
+
+
+def _chunk_task(data: bytes, mode: int) -> tuple[Tables, DecodeStats]:
+    return _ingest_chunks(iter([(data, mode)]), DecodeStats())
+
+
+def _range_task(path: str, start: int, end: int, last_mode: int, chunk_bytes: int) -> tuple[Tables, DecodeStats]:
+    """The columns of the events in bytes [start, end) of a plain trace (whole events, comma-separated)."""
+    tf = TraceFile(path=Path(path))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return _ingest_chunks(range_chunks(mm, start, end, last_mode, chunk_bytes, tf), tf.stats)
+
+
+def range_chunks(mm: Any, start: int, end: int, last_mode: int, chunk_bytes: int,
+                 tf: TraceFile) -> Iterator[tuple[bytes, int]]:
+    """Chunks of whole events of mm[start:end], cut at event boundaries as a single pass cuts them (damage skipped
+    the same way)."""
+    blocks = (mm[i:min(end, i + _BLOCK)] for i in range(start, end, _BLOCK))
+    return raw_chunks(b"", False, blocks, tf, chunk_bytes, ends=last_mode)
+
+
+# --- the parent ----------------------------------------------------------------------------------------------------
+
+def _pool(jobs: int) -> ProcessPoolExecutor:
+    method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() \
+        else "spawn"
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method))
+
+
+def _merge_in_order(submit: Callable[..., Future[tuple[Tables, DecodeStats]]], tasks: Iterator[tuple[Any, ...]],
+                    window: int, t: Tables) -> None:
+    """Submit tasks with at most `window` in flight and append their parts to `t` in task order."""
+    pending: deque[Future[tuple[Tables, DecodeStats]]] = deque()
+    for task in tasks:
+        pending.append(submit(*task))
+        while len(pending) >= window:
+            _take(pending.popleft(), t)
+    while pending:
+        _take(pending.popleft(), t)
+
+
+def _take(future: Future[tuple[Tables, DecodeStats]], t: Tables) -> None:
+    part, stats = future.result()
+    t.extend(part)
+    t.stats.merge(stats)
+
+
+def _collect_mapped(path: Path, jobs: int, limit: int, chunk_bytes: int, range_bytes: int) -> Tables:
+    from diagnoser.traces.tables import collect
+
+    tf = TraceFile(path=path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except (OSError, ValueError):  # no address space for it (a limit on it), or a file that cannot be mapped
+            mm = None
+        if mm is None:
+            return collect(path, chunk_bytes=chunk_bytes, max_bytes=limit)
+        with mm:
+            span = _events_span(mm, size, path, tf)
+            if span is None:  # a head the single pass must judge (and word the error for)
+                return collect(path, chunk_bytes=chunk_bytes, max_bytes=limit)
+            start, end, last_mode = span
+            ranges = _split(mm, start, end, max(range_bytes, (end - start) // (64 * jobs) + 1))
+    t = Tables(path=path)
+    t.stats.bytes_in = t.stats.bytes_json = size
+    tasks = ((str(path), a, b, last_mode if b == end else WHOLE, chunk_bytes) for a, b in ranges)
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        with _pool(jobs) as pool:
+            _merge_in_order(lambda *a: pool.submit(_range_task, *a), tasks, 2 * jobs, t)
+    finally:
+        if gc_was:
+            gc.enable()
+    t.metadata = tf.metadata
+    t.stats.notes[:0] = tf.stats.notes
+    t.stats.truncated = t.stats.truncated or tf.stats.truncated
+    t.finish()
+    return t
+
+
+def _events_span(mm: Any, size: int, path: Path, tf: TraceFile) -> tuple[int, int, int] | None:
+    """(start, end, mode of the last range) of the events in a mapped plain trace, the metadata in tf; None when the
+    head is not a trace's (the single pass words the error)."""
+    first = 0
+    while first < size and mm[first] in _WS + b"\xef\xbb\xbf":
+        first += 1
+    if first >= size:
+        return None
+    if mm[first] == ord("["):  # the Chrome "JSON Array Format": events only
+        start, in_object = first + 1, False
+    elif mm[first] == ord("{"):
+        m = _EVENTS_KEY.search(mm, first, min(size, MAX_EVENT_BYTES))
+        if m is None:
+            return None
+        parse_head_metadata(mm[first:m.start()], tf)
+        start, in_object = m.end(), True
+    else:
+        return None
+    while start < size and mm[start] in _WS:
+        start += 1
+    tail_from = max(start, size - _TAIL_BYTES)
+    closed = find_array_end(mm[tail_from:size], in_object)
+    if closed is None and tail_from > start:
+        tail_from = max(start, size - MAX_EVENT_BYTES)
+        closed = find_array_end(mm[tail_from:size], in_object)
+    if closed is None:
+        tf.stats.truncated = True
+        return start, size, CUT_SHORT
+    i, meta = closed
+    tf.metadata.update(meta)
+    return start, tail_from + i, WHOLE
+
+
+def _split(mm: Any, start: int, end: int, range_bytes: int) -> list[tuple[int, int]]:
+    """[start, end) cut into ranges of about range_bytes at event boundaries."""
+    out: list[tuple[int, int]] = []
+    pos = start
+    while end - pos > range_bytes + range_bytes // 2:
+        cut = first_cut(mm, pos + range_bytes, min(end, pos + range_bytes + MAX_EVENT_BYTES))
+        if cut is None:
+            break
+        out.append((pos, cut[0] + 1))
+        pos = cut[1]
+    out.append((pos, end))
+    return out
+
+
+def _collect_gzip(path: Path, jobs: int, limit: int, chunk_bytes: int) -> Tables:
+    tf = TraceFile(path=path)
+    blocks = _open_stream(path, tf.stats, limit)
+    head, in_object = read_head(blocks, path, tf)
+    t = Tables(path=path)
+    # the parent decompresses and cuts while the workers decode: one core's share for the parent
+    workers = max(1, jobs - 1) if jobs > 2 else jobs
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        with _pool(workers) as pool:
+            chunks = raw_chunks(head, in_object, blocks, tf, chunk_bytes)
+            _merge_in_order(lambda *a: pool.submit(_chunk_task, *a), chunks, 2 * workers, t)
+    finally:
+        if gc_was:
+            gc.enable()
+    t.metadata = tf.metadata
+    stats = tf.stats  # bytes read, truncation and notes from the stream; events and skips from the workers
+    stats.events += t.stats.events
+    stats.dropped_bytes += t.stats.dropped_bytes
+    stats.skips.update(t.stats.skips)
+    stats.truncated = stats.truncated or t.stats.truncated
+    stats.notes.extend(n for n in t.stats.notes if n not in stats.notes)
+    t.stats = stats
+    t.finish()
+    return t
+
+
+# --- a quick look -------------------------------------------------------------------------------------------------
+
+QUICK_BYTES = 64 << 20
+
+
+def collect_sample(path: str | Path, sample_bytes: int = QUICK_BYTES, *,
+                   max_bytes: int | None = None) -> tuple[Tables, str] | None:
+    """Part of a large trace, for a first answer in seconds: `sample_bytes` of events from the middle of a plain
+    trace (memory-mapped: nothing before it is read), or the first `sample_bytes` of a gzip trace's JSON (a stream
+    cannot be entered in the middle). Returns the columns and a phrase saying what was read, or None when the trace
+    is not much larger than the sample (the exact answer is as quick)."""
+    path = Path(path)
+    limit = max_trace_bytes(max_bytes)
+    f, size = open_trace_file(path, limit)
+    with f:
+        gz = f.read(2) == b"\x1f\x8b"
+    if size * (10 if gz else 1) < 2 * sample_bytes:
+        return None
+    if gz:
+        return _gzip_prefix(path, sample_bytes, limit, size)
+    with open(path, "rb") as f:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return None
+        with mm:
+            tf = TraceFile(path=path)
+            span = _events_span(mm, size, path, tf)
+            if span is None:
+                return None
+            start, end, _ = span
+            mid = (start + end) // 2
+            a = first_cut(mm, max(start, mid - sample_bytes // 2), end)
+            b = first_cut(mm, min(end, mid + sample_bytes // 2), end) if a is not None else None
+            if a is None or b is None or b[0] <= a[1]:
+                return None
+            part, stats = _ingest_chunks(range_chunks(mm, a[1], b[0] + 1, WHOLE, CHUNK_BYTES, tf), tf.stats)
+    part.metadata = tf.metadata
+    part.stats = stats
+    part.stats.bytes_in = part.stats.bytes_json = b[0] + 1 - a[1]
+    part.path = path
+    part.finish()
+    share = (b[0] + 1 - a[1]) / max(1, end - start)
+    return part, (f"{(b[0] + 1 - a[1]) / 1e6:.0f} MB of events from the middle of {(end - start) / 1e6:.0f} MB "
+                  f"({share:.0%})")
+
+
+def _gzip_prefix(path: Path, sample_bytes: int, limit: int, size: int) -> tuple[Tables, str]:
+    tf = TraceFile(path=path)
+    blocks = _open_stream(path, tf.stats, limit)
+    head, in_object = read_head(blocks, path, tf)
+    head = head[:sample_bytes]
+    read = len(head)
+
+    def prefix() -> Iterator[bytes]:
+        nonlocal read
+        for block in blocks:
+            room = sample_bytes - read
+            if room <= 0:
+                return
+            read += min(room, len(block))
+            yield block[:room]
+
+    part, stats = _ingest_chunks(raw_chunks(head, in_object, prefix(), tf, CHUNK_BYTES, ends=PREFIX), tf.stats)
+    part.metadata = tf.metadata
+    part.stats = stats
+    part.path = path
+    part.finish()
+    return part, f"the first {read / 1e6:.0f} MB of the trace's JSON (the file is {size / 1e6:.0f} MB of gzip)"
+
+
+__all__ = ["QUICK_BYTES", "collect_parallel", "collect_sample", "default_jobs", "range_chunks"]

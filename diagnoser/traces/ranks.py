@@ -1,0 +1,203 @@
+"""Several traces of one job (a folder of per-rank files, or files given together): one summary for the job and a
+per-rank comparison (TraceSummary.ranks) in which a straggler stands out.
+
+In synchronous data or model parallelism every rank waits for the slowest at each collective, so the slow rank shows
+the most compute and the others show the time as communication (their collective kernels run while they wait). A rank
+is called the straggler when its compute share is at least STRAGGLER_RATIO times the median rank's.
+
+The job summary: busy and idle fractions are means over ranks; counts are summed; kernel-class and collective shares
+are weighted by GPU time; top kernels are merged by name (counts and times exact, p50/p90 the count-weighted mean of
+the ranks'); the duration histogram is summed (percentiles: count-weighted means of the ranks', the max exact); the
+timeline window is the first rank's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from pathlib import Path
+
+from diagnoser.capture import DurationStats, KernelStat, RankStat, TraceSummary
+from diagnoser.traces.analysis import TraceAnalysis
+from diagnoser.traces.classify import COMM, KERNEL_CLASSES
+from diagnoser.traces.kernels import COMM_KINDS, TOP_KERNELS
+from diagnoser.traces.timeline import IDLE_CAUSES
+
+STRAGGLER_RATIO = 1.1
+
+
+def rank_stat(a: TraceAnalysis) -> RankStat:
+    s = a.summary
+    st = RankStat(rank=a.rank, path=a.path.name, window_s=s.window_s, gpu_busy_frac=s.gpu_busy_frac,
+                  idle_frac_by_cause=dict(s.idle_frac_by_cause), kernel_count=s.kernel_count,
+                  step_ms_p50=a.step_ms_p50)
+    span_us = s.window_s * 1e6 * max(1, len(a.timelines))
+    if s.gpu_busy_frac is not None and span_us > 0:
+        st.comm_frac = a.comm_us / span_us
+        st.comm_exposed_frac = max(0.0, a.comm_us - a.comm_overlapped_us) / span_us
+        st.compute_frac = max(0.0, s.gpu_busy_frac - st.comm_exposed_frac)
+    return st
+
+
+def combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
+    first = ranks[0]
+    s = TraceSummary(path=str(path), window_s=max(r.summary.window_s for r in ranks))
+    with_gpu = [r for r in ranks if r.summary.gpu_busy_frac is not None]
+    s.devices = sorted({d for r in ranks for d in r.summary.devices})
+    if with_gpu:
+        s.gpu_busy_frac = statistics.fmean(r.summary.gpu_busy_frac for r in with_gpu)  # type: ignore[misc]
+        s.idle_frac_by_cause = {c: statistics.fmean(r.summary.idle_frac_by_cause.get(c, 0.0) for r in with_gpu)
+                                for c in IDLE_CAUSES}
+    totals = dict.fromkeys(KERNEL_CLASSES, 0.0)
+    comm = dict.fromkeys(COMM_KINDS, 0.0)
+    kernel_us = graph_us = 0.0
+    for r in ranks:
+        if r.kernels is not None:
+            for c, us in r.kernels.time_us_by_class.items():
+                totals[c] += us
+            for c, us in r.kernels.comm_us_by_kind.items():
+                comm[c] += us
+            kernel_us += r.kernels.kernel_us
+            graph_us += r.kernels.graph_kernel_us
+    grand = sum(totals.values())
+    if grand > 0:
+        s.kernel_share = {c: v / grand for c, v in totals.items()}
+        s.comm_share_by_kind = {c: v / grand for c, v in comm.items()}
+    if kernel_us > 0:
+        s.graph_kernel_frac = graph_us / kernel_us
+    s.kernel_count = sum(r.summary.kernel_count for r in ranks)
+    s.cuda_graph_launches = sum(r.summary.cuda_graph_launches for r in ranks)
+    for name in ("short_kernel_frac", "launch_call_us_p50", "launch_delay_us_p50", "intensity_flop_per_byte",
+                 "decode_batch", "prefill_frac", "attention_frac", "costed_time_frac"):
+        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
+        if values:
+            setattr(s, name, statistics.fmean(values))
+    for name in ("achieved_flops", "achieved_bytes_per_s"):
+        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
+        if values:
+            setattr(s, name, sum(values))
+    s.skipped = [f"{r.path.name}: {note}" for r in ranks for note in r.summary.skipped]
+    s.truncated = any(r.summary.truncated for r in ranks)
+    s.events_total = sum(r.summary.events_total for r in ranks)
+    s.events_skipped = sum(r.summary.events_skipped for r in ranks)
+    reasons: Counter[str] = Counter()
+    for r in ranks:
+        reasons.update(r.summary.skip_reasons)
+    s.skip_reasons = dict(sorted(reasons.items()))
+    _what_ran(s, ranks)
+    s.top_kernels = _merge_top([r.summary.top_kernels for r in ranks], grand)
+    s.kernel_duration_us = _merge_durations([r.summary.kernel_duration_us for r in ranks])
+    s.timeline = first.summary.timeline
+    s.ranks = [rank_stat(r) for r in ranks]
+    s.straggler = _straggler(s.ranks)
+    s.extra["ranks"] = float(len(ranks))
+    if grand > 0:
+        s.extra["comm_share_max_rank"] = max((r.summary.kernel_share.get(COMM, 0.0) for r in ranks), default=0.0)
+    return TraceAnalysis(path=path, summary=s, window=first.window, window_policy=first.window_policy,
+                         devices=first.devices, ranks=ranks, ridge_flop_per_byte=first.ridge_flop_per_byte,
+                         gpu_spec=first.gpu_spec, world_size=first.world_size, snapshot=first.snapshot)
+
+
+def _what_ran(s: TraceSummary, ranks: list[TraceAnalysis]) -> None:
+    """Platform and workload: the ranks' answer when they agree (the most common one otherwise)."""
+    platforms = Counter(r.summary.platform for r in ranks if r.summary.platform)
+    s.platform = platforms.most_common(1)[0][0] if platforms else ""
+    workloads = Counter(r.summary.workload for r in ranks if r.summary.workload)
+    if workloads:
+        s.workload = workloads.most_common(1)[0][0]
+        source = next(r for r in ranks if r.summary.workload == s.workload)
+        s.workload_evidence = [f"{source.path.name}: {e}" for e in source.summary.workload_evidence]
+    steps = [r.summary.steps for r in ranks if r.summary.steps is not None]
+    s.steps = max(steps) if steps else None
+    sampled = [r for r in ranks if r.summary.sampled]
+    if sampled:
+        s.sampled = True
+        reasons = {r.summary.sampled_reason for r in sampled}
+        if len(reasons) == 1 and len(sampled) == len(ranks):
+            s.sampled_reason = f"every rank: {reasons.pop()}"
+        else:
+            s.sampled_reason = "; ".join(f"{r.path.name}: {r.summary.sampled_reason}" for r in sampled)
+
+
+def _merge_top(tops: list[list[KernelStat]], grand: float) -> list[KernelStat]:
+    merged: dict[str, KernelStat] = {}
+    for top in tops:
+        for k in top:
+            key = k.full_name or k.name
+            m = merged.get(key)
+            if m is None:
+                merged[key] = KernelStat(name=k.name, full_name=k.full_name, kind=k.kind, count=k.count,
+                                         total_us=k.total_us, p50_us=k.p50_us * k.count, p90_us=k.p90_us * k.count,
+                                         costed_calls=k.costed_calls,
+                                         flops_per_call=(k.flops_per_call or 0.0) * k.costed_calls,
+                                         bytes_per_call=(k.bytes_per_call or 0.0) * k.costed_calls,
+                                         achieved_flop_per_s=_costed_secs(k))
+                continue
+            m.count += k.count
+            m.total_us += k.total_us
+            m.p50_us += k.p50_us * k.count
+            m.p90_us += k.p90_us * k.count
+            m.costed_calls += k.costed_calls
+            m.flops_per_call = (m.flops_per_call or 0.0) + (k.flops_per_call or 0.0) * k.costed_calls
+            m.bytes_per_call = (m.bytes_per_call or 0.0) + (k.bytes_per_call or 0.0) * k.costed_calls
+            m.achieved_flop_per_s = (m.achieved_flop_per_s or 0.0) + (_costed_secs(k) or 0.0)
+    out = sorted(merged.values(), key=lambda k: -k.total_us)[:TOP_KERNELS]
+    for m in out:
+        n = max(1, m.count)
+        m.mean_us = m.total_us / n
+        m.p50_us /= n
+        m.p90_us /= n
+        m.share = m.total_us / grand if grand > 0 else 0.0
+        secs = m.achieved_flop_per_s  # (summed seconds of the costed calls, held here until now)
+        if m.costed_calls:
+            flops, nbytes = m.flops_per_call or 0.0, m.bytes_per_call or 0.0
+            m.flops_per_call, m.bytes_per_call = flops / m.costed_calls, nbytes / m.costed_calls
+            m.achieved_flop_per_s = flops / secs if secs else None
+            m.achieved_bytes_per_s = nbytes / secs if secs else None
+        else:
+            m.flops_per_call = m.bytes_per_call = m.achieved_flop_per_s = None
+    return out
+
+
+def _costed_secs(k: KernelStat) -> float | None:
+    """Seconds of GPU time of a kernel's costed calls, from its own totals."""
+    if not k.costed_calls or not k.achieved_flop_per_s or k.flops_per_call is None:
+        return None
+    return k.flops_per_call * k.costed_calls / k.achieved_flop_per_s
+
+
+def _merge_durations(parts: list[DurationStats | None]) -> DurationStats | None:
+    ds = [d for d in parts if d is not None and d.count]
+    if not ds:
+        return None
+    n = sum(d.count for d in ds)
+
+    def wmean(attr: str) -> float:
+        return sum(getattr(d, attr) * d.count for d in ds) / n
+
+    return DurationStats(count=n, mean_us=wmean("mean_us"), p10_us=wmean("p10_us"), p50_us=wmean("p50_us"),
+                         p90_us=wmean("p90_us"), p99_us=wmean("p99_us"), max_us=max(d.max_us for d in ds),
+                         bin_edges_us=list(ds[0].bin_edges_us),
+                         bin_counts=[sum(c) for c in zip(*(d.bin_counts for d in ds))],
+                         bin_time_us=[sum(c) for c in zip(*(d.bin_time_us for d in ds))])
+
+
+def _straggler(stats: list[RankStat]) -> str:
+    """A sentence naming the rank whose compute share stands out (see the module docstring), or ""."""
+    known = [r for r in stats if r.compute_frac is not None]
+    if len(known) < 2:
+        return ""
+    median = statistics.median(r.compute_frac or 0.0 for r in known)
+    slow = max(known, key=lambda r: r.compute_frac or 0.0)
+    if not median or (slow.compute_frac or 0.0) < STRAGGLER_RATIO * median:
+        return ""
+    slow.straggler = True
+    others = [r for r in known if r is not slow and r.comm_frac is not None]
+    name = f"rank {slow.rank}" if slow.rank is not None else slow.path
+    text = (f"{name} computes {(slow.compute_frac or 0.0) / median - 1:.0%} more than the median rank "
+            f"({slow.compute_frac:.1%} vs {median:.1%} of its window)")
+    if others and slow.comm_frac is not None:
+        wait = statistics.fmean(r.comm_frac for r in others)  # type: ignore[misc]
+        if wait > slow.comm_frac:
+            text += f", while the others spend {wait:.1%} of theirs in communication against its {slow.comm_frac:.1%}"
+    return text

@@ -1,0 +1,77 @@
+"""Each bound a predicted gain obeys, against hand computations (issue: no gain beyond what was measured)."""
+
+from __future__ import annotations
+
+import pytest
+
+from diagnoser.capture import TraceSummary
+from diagnoser.diagnosis import Benefit, FixKind, GainKind
+from diagnoser.evidence import build_evidence
+from diagnoser.physics import get_gpu, kv_bytes_per_token, max_concurrent_sequences
+from diagnoser.rules import diagnose, gains
+from tests.factories import llama_7b, make_capture
+
+
+def test_amdahl_and_removal_by_hand() -> None:
+    assert gains.amdahl(0.5, 2.0) == pytest.approx(1 / (0.5 + 0.25))
+    assert gains.amdahl(0.4, float("inf")) == pytest.approx(1 / 0.6)
+    g = gains.removal(0.4, "idle")
+    assert g.value == pytest.approx(1 / 0.6) and g.kind is GainKind.UPPER_BOUND
+
+
+def test_fp8_matmuls_gain_only_the_gemm_share_of_a_prefill() -> None:
+    # A prefill whose trace puts 40 % of the GPU time in norms/elementwise: FP8 can speed up the other 60 % only.
+    trace = TraceSummary(window_s=1.0, gpu_busy_frac=0.99, kernel_count=5000,
+                         kernel_share={"gemm": 0.55, "attention": 0.05, "norm_elementwise": 0.4})
+    ev = build_evidence(make_capture({"gpu.busy": 0.99}, trace=trace))
+    g = gains.fp8_matmul_gain(ev)
+    ratio = 1978.9 / 989.4  # H100 SXM FP8 over BF16 dense
+    assert g.value == pytest.approx(1 / (0.4 + 0.6 / ratio), rel=1e-3)  # 1.43x, not the +100 % of the peak ratio
+    assert g.kind is GainKind.UPPER_BOUND
+
+
+def test_fusion_is_bounded_by_the_small_kernels_and_gaps_and_by_the_floor() -> None:
+    trace = TraceSummary(window_s=1.0, gpu_busy_frac=0.9, kernel_count=5000,
+                         kernel_share={"gemm": 0.6, "norm_elementwise": 0.3, "reduction": 0.1},
+                         idle_frac_by_cause={"kernel_overhead": 0.05})
+    ev = build_evidence(make_capture({"gpu.busy": 0.9}, trace=trace))
+    g = gains.fusion_gain(ev)
+    assert g.value == pytest.approx(1 / (1 - (0.4 * 0.9 + 0.05)))  # small kernels' share of the window + gaps
+    # With a measured floor, nothing gets past it: a decode at 80 % of its ceiling gains at most 1.25x.
+    capped = build_evidence(make_capture({"gpu.busy": 0.9, "server.running": 1, "server.waiting": 0,
+                                          "server.gen_tokens_per_s": 0.8 * 246.2}, trace=trace, model=llama_7b()))
+    eff = capped["theory.efficiency"].value
+    assert gains.fusion_gain(capped).value == pytest.approx(1 / eff)
+    assert "floor" in gains.fusion_gain(capped).capped
+
+
+def test_fp8_kv_halves_kv_bytes_and_doubles_capacity() -> None:
+    model, h100 = llama_7b(), get_gpu("h100-sxm")
+    assert kv_bytes_per_token(model, "fp8") == kv_bytes_per_token(model, "bf16") / 2 == 2 * 32 * 32 * 128
+    assert max_concurrent_sequences(model, h100, 4096, kv_dtype="fp8") in (
+        2 * max_concurrent_sequences(model, h100, 4096, kv_dtype="bf16"),
+        2 * max_concurrent_sequences(model, h100, 4096, kv_dtype="bf16") + 1)
+
+
+def test_fp8_kv_gain_on_a_kv_bound_decode_with_a_full_pool_and_a_queue() -> None:
+    # 4,096-token contexts at batch 16: KV is most of each step's bytes. The pool is full and 16 more wait, so the
+    # batch can double; the gain is well above the +0.4 % the fix once predicted, and at most 2x at the ceiling.
+    cap = make_capture({"gpu.busy": 0.95, "server.running": 16, "server.waiting": 16, "server.kv_usage": 0.99},
+                       model=llama_7b(), serving={"mean_context_tokens": 4096})
+    g = gains.kv_dtype_gain(build_evidence(cap), "fp8")
+    assert g.value is not None and 1.5 < g.value <= 2.0 + 1e-9
+    assert "the batch grows 16 -> 32" in g.basis
+    # Nobody waits: the batch stays and only the KV bytes shrink.
+    calm = make_capture({"gpu.busy": 0.95, "server.running": 16, "server.waiting": 0, "server.kv_usage": 0.5},
+                        model=llama_7b(), serving={"mean_context_tokens": 4096})
+    g2 = gains.kv_dtype_gain(build_evidence(calm), "fp8")
+    assert g2.value is not None and 1.0 < g2.value < g.value and "grows" not in g2.basis
+
+
+def test_a_bigger_batch_with_nothing_waiting_is_capacity_not_speed() -> None:
+    d = diagnose(make_capture({"gpu.busy": 0.997, "gpu.sm_active": 0.27, "gpu.dram_active": 0.29,
+                               "gpu.tensor_active": 0.009, "server.running": 1, "server.waiting": 0,
+                               "server.gen_tokens_per_s": 80}, model=llama_7b()))
+    batch = next(f for f in d.fixes if f.kind is FixKind.BATCH_MORE)
+    assert batch.benefit is Benefit.CAPACITY and "nothing waits" in batch.basis
+    assert d.fixes[-1].benefit is Benefit.CAPACITY and d.fixes[0].benefit is Benefit.SPEED

@@ -1,0 +1,148 @@
+"""The parallel reader (issue 20) gives exactly the serial result: on every public trace, plain (memory-mapped, cut
+into ranges) and gzip (decompressed by the parent, chunks decoded by workers), with ranges and chunks made small
+so that every trace is cut in many places; and on damaged traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from diagnoser.traces import TraceError, analyze_trace
+from diagnoser.traces.analysis import analyze_tables
+from diagnoser.traces.parallel import collect_parallel, default_jobs
+from diagnoser.traces.tables import collect
+
+HERE = Path(__file__).resolve().parent
+SHARED = HERE.parents[1] / "shared" / "fixtures" / "kineto"
+PUBLIC = sorted((HERE / "fixtures" / "traces").rglob("*.json.gz")) + sorted(
+    (HERE / "fixtures" / "gpu" / "traces").glob("*.json.gz")) + sorted(SHARED.glob("*.json.gz"))
+
+
+def _canonical(path: Path, t: Any) -> bytes:
+    d = analyze_tables(t).to_dict()
+    d["decode"].pop("bytes_in")  # the mapped reader reads the file, the stream counts compressed bytes
+    d.pop("path")
+    d["summary"].pop("path")  # the same trace, plain or gzip
+    return msgspec.json.encode(d, order="deterministic")
+
+
+def _parallel(path: Path, **kw: Any) -> Any:
+    return collect_parallel(path, jobs=2, min_bytes=0, **kw)
+
+
+@pytest.fixture(scope="module")
+def plain_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("plain")
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=[p.name for p in PUBLIC])
+def test_parallel_equals_serial_on_every_public_trace(path: Path, plain_dir: Path) -> None:
+    serial = _canonical(path, collect(path))
+    # gzip: the parent decompresses and cuts 64 kB chunks, two workers decode them
+    assert _canonical(path, _parallel(path, chunk_bytes=64 << 10)) == serial
+    # plain: memory-mapped, cut into ranges of 200 kB read in 64 kB chunks
+    plain = plain_dir / path.name.removesuffix(".gz")
+    plain.write_bytes(gzip.decompress(path.read_bytes()))
+    assert _canonical(plain, _parallel(plain, chunk_bytes=64 << 10, range_bytes=200 << 10)) == serial
+
+
+def _events(n: int) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                    "ts": 100.0 * i, "dur": 5.0, "args": {"correlation": i}})
+        out.append({"ph": "X", "cat": "kernel", "name": f"void k{i % 7}<float>()", "pid": 0, "tid": 7,
+                    "ts": 100.0 * i + 20, "dur": 50.0 + i % 13, "args": {"device": 0, "stream": 7, "correlation": i}})
+    return out
+
+
+def test_damaged_and_odd_traces_read_the_same_in_parallel(tmp_path: Path) -> None:
+    text = json.dumps({"schemaVersion": 1, "traceEvents": _events(3000)}, indent=1)
+    nan = text.replace('"dur": 57.0', '"dur": NaN', 3).replace('"dur": 60.0', '"dur": -60.0', 5)
+    cut = nan[: int(len(nan) * 0.83)]
+    array_form = json.dumps(_events(2000))
+    tricky = json.dumps({"traceEvents": _events(1500) + [
+        {"ph": "X", "cat": "kernel", "name": 'k }, {"ph": "X"', "pid": 0, "tid": 7, "ts": 1e6, "dur": 1.0,
+         "args": {"device": 0, "stream": 7, "correlation": 99999, "list": [{"a": 1}, {"ph": "X"}]}}],
+        "distributedInfo": {"rank": 3, "pg_config": [{"x": 1}, {"y": 2}]}, "INFO": ["a]", "b]"]})
+    for name, content in (("nan.json", nan), ("cut.json", cut), ("array.json", array_form), ("tricky.json", tricky)):
+        path = tmp_path / name
+        path.write_text(content)
+        serial = _canonical(path, collect(path))
+        assert _canonical(path, _parallel(path, chunk_bytes=16 << 10, range_bytes=64 << 10)) == serial, name
+        gz = tmp_path / (name + ".gz")
+        gz.write_bytes(gzip.compress(content.encode()))
+        assert _canonical(gz, _parallel(gz, chunk_bytes=16 << 10)) == serial, name
+
+
+def test_what_parallel_reads_is_what_it_says(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": _events(4000)}))
+    t = _parallel(path, chunk_bytes=32 << 10, range_bytes=100 << 10)
+    assert t.stats.events == 8000 and len(t.g_ts) == 4000 and len(t.r_ts) == 4000
+    assert list(t.g_ts) == sorted(t.g_ts)  # parts appended in file order
+    a = analyze_trace(path, jobs=2)
+    assert a.summary.kernel_count == 4000 and a.summary.events_total == 8000
+
+
+def test_bad_files_are_refused_the_same_way(tmp_path: Path) -> None:
+    for content, message in ((b"", "is empty"), (b"garbage", "not a JSON trace"),
+                             (b'{"other": 1}', "without a traceEvents array")):
+        path = tmp_path / "bad.json"
+        path.write_bytes(content)
+        with pytest.raises(TraceError, match=message):
+            collect_parallel(path, jobs=2, min_bytes=0)
+
+
+def test_default_jobs_and_small_files_stay_in_one_process(tmp_path: Path) -> None:
+    assert default_jobs() >= 1
+    path = tmp_path / "t.json"
+    shutil.copy(HERE / "fixtures" / "traces" / "mi250-rocm-toy-train.json.gz", path.with_suffix(".gz"))
+    assert collect_parallel(path.with_suffix(".gz")).stats.events == collect(path.with_suffix(".gz")).stats.events
+
+
+# --- the quick look ---------------------------------------------------------------------------------------------
+
+def test_quick_look_reads_part_of_a_large_trace_and_says_so(tmp_path: Path) -> None:
+    from diagnoser.traces.analysis import quick_look
+
+    data = json.dumps({"schemaVersion": 1, "traceEvents": _events(20000)})
+    plain = tmp_path / "big.json"
+    plain.write_text(data)
+    gz = tmp_path / "big.json.gz"
+    gz.write_bytes(gzip.compress(data.encode(), compresslevel=1))
+    exact = analyze_trace(plain).summary
+    for path, where in ((plain, "from the middle"), (gz, "the first")):
+        q = quick_look(path, sample_bytes=len(data) // 8)
+        assert q is not None
+        s = q.summary
+        assert s.sampled and s.sampled_reason.startswith("quick look: ") and where in s.sampled_reason
+        assert 0 < s.kernel_count < exact.kernel_count
+        assert not s.truncated and s.events_skipped == 0  # the cut at the sample's edge is not damage
+        assert s.gpu_busy_frac == pytest.approx(exact.gpu_busy_frac, abs=0.05)
+    assert quick_look(plain, sample_bytes=len(data)) is None  # small enough to read whole
+
+
+def test_cli_quick_prints_a_labelled_first_answer_then_the_exact_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from diagnoser.cli.app import app
+
+    data = json.dumps({"schemaVersion": 1, "traceEvents": _events(20000)})
+    path = tmp_path / "big.json"
+    path.write_text(data)
+    monkeypatch.setattr("diagnoser.traces.parallel.QUICK_BYTES", len(data) // 8)
+    out = CliRunner().invoke(app, ["analyze", str(path), "--quick"]).output
+    assert out.index("QUICK LOOK, not the result") < out.index("The exact analysis") < out.index(f"Trace {path}")
+    assert "verdict " in out.split("The exact analysis")[0]
+    result = CliRunner().invoke(app, ["analyze", str(path), "--quick", "--json"])
+    assert result.exit_code == 0
+    json.loads(result.stdout)  # stdout stays one JSON document; the quick look went to stderr
+    assert "QUICK LOOK" in result.stderr
