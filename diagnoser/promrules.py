@@ -9,7 +9,7 @@ reads what the earlier ones recorded at the same evaluation):
    these exist for its window, `fleet` reads them in one query instead of computing them. The spec table's maximum SM
    clocks stand in where DCGM_FI_DEV_MAX_SM_CLOCK is not exported.
 2. Findings: one series per GPU and rule that fires, valued at the rule's strength, for the rules that DCGM counters
-   alone decide (ERR001, VRAM003, IDLE001, BAT003, BAT004, BW001, CMP001, THR001), with the same thresholds as
+   alone decide (ERR001, VRAM003, IDLE001, BAT003, BW001, CMP001, LAT001, LAT002, THR001), with the same thresholds as
    the Python rules (and a --rules-config's overrides): `gpu:diagnoser_finding:<window>{rule, limiter}`.
 3. The primary limiter, chosen as the engine chooses it (errors first, then strong VRAM findings, then, for a GPU
    busy under half the time, the strongest non-roof finding, else the strongest): `gpu:diagnoser_limiter:<window>`,
@@ -55,7 +55,8 @@ ALERTS: dict[str, tuple[str, str, str]] = {
     Limiter.ERRORS.value: ("GpuErrors", "critical", "reports XID or uncorrectable ECC errors"),
     Limiter.THROTTLING.value: ("GpuThrottled", "warning", "is held below its maximum clock by power or heat"),
     Limiter.IDLE.value: ("GpuIdle", "warning", "is nearly idle: paid for and unused"),
-    Limiter.BATCHING.value: ("GpuUnderfed", "info", "is underused: its kernels or batches are too small"),
+    Limiter.BATCHING.value: ("GpuUnderfed", "info", "is underused: it waits for work more than it does it"),
+    Limiter.LATENCY.value: ("GpuKernelBound", "info", "is busy far below its roofs: its kernels are the gap"),
     Limiter.VRAM.value: ("GpuMemoryFull", "info", "has its device memory nearly full"),
 }
 
