@@ -211,6 +211,7 @@ def load_victoria_metrics(n: int, home: Path, stamps: list[int], made: dict) -> 
         replay = subprocess.run([vmalert, f"-rule={rules}", f"-datasource.url={vm.url}", f"-remoteWrite.url={vm.url}",
                         f"-replay.timeFrom={span(end - 60)}", f"-replay.timeTo={span(end)}",
                         "-replay.maxDatapointsPerQuery=1000", f"-httpListenAddr=127.0.0.1:{free_port()}",
+                        "-remoteWrite.maxQueueSize=100000000",
                         "-loggerLevel=WARN"], timeout=7200, capture_output=True,
                        check=False)
         if replay.returncode != 0:

@@ -313,3 +313,17 @@ def test_published_label_values_are_redacted_exactly_as_the_html_does() -> None:
     g = GpuIdentity(key=("GPU-a", ""), index=0, model=H100, node="n", pods=[("ns", "pod-sk-proj-AbCdEfGhIjKl")])
     redact_identities([g])
     assert g.pods == [("ns", "pod-[redacted]")] and "sk-proj" not in g.describe()
+
+
+def test_the_streamed_json_is_the_whole_document() -> None:
+    import json
+
+    from diagnoser.fleet import iter_report_json
+
+    rows = build_rows(_window_data(7))
+    report = FleetReport(source="http://p:9090", window_start=1.0, window_end=2.0, rows=rows, errors=["e"])
+    extra = {"notes": ["n"], "timings": {"queries": 3}}
+    whole = json.loads(dumps_json({**report_dict(report), **extra}))
+    for limit, batch in ((None, 3), (None, 1000), (2, 1), (0, 5)):
+        streamed = json.loads(b"".join(iter_report_json(report, extra, limit, batch=batch)))
+        assert streamed == {**whole, "rows": whole["rows"][:limit] if limit is not None else whole["rows"]}

@@ -23,10 +23,9 @@ from diagnoser.fleet import (
     GROUPINGS,
     PRICE_SOURCE,
     FleetGroup,
-    dumps_json,
     gc_paused,
     group_rows,
-    report_dict,
+    iter_report_json,
     run_fleet,
 )
 from diagnoser.fleet_model import FleetReport, FleetRow
@@ -192,23 +191,22 @@ def register(app: typer.Typer) -> None:
         for error in report.errors:
             typer.echo(f"diagnoser: warning: {error}", err=True)
         if as_json:
-            with gc_paused():  # tens of MB of dicts that all live until printed (see diagnoser.fleet.gc_paused)
-                doc = report_dict(report, limit)
-                doc["notes"] = notes
-                doc["timings"] = timings
-                doc["price_source"] = "--usd-per-gpu-hour" if usd_per_gpu_hour is not None else PRICE_SOURCE
-                if groups is not None:
-                    doc["group_by"] = group_by
-                    doc["groups"] = [g.to_dict() for g in groups]
-                data = dumps_json(doc) + b"\n"
-                del doc
+            extra: dict[str, object] = {
+                "notes": notes, "timings": timings,
+                "price_source": "--usd-per-gpu-hour" if usd_per_gpu_hour is not None else PRICE_SOURCE}
+            if groups is not None:
+                extra["group_by"] = group_by
+                extra["groups"] = [g.to_dict() for g in groups]
             binary = getattr(sys.stdout, "buffer", None)  # absent when stdout is a StringIO (tests, embedding)
+            sys.stdout.flush()
+            with gc_paused():  # the rows' dicts of a batch live until written (see diagnoser.fleet.gc_paused)
+                for piece in iter_report_json(report, extra, limit):
+                    if binary is not None:
+                        binary.write(piece)
+                    else:
+                        sys.stdout.write(piece.decode())
             if binary is not None:
-                sys.stdout.flush()
-                binary.write(data)
                 binary.flush()
-            else:
-                sys.stdout.write(data.decode())
         else:
             tty = sys.stdout.isatty()
             console = Console(width=80, no_color=not tty, force_terminal=tty or None, highlight=False,
