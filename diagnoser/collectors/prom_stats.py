@@ -303,7 +303,8 @@ class StatsQuery:
     def _fallback(self, data: WindowStats, existing: set[str] | None) -> None:
         """GPU_UTIL (percent) for the GPUs without GR_ENGINE_ACTIVE: one more query, made only when some lack it."""
         busy = data.values.get("gr_engine_active.avg")
-        lacking = [i for i, key in enumerate(data.keys) if busy is None or math.isnan(busy[i])]
+        # A MIG board's own slot has no activity of its own: only GPUs and instances count as lacking it.
+        lacking = [i for i, key in enumerate(data.keys) if key in data.gpus and (busy is None or math.isnan(busy[i]))]
         names = self._names("gpu_util", existing)
         if not lacking or not names:
             return
