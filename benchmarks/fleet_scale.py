@@ -1,260 +1,391 @@
-"""How `diagnoser fleet` scales with the number of GPUs: wall time and peak memory at 100, 1,000 and 10,000 GPUs.
+"""`diagnoser fleet` at 10,000 and 100,000 GPUs against Prometheus and VictoriaMetrics, each timed against a bare-query
+baseline in the same run, with the confusion matrix of planted against found classes.
 
-A real Prometheus (the Debian `prometheus` binary on 127.0.0.1) is loaded with synthetic dcgm-exporter data for N GPUs
-(8 per node, every profile of tests/prom_harness.py), then `diagnoser fleet --json` runs against it in a fresh
-process (its own peak RSS, from getrusage, is what is reported). Two ways to load Prometheus:
+The engines are loaded with one hour of synthetic dcgm-exporter history, one sample a minute, for N GPUs (8 per node)
+with planted classes in turn: idle, bandwidth, compute, vram, batching, throttled (HW power brake in the clock-event
+bits, at 60 % of the clock; no DCGM_FI_DEV_MAX_SM_CLOCK, as dcgm-exporter's default counters), latency (busy, SMs and
+DRAM both under half). Prometheus gets it through `promtool tsdb create-blocks-from openmetrics`, VictoriaMetrics
+through its /api/v1/import; the rule group's recorded statistics are backfilled too (`promtool tsdb
+create-blocks-from rules`, `vmalert -replay`), for the recorded path.
 
-  live      one process serves every node's exporter (/node/<n>/metrics, N/8 scrape targets); Prometheus scrapes
-            it every --scrape-interval seconds until --window seconds are filled; the fleet window is that span.
-  backfill  one hour of history at a 30 s interval (dcgm-exporter's default collect interval) written as
-            OpenMetrics and turned into TSDB blocks by `promtool tsdb create-blocks-from openmetrics`: the
-            realistic query load of `--since 1h`, without waiting an hour.
+Each repeat, interleaved: the bare queries (the requests `fleet` makes for its statistics, bodies read and dropped:
+what the engine costs), `fleet --no-recorded` (statistics computed ad hoc), and `fleet` on the recorded statistics
+(one query), each a fresh process; its wall time, its CPU with its forked workers, the engine's CPU, peak RSS, and the
+machine's load average. One `--json` run per engine gives the confusion matrix.
 
-Run:  .venv/bin/python benchmarks/fleet_scale.py [--mode live|backfill] [--sizes 100,1000,10000] [--repeat 3]
-Writes benchmarks/out/fleet_scale-<mode>.json and prints a table. Numbers are from this machine (2 cores); read them as
-ratios between sizes of the same run. See benchmarks/FLEET.md.
+Run:  .venv/bin/python benchmarks/fleet_scale.py --sizes 10000,100000 --engines prometheus,victoria-metrics \\
+          --repeat 3 --keep-data benchmarks/out/data
+Writes benchmarks/out/fleet_scale.json; see benchmarks/FLEET.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.prom_harness import (  # noqa: E402
-    _SIM_FIELDS,
-    ExporterProcess,
-    PrometheusServer,
-    SimFleet,
-    find_prometheus,
-    node_targets,
-)
+from diagnoser.collectors.dcgm import FIELDS_BY_KEY  # noqa: E402
+from diagnoser.collectors.http import fetch  # noqa: E402
+from diagnoser.collectors.prom_stats import STATS, identity_expr, stat_expr  # noqa: E402
+from tests.prom_harness import PrometheusServer, VictoriaMetricsServer, free_port  # noqa: E402
 
 OUT = REPO / "benchmarks" / "out"
-POINTS = 30
+STEP_S = 60
+WINDOW_S = 3600
+GPUS_PER_NODE = 8
+MODEL = "NVIDIA H100 80GB HBM3"
+BOARD_MIB = 81559
+CLASSES = ("idle", "bandwidth", "compute", "vram", "batching", "throttled", "latency")
+# Per class: GR_ENGINE_ACTIVE, SM_ACTIVE, PIPE_TENSOR_ACTIVE, DRAM_ACTIVE, memory used (share of the board), SM clock
+# (MHz), clock event reasons.
+LEVELS: dict[str, tuple[float, float, float, float, float, float, int]] = {
+    "idle": (0.02, 0.01, 0.0, 0.01, 0.05, 1980, 0x1),
+    "bandwidth": (0.95, 0.85, 0.22, 0.72, 0.85, 1980, 0),
+    "compute": (0.97, 0.93, 0.78, 0.35, 0.70, 1900, 0),
+    "vram": (0.80, 0.85, 0.35, 0.42, 0.995, 1980, 0),
+    "batching": (0.30, 0.22, 0.08, 0.12, 0.60, 1980, 0),
+    "throttled": (0.92, 0.80, 0.45, 0.40, 0.80, 1188, 0x84),
+    "latency": (0.93, 0.34, 0.05, 0.28, 0.72, 1980, 0),
+}
+# What each class must be found as: the verdict, and the rule that leads the findings.
+EXPECTED = {"idle": ("idle", "IDLE001"), "bandwidth": ("memory_bandwidth", "BW001"), "compute": ("compute", "CMP001"),
+            "vram": ("vram", "VRAM003"), "batching": ("batching", "BAT003"), "throttled": ("throttling", "THR001"),
+            "latency": ("latency", "LAT001")}
+METRICS = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+           "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_SM_CLOCK",
+           "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+WAVE = [math.sin(2 * math.pi * i / 17) for i in range(17)]
 
 
-def measure_child(args: list[str], out_file: str) -> None:
-    """Run `diagnoser fleet ARGS` in this process; write wall time and peak RSS (and the JSON it printed)."""
-    import contextlib
-    import io
-
-    from diagnoser.cli.app import main
-
-    buffer = io.StringIO()
-    t0 = time.perf_counter()
-    code = 0
-    with contextlib.redirect_stdout(buffer):
-        try:
-            main(args)
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    wall = time.perf_counter() - t0
-    me, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    peak_kib = me.ru_maxrss
-    text = buffer.getvalue()
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = {}
-    Path(out_file).write_text(json.dumps({
-        "exit": code, "wall_s": wall, "peak_rss_mib": peak_kib / 1024, "rows": len(doc.get("rows", [])),
-        # the forked diagnosis workers: their largest peak, and the CPU of the command with them
-        "worker_peak_rss_mib": workers.ru_maxrss / 1024,
-        "cpu_s": me.ru_utime + me.ru_stime + workers.ru_utime + workers.ru_stime,
-        "errors": doc.get("errors", []), "timings": doc.get("timings", {}), "json_bytes": len(text),
-        "verdicts": _verdicts(doc),
-    }))
+def uuid_of(n: int) -> str:
+    h = hashlib.sha1(f"bench/{n}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def _verdicts(doc: dict) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in doc.get("rows", []):
-        v = row["diagnosis"]["verdict"]
-        counts[v] = counts.get(v, 0) + 1
-    return counts
+def planted(n: int) -> str:
+    return CLASSES[n % len(CLASSES)]
 
 
-def run_fleet_once(prom: PrometheusServer, window_args: list[str], workdir: Path) -> dict:
-    out = workdir / f"measure-{time.monotonic_ns()}.json"
-    cmd = [sys.executable, __file__, "_measure", str(out), "--", "fleet", "--prometheus", prom.url, *window_args,
-           "--json", "--timeout", "120", *(["--points", str(POINTS)] if POINTS else [])]
-    before = prometheus_cpu_s(prom)
-    subprocess.run(cmd, check=True, cwd=REPO, timeout=600)
-    result = json.loads(out.read_text())
-    after = prometheus_cpu_s(prom)
-    result["prometheus_cpu_s"] = after - before if before is not None and after is not None else None
-    return result
+def labels_of(n: int) -> dict[str, str]:
+    return {"gpu": str(n % GPUS_PER_NODE), "UUID": uuid_of(n), "modelName": MODEL,
+            "Hostname": f"node-{n // GPUS_PER_NODE:05d}", "namespace": f"team-{n % 13}",
+            "pod": f"{planted(n)}-server-{n:06d}"}
 
 
-def prometheus_cpu_s(prom: PrometheusServer) -> float | None:
-    try:
-        import psutil
-
-        assert prom.proc is not None
-        times = psutil.Process(prom.proc.pid).cpu_times()
-        return times.user + times.system
-    except Exception:  # noqa: BLE001 (context only)
-        return None
-
-
-def prometheus_rss_mib(prom: PrometheusServer) -> float | None:
-    try:
-        import psutil
-
-        assert prom.proc is not None
-        return psutil.Process(prom.proc.pid).memory_info().rss / 2**20
-    except Exception:  # noqa: BLE001 (context only)
-        return None
+def values_of(n: int, metric: int, count: int) -> list[str]:
+    """One metric of GPU n at `count` steps: the class's level with a small wave, as dcgm-exporter prints them."""
+    gr, sm, tensor, dram, mem, clock, reasons = LEVELS[planted(n)]
+    seed = n % 17
+    if metric == 7:  # a throttled GPU's clocks are held (0x84) two thirds of the time, released (0) otherwise
+        if planted(n) != "throttled":
+            return [str(reasons)] * count
+        return [str(reasons if WAVE[(seed + i) % 17] > -0.5 else 0) for i in range(count)]
+    if metric in (4, 5):
+        used = [round(BOARD_MIB * min(0.999, mem + (0.002 * WAVE[(seed + i) % 17] if mem < 0.99 else 0.0)))
+                for i in range(count)]
+        return [str(u if metric == 4 else BOARD_MIB - u) for u in used]
+    if metric == 6:
+        return [str(round(clock - (20 * abs(WAVE[(seed + i) % 17]) if clock < 1980 else 0))) for i in range(count)]
+    level = (gr, sm, tensor, dram)[metric]
+    return [f"{min(1.0, max(0.0, level + 0.03 * WAVE[(seed + i) % 17])) if level > 0 else 0.0:.4f}"
+            for i in range(count)]
 
 
-def bench_live(n: int, args: argparse.Namespace, workdir: Path) -> dict:
-    fleet = SimFleet(n_gpus=n, gpus_per_node=8)
-    interval = args.scrape_interval
-    window = args.window
-    with ExporterProcess(fleet, workdir) as exporter:
-        prom = PrometheusServer(workdir, node_targets(exporter), scrape_interval_s=interval)
-        with prom:
-            t0 = time.monotonic()
-            scrapes = int(window / interval) + 2
-            prom.wait_for_samples(scrapes, timeout=window + 600)
-            fill_s = time.monotonic() - t0
-            runs = [run_fleet_once(prom, ["--since", f"{window}s"], workdir) for _ in range(args.repeat)]
-            return summarise(n, runs, {"fill_s": round(fill_s, 1), "scrape_interval_s": interval, "window_s": window,
-                                       "targets": len(fleet.nodes), "prometheus_rss_mib": prometheus_rss_mib(prom)})
+def _label_text(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
 
-def write_openmetrics(fleet: SimFleet, path: Path, start: int, end: int, step: int) -> int:
-    """One hour of every GPU's series, grouped by family as OpenMetrics requires; returns the sample count."""
-    samples = 0
-    stamps = list(range(start, end + 1, step))
-    with open(path, "w", buffering=1 << 20) as fh:
-        for key, legacy, _ in _SIM_FIELDS:
-            # Typed gauge even for the violation counters: OpenMetrics wants counter samples named *_total, and
-            # PromQL's rate() does not care about the declared type.
-            fh.write(f"# TYPE {legacy} gauge\n")
-            for g in fleet.gpus:
-                if g.mig_id:
-                    continue
-                head = f"{legacy}{fleet._labels(g)} "
-                fh.write("".join(f"{head}{fleet.value(g, key, ts)} {ts}\n" for ts in stamps))
-                samples += len(stamps)
+def write_openmetrics(n_gpus: int, path: Path, stamps: list[int]) -> int:
+    """Every GPU's history, grouped by metric family as OpenMetrics requires; returns the sample count."""
+    count = len(stamps)
+    ts = [f" {t}\n" for t in stamps]
+    heads = [_label_text(labels_of(n)) for n in range(n_gpus)]
+    with open(path, "w", buffering=1 << 22) as fh:
+        for m, name in enumerate(METRICS):
+            fh.write(f"# TYPE {name} gauge\n")
+            for n in range(n_gpus):
+                head = name + heads[n] + " "
+                fh.write("".join(head + v + t for v, t in zip(values_of(n, m, count), ts)))
         fh.write("# EOF\n")
-    return samples
+    return n_gpus * len(METRICS) * count
 
 
-def bench_backfill(n: int, args: argparse.Namespace, workdir: Path) -> dict:
+def import_lines(n_gpus: int, stamps: list[int]) -> Iterator[bytes]:
+    """VictoriaMetrics' /api/v1/import format: one JSON line per series, all its samples."""
+    millis = json.dumps([t * 1000 for t in stamps])
+    count = len(stamps)
+    batch: list[str] = []
+    for m, name in enumerate(METRICS):
+        for n in range(n_gpus):
+            metric = json.dumps({"__name__": name, **labels_of(n)})
+            batch.append(f'{{"metric":{metric},"values":[{",".join(values_of(n, m, count))}],"timestamps":{millis}}}\n')
+            if len(batch) >= 2000:
+                yield "".join(batch).encode()
+                batch = []
+    if batch:
+        yield "".join(batch).encode()
+
+
+# --- the engines ------------------------------------------------------------------------------------------------------
+
+
+def rules_file(workdir: Path) -> Path:
+    path = workdir / "diagnoser.rules.yml"
+    r = subprocess.run([sys.executable, "-m", "diagnoser", "rules", "--prometheus-rules", "--window", "1h",
+                        "--interval", "1m"], cwd=REPO, capture_output=True, text=True, check=True)
+    path.write_text(r.stdout)
+    return path
+
+
+def load_prometheus(n: int, home: Path, stamps: list[int], made: dict) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        raise SystemExit("promtool is not installed (it comes with the Debian prometheus package)")
-    step = 30
-    home = (args.keep_data.resolve() / f"backfill-{n}") if args.keep_data else workdir
-    data_dir, window_file = home / "data", home / "window"
-    made: dict[str, float] = {}
-    if window_file.exists():  # made by an earlier run with --keep-data: measure again without regenerating
-        start, end = (int(x) for x in window_file.read_text().split()[:2])
-        made = json.loads((home / "made.json").read_text()) if (home / "made.json").exists() else {}
+        raise SystemExit("promtool is not installed (Debian's prometheus package has it)")
+    om = home / "history.om"
+    t0 = time.monotonic()
+    made["samples"] = write_openmetrics(n, om, stamps)
+    made["generate_s"] = round(time.monotonic() - t0, 1)
+    made["openmetrics_mib"] = round(om.stat().st_size / 2**20)
+    t0 = time.monotonic()
+    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(om), str(home / "data")],
+                   check=True, timeout=7200)
+    made["promtool_s"] = round(time.monotonic() - t0, 1)
+    om.unlink()
+    # The recorded statistics at the window's end: the rule group evaluated once, by promtool, against the data.
+    rules = rules_file(home)
+    with PrometheusServer(home, [], data_dir=home / "data", extra_args=["--storage.tsdb.retention.time=3650d"]) as p:
+        t0 = time.monotonic()
+        end = stamps[-1] + 1
+        subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--start={end - 60}", f"--end={end}",
+                        "--eval-interval=60s", f"--url={p.url}", f"--output-dir={home / 'rules-data'}", str(rules)],
+                       check=True, timeout=7200, capture_output=True)
+        made["rules_backfill_s"] = round(time.monotonic() - t0, 1)
+    for block in (home / "rules-data").iterdir():
+        if block.is_dir():
+            shutil.move(str(block), str(home / "data" / block.name))
+
+
+VM_LIMITS = ["-search.maxUniqueTimeseries=10000000", "-search.maxQueryDuration=600s",
+             "-search.maxSamplesPerQuery=10000000000"]
+
+
+def load_victoria_metrics(n: int, home: Path, stamps: list[int], made: dict) -> None:
+    vmalert = shutil.which("vmalert")
+    with VictoriaMetricsServer(home, [], data_dir=home / "vm-data", extra_args=VM_LIMITS) as vm:
+        t0 = time.monotonic()
+        url = urllib.parse.urlsplit(vm.url)
+        import http.client
+
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=3600)
+        conn.request("POST", "/api/v1/import", body=import_lines(n, stamps),
+                     headers={"Transfer-Encoding": "chunked"}, encode_chunked=True)
+        answer = conn.getresponse()
+        answer.read()
+        if answer.status // 100 != 2:
+            raise SystemExit(f"VictoriaMetrics refused the import: HTTP {answer.status}")
+        fetch(f"{vm.url}/internal/force_flush", timeout_s=600, max_bytes=1 << 20)
+        made["samples"] = n * len(METRICS) * len(stamps)
+        made["import_s"] = round(time.monotonic() - t0, 1)
+        if vmalert is None:
+            return
+        rules = rules_file(home)
+        end = stamps[-1] + 1
+        t0 = time.monotonic()
+        span = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+        replay = subprocess.run([vmalert, f"-rule={rules}", f"-datasource.url={vm.url}", f"-remoteWrite.url={vm.url}",
+                        f"-replay.timeFrom={span(end - 60)}", f"-replay.timeTo={span(end)}",
+                        "-replay.maxDatapointsPerQuery=1000", f"-httpListenAddr=127.0.0.1:{free_port()}",
+                        "-remoteWrite.maxQueueSize=100000000",
+                        "-loggerLevel=WARN"], timeout=7200, capture_output=True,
+                       check=False)
+        if replay.returncode != 0:
+            raise SystemExit(f"vmalert -replay failed: {replay.stderr.decode()[-3000:]}")
+        fetch(f"{vm.url}/internal/force_flush", timeout_s=600, max_bytes=1 << 20)
+        made["rules_backfill_s"] = round(time.monotonic() - t0, 1)
+
+
+def open_engine(kind: str, n: int, keep: Path | None, workdir: Path) -> tuple[PrometheusServer, dict, list[int]]:
+    home = (keep.resolve() / f"{kind}-{n}") if keep else workdir / f"{kind}-{n}"
+    made_file = home / "made.json"
+    if made_file.exists():  # loaded by an earlier run with --keep-data
+        made = json.loads(made_file.read_text())
     else:
         home.mkdir(parents=True, exist_ok=True)
-        end = int(time.time()) // step * step - step
-        start = end - 3600
-        fleet = SimFleet(n_gpus=n, gpus_per_node=8, start=start - 600)
-        om = home / "history.om"
-        t0 = time.monotonic()
-        samples = write_openmetrics(fleet, om, start, end, step)
-        made["generate_s"] = round(time.monotonic() - t0, 1)
-        made["samples"], made["openmetrics_mib"] = samples, round(om.stat().st_size / 2**20)
-        t0 = time.monotonic()
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(om), str(data_dir)],
-                       check=True, timeout=3600)
-        made["promtool_s"] = round(time.monotonic() - t0, 1)
-        om.unlink()
-        window_file.write_text(f"{start} {end}")
-        (home / "made.json").write_text(json.dumps(made))
-    # Nothing to scrape: the data is all history. The window ends at the last backfilled sample.
-    with PrometheusServer(workdir, [], data_dir=data_dir,
-                          extra_args=["--storage.tsdb.retention.time=3650d"]) as prom:
-        window = ["--start", str(start), "--end", str(end + 1)]
-        runs = [run_fleet_once(prom, window, workdir) for _ in range(args.repeat)]
-        return summarise(n, runs, {**made, "window_s": 3600, "scrape_interval_s": step,
-                                   "prometheus_rss_mib": prometheus_rss_mib(prom)})
+        end = int(time.time()) // STEP_S * STEP_S - STEP_S
+        made = {"stamps": [end - WINDOW_S + STEP_S * (i + 1) for i in range(WINDOW_S // STEP_S)]}
+        (load_prometheus if kind == "prometheus" else load_victoria_metrics)(n, home, made["stamps"], made)
+        made_file.write_text(json.dumps(made))
+    if kind == "prometheus":
+        engine: PrometheusServer = PrometheusServer(workdir, [], data_dir=home / "data",
+                                                    extra_args=["--storage.tsdb.retention.time=3650d",
+                                                                "--query.max-samples=500000000"])
+    else:
+        engine = VictoriaMetricsServer(workdir, [], data_dir=home / "vm-data", extra_args=VM_LIMITS)
+    return engine.start(timeout=600), made, made["stamps"]
 
 
-def summarise(n: int, runs: list[dict], extra: dict) -> dict:
-    walls = [r["wall_s"] for r in runs]
-    return {
-        "gpus": n, "runs": len(runs), "wall_s_median": round(statistics.median(walls), 3),
-        "wall_s_min": round(min(walls), 3), "wall_s_max": round(max(walls), 3),
-        "peak_rss_mib_max": round(max(r["peak_rss_mib"] for r in runs), 1),
-        "worker_peak_rss_mib_max": round(max(r["worker_peak_rss_mib"] for r in runs), 1),
-        "cpu_s_median": round(statistics.median(r["cpu_s"] for r in runs), 2),
-        "prometheus_cpu_s_median": round(statistics.median(r["prometheus_cpu_s"] or 0 for r in runs), 2),
-        "rows": runs[-1]["rows"], "errors": runs[-1]["errors"], "timings": runs[-1]["timings"],
-        "json_mib": round(runs[-1]["json_bytes"] / 2**20, 1), "verdicts": runs[-1]["verdicts"], **extra,
-    }
+def engine_cpu_s(engine: PrometheusServer) -> float:
+    import psutil
+
+    assert engine.proc is not None
+    t = psutil.Process(engine.proc.pid).cpu_times()
+    return t.user + t.system
 
 
-def print_table(results: list[dict]) -> None:
-    print(f"{'GPUs':>6} {'wall s':>7} {'x prev':>6} {'cpu s':>6} {'prom cpu':>8} {'peak MiB':>8} {'worker':>6} "
-          f"{'discover':>8} {'fields':>6} {'diagnose':>8} {'load':>5}")
-    prev = None
-    for r in results:
-        t = r["timings"]
-        growth = f"{r['wall_s_median'] / prev:.1f}" if prev else "-"
-        print(f"{r['gpus']:>6} {r['wall_s_median']:>7.2f} {growth:>6} {r['cpu_s_median']:>6.1f} "
-              f"{r['prometheus_cpu_s_median']:>8.1f} {r['peak_rss_mib_max']:>8.0f} {r['worker_peak_rss_mib_max']:>6.0f} "
-              f"{t.get('discover_s', 0):>8.2f} {t.get('fields_s', 0):>6.2f} {t.get('diagnose_s', 0):>8.2f} "
-              f"{r['load_average_after']:>5.1f}")
-        prev = r["wall_s_median"]
+# --- the measurements -------------------------------------------------------------------------------------------------
+
+
+def bare_queries(engine: PrometheusServer, start: int, end: int, recorded: bool) -> dict:
+    """The requests fleet makes for its statistics, four at a time, bodies read and dropped: the engine's cost."""
+    window = end - start
+    names = {f.key: [f.name] for f in FIELDS_BY_KEY.values()}
+    if recorded:
+        from diagnoser.collectors.prom_stats import identity_record_name, record_name
+
+        queries = [identity_record_name(window),
+                   '{__name__=~"' + "|".join(record_name(s, window) for s in STATS) + '"}']
+    else:
+        queries = [identity_expr(names["fb_used"], window)]
+        for s in STATS:
+            if s.field == "fb_total":
+                queries.append(stat_expr(s, names["fb_used"], window, extra_names=names["fb_free"]))
+            elif FIELDS_BY_KEY[s.field].name in METRICS:
+                queries.append(stat_expr(s, names[s.field], window))
+
+    def one(query: str) -> int:
+        body = urllib.parse.urlencode({"query": query, "time": str(end), "timeout": "600s"}).encode()
+        return len(fetch(f"{engine.url}/api/v1/query", timeout_s=600, max_bytes=1 << 31, method="POST", data=body,
+                         headers={"Content-Type": "application/x-www-form-urlencoded"}))
+
+    load = os.getloadavg()[0]
+    cpu0, t0 = engine_cpu_s(engine), time.perf_counter()
+    fetch(f"{engine.url}/api/v1/label/__name__/values?start={start}&end={end}", timeout_s=600, max_bytes=1 << 26)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        sizes = list(pool.map(one, queries))
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "engine_cpu_s": engine_cpu_s(engine) - cpu0, "queries": len(queries) + 1,
+            "answer_mib": sum(sizes) / 2**20, "load": load}
+
+
+def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool, json_out: Path | None) -> dict:
+    """`diagnoser fleet` in a fresh process: wall time, its CPU with its workers, peak RSS, the engine's CPU."""
+    args = [sys.executable, "-m", "diagnoser", "fleet", "--prometheus", engine.url, "--start", str(start), "--end",
+            str(end), "--timeout", "600", *(["--json"] if json_out else []), *([] if recorded else ["--no-recorded"])]
+    load = os.getloadavg()[0]
+    cpu0 = engine_cpu_s(engine)
+    with open(json_out or os.devnull, "wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.PIPE,
+                                env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"fleet failed ({code}): {err[-2000:]}")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "engine_cpu_s": engine_cpu_s(engine) - cpu0, "load": load,
+            "warnings": [line for line in err.splitlines() if "warning" in line][:5]}
+
+
+def confusion(doc: dict) -> dict[str, dict[str, int]]:
+    """Planted class -> found class: the verdict and the rule that leads the findings ("latency LAT001")."""
+    by_uuid = {uuid_of(n): planted(n) for n in range(len(doc["rows"]) + 8)}
+    matrix: dict[str, Counter[str]] = {c: Counter() for c in CLASSES}
+    for row in doc["rows"]:
+        d = row["diagnosis"]
+        lead = d["findings"][0]["code"] if d["findings"] else "-"
+        matrix[by_uuid[row["uuid"]]][f"{d['verdict']} {lead}"] += 1
+    return {c: dict(m.most_common()) for c, m in matrix.items()}
+
+
+def recovered(matrix: dict[str, dict[str, int]]) -> dict[str, float]:
+    out = {}
+    for c, found in matrix.items():
+        want = " ".join(EXPECTED[c])
+        total = sum(found.values())
+        out[c] = round(found.get(want, 0) / total, 4) if total else 0.0
+    return out
+
+
+def median(runs: list[dict], key: str) -> float:
+    return round(statistics.median(r[key] for r in runs), 3)
+
+
+def bench(kind: str, n: int, args: argparse.Namespace, workdir: Path) -> dict:
+    engine, made, stamps = open_engine(kind, n, args.keep_data, workdir)
+    start, end = stamps[0] - STEP_S + 1, stamps[-1] + 1
+    try:
+        runs: dict[str, list[dict]] = {"bare": [], "bare_recorded": [], "fleet": [], "fleet_recorded": []}
+        fleet_run(engine, start, end, recorded=False, json_out=None)  # warm the engine's caches once
+        for _ in range(args.repeat):
+            runs["bare"].append(bare_queries(engine, start, end, recorded=False))
+            runs["fleet"].append(fleet_run(engine, start, end, recorded=False, json_out=None))
+            runs["bare_recorded"].append(bare_queries(engine, start, end, recorded=True))
+            runs["fleet_recorded"].append(fleet_run(engine, start, end, recorded=True, json_out=None))
+        doc_path = workdir / "fleet.json"
+        json_run = fleet_run(engine, start, end, recorded=False, json_out=doc_path)
+        doc = json.loads(doc_path.read_bytes())
+        doc_path.unlink()
+        matrix = confusion(doc)
+        return {
+            "engine": kind, "gpus": n, "made": {k: v for k, v in made.items() if k != "stamps"},
+            "runs": runs, "json_run": json_run, "json_mib": None, "rows": len(doc["rows"]),
+            "timings": doc.get("timings"), "errors": doc.get("errors"),
+            "summary": {name: {k: median(rs, k) for k in rs[0] if isinstance(rs[0][k], (int, float))}
+                        for name, rs in runs.items()},
+            "confusion": matrix, "recovered": recovered(matrix),
+        }
+    finally:
+        engine.stop()
+
+
+def print_summary(r: dict) -> None:
+    s = r["summary"]
+    print(f"\n{r['engine']}, {r['gpus']:,} GPUs ({r['rows']:,} rows); load {s['fleet']['load']:.1f}")
+    for name in ("bare", "fleet", "bare_recorded", "fleet_recorded"):
+        row = s[name]
+        extra = f" cpu {row['cpu_s']:.2f} s, rss {row['peak_rss_mib']:.0f} MiB" if "cpu_s" in row else ""
+        print(f"  {name:15} wall {row['wall_s']:7.2f} s  engine cpu {row['engine_cpu_s']:6.2f} s{extra}")
+    print(f"  recovered: {r['recovered']}")
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "_measure":
-        measure_child(sys.argv[4:], sys.argv[2])
-        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=("live", "backfill"), default="live")
-    ap.add_argument("--sizes", default="100,1000,10000")
+    ap.add_argument("--sizes", default="10000")
+    ap.add_argument("--engines", default="prometheus,victoria-metrics")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--scrape-interval", type=float, default=5.0, help="live mode: seconds between scrapes")
-    ap.add_argument("--window", type=float, default=150.0, help="live mode: window (s) filled before measuring")
-    ap.add_argument("--keep-data", type=Path, default=None, help="backfill mode: keep (and reuse) the generated "
-                    "TSDB blocks under this directory; 10,000 GPUs take minutes and ~6 GB of OpenMetrics to make")
-    ap.add_argument("--points", type=int, default=0, help="values per GPU and field (diagnoser fleet --points; "
-                    "0: the fleet's own default)")
+    ap.add_argument("--keep-data", type=Path, default=None, help="keep (and reuse) the loaded data under this "
+                    "directory: 100,000 GPUs take a long while to load")
     args = ap.parse_args()
-    global POINTS
-    POINTS = args.points
-    if find_prometheus() is None:
-        raise SystemExit("the prometheus binary is not installed (scripts/install-test-deps.sh installs it)")
     results = []
     for n in (int(x) for x in args.sizes.split(",")):
-        with tempfile.TemporaryDirectory(prefix=f"fleet-{n}-") as tmp:
-            workdir = Path(tmp)
-            print(f"{args.mode}: {n} GPUs ...", file=sys.stderr, flush=True)
-            result = (bench_live if args.mode == "live" else bench_backfill)(n, args, workdir)
-            result["mode"] = args.mode
-            result["load_average_after"] = os.getloadavg()[0]
-            result["points"] = args.points
-            results.append(result)
-            print(json.dumps(result), file=sys.stderr, flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    out = OUT / f"fleet_scale-{args.mode}-{args.points or 'default'}pts.json"
-    out.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                               "results": results}, indent=2))
-    print_table(results)
-    print(f"wrote {out}")
+        for kind in args.engines.split(","):
+            with tempfile.TemporaryDirectory(prefix=f"fleet-{kind}-{n}-") as tmp:
+                print(f"{kind}: {n:,} GPUs ...", file=sys.stderr, flush=True)
+                result = bench(kind, n, args, Path(tmp))
+                results.append(result)
+                print_summary(result)
+                OUT.mkdir(parents=True, exist_ok=True)
+                (OUT / "fleet_scale.json").write_text(json.dumps(
+                    {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "results": results},
+                    indent=2))
 
 
 if __name__ == "__main__":

@@ -42,13 +42,18 @@ class Signal:
     times: tuple[float, ...] = ()
     stats: Mapping[str, float] | None = None
     count: int = 0
+    # Shares of the window at or above given thresholds, where the engine counted them (a 0/1 signal's mean is its
+    # share above 0.5): frac_above answers these exactly instead of interpolating the quantiles.
+    fractions: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def from_stats(cls, name: str, unit: str, sources: tuple[str, ...], *, mean: float, p50: float | None = None,
-                   p90: float | None = None, p99: float | None = None, max: float | None = None,
-                   min: float | None = None, n: int = 1) -> Signal:
+                   p90: float | None = None, p99: float | None = None, max: float | None = None,  # noqa: A002
+                   min: float | None = None, n: int = 1,  # noqa: A002
+                   frac_above: Mapping[float, float] | None = None) -> Signal:
         known = {"mean": mean, "p50": p50, "p90": p90, "p99": p99, "max": max, "min": min}
-        return cls(name, unit, sources, (), (), {k: float(v) for k, v in known.items() if v is not None}, max_(n, 1))
+        return cls(name, unit, sources, (), (), {k: float(v) for k, v in known.items() if v is not None}, max_(n, 1),
+                   tuple(sorted(frac_above.items())) if frac_above else ())
 
     @property
     def n(self) -> int:
@@ -109,6 +114,9 @@ class Signal:
         """Fraction of samples at or above the threshold (samples are evenly spaced in time). From statistics: the
         share implied by the known quantiles, interpolated."""
         if self.stats is not None:
+            for at, share in self.fractions:
+                if at == threshold:
+                    return share
             points = sorted((q, self.stats[k]) for q, k in ((0.0, "min"), (0.5, "p50"), (0.9, "p90"), (0.99, "p99"),
                                                             (1.0, "max")) if k in self.stats)
             if not points:

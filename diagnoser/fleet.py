@@ -1,7 +1,10 @@
 """The fleet view: one verdict per GPU (or MIG instance) of a whole cluster over a window, from Prometheus.
 
-Prometheus aggregates (see collectors/prometheus_source.py: one range query per field, `points` values per GPU);
-each GPU then gets a small capture of its own, diagnosed by the normal rule engine, and a price of what is at stake:
+Triage first: the time-series engine computes each GPU's window statistics (collectors/prom_stats.py: one number per
+GPU and statistic, or the rule group's recorded series), and the normal rule engine diagnoses every GPU from them
+(fleet_triage.py). Then only the GPUs that matter most, the top `detail` by money at stake (or every GPU chosen with
+--node/--pod/--gpu/--uuid when they are few), are read again as points over the window (collectors/
+prometheus_source.py) and diagnosed from those, as `diagnoser dcgm` would. Each GPU gets a price of what is at stake:
 an idle GPU or one reporting errors puts its whole price at stake, an underfed one (batching, host-bound) the share
 of time it sits idle, and any other limiter what its top fix predicts: price x (1 - 1/gain).
 """
@@ -11,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import multiprocessing
-import os
 import re
 import time
 from collections import Counter
@@ -24,12 +25,22 @@ import msgspec
 
 from diagnoser import __version__
 from diagnoser.capture import Capture
-from diagnoser.collectors.dcgm import GpuIdentity, add_gpu_window, drop_mig_parents, mark_missing
-from diagnoser.collectors.prometheus_source import PromClient, Window, WindowData, WindowQuery
+from diagnoser.collectors.dcgm import (
+    GpuIdentity,
+    GpuSelector,
+    add_gpu_window,
+    drop_mig_parents,
+    mark_missing,
+    select_gpus,
+)
+from diagnoser.collectors.prom_client import PromClient
+from diagnoser.collectors.prom_stats import StatsQuery, WindowStats
+from diagnoser.collectors.prometheus_source import Window, WindowData, WindowQuery, matchers_for
 from diagnoser.diagnosis import INCONCLUSIVE, SCHEMA_VERSION, Diagnosis, Limiter
 from diagnoser.errors import InputError, SourceUnavailable
 from diagnoser.evidence import build_evidence
 from diagnoser.fleet_model import FleetReport, FleetRow
+from diagnoser.fleet_triage import Triage
 from diagnoser.physics import match_gpu
 from diagnoser.rules.engine import diagnose_evidence
 from diagnoser.rules.ruleset import Overrides as Thresholds
@@ -130,7 +141,33 @@ def _row(data: WindowData, ident: GpuIdentity, usd_per_gpu_hour: float | None,
         container=", ".join(ident.containers), mig_profile=ident.mig_profile,
         usd_per_hour_at_stake=round(frac * price, 4) if price else 0.0, top_fix_gain=gain,
         frac_at_stake=round(frac, 4), usd_per_gpu_hour=price, busy=busy,
-        partial=bool(gaps or data.failed), notes=notes)
+        partial=bool(gaps or data.failed), notes=notes, basis="points")
+
+
+def _stats_row(triage: Triage, usd_per_gpu_hour: float | None, item: tuple[int, GpuIdentity]) -> FleetRow:
+    """One GPU diagnosed from its window statistics, and what is at stake."""
+    i, ident = item
+    stats = triage.stats
+    diagnosis, busy, has_counters = triage.diagnose(i, ident)
+    notes: list[str] = []
+    most = triage.most_samples
+    if not has_counters:
+        notes.append("no activity counters: none of GR_ENGINE_ACTIVE/GPU_UTIL, SM_ACTIVE, DRAM_ACTIVE, "
+                      "PIPE_TENSOR_ACTIVE has a value for this GPU in the window")
+    elif most and stats.samples[i] < 0.9 * most:
+        notes.append(f"series partial: {int(stats.samples[i])} of {int(most)} samples in the window")
+    if stats.failed:
+        notes.append("some statistic queries failed: " + ", ".join(sorted(stats.failed)))
+    price = _price(ident.model, ident.mig_profile, usd_per_gpu_hour)
+    frac = stake_fraction(diagnosis, busy)
+    gain = next((f.gain for f in diagnosis.fixes if f.gain is not None), None)
+    return FleetRow(
+        node=ident.node, gpu=ident.label, uuid=ident.uuid, model_name=ident.model, diagnosis=diagnosis,
+        pod=", ".join(p for _, p in ident.pods), namespace=", ".join(ident.namespaces),
+        container=", ".join(ident.containers), mig_profile=ident.mig_profile,
+        usd_per_hour_at_stake=round(frac * price, 4) if price else 0.0, top_fix_gain=gain,
+        frac_at_stake=round(frac, 4), usd_per_gpu_hour=price, busy=busy,
+        partial=bool(notes), notes=notes, basis="recorded statistics" if stats.recorded else "statistics")
 
 
 _RULES: list[tuple[object, RuleSet]] = []
@@ -150,69 +187,32 @@ def _price(model: str, mig_profile: str, override: float | None) -> float | None
     return gpu_price(model, mig_profile, override)
 
 
-# What forked workers read: set just before the fork, so the children inherit it instead of receiving a copy.
-_SHARED: tuple[WindowData, list[GpuIdentity], float | None, Thresholds | None] | None = None
+def build_rows(data: WindowData, *, usd_per_gpu_hour: float | None = None,
+               thresholds: Thresholds | None = None) -> list[FleetRow]:
+    """One row per GPU or MIG instance diagnosed from its points over the window, most money at stake first."""
+    return _sorted([_row(data, ident, usd_per_gpu_hour, thresholds) for ident in drop_mig_parents(data.gpus.values())])
 
 
-def _rows_of_chunk(bounds: tuple[int, int]) -> bytes:
-    """A worker's rows, sent back as msgpack: 4-5x cheaper to encode than pickling 10,000 dataclass trees."""
-    assert _SHARED is not None
-    data, idents, usd, thresholds = _SHARED
-    return msgspec.msgpack.encode([_row(data, ident, usd, thresholds) for ident in idents[bounds[0]:bounds[1]]])
+def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None,
+                thresholds: Thresholds | None = None) -> tuple[list[FleetRow], Triage]:
+    """One row per GPU or MIG instance diagnosed from its window statistics, most money at stake first.
 
-
-_ROWS_DECODER = msgspec.msgpack.Decoder(list[FleetRow])
-
-
-# Below this many GPUs a second process costs more (fork, pickling the rows back) than it saves.
-PARALLEL_MIN_GPUS = 2000
-CHUNKS_PER_WORKER = 4
-
-
-def build_rows(data: WindowData, *, usd_per_gpu_hour: float | None = None, thresholds: Thresholds | None = None,
-               processes: int | None = None) -> list[FleetRow]:
-    """One diagnosed row per GPU or MIG instance, most money at stake first.
-
-    Diagnosing is pure CPU work per GPU: for large fleets it is spread over forked processes (one per core, at
-    most 4), which read the query results they inherited and send back only the rows.
+    In this process: a GPU costs the engine about 75 us from its statistics, and handing a diagnosed row back from a
+    forked worker cost as much again to decode (msgpack, 10,000 rows), so workers gained nothing (benchmarks/FLEET.md).
     """
-    global _SHARED
-    idents = drop_mig_parents(data.gpus.values())
-    if processes is None:
-        processes = min(4, os.cpu_count() or 1) if len(idents) >= PARALLEL_MIN_GPUS else 1
-    rows: list[FleetRow] | None = None
-    if processes > 1 and "fork" in multiprocessing.get_all_start_methods():
-        # Chunks several times smaller than a worker's share: this process decodes the rows of the first chunks
-        # while the workers diagnose the next, instead of all of them after the last.
-        size = max(100, -(-len(idents) // (processes * CHUNKS_PER_WORKER)))
-        chunks = [(i, min(i + size, len(idents))) for i in range(0, len(idents), size)]
-        _SHARED = (data, idents, usd_per_gpu_hour, thresholds)
-        try:
-            with multiprocessing.get_context("fork").Pool(processes) as pool:
-                rows = [row for blob in pool.imap(_rows_of_chunk, chunks) for row in _ROWS_DECODER.decode(blob)]
-        except OSError:
-            rows = None  # no processes to be had (limits): do it here
-        finally:
-            _SHARED = None
-    if rows is None:
-        rows = [_row(data, ident, usd_per_gpu_hour, thresholds) for ident in idents]
+    triage = Triage(stats, _rules_for(thresholds))
+    targets = drop_mig_parents(stats.gpus.values())
+    rows = [_stats_row(triage, usd_per_gpu_hour, (stats.index[g.key], g)) for g in targets]
+    return _sorted(rows), triage
+
+
+def _sorted(rows: list[FleetRow]) -> list[FleetRow]:
     rows.sort(key=lambda r: (-r.usd_per_hour_at_stake, -r.frac_at_stake, r.node, r.gpu))
     return rows
 
 
-# Values per GPU and field: enough for a p90 over the window; beyond LARGE_FLEET_GPUS fewer, because decoding the
-# answers is then most of the run (10,000 GPUs on a quiet 2-core VM: 16.6 s at 30 points, 11.4 s at 10;
-# benchmarks/FLEET.md).
+# Values per GPU and field when a GPU is read as points (the top of the triage, --detail).
 DEFAULT_POINTS = 30
-LARGE_FLEET_POINTS = 10
-LARGE_FLEET_GPUS = 2000
-
-
-def points_for(n_gpus: int, requested: int | None) -> int:
-    """Values per GPU and field: what the user asked for, else the default for a fleet of this size."""
-    if requested is not None:
-        return requested
-    return LARGE_FLEET_POINTS if n_gpus > LARGE_FLEET_GPUS else DEFAULT_POINTS
 
 
 @contextlib.contextmanager
@@ -230,52 +230,137 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+# GPUs read again as points after the triage: the top of the list by money at stake.
+DEFAULT_DETAIL = 20
+
+
 def run_fleet(client: PromClient, window: Window, *, points: int | None = None,
               usd_per_gpu_hour: float | None = None, thresholds: Thresholds | None = None, workers: int = 4,
-              notes: list[str] | None = None,
-              timings: dict[str, float | int | None] | None = None) -> FleetReport:
-    """Query Prometheus for every GPU over the window and diagnose each. Partial failures are kept in
-    report.errors and the rows they touch are marked partial; only a failed discovery, or every field query
-    failing, raises SourceUnavailable. `notes` receives how the data was read (scrape interval, lookback) and
-    `timings` the seconds spent discovering GPUs, reading fields and diagnosing."""
+              notes: list[str] | None = None, timings: dict[str, float | int | None] | None = None,
+              detail: int = DEFAULT_DETAIL, selector: GpuSelector | None = None,
+              use_recorded: bool = True) -> FleetReport:
+    """Diagnose every GPU Prometheus knows over the window (or those `selector` picks): triage from window
+    statistics, then points for the top `detail` GPUs at stake. Partial failures are kept in report.errors and the
+    rows they touch are marked partial; only a failed discovery, or every statistic failing, raises
+    SourceUnavailable. `notes` receives how the data was read and `timings` where the time went."""
     if usd_per_gpu_hour is not None and usd_per_gpu_hour < 0:
         raise InputError("--usd-per-gpu-hour cannot be negative.")
+    if detail < 0:
+        raise InputError("--detail cannot be negative.")
     with gc_paused():
         return _run_fleet(client, window, points=points, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds,
-                          workers=workers, notes=notes, timings=timings)
+                          workers=workers, notes=notes, timings=timings, detail=detail, selector=selector,
+                          use_recorded=use_recorded)
 
 
 def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_per_gpu_hour: float | None,
                thresholds: Thresholds | None, workers: int, notes: list[str] | None,
-               timings: dict[str, float | int | None] | None) -> FleetReport:
+               timings: dict[str, float | int | None] | None, detail: int, selector: GpuSelector | None,
+               use_recorded: bool) -> FleetReport:
     t0 = time.perf_counter()
-    query = WindowQuery(client, window, points=points or DEFAULT_POINTS, workers=workers)
-    data = query.discover()
-    query.points = points_for(len(data.gpus), points)
-    if points is None and query.points != DEFAULT_POINTS:
-        data.notes.append(f"{len(data.gpus):,} GPUs: {LARGE_FLEET_POINTS} values per GPU and field over the window "
-                          f"(--points for more).")
+    if window.length_s < 2:
+        raise InputError("the window is too short to read from Prometheus (under 2 s).")
+    select = functools.partial(_select, selector) if selector is not None and not selector.is_empty() else None
+    stats = StatsQuery(client, window, workers=workers).run(use_recorded=use_recorded, select=select)
     t1 = time.perf_counter()
-    query.read_fields(data)
-    t2 = time.perf_counter()
-    if not data.values:
-        reason = next(iter(data.failed.values()), "no counters in the window")
-        raise SourceUnavailable(f"Prometheus listed {len(data.gpus)} GPUs but no counter could be read: {reason}")
+    if not stats.values or not stats.fields_present:
+        reason = next(iter(stats.failed.values()), "no counters in the window")
+        raise SourceUnavailable(f"Prometheus listed {len(stats.gpus)} GPUs but no counter could be read: {reason}")
+    redact_identities(stats.gpus.values())
     report = FleetReport(source=client.url, window_start=window.start, window_end=window.end,
-                         usd_per_gpu_hour=usd_per_gpu_hour, errors=list(data.errors))
-    report.rows = build_rows(data, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds)
-    gappy = sum(1 for r in report.rows if r.notes and r.notes[0].startswith("series partial"))
+                         usd_per_gpu_hour=usd_per_gpu_hour, errors=list(stats.errors))
+    rows, triage = triage_rows(stats, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds)
+    t2 = time.perf_counter()
+    wanted = rows[:detail] if selector is None or selector.is_empty() or len(rows) > detail else rows
+    detailed = _detail(client, window, stats, wanted, points=points, usd_per_gpu_hour=usd_per_gpu_hour,
+                       thresholds=thresholds, workers=workers, report=report) if wanted else {}
+    if detailed:
+        rows = _sorted([detailed.get((r.uuid, r.gpu), r) for r in rows])
+    report.rows = rows
+    t3 = time.perf_counter()
+    said = list(stats.notes)
+    said.append(f"{len(rows):,} GPUs diagnosed from window statistics computed by the time-series engine"
+                + (f"; the {len(detailed)} with the most at stake read again as points over the window (--detail)"
+                   if detailed else "") + ".")
+    if triage.spec_clock_models:
+        said.append("DCGM_FI_DEV_MAX_SM_CLOCK is not exported for " + ", ".join(sorted(triage.spec_clock_models))
+                    + ": SM clocks are compared with the maximum in the spec table.")
+    gappy = sum(1 for r in rows if r.notes and r.notes[0].startswith("series partial"))
     if gappy:
         report.errors.append(f"{gappy} GPU{'s have' if gappy > 1 else ' has'} gaps or stopped reporting within the "
                              "window (rows marked partial).")
-    t3 = time.perf_counter()
+    blind = sum(1 for r in rows if r.notes and r.notes[0].startswith("no activity counters"))
+    if blind:
+        report.errors.append(f"{blind} GPU{'s are' if blind > 1 else ' is'} listed without any activity counter in "
+                             "the window (rows marked partial; docs/dcgm.md says which counters to export).")
+    report.errors.extend(w for w in client.warnings if w not in report.errors)
     report.query_seconds = round(t3 - t0, 3)
     if notes is not None:
-        notes.extend(data.notes)
+        notes.extend(said)
     if timings is not None:
-        timings.update(discover_s=round(t1 - t0, 3), fields_s=round(t2 - t1, 3), diagnose_s=round(t3 - t2, 3),
-                       queries=client.queries, scrape_interval_s=data.scrape_interval_s, step_s=data.step_s)
+        timings.update(statistics_s=round(t1 - t0, 3), triage_s=round(t2 - t1, 3), detail_s=round(t3 - t2, 3),
+                       queries=client.queries, scrape_interval_s=stats.scrape_interval_s, gpus=len(rows),
+                       detailed=len(detailed), recorded=stats.recorded)
     return report
+
+
+# What can make redact() change a string: its patterns need one of these characters or token prefixes. A label
+# value without any (almost every pod, node and model name) is published as it is without running them all: at
+# 100,000 GPUs that is 2 s saved. tests/test_fleet_units.py holds the two equal.
+_MAYBE_SECRET = re.compile(r"""[=:@\s"']|sk-|hf_|gh[pousr]_|github_pat_|glpat-|xox[abposr]-|AKIA|ASIA|AIza|eyJ""")
+
+
+def publishable(value: str, cache: dict[str, str]) -> str:
+    """A label value as reports may show it: secrets redacted the way the HTML report does (redact())."""
+    if not value or _MAYBE_SECRET.search(value) is None:
+        return value
+    out = cache.get(value)
+    if out is None:
+        from diagnoser.reports.redact import redact
+
+        out = cache[value] = redact(value)
+    return out
+
+
+def redact_identities(gpus: Iterable[GpuIdentity]) -> None:
+    """Label values made publishable in place: a pod label holding a token must not reach --json, the terminal or
+    the HTML (each GPU's description, notes and row are built from these)."""
+    cache: dict[str, str] = {}
+    for g in gpus:
+        g.node, g.model, g.mig_profile = (publishable(g.node, cache), publishable(g.model, cache),
+                                          publishable(g.mig_profile, cache))
+        g.pods = [(publishable(ns, cache), publishable(pod, cache)) for ns, pod in g.pods]
+        g.containers = [publishable(c, cache) for c in g.containers]
+
+
+def _select(selector: GpuSelector, gpus: list[GpuIdentity]) -> list[GpuIdentity]:
+    return select_gpus(drop_mig_parents(gpus), selector, many=True)
+
+
+def _detail(client: PromClient, window: Window, stats: WindowStats, rows: list[FleetRow], *, points: int | None,
+            usd_per_gpu_hour: float | None, thresholds: Thresholds | None, workers: int,
+            report: FleetReport) -> dict[tuple[str, str], FleetRow]:
+    """These GPUs read as points over the window and diagnosed from them; their rows by (UUID, gpu label)."""
+    wanted = {(r.uuid, r.gpu) for r in rows}
+    idents = [g for g in drop_mig_parents(stats.gpus.values()) if (g.uuid, g.label) in wanted]
+    query = WindowQuery(client, window, points=points or DEFAULT_POINTS, workers=workers)
+    step = window.length_s / query.points
+    data = WindowData(window, step, step, window.start + step, query.points)
+    data.gpus = {g.key: g for g in idents}
+    data.samples = {g.key: stats.samples[stats.index[g.key]] for g in idents}
+    data.scrape_interval_s = stats.scrape_interval_s
+    keys = {g.key for g in idents}
+    query.read_fields(data, matchers_for(idents), keys=keys)
+    if not data.values:
+        report.errors.append("the points of the GPUs with the most at stake could not be read: "
+                             + next(iter(data.failed.values()), "no data") + " (their rows come from statistics).")
+        return {}
+    out = {}
+    for g in idents:
+        row = _row(data, g, usd_per_gpu_hour, thresholds)
+        out[(row.uuid, row.gpu)] = row
+    report.errors.extend(e for e in data.errors if e not in report.errors)
+    return out
 
 
 def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
@@ -302,6 +387,26 @@ def report_dict(report: FleetReport, limit: int | None = None) -> dict[str, Any]
 def dumps_json(doc: Any) -> bytes:
     """Indented JSON like the other commands print, encoded by msgspec (json.dumps takes seconds on 60 MB)."""
     return msgspec.json.format(msgspec.json.encode(doc), indent=2)
+
+
+def iter_report_json(report: FleetReport, extra: dict[str, Any], limit: int | None = None,
+                     batch: int = 1000) -> Iterator[bytes]:
+    """The fleet report as indented JSON, in pieces: the rows are encoded a batch at a time, so the output of
+    100,000 GPUs (about 1 GB) never sits in memory whole, as dicts or as bytes. Same content as
+    dumps_json(report_dict(...) | extra)."""
+    head = report_dict(report, limit=0)
+    del head["rows"]
+    text = dumps_json({**head, **extra})
+    yield text[: text.rindex(b"}")].rstrip() + b',\n  "rows": ['
+    rows = report.rows if limit is None else report.rows[:limit]
+    for start in range(0, len(rows), batch):
+        pieces = []
+        for r in rows[start:start + batch]:
+            one = {**{k: v for k, v in r.__dict__.items() if k != "diagnosis"},
+                   "diagnosis": diagnosis_dict(r.diagnosis)}
+            pieces.append(b"\n    " + dumps_json(one).replace(b"\n", b"\n    "))
+        yield (b"," if start else b"") + b",".join(pieces)
+    yield b"\n  ]\n}\n" if rows else b"]\n}\n"
 
 
 @dataclass
@@ -343,5 +448,6 @@ def group_rows(rows: Iterable[FleetRow], by: str) -> list[FleetGroup]:
     return sorted(groups.values(), key=lambda g: (-g.usd_per_hour_at_stake, -len(g.rows), g.name))
 
 
-__all__ = ["PRICE_USD_PER_GPU_HOUR", "PRICE_SOURCE", "GROUPINGS", "FleetGroup", "build_rows", "diagnosis_dict",
-           "dumps_json", "gc_paused", "gpu_price", "group_rows", "report_dict", "run_fleet", "stake_fraction"]
+__all__ = ["DEFAULT_DETAIL", "GROUPINGS", "PRICE_SOURCE", "PRICE_USD_PER_GPU_HOUR", "FleetGroup", "build_rows",
+           "diagnosis_dict", "dumps_json", "gc_paused", "gpu_price", "group_rows", "report_dict", "run_fleet",
+           "stake_fraction", "triage_rows"]

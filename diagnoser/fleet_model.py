@@ -31,6 +31,9 @@ class FleetRow:
     busy: float | None = None  # mean GPU busy fraction over the window, when measured
     partial: bool = False  # some series had gaps or were missing
     notes: list[str] = field(default_factory=list)
+    # What the diagnosis was made from: "statistics" (the engine's window statistics), "recorded statistics" (the
+    # rule group's), or "points" (the GPU's series over the window, for the top of the list).
+    basis: str = "points"
 
 
 @dataclass

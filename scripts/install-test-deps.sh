@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# System packages the tests use: a real Prometheus and a real headless Chromium (Debian packages), and stress-ng
-# for the load run (scripts/stress.sh).
+# System packages the tests use: a real Prometheus and VictoriaMetrics, a real headless Chromium (Debian
+# packages), and stress-ng for the load run (scripts/stress.sh).
 # Idempotent: installs only what is missing. Needs root (or sudo) and the Debian package mirrors.
 set -euo pipefail
 
 PACKAGES=(
   prometheus       # DCGM/fleet tests: a real Prometheus the tests start on 127.0.0.1 (the package's service is not used)
+  victoria-metrics # fleet tests: the same query API from VictoriaMetrics (and vmalert, to check the rule group)
   chromium         # HTML report tests: a real headless browser (driven through playwright's pip package)
   chromium-driver
   stress-ng        # scripts/stress.sh: keeps every core busy while the process and signal tests run (not in CI)

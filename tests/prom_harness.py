@@ -38,6 +38,11 @@ def find_prometheus() -> str | None:
     return shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
 
 
+def find_victoria_metrics() -> str | None:
+    return shutil.which("victoria-metrics") or \
+        ("/usr/bin/victoria-metrics" if Path("/usr/bin/victoria-metrics").exists() else None)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,14 +68,19 @@ def poll(check: Callable[[], object], timeout: float, what: str, every: float = 
 
 # Per profile: the level of each field (ratios 0..1, memory as a fraction of the board, watts, MHz, and for the power
 # violation counter the share of time throttled). Chosen so each profile trips one rule clearly.
+# `reasons` is the clock event mask DCGM reports (0x1 GPU idle; 0x4 SW power cap + 0x80 HW power brake).
 PROFILES: dict[str, dict[str, float]] = {
-    "idle": dict(gr=0.02, sm=0.01, occ=0.01, tensor=0.0, dram=0.01, fb=0.05, power=70, clock=1980),
+    "idle": dict(gr=0.02, sm=0.01, occ=0.01, tensor=0.0, dram=0.01, fb=0.05, power=70, clock=1980, reasons=0x1),
     "bandwidth": dict(gr=0.95, sm=0.85, occ=0.40, tensor=0.22, dram=0.72, fb=0.85, power=560, clock=1980),
     "compute": dict(gr=0.97, sm=0.93, occ=0.30, tensor=0.78, dram=0.35, fb=0.70, power=690, clock=1900),
     "batching": dict(gr=0.30, sm=0.22, occ=0.10, tensor=0.08, dram=0.12, fb=0.60, power=200, clock=1980),
     "vram": dict(gr=0.80, sm=0.85, occ=0.30, tensor=0.35, dram=0.42, fb=0.995, power=450, clock=1980),
-    "throttled": dict(gr=0.92, sm=0.80, occ=0.30, tensor=0.45, dram=0.40, fb=0.80, power=700, clock=1150, pv=0.85),
+    # Clocks held by the power cap about two thirds of the time: the mask toggles between 0x84 and 0.
+    "throttled": dict(gr=0.92, sm=0.80, occ=0.30, tensor=0.45, dram=0.40, fb=0.80, power=700, clock=1190, pv=0.85,
+                      reasons=0x84, released_below=-0.5),
     "xid": dict(gr=0.60, sm=0.50, occ=0.20, tensor=0.30, dram=0.30, fb=0.50, power=350, clock=1980, xid=79),
+    # Busy, but neither SMs nor DRAM half used: small kernels, each step waiting on latency.
+    "latency": dict(gr=0.93, sm=0.34, occ=0.12, tensor=0.05, dram=0.28, fb=0.72, power=310, clock=1980),
 }
 PROFILE_ORDER = tuple(PROFILES)
 H100 = "NVIDIA H100 80GB HBM3"
@@ -96,10 +106,12 @@ _SIM_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("pcie_tx", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES"),
     ("pcie_rx", "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"),
     ("xid", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR"),
+    ("clock_reasons", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"),
 )
 _COUNTERS = {"power_violation", "thermal_violation"}
 # What a MIG GPU reports once for the whole board (no GPU_I_ID) rather than per instance.
-_DEVICE_LEVEL = {"max_sm_clock", "power", "temp", "power_violation", "thermal_violation", "xid", "sm_clock"}
+_DEVICE_LEVEL = {"max_sm_clock", "power", "temp", "power_violation", "thermal_violation", "xid", "sm_clock",
+                 "clock_reasons"}
 
 
 @dataclass(frozen=True)
@@ -125,12 +137,13 @@ class SimFleet:
 
     n_gpus: int
     gpus_per_node: int = 4
-    names: str = "legacy"  # or "dcgm46"
+    names: str = "legacy"  # or "dcgm46", or "lowercase" (dcgm_fi_* names, uuid/pod_name labels: older exporters)
     host_label: str = "Hostname"  # or "hostname" (dcgm-exporter after 4.5.3-4.8.2)
     mig_nodes: tuple[int, ...] = ()  # on these nodes GPU 0 is split into MIG instances 1 and 2 (3g.40gb)
     omit: tuple[str, ...] = ()  # field keys not exported (as with dcgm-exporter's default counters)
     profiles: tuple[str, ...] = PROFILE_ORDER
     assign: dict[int, str] = field(default_factory=dict)  # global GPU number -> profile
+    pods: dict[int, str] = field(default_factory=dict)  # global GPU number -> pod name (hostile ones, say)
     model: str = H100
     start: float = field(default_factory=time.time)
     refresh_s: float = 0.0  # > 0: values change only every refresh_s seconds, like dcgm-exporter's -c interval
@@ -153,7 +166,8 @@ class SimFleet:
                     self.gpus.append(SimGpu(
                         node=node, index=index, uuid=parent, profile=profile, mig_id=mig_id,
                         mig_profile="3g.40gb" if mig_id else "", namespace=f"team-{n % 3}" if with_pod else "",
-                        pod=f"{profile}-server-{n:05d}-7f9c" if with_pod else "", seed=(n * 0.7) % 6.28))
+                        pod=self.pods.get(n, f"{profile}-server-{n:05d}-7f9c") if with_pod else "",
+                        seed=(n * 0.7) % 6.28))
                     n += 1
             node += 1
         self.nodes = list(range(self.first_node, node))
@@ -176,6 +190,8 @@ class SimFleet:
     def _name(self, key: str) -> str:
         for k, legacy, new in _SIM_FIELDS:
             if k == key:
+                if self.names == "lowercase":
+                    return legacy.lower()
                 return new if self.names == "dcgm46" else legacy
         raise KeyError(key)
 
@@ -186,13 +202,18 @@ class SimFleet:
         return cached
 
     def _make_labels(self, g: SimGpu, *, board: bool = False) -> str:
-        parts = [f'gpu="{g.index}"', f'UUID="{g.uuid}"', f'pci_bus_id="00000000:{0x18 + g.index:02X}:00.0"',
-                 f'device="nvidia{g.index}"', f'modelName="{self.model}"']
+        old = self.names == "lowercase"  # dcgm-exporter's --use-old-namespace label names
+        parts = [f'gpu="{g.index}"', f'{"uuid" if old else "UUID"}="{g.uuid}"',
+                 f'pci_bus_id="00000000:{0x18 + g.index:02X}:00.0"', f'device="nvidia{g.index}"',
+                 f'modelName="{self.model}"']
         if g.mig_id and not board:
             parts += [f'GPU_I_PROFILE="{g.mig_profile}"', f'GPU_I_ID="{g.mig_id}"']
         parts += [f'{self.host_label}="{g.hostname}"', 'DCGM_FI_DRIVER_VERSION="550.54.15"']
         if not board:
-            parts += [f'container="{"server" if g.pod else ""}"', f'namespace="{g.namespace}"', f'pod="{g.pod}"']
+            pod, namespace, container = ("pod_name", "pod_namespace", "container_name") if old else \
+                ("pod", "namespace", "container")
+            parts += [f'{container}="{"server" if g.pod else ""}"', f'{namespace}="{g.namespace}"',
+                      f'{pod}="{g.pod}"']
         return "{" + ",".join(parts) + "}"
 
     def value(self, g: SimGpu, key: str, t: float) -> float:
@@ -238,6 +259,8 @@ class SimFleet:
             return float(round(2e8 * p["gr"] * (1.1 + wave)))
         if key == "xid":
             return float(p.get("xid", 0))
+        if key == "clock_reasons":
+            return 0.0 if wave < p.get("released_below", -2.0) else float(p.get("reasons", 0))
         raise KeyError(key)
 
     def render(self, gpus: Iterable[SimGpu], t: float | None = None) -> str:
@@ -335,6 +358,10 @@ def fleet_args(fleet: SimFleet) -> list[str]:
         args += ["--omit", ",".join(fleet.omit)]
     if fleet.assign:
         args += ["--assign", json.dumps(fleet.assign)]
+    if fleet.pods:
+        args += ["--pods", json.dumps(fleet.pods)]
+    if fleet.model != H100:
+        args += ["--model", fleet.model]
     return args
 
 
@@ -412,9 +439,11 @@ class PrometheusServer:
     """The real prometheus binary on 127.0.0.1 with a temporary config and data directory."""
 
     def __init__(self, workdir: Path, targets: list[ScrapeTarget], *, scrape_interval_s: float = 1.0,
-                 extra_args: Iterable[str] = (), data_dir: Path | None = None, binary: str | None = None) -> None:
+                 extra_args: Iterable[str] = (), data_dir: Path | None = None, binary: str | None = None,
+                 rule_files: Iterable[Path] = ()) -> None:
         self.workdir = workdir.resolve()  # prometheus runs in workdir: every path it gets must be absolute
         self.targets = targets
+        self.rule_files = [Path(p).resolve() for p in rule_files]
         self.scrape_interval_s = scrape_interval_s
         self.extra_args = list(extra_args)
         self.data_dir = (data_dir or self.workdir / "prom-data").resolve()
@@ -430,6 +459,8 @@ class PrometheusServer:
     def write_config(self) -> Path:
         interval = f"{int(self.scrape_interval_s * 1000)}ms"
         lines = ["global:", f"  scrape_interval: {interval}", f"  scrape_timeout: {interval}"]
+        if self.rule_files:
+            lines += [f"  evaluation_interval: {interval}", "rule_files:"] + [f"  - '{p}'" for p in self.rule_files]
         if self.targets:
             lines += ["scrape_configs:", "  - job_name: dcgm", "    honor_labels: true", "    static_configs:"]
         for t in self.targets:
@@ -439,15 +470,21 @@ class PrometheusServer:
         config.write_text("\n".join(lines) + "\n")
         return config
 
+    def command(self, config: Path) -> list[str]:
+        return [str(self.binary), f"--config.file={config}", f"--storage.tsdb.path={self.data_dir}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn", *self.extra_args]
+
+    def _missing_binary(self) -> str:
+        return NO_PROMETHEUS
+
     def start(self, timeout: float = 60) -> PrometheusServer:
         if self.binary is None:
-            raise RuntimeError("the prometheus binary is not installed (scripts/install-test-deps.sh installs it)")
+            raise RuntimeError(self._missing_binary())
         config = self.write_config()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for _attempt in range(3):  # a free port can be taken between choosing and binding it
             self.port = free_port()
-            cmd = [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.data_dir}",
-                   f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn", *self.extra_args]
+            cmd = self.command(config)
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
             try:
@@ -455,9 +492,9 @@ class PrometheusServer:
                 return self
             except (TimeoutError, RuntimeError):
                 self.stop()
-                if "address already in use" not in self.log.read_text(errors="replace"):
+                if "address already in use" not in self.log.read_text(errors="replace").lower():
                     raise
-        raise RuntimeError("could not find a free port for Prometheus")
+        raise RuntimeError("could not find a free port for the time-series database")
 
     def _ready(self) -> bool:
         assert self.proc is not None
@@ -495,6 +532,36 @@ class PrometheusServer:
         self.stop()
 
 
+class VictoriaMetricsServer(PrometheusServer):
+    """Single-node VictoriaMetrics (Debian's `victoria-metrics`) on 127.0.0.1, scraping the same targets with the same
+    config file, and answering the same HTTP query API. Samples are visible to queries at once (no 30 s latency
+    offset), so short test windows ending now see their data."""
+
+    def __init__(self, workdir: Path, targets: list[ScrapeTarget], *, scrape_interval_s: float = 1.0,
+                 extra_args: Iterable[str] = (), data_dir: Path | None = None, binary: str | None = None) -> None:
+        super().__init__(workdir, targets, scrape_interval_s=scrape_interval_s, extra_args=extra_args,
+                         data_dir=data_dir or workdir.resolve() / "vm-data",
+                         binary=binary or find_victoria_metrics())
+        self.log = workdir / "victoria-metrics.log"
+
+    def command(self, config: Path) -> list[str]:
+        return [str(self.binary), f"-storageDataPath={self.data_dir}", f"-httpListenAddr=127.0.0.1:{self.port}",
+                "-search.latencyOffset=0s", "-search.disableCache", "-loggerLevel=WARN", "-retentionPeriod=100y",
+                *([f"-promscrape.config={config}"] if self.targets else []), *self.extra_args]
+
+    def _missing_binary(self) -> str:
+        return NO_VICTORIA_METRICS
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"victoria-metrics exited with {self.proc.returncode}: {self.log.read_text()[-1500:]}")
+        try:
+            return _get(f"{self.url}/health", 2).strip() == b"OK"
+        except (urllib.error.URLError, OSError):
+            return False
+
+
 def node_targets(exporter: ExporterProcess) -> list[ScrapeTarget]:
     return [ScrapeTarget(f"127.0.0.1:{exporter.port}", f"/node/{n}/metrics", f"node-{n:04d}")
             for n in exporter.fleet.nodes]
@@ -511,7 +578,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, SimFleet]:
     s.add_argument("--port-file")
     s.add_argument("--gpus", type=int, default=8)
     s.add_argument("--gpus-per-node", type=int, default=4)
-    s.add_argument("--names", choices=("legacy", "dcgm46"), default="legacy")
+    s.add_argument("--names", choices=("legacy", "dcgm46", "lowercase"), default="legacy")
     s.add_argument("--host-label", choices=("Hostname", "hostname"), default="Hostname")
     s.add_argument("--mig-nodes", default="")
     s.add_argument("--omit", default="")
@@ -520,11 +587,14 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, SimFleet]:
     s.add_argument("--start", type=float, default=None)
     s.add_argument("--refresh", type=float, default=0.0)
     s.add_argument("--first-node", type=int, default=0)
+    s.add_argument("--pods", default="{}")
+    s.add_argument("--model", default=H100)
     args = ap.parse_args(argv)
     fleet = SimFleet(
         n_gpus=args.gpus, gpus_per_node=args.gpus_per_node, names=args.names, host_label=args.host_label,
         mig_nodes=tuple(int(x) for x in args.mig_nodes.split(",") if x), omit=tuple(x for x in args.omit.split(",") if x),
         profiles=tuple(args.profiles.split(",")), assign={int(k): v for k, v in json.loads(args.assign).items()},
+        pods={int(k): v for k, v in json.loads(args.pods).items()}, model=args.model,
         refresh_s=args.refresh, first_node=args.first_node, **({"start": args.start} if args.start is not None else {}))
     return args, fleet
 
@@ -542,23 +612,29 @@ except ImportError:  # the benchmark imports this module without pytest
     pytest = None  # type: ignore[assignment]
 
 PROFILE_VERDICT = {"idle": "idle", "bandwidth": "memory_bandwidth", "compute": "compute", "batching": "batching",
-                   "vram": "vram", "throttled": "throttling", "xid": "errors"}
+                   "vram": "vram", "throttled": "throttling", "xid": "errors", "latency": "latency"}
+# The rule that names each planted class (the primary finding).
+PROFILE_RULE = {"idle": "IDLE001", "bandwidth": "BW001", "compute": "CMP001", "batching": "BAT003", "vram": "VRAM003",
+                "throttled": "THR001", "xid": "ERR001", "latency": "LAT001"}
 NO_PROMETHEUS = "the prometheus binary is not installed (scripts/install-test-deps.sh installs it)"
+NO_VICTORIA_METRICS = "the victoria-metrics binary is not installed (scripts/install-test-deps.sh installs it)"
 
 
 @dataclass
 class DcgmStack:
-    """Two exporters (legacy names + `Hostname`; DCGM 4.6 names + `hostname` with default-counters omissions)
-    scraped every second by one real Prometheus."""
+    """Three exporters (legacy names + `Hostname` with MIG; DCGM 4.6 names + `hostname` with default-counters
+    omissions and clock event reasons; lower-case `dcgm_fi_*` names with `uuid`/`pod_name` labels) scraped every
+    second by one real Prometheus or VictoriaMetrics (`prom`)."""
 
     prom: PrometheusServer
     legacy: ExporterProcess
     renamed: ExporterProcess
+    old: ExporterProcess
     started: float
 
     @property
     def gpus(self) -> list[SimGpu]:
-        return self.legacy.fleet.gpus + self.renamed.fleet.gpus
+        return self.legacy.fleet.gpus + self.renamed.fleet.gpus + self.old.fleet.gpus
 
     def gpu(self, profile: str, *, renamed: bool = False, mig: bool = False) -> SimGpu:
         fleet = (self.renamed if renamed else self.legacy).fleet
@@ -571,10 +647,47 @@ def legacy_fleet() -> SimFleet:
 
 
 def renamed_fleet() -> SimFleet:
-    # What dcgm-exporter's default counters give: no SM_ACTIVE, no violation counters, no maximum clock.
-    return SimFleet(n_gpus=4, gpus_per_node=4, first_node=5, names="dcgm46", host_label="hostname",
+    # Close to dcgm-exporter's default counters: no SM_ACTIVE, no violation counters, no maximum clock; plus the
+    # clock event reasons (DCGM 4.x name), which tell the throttled GPU from the spec table's maximum clock.
+    return SimFleet(n_gpus=5, gpus_per_node=5, first_node=5, names="dcgm46", host_label="hostname",
                     omit=("sm_active", "power_violation", "thermal_violation", "max_sm_clock"),
-                    profiles=("compute", "idle", "bandwidth", "batching"))
+                    profiles=("compute", "idle", "bandwidth", "batching", "throttled"))
+
+
+# Label values an attacker controls: a pod name holding a token, a model name with terminal escapes (clear the
+# screen, write the clipboard through OSC 52).
+HOSTILE_POD = "idle-sk-proj-AbCdEfGhIjKlMnOpQrStUv"
+HOSTILE_MODEL = "NVIDIA H100 80GB HBM3\x1b[2J\x1b]52;c;aGk=\x07"
+
+
+def old_fleet() -> SimFleet:
+    # An older exporter: dcgm_fi_* names in lower case, uuid / pod_name / pod_namespace labels; hostile labels.
+    return SimFleet(n_gpus=2, gpus_per_node=2, first_node=8, names="lowercase", profiles=("compute", "idle"),
+                    pods={1: HOSTILE_POD}, model=HOSTILE_MODEL)
+
+
+def start_stack(workdir: Path, engine: type[PrometheusServer] = PrometheusServer) -> DcgmStack:
+    exporters = [ExporterProcess(f, workdir) for f in (legacy_fleet(), renamed_fleet(), old_fleet())]
+    prom = None
+    try:
+        for e in exporters:
+            e.start()
+        prom = engine(workdir, [t for e in exporters for t in node_targets(e)]).start()
+        started = time.time()
+        prom.wait_for_samples(16, timeout=180)
+        return DcgmStack(prom, *exporters, started)  # type: ignore[arg-type]
+    except BaseException:
+        if prom is not None:
+            prom.stop()
+        for e in exporters:
+            e.stop()
+        raise
+
+
+def stop_stack(stack: DcgmStack) -> None:
+    stack.prom.stop()
+    for e in (stack.legacy, stack.renamed, stack.old):
+        e.stop()
 
 
 if pytest is not None:
@@ -583,18 +696,19 @@ if pytest is not None:
     def dcgm_stack(tmp_path_factory):  # type: ignore[no-untyped-def]
         if find_prometheus() is None:
             pytest.skip(NO_PROMETHEUS)
-        workdir = tmp_path_factory.mktemp("dcgm-stack")
-        legacy = ExporterProcess(legacy_fleet(), workdir).start()
-        renamed = ExporterProcess(renamed_fleet(), workdir)
-        prom = None
+        stack = start_stack(tmp_path_factory.mktemp("dcgm-stack"))
         try:
-            renamed.start()
-            prom = PrometheusServer(workdir, node_targets(legacy) + node_targets(renamed)).start()
-            started = time.time()
-            prom.wait_for_samples(16, timeout=180)
-            yield DcgmStack(prom, legacy, renamed, started)
+            yield stack
         finally:
-            if prom is not None:
-                prom.stop()
-            renamed.stop()
-            legacy.stop()
+            stop_stack(stack)
+
+    @pytest.fixture(scope="session")
+    def vm_stack(tmp_path_factory):  # type: ignore[no-untyped-def]
+        """The same exporters scraped by VictoriaMetrics instead of Prometheus."""
+        if find_victoria_metrics() is None:
+            pytest.skip(NO_VICTORIA_METRICS)
+        stack = start_stack(tmp_path_factory.mktemp("vm-stack"), VictoriaMetricsServer)
+        try:
+            yield stack
+        finally:
+            stop_stack(stack)

@@ -76,13 +76,15 @@ def test_gpu_index_on_the_exporters_node_and_xid(legacy) -> None:  # type: ignor
 
 def test_dcgm46_names_with_default_counters(tmp_path) -> None:  # type: ignore[no-untyped-def]
     fleet = SimFleet(n_gpus=2, gpus_per_node=2, names="dcgm46", host_label="hostname", profiles=("compute", "idle"),
-                     omit=("sm_active", "power_violation", "thermal_violation", "max_sm_clock"))
+                     omit=("sm_active", "power_violation", "thermal_violation", "max_sm_clock", "clock_reasons"))
     with ExporterProcess(fleet, tmp_path) as exporter:
         d = sample(exporter.url(0), "--gpu", "0")
     assert d["verdict"] == "compute"
     missing = {u["what"]: u for u in d["unavailable"]}
-    assert set(missing) == {"gpu.sm_active", "gpu.sm_clock_frac", "gpu.throttle.power", "gpu.throttle.thermal"}
+    assert set(missing) == {"gpu.sm_active", "gpu.throttle.power", "gpu.throttle.thermal"}
     assert all("dcgm-counters.csv" in u["hint"] for u in missing.values())
+    # No DCGM_FI_DEV_MAX_SM_CLOCK: the clock is judged against the H100's maximum from the spec table, and said so.
+    assert any("DCGM_FI_DEV_MAX_SM_CLOCK is not exported" in n and "1980 MHz" in n for n in d["notes"])
 
 
 def test_slow_collect_interval_is_said_and_not_double_counted(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -109,17 +111,23 @@ def test_exporter_vanishing_mid_window_keeps_what_was_read(tmp_path) -> None:  #
     assert any("stopped answering" in note for note in d["notes"])
 
 
-def test_ctrl_c_diagnoses_what_was_read(legacy) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("sig, said, code", [(signal.SIGINT, "Ctrl-C", 0), (signal.SIGTERM, "SIGTERM", 143)])
+def test_ctrl_c_and_sigterm_end_the_window_and_diagnose_what_was_read(legacy, tmp_path, sig, said, code) -> None:  # type: ignore[no-untyped-def]
     g = legacy.fleet.by_profile("idle")[0]
+    saved = tmp_path / "stopped.dgc"
     before = legacy.served(0)
     proc = popen("dcgm", "--dcgm-exporter", legacy.url(0), "--uuid", g.uuid, "--duration", "60", "--interval",
-                 "0.3", "--json")
+                 "0.3", "--json", "--save", str(saved))
     poll(lambda: legacy.served(0) - before >= 6, 60, "six readings")
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    assert proc.returncode == code, err
     d = json.loads(out)
-    assert d["verdict"] == "idle" and any("Interrupted by Ctrl-C after" in n for n in d["notes"])
+    assert d["verdict"] == "idle" and any(f"Interrupted by {said} after" in n for n in d["notes"]), d["notes"]
+    # The saved window is the span the readings cover, not the 60 s planned.
+    cap = load(saved)
+    busy = cap.series_named("gpu.busy")[0]
+    assert len(busy.values) >= 5 and busy.times[-1] <= cap.duration_s < 60
 
 
 def test_several_gpus_without_a_selector_are_listed(legacy) -> None:  # type: ignore[no-untyped-def]
@@ -134,7 +142,7 @@ def test_endpoints_that_are_down_or_not_dcgm_exporter(legacy) -> None:  # type: 
         port = s.getsockname()[1]
     cases = [
         (f"http://127.0.0.1:{port}/metrics", 3, "is unreachable (connection refused)"),
-        (legacy.url().replace("/metrics", "/healthz"), 3, "did not return Prometheus text format"),
+        (legacy.url().replace("/metrics", "/healthz"), 3, "serves no DCGM_* metrics"),
         (legacy.url(99), 3, "answered HTTP 404"),
         ("node:9400/metrics", 2, "wants an http(s) URL"),
     ]
@@ -147,3 +155,41 @@ def test_endpoints_that_are_down_or_not_dcgm_exporter(legacy) -> None:  # type: 
     assert r.returncode == 2 and "give one DCGM source" in r.stderr
     r = cli("dcgm", "--dcgm-exporter", legacy.url(0), "--since", "1h", "--gpu", "0")
     assert r.returncode == 2 and "--since" in r.stderr
+
+
+def test_clock_event_bits_without_a_max_clock_field_are_throttling(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """DCGM 4.x names, no violation counters, no DCGM_FI_DEV_MAX_SM_CLOCK: the HW power brake bit at 60 % of the
+    H100's 1980 MHz (the spec table's maximum) is throttling."""
+    fleet = SimFleet(n_gpus=1, gpus_per_node=1, names="dcgm46", profiles=("throttled",),
+                     omit=("power_violation", "thermal_violation", "max_sm_clock"))
+    with ExporterProcess(fleet, tmp_path) as exporter:
+        d = sample(exporter.url(0), seconds="3")
+    assert d["verdict"] == "throttling", d["headline"]
+    cited = {c["signal"]: c for f in d["findings"] for c in f["citations"]}
+    assert cited["gpu.throttle.power"]["value"] == pytest.approx(1.0)  # 0x84: SW power cap + HW power brake
+    assert cited["gpu.sm_clock_frac"]["value"] == pytest.approx(1190 / 1980, abs=0.03)
+    assert any("1980 MHz maximum from the spec table" in n for n in d["notes"])
+    assert "gpu.sm_clock_frac" not in {u["what"] for u in d["unavailable"]}
+
+
+def test_lowercase_names_old_labels_and_a_uuid_prefix(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    fleet = SimFleet(n_gpus=2, gpus_per_node=2, names="lowercase", profiles=("bandwidth", "idle"))
+    with ExporterProcess(fleet, tmp_path) as exporter:
+        g = fleet.by_profile("bandwidth")[0]
+        d = sample(exporter.url(0), "--uuid", g.uuid[4:12])  # as `nvidia-smi -L` abbreviates, without GPU-
+        assert d["verdict"] == "memory_bandwidth" and g.pod in d["target"]
+        r = cli("dcgm", "--dcgm-exporter", exporter.url(0), "--pod", fleet.by_profile("idle")[0].pod[:6],
+                "--duration", "1", "--json")
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_gpu_without_the_fields_the_rules_read_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    every = ("gr_engine_active", "gpu_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fb_used",
+             "fb_free", "sm_clock", "max_sm_clock", "power", "power_violation", "thermal_violation", "pcie_tx",
+             "pcie_rx", "xid", "clock_reasons")
+    fleet = SimFleet(n_gpus=1, gpus_per_node=1, omit=every, profiles=("compute",))  # only the temperature is left
+    with ExporterProcess(fleet, tmp_path) as exporter:
+        r = cli("dcgm", "--dcgm-exporter", exporter.url(0), "--gpu", "0", "--duration", "1")
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 3 and len(lines) == 1, r.stderr
+    assert f"gpu 0 {fleet.gpus[0].uuid}" in lines[0] and "none of the fields the diagnosis reads" in lines[0]

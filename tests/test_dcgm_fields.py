@@ -34,8 +34,11 @@ T = 1_700_000_100.0
 def test_every_field_has_a_unique_legacy_name_and_known_signal() -> None:
     from diagnoser.signals import SPECS
 
-    names = [n for f in FIELDS for n in f.names]
+    names = [n for f in FIELDS if not f.bits for n in f.names]
     assert len(names) == len(set(names))
+    # The clock event reasons are one metric read as three groups of bits.
+    assert {f.names for f in FIELDS if f.bits} == {("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+                                                    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")}
     for f in FIELDS:
         assert f.names and f.names[0].startswith("DCGM_FI_")
         assert f.signal is None or f.signal in SPECS, f.signal
@@ -134,7 +137,7 @@ def test_ambiguous_and_empty_selections_list_the_candidates(two_nodes) -> None: 
     (one,) = select_gpus(gpus, GpuSelector(node="node-0001", gpu=0, mig_instance="2"))
     assert one.mig_id == "2"
     with pytest.raises(InputError, match="matches .* pods"):
-        select_gpus(gpus, GpuSelector(pod="idle-server"))  # two idle pods share the prefix
+        select_gpus(gpus, GpuSelector(pod="ba"))  # bandwidth-server and batching-server share the prefix
 
 
 def _sleeper(env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -89,16 +89,17 @@ def test_dcgm46_names_and_lowercase_hostname_by_node_and_index(dcgm_stack) -> No
     # The default counters omit these: the diagnosis says so and points to the counters CSV.
     assert "commented out" in missing["gpu.sm_active"]["reason"]
     assert "dcgm-counters.csv" in missing["gpu.sm_active"]["hint"]
-    assert "DCGM_FI_DEV_POWER_VIOLATION" in missing["gpu.throttle.power"]["hint"]
-    assert "DCGM_FI_DEV_MAX_SM_CLOCK" in missing["gpu.sm_clock_frac"]["reason"]
+    assert "gpu.throttle.power" not in missing  # no violation counters: the clock event reasons stand in
+    assert "gpu.sm_clock_frac" not in missing  # the H100's maximum clock from the spec table stands in
+    assert any("1980 MHz maximum from the spec table" in n for n in d["notes"])
     assert "gpu.busy" not in missing and "gpu.dram_active" not in missing
 
 
-def test_mig_instance_by_pod_inherits_the_boards_fields(dcgm_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_mig_instance_inherits_the_boards_fields(dcgm_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
     g = dcgm_stack.gpu("bandwidth", mig=True)
     saved = tmp_path / "mig.dgc"
-    r = cli("dcgm", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--pod", g.pod, "--json", "--save",
-            str(saved))
+    r = cli("dcgm", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--uuid", g.uuid, "--mig-instance",
+            g.mig_id, "--json", "--save", str(saved))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["verdict"] == "memory_bandwidth"
     cap = load(saved)
@@ -160,8 +161,8 @@ class StopsPrometheus(PromClient):
         super().__init__(url, timeout_s=10)
         self.prom, self.after = prom, after
 
-    def _call(self, fn):  # type: ignore[no-untyped-def]
-        result = super()._call(fn)
+    def _call(self, endpoint: str, params: dict[str, str], method: str = "POST") -> bytes:
+        result = super()._call(endpoint, params, method)
         if self.queries == self.after:
             self.prom.stop()
         return result
@@ -182,12 +183,13 @@ def own_stack(tmp_path):  # type: ignore[no-untyped-def]
 def test_prometheus_stopped_mid_query_keeps_partial_results(own_stack) -> None:  # type: ignore[no-untyped-def]
     prom, exporter = own_stack
     window = Window(time.time() - 6, time.time())
-    # The GPU list, the metric names, GR_ENGINE_ACTIVE and GPU_UTIL answered; then Prometheus dies.
+    # The metric names, the GPU list, GR_ENGINE_ACTIVE's and SM_ACTIVE's statistics answered; then Prometheus dies.
     client = StopsPrometheus(prom.url, prom, after=4)
     report = run_fleet(client, window, workers=1)
     assert len(report.rows) == len(exporter.fleet.gpus)
-    assert all(r.partial for r in report.rows)
-    assert any("field queries failed" in e and "unreachable" in e for e in report.errors)
+    assert all(r.partial and r.basis == "statistics" for r in report.rows)
+    assert any("statistic queries failed" in e and "unreachable" in e for e in report.errors)
+    assert any("could not be read" in e and "their rows come from statistics" in e for e in report.errors)
     by_uuid = {(r.uuid, r.gpu): r for r in report.rows}
     idle = next(g for g in exporter.fleet.gpus if g.profile == "idle")
     row = by_uuid[(idle.uuid, str(idle.index))]
@@ -205,7 +207,7 @@ def test_every_field_query_failing_is_fatal(own_stack) -> None:  # type: ignore[
     prom, _ = own_stack
     client = StopsPrometheus(prom.url, prom, after=2)  # only the GPU list and the metric names answered
     with pytest.raises(SourceUnavailable, match="no counter could be read"):
-        run_fleet(client, Window(time.time() - 6, time.time()), workers=2)
+        run_fleet(client, Window(time.time() - 6, time.time()), workers=1)
 
 
 def test_query_limits_are_reported_as_rejections(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -252,7 +254,11 @@ def test_something_that_is_not_prometheus(tmp_path) -> None:  # type: ignore[no-
     with ExporterProcess(legacy_fleet(), tmp_path) as exporter:
         base = exporter.url().removesuffix("/metrics")
         r = cli("fleet", "--prometheus", base, "--since", "5m")
-    one_sentence_error(r, 3, "answered HTTP 404")
+        # An exporter's URL given as Prometheus: the error says which command reads it.
+        one_sentence_error(r, 3, "is a dcgm-exporter endpoint, not Prometheus",
+                           f"diagnoser dcgm --dcgm-exporter {exporter.url()}")
+        r = cli("fleet", "--prometheus", base + "/healthz", "--since", "5m")
+    one_sentence_error(r, 3, "answered HTTP ")
     r = cli("fleet", "--prometheus", "localhost:9090")
     one_sentence_error(r, 2, "wants an http(s) URL")
 

@@ -14,10 +14,13 @@ import pytest
 
 from diagnoser.collectors.prometheus_source import PromClient, Window
 from diagnoser.fleet import run_fleet
-from tests.prom_harness import (  # noqa: F401  (dcgm_stack is a fixture)
+from diagnoser.fleet import publishable
+from tests.prom_harness import (  # noqa: F401  (dcgm_stack and vm_stack are fixtures)
+    HOSTILE_POD,
     NO_PROMETHEUS,
     PROFILE_VERDICT,
     REPO,
+    DcgmStack,
     ExporterProcess,
     PrometheusServer,
     SimFleet,
@@ -25,6 +28,7 @@ from tests.prom_harness import (  # noqa: F401  (dcgm_stack is a fixture)
     find_prometheus,
     node_targets,
     poll,
+    vm_stack,
 )
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow,
@@ -44,18 +48,73 @@ def fleet_json(dcgm_stack):  # type: ignore[no-untyped-def]
     return json.loads(r.stdout)
 
 
-def test_one_row_per_gpu_and_mig_instance_with_the_right_verdict(dcgm_stack, fleet_json) -> None:  # type: ignore[no-untyped-def]
-    rows = {(row["uuid"], row["gpu"]): row for row in fleet_json["rows"]}
-    expected = {(g.uuid, f"{g.index}/{g.mig_id}" if g.mig_id else str(g.index)): g for g in dcgm_stack.gpus}
+def check_rows(stack: DcgmStack, doc: dict) -> None:
+    """Every GPU and MIG instance of the three exporters (legacy, DCGM 4.6 with clock event reasons and no maximum
+    clock, lower-case names with old labels) has its row, with its planted verdict."""
+    rows = {(row["uuid"], row["gpu"]): row for row in doc["rows"]}
+    expected = {(g.uuid, f"{g.index}/{g.mig_id}" if g.mig_id else str(g.index)): g for g in stack.gpus}
     assert set(rows) == set(expected)  # the MIG board itself is no row: its instances are
     for key, g in expected.items():
         row = rows[key]
         assert row["diagnosis"]["verdict"] == PROFILE_VERDICT[g.profile], (g, row["diagnosis"]["headline"])
         assert row["node"] == g.hostname
-        assert row["pod"] == g.pod and row["namespace"] == g.namespace
+        assert row["pod"] == publishable(g.pod, {}) and row["namespace"] == g.namespace
         assert not row["partial"], row["notes"]
-    mig = [r for r in fleet_json["rows"] if r["mig_profile"]]
+    mig = [r for r in doc["rows"] if r["mig_profile"]]
     assert len(mig) == 2 and all(r["gpu"].startswith("0/") for r in mig)
+    # The top of the list was read again as points; the rest comes from the engine's window statistics.
+    assert {r["basis"] for r in doc["rows"]} == {"points"} and doc["timings"]["detailed"] == len(rows)
+
+
+def test_one_row_per_gpu_and_mig_instance_with_the_right_verdict(dcgm_stack, fleet_json) -> None:  # type: ignore[no-untyped-def]
+    check_rows(dcgm_stack, fleet_json)
+
+
+def test_statistics_alone_give_the_same_verdicts(dcgm_stack) -> None:  # type: ignore[no-untyped-def]
+    r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--json", "--detail", "0")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {row["basis"] for row in doc["rows"]} == {"statistics"}
+    by_key = {(row["uuid"], row["gpu"]): row["diagnosis"]["verdict"] for row in doc["rows"]}
+    for g in dcgm_stack.gpus:
+        assert by_key[(g.uuid, f"{g.index}/{g.mig_id}" if g.mig_id else str(g.index))] == PROFILE_VERDICT[g.profile]
+
+
+def test_victoria_metrics_serves_the_same_fleet(vm_stack) -> None:  # type: ignore[no-untyped-def]
+    r = cli("fleet", "--prometheus", vm_stack.prom.url, "--since", "12s", "--json")
+    assert r.returncode == 0, r.stderr
+    check_rows(vm_stack, json.loads(r.stdout))
+    # One GPU, on the DCGM 4.6 exporter without a maximum clock: throttled by its clock-event bits.
+    g = vm_stack.gpu("throttled", renamed=True)
+    r = cli("dcgm", "--prometheus", vm_stack.prom.url, "--since", "12s", "--uuid", g.uuid, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["verdict"] == "throttling"
+
+
+def test_selectors_narrow_the_fleet(dcgm_stack) -> None:  # type: ignore[no-untyped-def]
+    g = dcgm_stack.gpu("compute")
+    r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--json", "--node", g.hostname)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert {row["node"] for row in rows} == {g.hostname} and len(rows) == 4
+    r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--json", "--uuid", g.uuid[:12])
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [row["uuid"] for row in rows] == [g.uuid] and rows[0]["basis"] == "points"
+    r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--uuid", "GPU-")
+    assert r.returncode == 2 and "matches" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_hostile_labels_are_redacted_and_escapes_never_reach_the_terminal(dcgm_stack, fleet_json) -> None:  # type: ignore[no-untyped-def]
+    text = json.dumps(fleet_json)
+    assert HOSTILE_POD not in text and "sk-proj" not in text
+    assert any(r["pod"] == "idle-[redacted]" for r in fleet_json["rows"])
+    assert "\\u001b" not in text and "\x1b" not in text
+    r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--limit", "40")
+    assert r.returncode == 0 and "sk-proj" not in r.stdout and "\x1b" not in r.stdout + r.stderr
+    r = cli("dcgm", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--pod", "idle-sk", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "sk-proj" not in r.stdout and "\\u001b" not in r.stdout
 
 
 def test_rows_are_sorted_by_money_at_stake(fleet_json) -> None:  # type: ignore[no-untyped-def]
@@ -99,9 +158,9 @@ def test_terminal_table_fits_80_columns_as_plain_text(dcgm_stack) -> None:  # ty
     out = r.stdout
     assert "\x1b[" not in out  # piped: no colour codes
     assert all(len(line) <= 80 for line in out.splitlines()), max(out.splitlines(), key=len)
-    assert re.search(r"^Fleet: 14 GPUs on 4 nodes", out, re.M)
-    assert "node-0001:" in out and "idle" in out and "throttled" in out
-    assert "... and 5 more GPUs" in out
+    assert re.search(r"^Fleet: 17 GPUs on 5 nodes", out, re.M)
+    assert "node-0005:" in out and "idle" in out and "throttled" in out
+    assert "... and 8 more GPUs" in out
     assert "At stake: $" in out
 
 
@@ -110,7 +169,8 @@ def test_fail_on_and_html(dcgm_stack, tmp_path) -> None:  # type: ignore[no-unty
     r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--fail-on", "errors", "--html", str(html))
     assert r.returncode == 1, r.stderr  # one simulated GPU reports XID 79
     text = html.read_text()
-    assert "14 GPUs" in text and dcgm_stack.gpu("xid").pod in text and "GPU errors" in text
+    assert "17 GPUs" in text and dcgm_stack.gpu("xid").pod in text and "GPU errors" in text
+    assert "sk-proj" not in text
     r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--fail-on", "interconnect", "--json")
     assert r.returncode == 0
     r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--group-by", "rack")

@@ -1,5 +1,5 @@
 """The fleet's arithmetic without a Prometheus: prices, what is at stake per verdict (from real engine diagnoses),
-grouping, and rows built from step values, serially and in forked processes alike."""
+grouping, rows built from step values and from window statistics, and what fleet publishes."""
 
 from __future__ import annotations
 
@@ -73,13 +73,10 @@ def _window_data(n_gpus: int) -> WindowData:
     return data
 
 
-def test_rows_from_step_values_serial_and_forked_agree() -> None:
+def test_rows_from_step_values() -> None:
     data = _window_data(40)
-    serial = build_rows(data, processes=1)
-    forked = build_rows(data, processes=2)
+    serial = build_rows(data)
     assert len(serial) == 41  # 40 GPUs and the MIG instance; the MIG board is no row
-    assert [(r.uuid, r.gpu, r.diagnosis.verdict, r.usd_per_hour_at_stake) for r in serial] == \
-        [(r.uuid, r.gpu, r.diagnosis.verdict, r.usd_per_hour_at_stake) for r in forked]
     verdicts = {r.uuid: r.diagnosis.verdict for r in serial}
     assert verdicts["GPU-0000"] == "idle" and verdicts["GPU-0001"] == "memory_bandwidth"
     mig = next(r for r in serial if r.mig_profile)
@@ -96,14 +93,14 @@ def test_gaps_mark_rows_partial() -> None:
     for field in ("dram_active", "tensor_active", "fb_used", "fb_free"):
         for i in range(20, 30):
             data.values[field][("GPU-0000", "")][i] = math.nan
-    rows = {r.uuid: r for r in build_rows(data, processes=1)}
+    rows = {r.uuid: r for r in build_rows(data)}
     gone = rows["GPU-0000"]
     assert gone.partial and "no data after" in gone.notes[0] and gone.diagnosis.verdict == "idle"
     assert not rows["GPU-0001"].partial
 
 
 def test_groups() -> None:
-    rows = build_rows(_window_data(16), processes=1)
+    rows = build_rows(_window_data(16))
     by_node = group_rows(rows, "node")
     assert [g.name for g in by_node][:2] in (["node-0", "node-1"], ["node-1", "node-0"])
     assert sum(len(g.rows) for g in by_node) == len(rows)
@@ -115,7 +112,7 @@ def test_groups() -> None:
 
 
 def test_fast_json_is_the_models_own_dict() -> None:
-    rows = build_rows(_window_data(6), processes=1)
+    rows = build_rows(_window_data(6))
     extra = diagnose(make_capture({"gpu.busy": 0.97, "gpu.tensor_active": 0.8, "gpu.dram_active": 0.3}))
     for d in [r.diagnosis for r in rows] + [extra, diagnose(make_capture({}))]:
         assert diagnosis_dict(d) == d.to_dict()
@@ -127,18 +124,11 @@ def test_fast_json_is_the_models_own_dict() -> None:
     assert json.loads(dumps_json(report_dict(report))) == json.loads(json.dumps(report.to_dict()))
 
 
-def test_large_fleets_read_fewer_values_per_gpu_unless_asked() -> None:
-    from diagnoser.fleet import DEFAULT_POINTS, LARGE_FLEET_GPUS, LARGE_FLEET_POINTS, points_for
-
-    assert points_for(100, None) == points_for(LARGE_FLEET_GPUS, None) == DEFAULT_POINTS
-    assert points_for(LARGE_FLEET_GPUS + 1, None) == LARGE_FLEET_POINTS < DEFAULT_POINTS
-    assert points_for(10_000, 60) == 60 and points_for(10, 5) == 5  # what the user asked for always wins
-
-
 def test_field_answers_decode_straight_into_keys_and_floats() -> None:
     """The typed decode of a field query keeps only the key labels, turns value strings into floats, and falls
     back to the generic decode for what it refuses ("+Inf", an error body), with the same result."""
-    from diagnoser.collectors.prometheus_source import KeyedSeries, _decode_json, _values_by_step
+    from diagnoser.collectors.prom_client import KeyedSeries, _decode_json
+    from diagnoser.collectors.prometheus_source import _values_by_step
 
     body = (b'{"status":"success","data":{"resultType":"matrix","result":['
             b'{"metric":{"Hostname":"n1","UUID":"GPU-a","pod":"p1","modelName":"H100"},'
@@ -193,3 +183,147 @@ def test_gc_is_paused_for_the_run_and_restored() -> None:
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()
+
+
+# --- the triage from window statistics -----------------------------------------------------------------------------
+
+
+def test_signals_from_statistics_answer_like_samples() -> None:
+    from diagnoser.evidence import Signal
+
+    samples = Signal("gpu.dram_active", "ratio", ("dcgm",), tuple(i / 100 for i in range(101)))
+    stats = Signal.from_stats("gpu.dram_active", "ratio", ("dcgm",), mean=samples.mean, p50=samples.p50,
+                              p90=samples.p90, max=samples.max, min=samples.min, n=101)
+    assert stats.n == 101 and stats.mean == pytest.approx(0.5) and stats.values == (stats.mean,)
+    for name in ("p50", "p90", "max", "min"):
+        assert stats.stat(name) == pytest.approx(samples.stat(name))
+    for t in (-1.0, 0.0, 0.25, 0.5, 0.9, 0.95, 1.0, 2.0):  # a uniform distribution: interpolation is exact
+        assert stats.frac_above(t) == pytest.approx(samples.frac_above(t), abs=0.011), t
+        assert stats.frac_below(t) == pytest.approx(1 - stats.frac_above(t))
+    assert stats.quantile(0.7) == pytest.approx(samples.quantile(0.7), abs=0.011)
+    # A 0/1 signal: its mean is the share above 0.5, given exactly.
+    throttle = Signal.from_stats("gpu.throttle.power", "ratio", ("dcgm",), mean=0.85, n=120, frac_above={0.5: 0.85})
+    assert throttle.frac_above(0.5) == 0.85 and throttle.stat("frac_above:0.5") == 0.85
+    bare = Signal.from_stats("gpu.busy", "ratio", ("dcgm",), mean=0.4)
+    assert bare.p90 == bare.max == 0.4 and bare.frac_above(0.3) == 1.0 and bare.frac_above(0.5) == 0.0
+
+
+def _stats(profiles: list[dict[str, float]], *, mig: bool = False):  # type: ignore[no-untyped-def]
+    """WindowStats as the engine would answer them: one number per GPU and statistic."""
+    from diagnoser.collectors.prom_stats import WindowStats
+
+    w = Window(1_700_000_000.0, 1_700_003_600.0)
+    data = WindowStats(w)
+    for i, _ in enumerate(profiles):
+        key = (f"GPU-{i:04d}", "")
+        data.gpus[key] = GpuIdentity(key=key, index=i, model=H100, node="node-0", pods=[("ns", f"pod-{i}")])
+    if mig:
+        data.gpus[("GPU-0000", "1")] = GpuIdentity(key=("GPU-0000", "1"), index=0, model=H100, node="node-0",
+                                                   mig_id="1", mig_profile="3g.40gb")
+    data.keys = list(data.gpus)
+    data.index = {k: i for i, k in enumerate(data.keys)}
+    data.samples = array("d", [120.0] * len(data.keys))
+    for i, p in enumerate(profiles):
+        for stat, value in p.items():
+            data.values.setdefault(stat, array("d", [math.nan] * len(data.keys)))[i] = value
+            data.fields_present.add(stat.split(".")[0])
+    return data
+
+
+PLANTED = {  # statistics of each planted class, and the verdict the engine must give from them
+    "idle": ({"gr_engine_active.avg": 0.02, "sm_active.avg": 0.01, "dram_active.avg": 0.01}, "idle"),
+    "bandwidth": ({"gr_engine_active.avg": 0.95, "sm_active.avg": 0.85, "tensor_active.avg": 0.22,
+                   "dram_active.avg": 0.72}, "memory_bandwidth"),
+    "compute": ({"gr_engine_active.avg": 0.97, "tensor_active.avg": 0.78, "dram_active.avg": 0.35}, "compute"),
+    "vram": ({"gr_engine_active.avg": 0.8, "sm_active.avg": 0.85, "dram_active.avg": 0.42, "tensor_active.avg": 0.35,
+              "fb_used.avg": 81000, "fb_used.p90": 81200, "fb_total.last": 81559}, "vram"),
+    "batching": ({"gr_engine_active.avg": 0.3, "sm_active.avg": 0.22, "dram_active.avg": 0.12}, "batching"),
+    # Clock-event bits (HW power brake) and no maximum clock: the spec table's 1980 MHz stands in.
+    "throttled": ({"gr_engine_active.avg": 0.92, "tensor_active.avg": 0.45, "dram_active.avg": 0.4,
+                   "sm_clock.avg": 1188.0, "reasons_power.min": 0x84, "reasons_power.max": 0x84, "reasons_power.avg": 0x84}, "throttling"),
+    "errors": ({"gr_engine_active.avg": 0.6, "xid.max": 79.0}, "errors"),
+    # Busy, SMs and DRAM well under their roofs, the tensor pipes nearly idle: kernel-bound in the memory regime.
+    "latency": ({"gr_engine_active.avg": 0.93, "sm_active.avg": 0.34, "tensor_active.avg": 0.05,
+                 "dram_active.avg": 0.28}, "latency"),
+}
+
+
+def test_the_engine_diagnoses_each_planted_class_from_its_statistics() -> None:
+    from diagnoser.fleet import triage_rows
+
+    names = list(PLANTED)
+    stats = _stats([PLANTED[n][0] for n in names])
+    rows, triage = triage_rows(stats)
+    by_pod = {r.pod: r for r in rows}
+    for i, name in enumerate(names):
+        row = by_pod[f"pod-{i}"]
+        assert row.diagnosis.verdict == PLANTED[name][1], (name, row.diagnosis.headline)
+        assert row.basis == "statistics" and not row.partial
+    throttled = by_pod[f"pod-{names.index('throttled')}"].diagnosis
+    cited = {c.signal: c.value for f in throttled.findings for c in f.citations}
+    assert cited["gpu.sm_clock_frac"] == pytest.approx(0.6) and cited["gpu.throttle.power"] == 1.0
+    assert triage.spec_clock_models == {H100}
+    assert by_pod[f"pod-{names.index('errors')}"].diagnosis.notes[0].startswith("DCGM reports XID 79")
+
+
+def test_mig_instances_inherit_their_boards_statistics_and_missing_fields_are_named() -> None:
+    from diagnoser.fleet import triage_rows
+
+    # The board's mask toggled between 0 and 0x84 (power cap + power brake), held 85 % of the window.
+    stats = _stats([{"sm_clock.avg": 1188.0, "reasons_power.min": 0.0, "reasons_power.max": 0x84,
+                     "reasons_power.avg": 0.85 * 0x84}, {"fb_used.avg": 100.0}], mig=True)
+    stats.values["gr_engine_active.avg"] = array("d", [math.nan, math.nan, 0.9])
+    stats.values["tensor_active.avg"] = array("d", [math.nan, math.nan, 0.45])
+    stats.values["dram_active.avg"] = array("d", [math.nan, math.nan, 0.40])
+    rows, _ = triage_rows(stats)
+    mig = next(r for r in rows if r.mig_profile)
+    assert mig.diagnosis.verdict == "throttling"  # the board's clock and bits, the instance's activity
+    cited = {c.signal: c.value for f in mig.diagnosis.findings for c in f.citations}
+    assert cited["gpu.throttle.power"] == pytest.approx(0.85)
+    blind = next(r for r in rows if r.uuid == "GPU-0001")
+    assert blind.partial and blind.notes[0].startswith("no activity counters")
+    assert any("none of the activity fields" in n for n in blind.diagnosis.notes)
+    assert blind.diagnosis.verdict == "inconclusive"
+
+
+def test_clock_event_shares_from_the_masks_extremes_and_mean() -> None:
+    from diagnoser.collectors.dcgm import CLOCK_EVENT_OTHER, CLOCK_EVENT_POWER, CLOCK_EVENT_THERMAL
+    from diagnoser.collectors.prom_stats import bit_shares
+
+    assert bit_shares(0x84, 0x84, 0x84, CLOCK_EVENT_POWER) == 1.0  # held all window
+    assert bit_shares(0x1, 0x1, 0x1, CLOCK_EVENT_POWER) == 0.0  # idle: no clock held
+    assert bit_shares(0, 0x80, 0x20, CLOCK_EVENT_POWER) == pytest.approx(0.25)  # power brake a quarter of it
+    assert bit_shares(0x4, 0x40, 0x13, CLOCK_EVENT_POWER) == pytest.approx(0.75)  # power cap, then HW thermal
+    assert bit_shares(0x4, 0x40, 0x13, CLOCK_EVENT_THERMAL) == pytest.approx(0.25)
+    assert bit_shares(0x4, 0x84, 0x44, CLOCK_EVENT_POWER) == 1.0 and bit_shares(0, 1, 0.5, CLOCK_EVENT_OTHER) == 0
+
+
+def test_published_label_values_are_redacted_exactly_as_the_html_does() -> None:
+    from diagnoser.fleet import publishable, redact_identities
+    from diagnoser.reports.redact import redact
+
+    cache: dict[str, str] = {}
+    samples = ["idle-server-00001-7f9c", "node-0007.cluster.local", "NVIDIA H100 80GB HBM3", "team-a", "3g.40gb",
+               "pod-sk-proj-AbCdEfGhIjKlMnOpQr", "hf_AbCdEfGhIjKlMn", "x?token=abc", "user:pass@host",
+               "a=b", "ghp_0123456789abcdefABCDEF", "eyJhbGciOi.eyJzdWIiOiIx.sig", "AKIA0123456789ABCDEF",
+               "job --api-key abc", "", "ASIA0123456789ABCDEF-x", "gpu-operator"]
+    samples += [f"{p}-{i}" for i in range(50) for p in ("vllm-decode", "sglang", "triton-7f9c")]
+    for value in samples:
+        assert publishable(value, cache) == redact(value), value
+    g = GpuIdentity(key=("GPU-a", ""), index=0, model=H100, node="n", pods=[("ns", "pod-sk-proj-AbCdEfGhIjKl")])
+    redact_identities([g])
+    assert g.pods == [("ns", "pod-[redacted]")] and "sk-proj" not in g.describe()
+
+
+def test_the_streamed_json_is_the_whole_document() -> None:
+    import json
+
+    from diagnoser.fleet import iter_report_json
+
+    rows = build_rows(_window_data(7))
+    report = FleetReport(source="http://p:9090", window_start=1.0, window_end=2.0, rows=rows, errors=["e"])
+    extra = {"notes": ["n"], "timings": {"queries": 3}}
+    whole = json.loads(dumps_json({**report_dict(report), **extra}))
+    for limit, batch in ((None, 3), (None, 1000), (2, 1), (0, 5)):
+        streamed = json.loads(b"".join(iter_report_json(report, extra, limit, batch=batch)))
+        assert streamed == {**whole, "rows": whole["rows"][:limit] if limit is not None else whole["rows"]}

@@ -4,6 +4,7 @@ endpoint (live, for --duration seconds) or from Prometheus (any past window)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -11,6 +12,7 @@ from diagnoser.capture import new_capture
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.collectors.dcgm import GpuSelector, collect_dcgm_into, describe_target, selector_for_pid
+from diagnoser.collectors.prom_client import parse_headers
 from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.errors import InputError
 from diagnoser.interrupts import arm, ends_window_on_signals
@@ -52,7 +54,9 @@ def register(app: typer.Typer) -> None:
         start: str = typer.Option(None, "--start", help="Prometheus: window start (ISO 8601, unix seconds, now-2h)."),
         end: str = typer.Option(None, "--end", help="Prometheus: window end, with --start (default now)."),
         at: str = typer.Option(None, "--at", help="Prometheus: end of the --since window (default now)."),
-        timeout: float = typer.Option(10.0, "--timeout", min=1.0, help="Seconds each request may take."),
+        timeout: float = typer.Option(10.0, "--timeout", min=1.0, help="Seconds each request may take, whole."),
+        headers: list[str] = typer.Option([], "--header", help="Prometheus: an HTTP header for every request, "
+                                          "'Name: value' (Mimir's X-Scope-OrgID, a bearer token); repeatable."),
         save_to: Path = typer.Option(None, "--save", help="Also save the capture (.dgc) for diagnose/report."),
         html: Path = typer.Option(None, "--html", help="Also write the HTML report to this file."),
         as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
@@ -88,7 +92,7 @@ def register(app: typer.Typer) -> None:
             window = resolve_window(since=since, start=start, end=end, at=at, default_s=1800.0)
             capture = new_capture(f"prometheus {prometheus}", started_at=window.start, duration_s=window.length_s)
             targets = collect_dcgm_into(capture, prometheus_url=prometheus, selector=selector, start=window.start,
-                                        end=window.end, timeout_s=timeout)
+                                        end=window.end, timeout_s=timeout, headers=parse_headers(headers))
             capture.target = f"{describe_target(targets)} (Prometheus {prometheus})"
             capture.host = targets[0].node or capture.host
         pipeline.checkpoint(capture)

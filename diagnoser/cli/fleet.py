@@ -13,17 +13,19 @@ from rich.text import Text
 
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import parse_fail_on
-from diagnoser.collectors.prometheus_source import PromClient, resolve_window
+from diagnoser.collectors.dcgm import GpuSelector
+from diagnoser.collectors.prom_client import PromClient, parse_headers
+from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.diagnosis import INCONCLUSIVE
 from diagnoser.errors import EXIT_FAIL_ON, InputError
 from diagnoser.fleet import (
+    DEFAULT_DETAIL,
     GROUPINGS,
     PRICE_SOURCE,
     FleetGroup,
-    dumps_json,
     gc_paused,
     group_rows,
-    report_dict,
+    iter_report_json,
     run_fleet,
 )
 from diagnoser.fleet_model import FleetReport, FleetRow
@@ -149,8 +151,20 @@ def register(app: typer.Typer) -> None:
         limit: int = typer.Option(None, "--limit", min=1, help="Show only the N rows with most at stake (terminal "
                                   f"default {DEFAULT_TERMINAL_ROWS}; --json default all)."),
         timeout: float = typer.Option(30.0, "--timeout", min=1.0, help="Seconds each Prometheus query may take."),
-        points: int = typer.Option(None, "--points", min=5, max=300, help="Values per GPU and field over the window "
-                                   "(default 30; 10 beyond 2,000 GPUs, where reading them is most of the time)."),
+        points: int = typer.Option(None, "--points", min=5, max=300, help="Values per GPU and field when a GPU is "
+                                   "read as points (the --detail GPUs; default 30)."),
+        detail: int = typer.Option(DEFAULT_DETAIL, "--detail", min=0, help="Read the N GPUs with most at stake "
+                                   "again as points over the window, after the triage from window statistics "
+                                   f"(default {DEFAULT_DETAIL}; 0: none)."),
+        node: str = typer.Option(None, "--node", help="Only the GPUs of this node."),
+        pod: str = typer.Option(None, "--pod", help="Only the GPUs of this pod, or namespace/pod (a unique prefix "
+                                "works)."),
+        gpu: int = typer.Option(None, "--gpu", help="Only GPUs with this index (with --node: one GPU)."),
+        uuid: str = typer.Option(None, "--uuid", help="Only the GPU with this UUID (or a unique prefix)."),
+        recorded: bool = typer.Option(True, "--recorded/--no-recorded", help="Read the statistics the diagnoser "
+                                      "rule group records when Prometheus has them for this window length (default)."),
+        headers: list[str] = typer.Option([], "--header", help="An HTTP header for every Prometheus request, "
+                                          "'Name: value' (Mimir's X-Scope-OrgID, a bearer token); repeatable."),
         fail_on: str = typer.Option("", "--fail-on", help="Exit 1 when any GPU's verdict is one of these "
                                     "(comma-separated limiters, inconclusive, or 'any')."),
         rules_config: Path = typer.Option(None, "--rules-config", help="TOML file overriding rule thresholds."),
@@ -163,8 +177,10 @@ def register(app: typer.Typer) -> None:
         window = resolve_window(since=since, start=start, end=end, at=at, default_s=3600.0)
         notes: list[str] = []
         timings: dict[str, float | int | None] = {}
-        report = run_fleet(PromClient(prometheus, timeout_s=timeout), window, points=points,
-                           usd_per_gpu_hour=usd_per_gpu_hour, thresholds=overrides, notes=notes, timings=timings)
+        selector = GpuSelector(gpu=gpu, uuid=uuid, pod=pod, node=node)
+        client = PromClient(prometheus, timeout_s=timeout, headers=parse_headers(headers))
+        report = run_fleet(client, window, points=points, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=overrides,
+                           notes=notes, timings=timings, detail=detail, selector=selector, use_recorded=recorded)
         groups = group_rows(report.rows, group_by) if group_by else None
         if html is not None:
             from diagnoser.reports.html import write_fleet_html
@@ -178,23 +194,22 @@ def register(app: typer.Typer) -> None:
         for error in report.errors:
             typer.echo(f"diagnoser: warning: {one_line(error)}", err=True)
         if as_json:
-            with gc_paused():  # tens of MB of dicts that all live until printed (see diagnoser.fleet.gc_paused)
-                doc = report_dict(report, limit)
-                doc["notes"] = notes
-                doc["timings"] = timings
-                doc["price_source"] = "--usd-per-gpu-hour" if usd_per_gpu_hour is not None else PRICE_SOURCE
-                if groups is not None:
-                    doc["group_by"] = group_by
-                    doc["groups"] = [g.to_dict() for g in groups]
-                data = dumps_json(doc) + b"\n"
-                del doc
+            extra: dict[str, object] = {
+                "notes": notes, "timings": timings,
+                "price_source": "--usd-per-gpu-hour" if usd_per_gpu_hour is not None else PRICE_SOURCE}
+            if groups is not None:
+                extra["group_by"] = group_by
+                extra["groups"] = [g.to_dict() for g in groups]
             binary = getattr(sys.stdout, "buffer", None)  # absent when stdout is a StringIO (tests, embedding)
+            sys.stdout.flush()
+            with gc_paused():  # the rows' dicts of a batch live until written (see diagnoser.fleet.gc_paused)
+                for piece in iter_report_json(report, extra, limit):
+                    if binary is not None:
+                        binary.write(piece)
+                    else:
+                        sys.stdout.write(piece.decode())
             if binary is not None:
-                sys.stdout.flush()
-                binary.write(data)
                 binary.flush()
-            else:
-                sys.stdout.write(data.decode())
         else:
             tty = sys.stdout.isatty()
             console = Console(width=80, no_color=not tty, force_terminal=tty or None, highlight=False,

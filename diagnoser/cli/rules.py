@@ -61,13 +61,22 @@ def register(app: typer.Typer) -> None:
         code: str = typer.Argument(None, help="A rule code (e.g. BW001) to print its page."),
         as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
         markdown: bool = typer.Option(False, "--markdown", help="Print every rule's page as one Markdown document."),
+        prometheus_rules: bool = typer.Option(False, "--prometheus-rules", help="Print a Prometheus rule group (YAML) "
+                                              "that records per-GPU window statistics and limiters, with alerts."),
+        window: str = typer.Option("1h", "--window", help="With --prometheus-rules: the statistics' window."),
+        interval: str = typer.Option("1m", "--interval", help="With --prometheus-rules: the evaluation interval."),
         rules_config: Path | None = typer.Option(None, "--rules-config", help="TOML file overriding thresholds: the "
-                                                 "pages show the values in force."),
+                                                 "pages (and --prometheus-rules) use the values in force."),
     ) -> None:
         """List every rule, or print one rule's page: what it detects, why it matters, how to fix it."""
         rules = default_rules()
         if rules_config is not None:
             rules = rules.with_overrides(load_overrides(rules_config, rules))
+        if prometheus_rules:
+            from diagnoser.promrules import prometheus_rules_text
+
+            typer.echo(prometheus_rules_text(window, interval, rules), nl=False)
+            return
         if markdown:
             typer.echo(rules_markdown(rules))
             return

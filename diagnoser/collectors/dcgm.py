@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,10 +45,27 @@ class DcgmField:
     # Only wanted for GPUs that lack this other field (GPU_UTIL where GR_ENGINE_ACTIVE is missing, as on old
     # exporters): Prometheus drops the rest with `unless`, so they are not sent.
     fallback_for: str | None = None
+    # A clock-event bit mask field: the value is 1 while any of these bits is set, else 0 (averaged over a step,
+    # the share of samples with one set).
+    bits: int = 0
 
     @property
     def name(self) -> str:
         return self.names[0] if self.names else self.key
+
+    @property
+    def query_names(self) -> tuple[str, ...]:
+        """Every spelling a Prometheus may hold: the names, then lower case (some exporters and relabelings)."""
+        return self.names + tuple(n.lower() for n in self.names)
+
+
+# DCGM_CLOCKS_EVENT_REASON_* (dcgm_fields.h, "a 1:1 map to the NVML reasons"): SW power cap 0x4, HW slowdown 0x8,
+# sync boost 0x10, SW thermal 0x20, HW thermal 0x40, HW power brake 0x80; clocks setting 0x2 and display clocks 0x100.
+# GPU idle (0x1) is no throttle. HW slowdown is thermal or power brake alike: "other".
+CLOCK_EVENT_POWER = 0x4 | 0x80
+CLOCK_EVENT_THERMAL = 0x20 | 0x40
+CLOCK_EVENT_OTHER = 0x2 | 0x8 | 0x10 | 0x100
+CLOCK_EVENT_NAMES = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
 
 
 # Order matters where two fields feed one signal: the first one with data for a GPU wins (GR_ENGINE_ACTIVE works on
@@ -84,6 +102,14 @@ FIELDS: tuple[DcgmField, ...] = (
               in_default_csv=False),
     DcgmField("thermal_violation", ("DCGM_FI_DEV_THERMAL_VIOLATION",), "gpu.throttle.thermal", reduce="rate",
               scale=1e-9, in_default_csv=False),
+    # The clock event reasons, sampled: where the violation counters are not exported (DCGM 4.x renamed the field;
+    # both names are read).
+    DcgmField("reasons_power", CLOCK_EVENT_NAMES, "gpu.throttle.power", in_default_csv=False, bits=CLOCK_EVENT_POWER),
+    DcgmField("reasons_thermal", CLOCK_EVENT_NAMES, "gpu.throttle.thermal", in_default_csv=False,
+              bits=CLOCK_EVENT_THERMAL),
+    DcgmField("reasons_other", CLOCK_EVENT_NAMES, "gpu.throttle.other", in_default_csv=False, bits=CLOCK_EVENT_OTHER),
+    DcgmField("power_default_limit", ("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", "DCGM_FI_DEV_BOARD_POWER_LIMIT_DEFAULT_WATTS"),
+              "gpu.power_default_limit_w", reduce="last", in_default_csv=False, fleet=False),
     # The PROF PCIe/NVLink fields are exported as gauges in bytes per second (dcgm-exporter's HELP text).
     DcgmField("pcie_tx", ("DCGM_FI_PROF_PCIE_TX_BYTES",), "gpu.pcie_tx_bps"),
     DcgmField("pcie_rx", ("DCGM_FI_PROF_PCIE_RX_BYTES",), "gpu.pcie_rx_bps"),
@@ -101,7 +127,12 @@ FIELDS: tuple[DcgmField, ...] = (
               reduce="increase", fleet=False),
 )
 FIELDS_BY_KEY: dict[str, DcgmField] = {f.key: f for f in FIELDS}
-FIELD_OF_NAME: dict[str, DcgmField] = {name: f for f in FIELDS for name in f.names}
+# A metric name feeds one field, or several (the clock event reasons: one field per group of bits).
+FIELDS_OF_NAME: dict[str, tuple[DcgmField, ...]] = {}
+for _f in FIELDS:
+    for _name in _f.names:
+        FIELDS_OF_NAME[_name] = (*FIELDS_OF_NAME.get(_name, ()), _f)
+FIELD_OF_NAME: dict[str, DcgmField] = {name: fs[0] for name, fs in FIELDS_OF_NAME.items()}
 
 # Signals the rules read, with the fields that feed them; a missing one is recorded as unavailable, with a hint.
 WANTED_SIGNALS: dict[str, tuple[str, ...]] = {
@@ -112,8 +143,8 @@ WANTED_SIGNALS: dict[str, tuple[str, ...]] = {
     "gpu.mem_used_frac": ("fb_used", "fb_free"),
     "gpu.sm_clock_frac": ("sm_clock", "max_sm_clock"),
     "gpu.power_w": ("power",),
-    "gpu.throttle.power": ("power_violation",),
-    "gpu.throttle.thermal": ("thermal_violation",),
+    "gpu.throttle.power": ("power_violation", "reasons_power"),
+    "gpu.throttle.thermal": ("thermal_violation", "reasons_thermal"),
     "gpu.pcie_tx_bps": ("pcie_tx", "pcie_tx_total"),
     "gpu.pcie_rx_bps": ("pcie_rx", "pcie_rx_total"),
     "gpu.xid_errors": ("xid",),
@@ -133,7 +164,7 @@ CONTAINER_LABELS = ("exported_container", "container", "container_name")
 # Series of these entities are not per-GPU (NVLink, NVSwitch, CPU): they are skipped.
 NON_GPU_LABELS = ("nvlink", "nvswitch", "cpu", "cpucore")
 # Labels a GPU's series carry that say what and where it is (the Prometheus discovery query groups by these).
-IDENTITY_LABELS = ("UUID", "uuid", "GPU_I_ID", "GPU_I_PROFILE", "gpu", "device", "modelName", "pci_bus_id",
+IDENTITY_LABELS = ("UUID", "uuid", "GPU_I_ID", "GPU_I_PROFILE", "gpu", "device", "modelName",
                    "DCGM_FI_DRIVER_VERSION", *NODE_LABELS, *POD_LABELS, *NAMESPACE_LABELS, *CONTAINER_LABELS)
 
 GpuKey = tuple[str, str]  # (GPU UUID, MIG GPU instance id or "")
@@ -227,23 +258,28 @@ def identity_from_labels(labels: Mapping[str, str], *, exported_pods: bool = Fal
         index = -1
     uuid = labels[uuid_label] if uuid_label else f"{node}/gpu{index_text}"
     mig_id = labels.get("GPU_I_ID", "")
+    pod_names: tuple[str, ...]
+    ns_names: tuple[str, ...]
+    ct_names: tuple[str, ...]
     if exported_pods:
         pod_names, ns_names, ct_names = ("exported_pod",), ("exported_namespace",), ("exported_container",)
     else:
         pod_names, ns_names, ct_names = POD_LABELS[1:], NAMESPACE_LABELS[1:], CONTAINER_LABELS[1:]
     pod, namespace, container = _first(labels, pod_names), _first(labels, ns_names), _first(labels, ct_names)
+    c = clean_label
     return GpuIdentity(
-        key=(uuid, mig_id), index=index, model=labels.get("modelName", "") or labels.get("model_name", ""),
-        node=node, uuid_label=uuid_label or "UUID", mig_id=mig_id, mig_profile=labels.get("GPU_I_PROFILE", ""),
-        device=labels.get("device", ""), driver=labels.get("DCGM_FI_DRIVER_VERSION", ""),
-        pods=[(namespace, pod)] if pod else [], containers=[container] if container else [],
+        key=(c(uuid), c(mig_id)), index=index, model=c(labels.get("modelName", "") or labels.get("model_name", "")),
+        node=c(node), uuid_label=uuid_label or "UUID", mig_id=c(mig_id), mig_profile=c(labels.get("GPU_I_PROFILE", "")),
+        device=c(labels.get("device", "")), driver=c(labels.get("DCGM_FI_DRIVER_VERSION", "")),
+        pods=[(c(namespace), c(pod))] if pod else [], containers=[c(container)] if container else [],
     )
 
 
 # Fields dcgm-exporter reports for a whole GPU even in MIG mode (no GPU_I_ID): a MIG instance inherits them from its
 # parent. Activity and memory fields are per instance.
-DEVICE_LEVEL_FIELDS = frozenset({"power", "power_limit", "temp", "sm_clock", "max_sm_clock", "power_violation",
-                                 "thermal_violation", "xid", "ecc_dbe", "pcie_replay"})
+DEVICE_LEVEL_FIELDS = frozenset({"power", "power_limit", "power_default_limit", "temp", "sm_clock", "max_sm_clock",
+                                 "power_violation", "thermal_violation", "reasons_power", "reasons_thermal",
+                                 "reasons_other", "xid", "ecc_dbe", "pcie_replay"})
 
 
 def parent_key(key: GpuKey) -> GpuKey:
@@ -282,49 +318,144 @@ class Scrape:
     gpus: dict[GpuKey, GpuIdentity] = field(default_factory=dict)
     values: dict[GpuKey, dict[str, float]] = field(default_factory=dict)
     metric_names: set[str] = field(default_factory=set)  # every DCGM_* metric present, known or not
+    malformed: int = 0  # lines of known fields that did not parse (skipped)
 
     @property
     def fields_seen(self) -> set[str]:
         return {key for per_gpu in self.values.values() for key in per_gpu}
 
 
-def parse_exporter_text(text: str, at: float | None = None, *, origin: str = "dcgm-exporter") -> Scrape:
-    """Parse dcgm-exporter's Prometheus text with prometheus_client's parser.
+# One label pair of the text format: name="value" with \\, \" and \n escapes, then an optional comma.
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = re.compile(r"\\(.)")
+# C0 and C1 control characters: never part of a real label, and an ESC reaching a terminal is an attack.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def clean_label(value: str) -> str:
+    """A label value without control characters (a modelName carrying ESC sequences must not reach a terminal)."""
+    return value if value.isprintable() else _CONTROL.sub("", value)
+
+
+def fields_of_name(name: str) -> tuple[DcgmField, ...]:
+    """The fields a metric name feeds, in either case: some exporters and relabelings write `dcgm_fi_*`."""
+    known = FIELDS_OF_NAME.get(name)
+    if known is None and name[:5] == "dcgm_":
+        known = FIELDS_OF_NAME.get(name.upper())
+    return known or ()
+
+
+def field_value(f: DcgmField, value: float) -> float:
+    """A sample as the field reads it: a clock event mask becomes 1 when one of the field's bits is set."""
+    return float(bool(int(value) & f.bits)) if f.bits else value
+
+
+def _parse_labels(text: str) -> dict[str, str] | None:
+    """The inside of {...}; None when it is not the text format."""
+    labels: dict[str, str] = {}
+    pos = 0
+    end = len(text)
+    while pos < end:
+        found = _LABEL.match(text, pos)
+        if found is None:
+            return labels if not text[pos:].strip() else None
+        value = found.group(2)
+        if "\\" in value:
+            value = _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+        labels[found.group(1)] = value
+        pos = found.end()
+    return labels
+
+
+class _ScrapeBuilder:
+    """Accumulates the known fields of an exporter page, line by line, as the bytes arrive."""
+
+    def __init__(self, at: float) -> None:
+        self.scrape = Scrape(at=at)
+        self.sums: dict[GpuKey, dict[str, list[float]]] = {}
+        self.lines = 0  # lines that were samples of the text format (any metric)
+
+    def feed(self, line: bytes) -> None:
+        if not line or line[:1] == b"#":
+            return
+        if line[:5] not in (b"DCGM_", b"dcgm_"):
+            if line[:1].isalpha() or line[:1] == b"_":
+                self.lines += 1
+            return
+        text = line.decode("utf-8", "replace").rstrip("\r")
+        brace = text.find("{")
+        if brace < 0:
+            name, _, rest = text.partition(" ")
+            labels: dict[str, str] | None = {}
+        else:
+            name = text[:brace]
+            close = text.rfind("}")
+            labels = _parse_labels(text[brace + 1:close]) if close > brace else None
+            rest = text[close + 1:] if close > brace else ""
+        self.lines += 1
+        name = name.strip()
+        if name.endswith("_total") and fields_of_name(name[:-6]):
+            name = name[:-6]  # a counter a client library exposed with _total; the exporter's name has none
+        self.scrape.metric_names.add(name.upper() if name[:5] == "dcgm_" else name)
+        known = fields_of_name(name)
+        if not known:
+            # A field the rules do not read still says the GPU exists: one that exports only such fields is named
+            # as such rather than "no GPU matches".
+            ident = identity_from_labels(labels) if labels else None
+            if ident is not None and ident.key not in self.scrape.gpus:
+                self.scrape.gpus[ident.key] = ident
+            return
+        parts = rest.split()
+        if labels is None or not parts:
+            self.scrape.malformed += 1
+            return
+        try:
+            value = float(parts[0])
+        except ValueError:
+            self.scrape.malformed += 1
+            return
+        ident = identity_from_labels(labels)
+        if ident is None:
+            return
+        if ident.key in self.scrape.gpus:
+            self.scrape.gpus[ident.key].merge(ident)
+        else:
+            self.scrape.gpus[ident.key] = ident
+        if math.isnan(value) or math.isinf(value):
+            return
+        per_gpu = self.sums.setdefault(ident.key, {})
+        for f in known:
+            acc = per_gpu.setdefault(f.key, [0.0, 0.0])
+            acc[0] += field_value(f, value)
+            acc[1] += 1
+
+    def finish(self) -> Scrape:
+        for key, per_field in self.sums.items():
+            self.scrape.values[key] = {name: total / count for name, (total, count) in per_field.items()}
+        return self.scrape
+
+
+def parse_exporter_lines(lines: Iterable[bytes], at: float | None = None, *,
+                         origin: str = "dcgm-exporter") -> Scrape:
+    """Parse dcgm-exporter's text (Prometheus exposition format) line by line, keeping only the known DCGM fields:
+    other metrics are skipped at the first bytes of their line, so a large page costs little beyond reading it.
 
     Several series of one GPU (one per pod when pods time-share it) carry the same device value; they are averaged.
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    scrape = Scrape(at=time.time() if at is None else at)
-    sums: dict[GpuKey, dict[str, list[float]]] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                name = sample.name
-                if family.type == "counter" and name.endswith("_total") and name[:-6] in FIELD_OF_NAME:
-                    name = name[:-6]  # the parser appends _total to counter samples; the exporter's name has none
-                if name.startswith("DCGM_"):
-                    scrape.metric_names.add(name)
-                known = FIELD_OF_NAME.get(name)
-                if known is None:
-                    continue
-                ident = identity_from_labels(sample.labels)
-                if ident is None:
-                    continue
-                if ident.key in scrape.gpus:
-                    scrape.gpus[ident.key].merge(ident)
-                else:
-                    scrape.gpus[ident.key] = ident
-                if sample.value is None or math.isnan(sample.value):
-                    continue
-                acc = sums.setdefault(ident.key, {}).setdefault(known.key, [0.0, 0.0])
-                acc[0] += float(sample.value)
-                acc[1] += 1
-    except (ValueError, TypeError, IndexError) as exc:
-        raise SourceUnavailable(f"{origin} did not return Prometheus text format ({exc}).") from None
-    for key, per_field in sums.items():
-        scrape.values[key] = {name: total / count for name, (total, count) in per_field.items()}
+    A malformed line of a known field is skipped and counted; a page with DCGM lines none of which parse is not
+    the text format."""
+    builder = _ScrapeBuilder(time.time() if at is None else at)
+    for line in lines:
+        builder.feed(line)
+    scrape = builder.finish()
+    if scrape.malformed and not scrape.values and not scrape.gpus:
+        raise SourceUnavailable(f"{origin} did not return Prometheus text format ({scrape.malformed} lines of DCGM "
+                                "fields did not parse).")
     return scrape
+
+
+def parse_exporter_text(text: str, at: float | None = None, *, origin: str = "dcgm-exporter") -> Scrape:
+    """parse_exporter_lines over a whole page held in memory."""
+    return parse_exporter_lines((line.encode() for line in text.splitlines()), at, origin=origin)
 
 
 # --- choosing the target -----------------------------------------------------------------------------------------------
@@ -391,9 +522,23 @@ def _pod_filter(gpus: list[GpuIdentity], wanted: str) -> list[GpuIdentity]:
     return prefixed
 
 
-def select_gpus(gpus: Iterable[GpuIdentity], selector: GpuSelector) -> list[GpuIdentity]:
-    """The GPUs the selector names. Several GPUs are one target only for a pod or a process that uses them all;
-    otherwise an ambiguous selector is an error that lists the candidates."""
+def _uuid_filter(gpus: list[GpuIdentity], wanted: str) -> list[GpuIdentity]:
+    """The GPUs with this UUID, or else the one GPU whose UUID starts with it (as `nvidia-smi -L` prints a prefix)."""
+    norm = _norm_uuid(wanted)
+    exact = [g for g in gpus if _norm_uuid(g.uuid) == norm]
+    if exact or not norm:
+        return exact
+    prefixed = [g for g in gpus if _norm_uuid(g.uuid).startswith(norm)]
+    distinct = sorted({g.uuid for g in prefixed})
+    if len(distinct) > 1:
+        raise InputError(f"uuid prefix '{wanted}' matches {len(distinct)} GPUs ({', '.join(distinct[:6])}"
+                         f"{', ...' if len(distinct) > 6 else ''}); give more of the UUID.")
+    return prefixed
+
+
+def select_gpus(gpus: Iterable[GpuIdentity], selector: GpuSelector, *, many: bool = False) -> list[GpuIdentity]:
+    """The GPUs the selector names. Several GPUs are one target only for a pod or a process that uses them all
+    (or with `many`, as the fleet filters); otherwise an ambiguous selector is an error that lists the candidates."""
     pool = sorted(gpus, key=lambda g: (g.node, g.index, g.mig_id))
     if not pool:
         raise SourceUnavailable("the source lists no GPUs.")
@@ -401,7 +546,7 @@ def select_gpus(gpus: Iterable[GpuIdentity], selector: GpuSelector) -> list[GpuI
     if selector.node:
         chosen = [g for g in chosen if _node_matches(g.node, selector.node)]
     if selector.uuid:
-        chosen = [g for g in chosen if _norm_uuid(g.uuid) == _norm_uuid(selector.uuid)]
+        chosen = _uuid_filter(chosen, selector.uuid)
     if selector.uuids:
         wanted = {_norm_uuid(u) for u in selector.uuids}
         chosen = [g for g in chosen if _norm_uuid(g.uuid) in wanted]
@@ -415,6 +560,8 @@ def select_gpus(gpus: Iterable[GpuIdentity], selector: GpuSelector) -> list[GpuI
         chosen = _pod_filter(chosen, selector.pod)
     if not chosen:
         raise InputError(f"no GPU matches {selector.describe()}; the source has: {_listing(pool)}.")
+    if many:
+        return chosen
     if len(chosen) > 1 and selector.is_empty():
         raise InputError(f"the source lists {len(chosen)} GPUs or MIG instances: {_listing(chosen)}; pick one with "
                          "--gpu, --uuid, --pod or --mig-instance.")
@@ -595,16 +742,35 @@ def _derived(capture: Capture, window: GpuWindow, labels: dict[str, str]) -> lis
     times, used, free = _aligned(window, "fb_used", "fb_free")
     if not times and window.last("fb_used") is not None and window.last("fb_free") is not None:
         # used + free is the board (or MIG slice) less its reserve: constant, so the last of each will do
-        times, used, free = [window.fields["fb_used"][0][-1]], [window.last("fb_used")], [window.last("fb_free")]
+        last_used, last_free = window.last("fb_used"), window.last("fb_free")
+        assert last_used is not None and last_free is not None
+        times, used, free = [window.fields["fb_used"][0][-1]], [last_used], [last_free]
     if times:
         capture.series.append(_series("gpu.mem_total_bytes", labels, times, [u + f for u, f in zip(used, free)]))
         produced.append("gpu.mem_total_bytes")
     max_clock = window.last("max_sm_clock") or capture.gpus[-1].max_sm_clock_mhz
     clock = window.fields.get("sm_clock")
+    if clock and not max_clock:
+        max_clock, named = spec_max_clock(window.identity.model)
+        if max_clock:
+            note = (f"DCGM_FI_DEV_MAX_SM_CLOCK is not exported: SM clocks are compared with the {named}'s "
+                    f"{max_clock:g} MHz maximum from the spec table.")
+            if note not in capture.notes:
+                capture.notes.append(note)
     if max_clock and clock:
         capture.series.append(_series("gpu.sm_clock_frac", labels, list(clock[0]), [v / max_clock for v in clock[1]]))
         produced.append("gpu.sm_clock_frac")
     return produced
+
+
+def spec_max_clock(model: str) -> tuple[float | None, str]:
+    """The spec table's maximum SM clock for a GPU model name, and the table's name for the GPU."""
+    from diagnoser.physics import match_gpu
+
+    found = match_gpu(model) if model else None
+    if found is None or not found.max_sm_clock_mhz:
+        return None, ""
+    return found.max_sm_clock_mhz, found.name
 
 
 def missing_reason(signal: str, *, fields_in_source: set[str], failed: Mapping[str, str] | None = None,
@@ -616,9 +782,10 @@ def missing_reason(signal: str, *, fields_in_source: set[str], failed: Mapping[s
         if key in failed:
             return f"the query for {FIELDS_BY_KEY[key].name} failed: {failed[key]}", "retry, or raise --timeout"
     absent = [FIELDS_BY_KEY[k] for k in keys if k not in fields_in_source and FIELDS_BY_KEY[k].names]
-    if signal == "gpu.sm_clock_frac" and "max_sm_clock" not in fields_in_source:
-        return ("the maximum SM clock (DCGM_FI_DEV_MAX_SM_CLOCK) is not exported, so the clock cannot be "
-                "compared with it", f"add DCGM_FI_DEV_MAX_SM_CLOCK to the counters CSV: {CSV_HINT}")
+    if signal == "gpu.sm_clock_frac" and "max_sm_clock" not in fields_in_source and "sm_clock" in fields_in_source:
+        return ("the maximum SM clock (DCGM_FI_DEV_MAX_SM_CLOCK) is not exported and the GPU model is not in the "
+                "spec table, so the clock cannot be compared with it",
+                f"add DCGM_FI_DEV_MAX_SM_CLOCK to the counters CSV: {CSV_HINT}")
     if signal == "gpu.busy" and mig:
         return ("DCGM_FI_DEV_GPU_UTIL is not reported for MIG instances and DCGM_FI_PROF_GR_ENGINE_ACTIVE is not "
                 "exported", f"enable DCGM_FI_PROF_GR_ENGINE_ACTIVE: {CSV_HINT}")
@@ -665,11 +832,13 @@ def collect_dcgm_into(
     end: float | None = None,
     timeout_s: float = 10.0,
     stop: threading.Event | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> list[GpuIdentity]:
     """Fill `capture` with DCGM series of the selected GPU(s); returns them.
 
     exporter_url: scrape it every `interval_s` for `duration_s` (default: the capture's duration) or until `stop`.
-    prometheus_url: range queries over [start, end] (default: the capture's own window, as attach recorded it).
+    prometheus_url: range queries over [start, end] (default: the capture's own window, as attach recorded it), with
+    `headers` on every request (a tenant, a token).
     Raises SourceUnavailable / InputError with one sentence; what was read before a failure stays in the capture.
     """
     selector = selector or GpuSelector()
@@ -680,8 +849,8 @@ def collect_dcgm_into(
 
         w_start = capture.started_at if start is None else start
         w_end = (capture.started_at + capture.duration_s) if end is None else end
-        return collect_target(capture, PromClient(prometheus_url, timeout_s=timeout_s), Window(w_start, w_end),
-                              selector)
+        client = PromClient(prometheus_url, timeout_s=timeout_s, headers=headers)
+        return collect_target(capture, client, Window(w_start, w_end), selector)
     assert exporter_url is not None
     from diagnoser.collectors.dcgm_exporter import DcgmExporterCollector
 
@@ -701,7 +870,7 @@ def collect_dcgm_into(
     finally:
         t = time.time() - capture.started_at
         if duration_s is not None or capture.duration_s <= 0:
-            capture.duration_s = max(capture.duration_s, t)
+            capture.duration_s = t  # the window the readings cover, shorter when it was stopped early
         collector.stop(t)
     return collector.targets
 

@@ -4,67 +4,82 @@ NVML). Failures become one sentence (SourceUnavailable); what was read before a 
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 
 from diagnoser.capture import Capture
 from diagnoser.collectors.dcgm import (
+    CSV_HINT,
+    DEVICE_LEVEL_FIELDS,
     FIELDS_BY_KEY,
+    WANTED_SIGNALS,
     GpuIdentity,
     GpuKey,
     GpuSelector,
     GpuWindow,
     Scrape,
     add_gpu_window,
+    describe_target,
     drop_mig_parents,
     inherit_device_fields,
     mark_missing,
     parent_key,
-    parse_exporter_text,
+    parse_exporter_lines,
     select_gpus,
 )
+from diagnoser.collectors.http import MIB, FetchError, lines, stream
 from diagnoser.errors import InputError, SourceUnavailable
+
+# An exporter page for 8 GPUs with every field and NVLink entity is a few MB: far above that is no exporter page.
+MAX_PAGE_BYTES = 32 * MIB
 
 
 class ExporterScraper:
-    """Reads one dcgm-exporter endpoint (http://node:9400/metrics); failures become one sentence."""
+    """Reads one dcgm-exporter endpoint (http://node:9400/metrics) within one deadline and a size cap, parsing the
+    page as it arrives; failures become one sentence."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 5.0, *, max_bytes: int = MAX_PAGE_BYTES) -> None:
         if not url.startswith(("http://", "https://")):
             raise InputError(f"--dcgm-exporter wants an http(s) URL such as http://node:9400/metrics, not '{url}'.")
         self.url = url
         self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
 
     def scrape(self) -> Scrape:
         at = time.time()
+        origin = f"dcgm-exporter at {self.url}"
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as response:  # noqa: S310 (user's URL)
-                body = response.read()
-        except urllib.error.HTTPError as exc:
-            raise SourceUnavailable(f"dcgm-exporter at {self.url} answered HTTP {exc.code} ({exc.reason}).") from None
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, (socket.timeout, TimeoutError)):
-                raise SourceUnavailable(f"dcgm-exporter at {self.url} did not answer within {self.timeout_s:g} s.") \
-                    from None
-            raise SourceUnavailable(f"dcgm-exporter at {self.url} is unreachable ({_reason_text(reason)}).") from None
-        except (socket.timeout, TimeoutError):
-            raise SourceUnavailable(f"dcgm-exporter at {self.url} did not answer within {self.timeout_s:g} s.") from None
-        except OSError as exc:
-            raise SourceUnavailable(f"dcgm-exporter at {self.url} is unreachable ({_reason_text(exc)}).") from None
-        scrape = parse_exporter_text(body.decode("utf-8", errors="replace"), at, origin=f"dcgm-exporter at {self.url}")
+            with stream(self.url, timeout_s=self.timeout_s, max_bytes=self.max_bytes,
+                        headers={"Accept": "text/plain;version=0.0.4"}) as body:
+                scrape = parse_exporter_lines(lines(body), at, origin=origin)
+        except FetchError as exc:
+            raise SourceUnavailable(self._failure(exc)) from None
         if not scrape.metric_names:
             raise SourceUnavailable(f"{self.url} serves no DCGM_* metrics: is it a dcgm-exporter endpoint?")
         return scrape
 
+    def _failure(self, exc: FetchError) -> str:
+        origin = f"dcgm-exporter at {self.url}"
+        if exc.kind == "timeout":
+            return f"{origin} did not send its page within {self.timeout_s:g} s."
+        if exc.kind == "status":
+            return f"{origin} answered {exc.reason}."
+        if exc.kind == "truncated":
+            return f"{origin} sent a truncated page ({exc.reason}): the exporter or a proxy broke off; try again."
+        if exc.kind == "too_large":
+            return (f"{origin} sent a page too large to be one node's exporter ({exc.reason}): is the URL an "
+                    "exporter's /metrics?")
+        if exc.kind == "bad_url":
+            return f"--dcgm-exporter: {exc.reason}."
+        return f"{origin} is unreachable ({exc.reason})."
 
-def _reason_text(reason: object) -> str:
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror.lower()
-    return str(reason)
+
+def _has_wanted(scrape: Scrape, key: GpuKey) -> bool:
+    """Whether a GPU (or its MIG board, for the board's fields) reports a field some wanted signal is made of."""
+    wanted = {k for keys in WANTED_SIGNALS.values() for k in keys}
+    own = set(scrape.values.get(key, {}))
+    board = set(scrape.values.get(parent_key(key), {})) & DEVICE_LEVEL_FIELDS if key[1] else set()
+    return bool((own | board) & wanted)
 
 
 class DcgmExporterCollector:
@@ -102,6 +117,13 @@ class DcgmExporterCollector:
         self.capture = capture
         first = self.scraper.scrape()
         self.targets = select_gpus(drop_mig_parents(first.gpus.values()), self.selector)
+        readable = [t for t in self.targets if _has_wanted(first, t.key)]
+        if not readable:
+            names = sorted({FIELDS_BY_KEY[k].name for keys in WANTED_SIGNALS.values() for k in keys
+                            if FIELDS_BY_KEY[k].in_default_csv})
+            raise SourceUnavailable(f"{describe_target(self.targets)} is listed by dcgm-exporter at "
+                                    f"{self.scraper.url}, but with none of the fields the diagnosis reads "
+                                    f"({', '.join(names)}): enable them in its counters CSV ({CSV_HINT}).")
         self.windows = {g.key: GpuWindow(g) for g in self.targets}
         self._ingest(first, max(0.0, first.at - capture.started_at))
 
@@ -180,4 +202,4 @@ class DcgmExporterCollector:
             return dict(self._newest)
 
 
-__all__ = ["ExporterScraper", "DcgmExporterCollector"]
+__all__ = ["MAX_PAGE_BYTES", "DcgmExporterCollector", "ExporterScraper"]

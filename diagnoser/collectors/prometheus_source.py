@@ -8,26 +8,21 @@ grouping costs Prometheus as much again as the query; the series of one GPU (one
 A discovery query first lists the GPUs with their labels and sample counts (the scrape interval), and one
 label-values call says which metric names exist, so absent fields cost no query.
 
-Queries go through prometheus-api-client with a timeout on both sides (HTTP and Prometheus's own `timeout`
-parameter). A failed field query marks that field unavailable and the result partial; only a failed discovery (or
-no DCGM data at all) is fatal.
+Queries go through collectors/prom_client.py (bounded HTTP, a timeout on both sides: the whole answer's deadline and
+Prometheus's own `timeout` parameter). A failed field query marks that field unavailable and the result partial;
+only a failed discovery (or no DCGM data at all) is fatal.
 """
 
 from __future__ import annotations
 
-import ast
-import json
 import math
 import re
-import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-
-import msgspec
 
 from diagnoser.capture import Capture
 from diagnoser.collectors.dcgm import (
@@ -50,6 +45,7 @@ from diagnoser.collectors.dcgm import (
     uses_exported_pod_labels,
 )
 from diagnoser import units
+from diagnoser.collectors.prom_client import KeyedSeries, PromClient, PromError
 from diagnoser.errors import InputError, SourceUnavailable
 
 # --- windows ---------------------------------------------------------------------------------------------------------
@@ -132,241 +128,6 @@ def resolve_window(*, since: str | None = None, start: str | None = None, end: s
     return Window(w_start, min(w_end, now))
 
 
-# --- the client ------------------------------------------------------------------------------------------------------
-
-
-class PromError(SourceUnavailable):
-    """A Prometheus query that failed; `kind` is unreachable, timeout, rejected or not_prometheus."""
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class PromClient:
-    """prometheus-api-client's PrometheusConnect with timeouts, few retries, and errors as one sentence.
-
-    One PrometheusConnect (one HTTP session) per thread, so field queries can run in parallel.
-    """
-
-    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise InputError(f"--prometheus wants an http(s) URL such as http://prometheus:9090, not '{url}'.")
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self._local = threading.local()
-        self.queries = 0
-
-    def _connect(self):  # type: ignore[no-untyped-def]
-        pc = getattr(self._local, "pc", None)
-        if pc is None:
-            from prometheus_api_client import PrometheusConnect
-            from urllib3.util import Retry
-
-            # Retry a refused connection briefly (a restarting Prometheus); never retry a slow query.
-            retry = Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.2, raise_on_status=False)
-            session = self._local.session = _msgspec_session()
-            pc = PrometheusConnect(url=self.url, retry=retry, timeout=self.timeout_s, session=session)
-            self._local.pc = pc
-        return pc
-
-    def _params(self) -> dict[str, str]:
-        return {"timeout": f"{max(1, int(self.timeout_s))}s"}
-
-    def instant(self, query: str, at: float) -> list[dict]:
-        return self._call(lambda pc: pc.custom_query(query, params={**self._params(), "time": f"{at:.3f}"},
-                                                     timeout=self.timeout_s))
-
-    def label_values(self, label: str, start: float, end: float) -> list[str]:
-        return self._call(lambda pc: pc.get_label_values(label, params={"start": f"{start:.3f}", "end": f"{end:.3f}"}))
-
-    def range(self, query: str, start: float, end: float, step_s: float) -> list[dict]:
-        def call(pc):  # type: ignore[no-untyped-def]
-            return pc.custom_query_range(query, datetime.fromtimestamp(start, timezone.utc),
-                                         datetime.fromtimestamp(end, timezone.utc), f"{step_s:.3f}",
-                                         params=self._params(), timeout=self.timeout_s)
-        return self._call(call)
-
-    def range_points(self, query: str, start: float, end: float, step_s: float) -> list[KeyedSeries]:
-        """A range query whose answer is decoded straight into GPU keys and float points (see KeyedSeries)."""
-        return self._keyed(lambda: self.range(query, start, end, step_s))
-
-    def instant_points(self, query: str, at: float) -> list[KeyedSeries]:
-        """An instant query decoded like range_points: each series has one point."""
-        return self._keyed(lambda: self.instant(query, at))
-
-    def _keyed(self, fn: Callable[[], list]) -> list[KeyedSeries]:  # type: ignore[type-arg]
-        self._connect()
-        session = self._local.session
-        session.keyed = True
-        try:
-            result = fn()
-        finally:
-            session.keyed = False
-        try:
-            return [s if isinstance(s, KeyedSeries) else KeyedSeries.from_dict(s) for s in result]
-        except (AttributeError, TypeError, ValueError):  # a series or a point of another shape than Prometheus's
-            raise PromError(f"{self.url} does not answer like a Prometheus server (its series are not Prometheus's).",
-                            "not_prometheus") from None
-
-    def _timeout_message(self) -> str:
-        return (f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s (raise --timeout or shorten "
-                "the window).")
-
-    def _call(self, fn: Callable) -> list[dict]:  # type: ignore[type-arg]
-        import requests
-        from prometheus_api_client.exceptions import PrometheusApiClientException
-
-        self.queries += 1
-        try:
-            result = fn(self._connect())
-        except requests.exceptions.Timeout:
-            raise PromError(self._timeout_message(), "timeout") from None
-        except requests.exceptions.ConnectionError as exc:
-            if "timed out" in str(exc).lower():  # a read timeout after retries arrives as a ConnectionError
-                raise PromError(self._timeout_message(), "timeout") from None
-            raise PromError(f"Prometheus at {self.url} is unreachable ({_connection_reason(exc)}).",
-                            "unreachable") from None
-        except requests.exceptions.RequestException as exc:
-            raise PromError(f"Prometheus at {self.url} failed: {exc}.", "unreachable") from None
-        except PrometheusApiClientException as exc:
-            status, detail = _api_error(str(exc))
-            if status == 503 or "timeout" in detail.lower() or "timed out" in detail.lower():
-                raise PromError(f"Prometheus at {self.url} gave up on the query ({detail}).", "timeout") from None
-            if status in (400, 422) or detail.startswith(("bad_data", "execution")):
-                raise PromError(f"Prometheus at {self.url} rejected the query: {detail}.", "rejected") from None
-            raise PromError(f"Prometheus at {self.url} answered HTTP {status}: {detail}.", "not_prometheus") from None
-        except (ValueError, KeyError, TypeError):
-            # 200 but not Prometheus's JSON envelope: some other web server.
-            raise PromError(f"{self.url} does not answer like a Prometheus server (no JSON query API).",
-                            "not_prometheus") from None
-        if not isinstance(result, list):
-            raise PromError(f"{self.url} returned a {type(result).__name__} where Prometheus returns a list of series.",
-                            "not_prometheus")
-        return result
-
-
-class _Labels(msgspec.Struct):
-    """The labels that key a GPU; msgspec skips the others (a dozen per series) without building them."""
-
-    UUID: str = ""
-    uuid: str = ""
-    GPU_I_ID: str = ""
-
-
-class KeyedSeries(msgspec.Struct):
-    """One series of a field query's answer: its GPU key's labels and its points as (time, value) floats.
-    `value` is an instant query's single point."""
-
-    metric: _Labels = msgspec.field(default_factory=_Labels)
-    values: list[tuple[float, float]] = msgspec.field(default_factory=list)
-    value: tuple[float, float] | None = None
-
-    @property
-    def points(self) -> list[tuple[float, float]]:
-        return self.values if self.value is None else [self.value]
-
-    @property
-    def key(self) -> GpuKey:
-        """The GPU key, as `_key_of` makes it from a label dict."""
-        m = self.metric
-        return (m.UUID or m.uuid, m.GPU_I_ID)
-
-    @classmethod
-    def from_dict(cls, series: dict) -> KeyedSeries:
-        """From generically decoded JSON (the fallback when the typed decode refuses an answer)."""
-        m = series.get("metric") or {}
-        value = series.get("value")
-        labels = [m.get(name, "") for name in ("UUID", "uuid", "GPU_I_ID")]
-        if not all(isinstance(v, str) for v in labels):
-            raise TypeError("a label value that is not a string")
-        return cls(_Labels(*labels),
-                   [(float(t), float(v)) for t, v in series.get("values") or ()],
-                   (float(value[0]), float(value[1])) if value else None)
-
-
-class _KeyedData(msgspec.Struct):
-    resultType: str = ""
-    result: list[KeyedSeries] = msgspec.field(default_factory=list)
-
-
-class _KeyedAnswer(msgspec.Struct):
-    status: str = ""
-    data: _KeyedData | None = None
-
-
-# Typed and lax: values arrive as strings ("0.31") and become floats in C; labels other than the key are skipped.
-# A field query's answer is 5-10 MB at 10,000 GPUs; decoding it into dicts of a dozen labels per series cost
-# 4-5x more than this (benchmarks/FLEET.md).
-_KEYED_DECODER = msgspec.json.Decoder(_KeyedAnswer, strict=False)
-_ANY_DECODER = msgspec.json.Decoder()
-
-
-def _msgspec_session():  # type: ignore[no-untyped-def]
-    """A requests session whose responses decode JSON with msgspec: prometheus-api-client calls `.json()` on a
-    10 MB answer per field at 10,000 GPUs, and the stdlib parser takes several times longer. With `keyed` set,
-    a query answer is decoded into KeyedSeries."""
-    import requests
-
-    class Session(requests.Session):
-        keyed = False
-
-        def request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            response = super().request(*args, **kwargs)
-            keyed = self.keyed
-            response.json = lambda **_: _decode_json(response.content, keyed)  # type: ignore[method-assign]
-            return response
-
-    return Session()
-
-
-def _decode_json(content: bytes, keyed: bool = False) -> object:
-    if keyed:
-        try:
-            answer = _KEYED_DECODER.decode(content)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            pass  # "+Inf", an error body, another server: the generic decode below sees what it is
-        else:
-            if answer.status == "success" and answer.data is not None:
-                return {"status": answer.status, "data": {"resultType": answer.data.resultType,
-                                                          "result": answer.data.result}}
-    try:
-        return _ANY_DECODER.decode(content)
-    except msgspec.DecodeError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-
-
-def _connection_reason(exc: Exception) -> str:
-    text = str(exc)
-    for marker in ("Connection refused", "Name or service not known", "No route to host", "Connection reset",
-                   "Remote end closed connection", "timed out", "Temporary failure in name resolution"):
-        if marker.lower() in text.lower():
-            return marker.lower()
-    return "connection failed"
-
-
-def _api_error(message: str) -> tuple[int, str]:
-    """prometheus-api-client's 'HTTP Status Code 422 (b'{...}')' -> (422, Prometheus's own error text)."""
-    found = re.match(r"HTTP Status Code (\d+) \((.*)\)\s*$", message, re.S)
-    if not found:
-        return 0, message
-    status = int(found.group(1))
-    body = found.group(2)
-    try:
-        raw = ast.literal_eval(body)
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-    except (ValueError, SyntaxError):
-        text = body
-    try:
-        doc = json.loads(text)
-        detail = f"{doc.get('errorType', '')}: {doc.get('error', '')}".strip(": ")
-    except (ValueError, AttributeError):
-        # Not Prometheus's JSON error: keep a short plain-text reason, never an HTML page.
-        flat = " ".join(text.split())
-        detail = "not a Prometheus query API" if not flat or flat.startswith("<") else flat[:200]
-    return status, " ".join(detail.split())
-
-
 # --- the query plan ---------------------------------------------------------------------------------------------------
 
 BY = "UUID, uuid, GPU_I_ID"
@@ -394,18 +155,31 @@ def field_query(f: DcgmField, name: str, lookback_s: float, matchers: str = "", 
     the query itself; the duplicates (one series per pod sharing a GPU) are merged here instead. `unless` names
     metrics whose GPUs are left out (those have a better field).
     """
-    query = f"{_FUNCTIONS[f.reduce]}({_selector(matchers, name)}[{_duration(lookback_s)}])"
+    if f.bits:
+        # The share of samples with one of the field's clock-event bits set (a subquery: PromQL tests bits only
+        # on instant vectors).
+        inner = bits_expr(_selector(matchers, name), f.bits)
+        query = f"avg_over_time(({inner})[{_duration(lookback_s)}:{_duration(max(1.0, lookback_s / 10))}])"
+    else:
+        query = f"{_FUNCTIONS[f.reduce]}({_selector(matchers, name)}[{_duration(lookback_s)}])"
     if unless:
         inner = ", ".join(x for x in (f'__name__=~"{"|".join(unless)}"', matchers) if x)
         query += f" unless on ({BY}) {{{inner}}}"
     return query
 
 
+def bits_expr(selector: str, mask: int) -> str:
+    """1 where any bit of `mask` is set in the selected clock-event mask, else 0: PromQL has no bitwise operators,
+    so each bit is floor(x / bit) % 2."""
+    terms = [f"floor({selector} / {1 << b}) % 2" for b in range(mask.bit_length()) if mask >> b & 1]
+    return terms[0] if len(terms) == 1 else f"clamp_max({' + '.join(terms)}, 1)"
+
+
 def discovery_query(f: DcgmField, window_s: float, matchers: str = "") -> str:
     """Every label set of the anchor field over the window, with its number of samples (an instant query)."""
     labels = ", ".join(IDENTITY_LABELS)
     return " or ".join(f"max by ({labels}) (count_over_time({_selector(matchers, name)}[{_duration(window_s)}]))"
-                       for name in f.names)
+                       for name in f.query_names)
 
 
 def _key_of(metric: dict[str, str]) -> GpuKey:
@@ -634,14 +408,15 @@ class WindowQuery:
             existing: set[str] | None = set(self.client.label_values("__name__", self.window.start, self.window.end))
         except PromError:
             existing = None  # older or proxied Prometheus: ask for every name
-        jobs = [(f, name, matchers) for f in self.fields for name in f.names if existing is None or name in existing]
+        jobs = [(f, name, matchers) for f in self.fields for name in (f.query_names if existing is not None else f.names)
+                if existing is None or name in existing]
         allowed = None if keys is None else set(keys) | {parent_key(k) for k in keys}
         # A constant needs only its latest value: a short lookback reads a fraction of the samples.
         last_lookback = min(self.window.length_s, max(300.0, 4 * interval))
 
         def run(job: tuple[DcgmField, str, str]) -> tuple[DcgmField, dict[GpuKey, array] | None, str]:
             f, name, where = job
-            better = FIELDS_BY_KEY[f.fallback_for].names if f.fallback_for else ()
+            better = FIELDS_BY_KEY[f.fallback_for].query_names if f.fallback_for else ()
             unless = [n for n in better if existing is None or n in existing]
             try:
                 if f.reduce in WHOLE_WINDOW:  # one value per GPU, placed at the last step

@@ -42,6 +42,7 @@ class GpuSpec:
     # Roofs replaced by measurements (with_measured): "hbm" and/or precision names. A measured roof is what the GPU
     # reaches; a datasheet roof is a peak that streaming kernels reach only a share of (physics.realised).
     measured: frozenset[str] = frozenset()
+    max_sm_clock_mhz: float | None = None  # the SM clock's maximum (nvidia-smi "Max Clocks"); None: not tabled
 
     def __post_init__(self) -> None:
         # Read-only and unshared: several entries are built from the same family dict.
@@ -106,7 +107,16 @@ _SPECS: tuple[GpuSpec, ...] = (
             "NVIDIA Ada Lovelace architecture whitepaper (FP32 accumulate)"),
 )
 
-GPUS: dict[str, GpuSpec] = {spec.key: spec for spec in _SPECS}
+# Maximum SM clocks in MHz (NVIDIA datasheets' boost clocks, what NVML's max clock reports on these boards): the
+# denominator of the SM clock fraction when DCGM does not export DCGM_FI_DEV_MAX_SM_CLOCK. Not tabled where the
+# datasheet gives none (B200) or the board boosts past it (GeForce).
+_MAX_SM_CLOCK_MHZ: dict[str, float] = {
+    "a100-40gb-sxm": 1410, "a100-40gb-pcie": 1410, "a100-80gb-sxm": 1410, "a100-80gb-pcie": 1410,
+    "h100-sxm": 1980, "h100-pcie": 1755, "h100-nvl": 1785, "h200": 1980, "h200-nvl": 1785,
+    "l4": 2040, "l40": 2490, "l40s": 2520, "a10": 1695, "a10g": 1710, "t4": 1590,
+}
+GPUS: dict[str, GpuSpec] = {spec.key: dataclasses.replace(spec, max_sm_clock_mhz=_MAX_SM_CLOCK_MHZ.get(spec.key))
+                            for spec in _SPECS}
 
 # Short user spellings for the common choice within a family: the SXM part, and the larger A100.
 _ALIASES: dict[str, str] = {

@@ -1,0 +1,421 @@
+"""Per-GPU window statistics computed by the time-series engine: the fleet's triage reads one number per GPU and
+statistic, never the samples.
+
+Each statistic is one instant query at the window's end over the whole window (`avg_over_time(F[W])`,
+`quantile_over_time(0.9, F[W])`, `max_over_time`, `rate`/`increase` for counters, `last_over_time` for constants,
+the share of samples with a clock-event bit set), grouped by the GPU key labels (UUID, uuid, GPU_I_ID) so the answer
+carries three labels per series instead of a dozen. Answers are decoded straight into one float array per statistic,
+indexed like the discovered GPUs. The queries run in parallel with the discovery; a failed one marks its field
+unavailable and the result partial.
+
+When Prometheus already keeps these statistics (the rule group `diagnoser rules --prometheus-rules` writes, recorded
+under names such as `gpu:dcgm_dram_active:avg_1h`), and the window has the recorded length, they are read instead:
+one query for every statistic and one for the GPUs, with no pass over the samples. The PromQL of both ways comes from
+`stat_expr`, so what is recorded is what would be queried.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from diagnoser.collectors.dcgm import (
+    DEVICE_LEVEL_FIELDS,
+    FIELDS_BY_KEY,
+    IDENTITY_LABELS,
+    GpuIdentity,
+    GpuKey,
+    identity_from_labels,
+    parent_key,
+    uses_exported_pod_labels,
+)
+from diagnoser.collectors.prom_client import KeyedSeries, PromClient, PromError, vector_values
+from diagnoser.collectors.prometheus_source import ANCHORS, Window, matchers_for
+from diagnoser.errors import SourceUnavailable
+
+KEY_LABELS = "UUID, uuid, GPU_I_ID"
+Select = Callable[[list[GpuIdentity]], list[GpuIdentity]]
+# Beyond this many selected GPUs the queries are not narrowed by a UUID regex (its matching costs more than it saves).
+MAX_MATCHED_GPUS = 2000
+# A constant (the maximum clock, free memory) needs only its latest value.
+LAST_LOOKBACK_S = 300.0
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One statistic of one field over the window. `field` is a DCGM field key, or `fb_total` (used + free memory,
+    the board or MIG slice less its reserve)."""
+
+    field: str
+    stat: str  # avg, p90, max, last, rate, increase
+
+    @property
+    def key(self) -> str:
+        return f"{self.field}.{self.stat}"
+
+
+# What the rules read from DCGM, as statistics. The engine's fleet path builds each GPU's signals from these.
+STATS: tuple[Stat, ...] = (
+    Stat("gr_engine_active", "avg"),
+    Stat("sm_active", "avg"),
+    Stat("tensor_active", "avg"),
+    Stat("dram_active", "avg"),
+    Stat("fb_used", "avg"),
+    Stat("fb_used", "p90"),
+    Stat("fb_total", "last"),
+    Stat("sm_clock", "avg"),
+    Stat("max_sm_clock", "last"),
+    Stat("power_violation", "rate"),
+    Stat("thermal_violation", "rate"),
+    # The clock event mask, as numbers: testing its bits sample by sample takes a subquery, which costs Prometheus
+    # 30-50 times an average (benchmarks/FLEET.md). Its minimum, maximum and mean give each group of bits' share of
+    # the window exactly while the mask takes at most two values (one held all window, or clocks held and
+    # released), which is how it moves (`bit_shares`).
+    Stat("reasons_power", "min"),
+    Stat("reasons_power", "max"),
+    Stat("reasons_power", "avg"),
+    Stat("pcie_tx", "avg"),
+    Stat("pcie_tx", "p90"),
+    Stat("pcie_rx", "avg"),
+    Stat("pcie_rx", "p90"),
+    Stat("pcie_tx_total", "rate"),
+    Stat("pcie_rx_total", "rate"),
+    Stat("xid", "max"),
+    Stat("ecc_dbe", "increase"),
+)
+# GPU_UTIL stands in for GR_ENGINE_ACTIVE, asked only for the GPUs that lack the latter.
+FALLBACK = Stat("gpu_util", "avg")
+STATS_BY_KEY: dict[str, Stat] = {s.key: s for s in (*STATS, FALLBACK)}
+_FUNCTION = {"avg": "avg_over_time", "max": "max_over_time", "min": "min_over_time", "last": "last_over_time",
+             "rate": "rate", "increase": "increase"}
+
+
+def duration(seconds: float) -> str:
+    """PromQL's spelling of a duration: whole hours, minutes or seconds where exact ('1h', '30m', '90s')."""
+    whole = round(seconds)
+    if abs(seconds - whole) < 1e-3 and whole > 0:
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if whole % size == 0:
+                return f"{whole // size}{unit}"
+        return f"{whole}s"
+    return f"{max(1, math.ceil(seconds * 1000))}ms"
+
+
+def selector(names: Sequence[str], matchers: str = "") -> str:
+    """The series of any of `names` (the spellings of one field), narrowed by `matchers`."""
+    if len(names) == 1:
+        return f"{names[0]}{{{matchers}}}" if matchers else names[0]
+    inner = f'__name__=~"{"|".join(names)}"'
+    return "{" + ", ".join(x for x in (inner, matchers) if x) + "}"
+
+
+def stat_expr(stat: Stat, names: Sequence[str], window_s: float, *, matchers: str = "",
+              extra_names: Sequence[str] = (), unless_names: Sequence[str] = ()) -> str:
+    """The PromQL of one statistic over a window ending at the query's time, one series per GPU key.
+
+    `names` are the field's metric names (for fb_total, FB_USED's; `extra_names` FB_FREE's); `unless_names` the
+    better field's, whose GPUs are left out (GPU_UTIL only where GR_ENGINE_ACTIVE is missing).
+    """
+    w = duration(window_s)
+    sel = selector(names, matchers)
+    if stat.field == "fb_total":
+        last = duration(min(window_s, LAST_LOOKBACK_S))
+        free = selector(extra_names, matchers)
+        return (f"avg by ({KEY_LABELS}) (last_over_time({sel}[{last}])) + "
+                f"avg by ({KEY_LABELS}) (last_over_time({free}[{last}]))")
+    if stat.stat == "p90":
+        inner = f"quantile_over_time(0.9, {sel}[{w}])"
+    elif stat.stat == "last":
+        inner = f"last_over_time({sel}[{duration(min(window_s, LAST_LOOKBACK_S))}])"
+    else:
+        inner = f"{_FUNCTION[stat.stat]}({sel}[{w}])"
+    expr = f"avg by ({KEY_LABELS}) ({inner})"
+    if unless_names:
+        better = f"count_over_time({selector(unless_names, matchers)}[{w}])"
+        expr += f" unless on ({KEY_LABELS}) count by ({KEY_LABELS}) ({better})"
+    return expr
+
+
+def bit_shares(low: float, high: float, mean: float, mask: int) -> float:
+    """The share of the window a clock event mask had one of `mask`'s bits set, from the mask's minimum, maximum and
+    mean over the window: exact while it took at most two values (the time at the maximum is (mean - min) /
+    (max - min)), an estimate otherwise."""
+    at_low, at_high = float(bool(int(low) & mask)), float(bool(int(high) & mask))
+    if high <= low:
+        return at_high
+    return min(1.0, max(0.0, (at_low * (high - mean) + at_high * (mean - low)) / (high - low)))
+
+
+def identity_expr(names: Sequence[str], window_s: float, matchers: str = "") -> str:
+    """Every GPU's identity labels with its number of samples of the anchor field over the window."""
+    return (f"max by ({', '.join(IDENTITY_LABELS)}) "
+            f"(count_over_time({selector(names, matchers)}[{duration(window_s)}]))")
+
+
+# --- recorded statistics ------------------------------------------------------------------------------------------
+
+RECORD_PREFIX = "gpu:dcgm_"
+
+
+def record_name(stat: Stat, window_s: float) -> str:
+    """The recorded series of a statistic: `gpu:dcgm_<field>:<stat>_<window>` (level:metric:operations)."""
+    return f"{RECORD_PREFIX}{stat.field}:{stat.stat}_{duration(window_s)}"
+
+
+def identity_record_name(window_s: float) -> str:
+    return f"{RECORD_PREFIX}identity:count_{duration(window_s)}"
+
+
+# --- the data --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class WindowStats:
+    """Every GPU's statistics over one window: arrays indexed like `keys` (NaN: no value)."""
+
+    window: Window
+    gpus: dict[GpuKey, GpuIdentity] = field(default_factory=dict)
+    keys: list[GpuKey] = field(default_factory=list)
+    index: dict[GpuKey, int] = field(default_factory=dict)
+    samples: array = field(default_factory=lambda: array("d"))
+    values: dict[str, array] = field(default_factory=dict)  # Stat.key -> one value per GPU, in the field's unit
+    fields_present: set[str] = field(default_factory=set)
+    failed: dict[str, str] = field(default_factory=dict)  # field key -> why its query failed
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    scrape_interval_s: float | None = None
+    recorded: bool = False  # read from the rule group's recorded series
+    query_seconds: float = 0.0
+
+    def get(self, stat_key: str, i: int) -> float:
+        """One GPU's statistic; a MIG instance without its own takes its board's (power, clocks, throttling)."""
+        column = self.values.get(stat_key)
+        if column is None:
+            return math.nan
+        v = column[i]
+        if math.isnan(v):
+            key = self.keys[i]
+            if key[1] and STATS_BY_KEY[stat_key].field in DEVICE_LEVEL_FIELDS:
+                j = self.index.get(parent_key(key))
+                if j is not None:
+                    return column[j]
+        return v
+
+
+class StatsQuery:
+    """Runs the statistics for one window: discovery and statistics in parallel, then the GPU_UTIL fallback where
+    GR_ENGINE_ACTIVE is missing."""
+
+    def __init__(self, client: PromClient, window: Window, *, workers: int = 4, matchers: str = "") -> None:
+        self.client = client
+        self.window = window
+        self.workers = max(1, workers)
+        self.matchers = matchers
+
+    def run(self, *, use_recorded: bool = True, select: Select | None = None) -> WindowStats:
+        """The statistics of every GPU, or of those `select` keeps from the discovered ones (then the discovery
+        runs first and the statistics are asked for those GPUs only)."""
+        t0 = time.perf_counter()
+        w = self.window
+        try:
+            existing: set[str] | None = set(self.client.label_values("__name__", w.start, w.end))
+        except PromError as exc:
+            if exc.kind in ("unreachable", "timeout", "not_prometheus"):
+                raise
+            existing = None  # a proxy without the label API: ask for every name
+        data = WindowStats(w)
+        if use_recorded and existing is not None and self._recorded_present(existing):
+            self._read_recorded(data, existing, select)
+        elif select is not None:
+            self._index(data, self._discover(existing), select)
+            if len(data.gpus) <= MAX_MATCHED_GPUS:
+                self.matchers = matchers_for(list(data.gpus.values()))
+            self._query(data, existing, indexed=True)
+        else:
+            self._query(data, existing)
+        data.query_seconds = time.perf_counter() - t0
+        return data
+
+    # --- ad hoc statistics ------------------------------------------------------------------------------------------
+
+    def _names(self, field_key: str, existing: set[str] | None) -> list[str]:
+        f = FIELDS_BY_KEY[field_key]
+        if existing is None:
+            return list(f.names)
+        return [n for n in f.query_names if n in existing]
+
+    def _plan(self, existing: set[str] | None) -> list[tuple[Stat, str]]:
+        jobs = []
+        for stat in STATS:
+            if stat.field == "fb_total":
+                used, free = self._names("fb_used", existing), self._names("fb_free", existing)
+                if used and free:
+                    jobs.append((stat, stat_expr(stat, used, self.window.length_s, matchers=self.matchers,
+                                                 extra_names=free)))
+                continue
+            names = self._names(stat.field, existing)
+            if names:
+                jobs.append((stat, stat_expr(stat, names, self.window.length_s, matchers=self.matchers)))
+        return jobs
+
+    def _discover(self, existing: set[str] | None) -> list[dict]:  # type: ignore[type-arg]
+        for anchor in ANCHORS:
+            names = self._names(anchor, existing)
+            if not names:
+                continue
+            result = self.client.instant(identity_expr(names, self.window.length_s, self.matchers), self.window.end)
+            if result:
+                return result
+        return []
+
+    def _query(self, data: WindowStats, existing: set[str] | None, *, indexed: bool = False) -> None:
+        jobs = self._plan(existing)
+        end = self.window.end
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            found = None if indexed else pool.submit(self._discover, existing)
+            answers: list[tuple[Stat, Future[list[KeyedSeries]]]] = [
+                (stat, pool.submit(self.client.instant_points, expr, end)) for stat, expr in jobs]
+            if found is not None:
+                self._index(data, found.result())
+            for stat, answer in answers:
+                self._take(data, stat, answer.result)
+            self._fallback(data, existing)
+        self._report_failures(data)
+
+    def _take(self, data: WindowStats, stat: Stat, answer: Callable[[], list[KeyedSeries]]) -> None:
+        try:
+            result = answer()
+        except PromError as exc:
+            data.failed.setdefault("fb_used" if stat.field == "fb_total" else stat.field, str(exc))
+            return
+        column = vector_values(result, data.index, len(data.keys))
+        data.values[stat.key] = column
+        if result:
+            data.fields_present.add(stat.field)
+            if stat.field == "fb_total":
+                data.fields_present |= {"fb_used", "fb_free"}
+
+    def _fallback(self, data: WindowStats, existing: set[str] | None) -> None:
+        """GPU_UTIL (percent) for the GPUs without GR_ENGINE_ACTIVE: one more query, made only when some lack it."""
+        busy = data.values.get("gr_engine_active.avg")
+        # A MIG board's own slot has no activity of its own: only GPUs and instances count as lacking it.
+        lacking = [i for i, key in enumerate(data.keys) if key in data.gpus and (busy is None or math.isnan(busy[i]))]
+        names = self._names("gpu_util", existing)
+        if not lacking or not names:
+            return
+        better = self._names("gr_engine_active", existing)
+        expr = stat_expr(FALLBACK, names, self.window.length_s, matchers=self.matchers, unless_names=better)
+        self._take(data, FALLBACK, lambda: self.client.instant_points(expr, self.window.end))
+
+    # --- recorded statistics ---------------------------------------------------------------------------------------
+
+    def _recorded_present(self, existing: set[str]) -> bool:
+        return identity_record_name(self.window.length_s) in existing and \
+            record_name(STATS[0], self.window.length_s) in existing
+
+    def _read_recorded(self, data: WindowStats, existing: set[str], select: Select | None) -> None:
+        """Two queries: the recorded identities, and every recorded statistic of this window length at once."""
+        length = self.window.length_s
+        by_name = {record_name(s, length): s for s in (*STATS, FALLBACK)}
+        names = sorted(n for n in by_name if n in existing)
+        pattern = "|".join(re.escape(n) for n in names)
+        end = self.window.end
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            found = pool.submit(self.client.instant, identity_record_name(length), end)
+            stats = pool.submit(self.client.instant_points, f'{{__name__=~"{pattern}"}}', end)
+            self._index(data, found.result(), select)
+            try:
+                result = stats.result()
+            except PromError as exc:
+                for stat in by_name.values():
+                    data.failed.setdefault(stat.field, str(exc))
+                result = []
+        grouped: dict[str, list[KeyedSeries]] = {}
+        for series in result:
+            grouped.setdefault(series.metric.name, []).append(series)
+        for name, members in grouped.items():
+            recorded = by_name.get(name)
+            if recorded is None:
+                continue
+            data.values[recorded.key] = vector_values(members, data.index, len(data.keys))
+            data.fields_present.add(recorded.field)
+            if recorded.field == "fb_total":
+                data.fields_present |= {"fb_used", "fb_free"}
+        data.recorded = True
+        data.notes.append(f"Statistics read from the series the diagnoser rule group records ({duration(length)} "
+                          "windows, evaluated up to the window's end).")
+        self._report_failures(data)
+
+    # --- shared ----------------------------------------------------------------------------------------------------
+
+    def _index(self, data: WindowStats, result: list[dict], select: Select | None = None) -> None:  # type: ignore[type-arg]
+        if not result:
+            raise SourceUnavailable(
+                f"Prometheus at {self.client.url} has no DCGM series from {self.window.describe()} "
+                "(no DCGM_FI_DEV_FB_USED, GR_ENGINE_ACTIVE or GPU_UTIL samples): is dcgm-exporter scraped, and is "
+                "the window right?")
+        exported = uses_exported_pod_labels(s.get("metric", {}) for s in result)
+        counts: dict[GpuKey, float] = {}
+        no_uuid = 0
+        for series in result:
+            metric = series.get("metric", {})
+            ident = identity_from_labels(metric, exported_pods=exported)
+            if ident is None or not (metric.get("UUID") or metric.get("uuid")):
+                no_uuid += 1
+                continue
+            known = data.gpus.get(ident.key)
+            if known is None:
+                data.gpus[ident.key] = ident
+            else:
+                known.merge(ident)
+            try:
+                count = float(series["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            counts[ident.key] = max(count, counts.get(ident.key, 0.0))
+        if no_uuid:
+            data.errors.append(f"{no_uuid} series without a UUID label were ignored.")
+        if not data.gpus:
+            raise SourceUnavailable(f"Prometheus at {self.client.url} has DCGM series but none with a GPU UUID label.")
+        if select is not None:
+            kept = {g.key for g in select(list(data.gpus.values()))}
+            # A MIG instance's board stays: it carries the instance's device fields.
+            kept |= {parent_key(k) for k in kept if k[1] and parent_key(k) in data.gpus}
+            data.gpus = {k: g for k, g in data.gpus.items() if k in kept}
+            counts = {k: c for k, c in counts.items() if k in kept}
+        # A MIG board's own series carry its device fields (clocks, power, throttling) for its instances: its key
+        # gets a slot although it is no target.
+        boards = {parent_key(k) for k in data.gpus if k[1]} - set(data.gpus)
+        data.keys = [*data.gpus, *sorted(boards)]
+        data.index = {k: i for i, k in enumerate(data.keys)}
+        data.samples = array("d", (counts.get(k, 0.0) for k in data.keys))
+        most = max(data.samples, default=0.0)
+        data.scrape_interval_s = self.window.length_s / most if most >= 2 else None
+
+    def _report_failures(self, data: WindowStats) -> None:
+        if data.failed:
+            names = ", ".join(FIELDS_BY_KEY[k].name for k in data.failed if k in FIELDS_BY_KEY)
+            first = next(iter(data.failed.values()))
+            data.errors.append(f"{len(data.failed)} statistic queries failed ({names}): {first}")
+
+
+__all__ = [
+    "FALLBACK",
+    "STATS",
+    "STATS_BY_KEY",
+    "Stat",
+    "StatsQuery",
+    "WindowStats",
+    "bit_shares",
+    "duration",
+    "identity_expr",
+    "identity_record_name",
+    "record_name",
+    "selector",
+    "stat_expr",
+]

@@ -1,0 +1,164 @@
+"""`diagnoser rules --prometheus-rules`: the rule group passes promtool and vmalert's checks, and a real Prometheus
+evaluating it over simulated exporters records the statistics `fleet` reads in one query and a limiter per GPU equal
+to the Python engine's verdict for every planted class (throttled by clock-event bits and the spec clock
+included), with the alerts pending or firing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnoser.collectors.prom_client import PromClient
+from diagnoser.collectors.prometheus_source import Window
+from diagnoser.fleet import run_fleet
+from diagnoser.promrules import ALERTS, rule_group_yaml
+from tests.prom_harness import (
+    NO_PROMETHEUS,
+    PROFILE_RULE,
+    PROFILE_VERDICT,
+    REPO,
+    ExporterProcess,
+    PrometheusServer,
+    find_prometheus,
+    legacy_fleet,
+    node_targets,
+    old_fleet,
+    poll,
+    renamed_fleet,
+)
+
+WINDOW = "15s"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "diagnoser", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (Debian's prometheus has it)")
+def test_rule_group_passes_promtool(tmp_path: Path) -> None:
+    config = tmp_path / "rules.toml"
+    config.write_text("[thresholds.BW001]\ndram_active_mean = 0.45\n")
+    for args in ((), ("--window", "30m", "--interval", "30s", "--rules-config", str(config))):
+        r = cli("rules", "--prometheus-rules", *args)
+        assert r.returncode == 0, r.stderr
+        path = tmp_path / "rules.yml"
+        path.write_text(r.stdout)
+        check = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert "SUCCESS" in check.stdout
+    assert ">= 0.45" in r.stdout  # the override reaches the PromQL, as it reaches the Python rule
+    for bad, fragment in ((("--window", "1s", "--interval", "1s"), "two evaluation intervals"),
+                          (("--interval", "soon"), "--interval wants"), (("--window", "x"), "--window")):
+        r = cli("rules", "--prometheus-rules", *bad)
+        assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("vmalert") is None,
+                    reason="vmalert is not installed (Debian's victoria-metrics has it)")
+def test_rule_group_loads_in_vmalert(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yml"
+    path.write_text(rule_group_yaml(3600))
+    r = subprocess.run(["vmalert", f"-rule={path}", "-dryRun"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def ruled(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The planted fleets scraped by a Prometheus that evaluates the rule group every second over 15 s windows."""
+    if find_prometheus() is None:
+        pytest.skip(NO_PROMETHEUS)
+    workdir = tmp_path_factory.mktemp("ruled")
+    rules = workdir / "diagnoser.rules.yml"
+    rules.write_text(cli("rules", "--prometheus-rules", "--window", WINDOW, "--interval", "1s").stdout)
+    exporters = [ExporterProcess(f, workdir) for f in (legacy_fleet(), renamed_fleet(), old_fleet())]
+    prom = None
+    try:
+        for e in exporters:
+            e.start()
+        prom = PrometheusServer(workdir, [t for e in exporters for t in node_targets(e)], rule_files=[rules]).start()
+        gpus = [g for e in exporters for g in e.fleet.gpus]
+        # Every GPU classified over a full window (the first evaluations see a window only partly filled).
+        poll(lambda: prom.query("min(count_over_time(DCGM_FI_DEV_FB_USED[1h]))") and
+             float(prom.query("min(count_over_time(DCGM_FI_DEV_FB_USED[1h]))")[0]["value"][1]) >= 20, 240,
+             "20 scrapes")
+        poll(lambda: len(prom.query(f"gpu:diagnoser_limiter:{WINDOW}")) == len(gpus), 120, "a limiter per GPU")
+        yield prom, gpus
+    finally:
+        if prom is not None:
+            prom.stop()
+        for e in exporters:
+            e.stop()
+
+
+def _key(uuid: str, mig: str) -> tuple[str, str]:
+    return (uuid, mig)
+
+
+def test_promql_limiter_agrees_with_the_engine_for_every_planted_class(ruled) -> None:  # type: ignore[no-untyped-def]
+    prom, gpus = ruled
+    at = time.time()
+    limiters = {}
+    for s in prom.query(f"gpu:diagnoser_limiter:{WINDOW}"):
+        m = s["metric"]
+        limiters[_key(m.get("UUID") or m.get("uuid", ""), m.get("GPU_I_ID", ""))] = (m["limiter"], m["rule"])
+    # The engine on the same recorded statistics (one query for them all), and on statistics it asks for itself.
+    window = Window(at - 15, at)
+    timings: dict = {}
+    recorded = run_fleet(PromClient(prom.url), window, detail=0, timings=timings)
+    assert timings["recorded"] and all(r.basis == "recorded statistics" for r in recorded.rows)
+    adhoc = run_fleet(PromClient(prom.url), window, detail=0, use_recorded=False)
+    assert all(r.basis == "statistics" for r in adhoc.rows)
+    engine = {(r.uuid, r.gpu.partition("/")[2]): r for r in recorded.rows}
+    asked = {(r.uuid, r.gpu.partition("/")[2]): r for r in adhoc.rows}
+    for g in gpus:
+        key = _key(g.uuid, g.mig_id)
+        promql_limiter, promql_rule = limiters[key]
+        row = engine[key]
+        assert promql_limiter == row.diagnosis.verdict == PROFILE_VERDICT[g.profile], (g, limiters[key],
+                                                                                       row.diagnosis.headline)
+        assert promql_rule == row.diagnosis.findings[0].code == PROFILE_RULE[g.profile], (g, promql_rule)
+        assert asked[key].diagnosis.verdict == row.diagnosis.verdict, (g, asked[key].diagnosis.headline)
+
+
+def test_fleet_reads_the_recorded_statistics_in_one_query(ruled) -> None:  # type: ignore[no-untyped-def]
+    prom, gpus = ruled
+    client = PromClient(prom.url)
+    timings: dict = {}
+    report = run_fleet(client, Window(time.time() - 15, time.time()), detail=0, timings=timings)
+    assert len(report.rows) == len(gpus) and report.errors == []
+    # The metric names, the recorded identities and every recorded statistic: three requests, no pass over samples.
+    assert client.queries == 3 and timings["recorded"]
+    # A window of another length has no recorded series: the statistics are computed, and the answer is the same.
+    other = run_fleet(PromClient(prom.url), Window(time.time() - 14, time.time()), detail=0)
+    assert all(r.basis == "statistics" for r in other.rows)
+    assert sorted(r.diagnosis.verdict for r in other.rows) == sorted(r.diagnosis.verdict for r in report.rows)
+
+
+def test_alerts_for_the_limiters_that_call_for_action(ruled) -> None:  # type: ignore[no-untyped-def]
+    prom, gpus = ruled
+
+    def alerting() -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for s in prom.query("ALERTS"):
+            m = s["metric"]
+            out.setdefault(m["alertname"], set()).add(m.get("UUID") or m.get("uuid", ""))
+        return out
+
+    throttled = {g.uuid for g in gpus if g.profile == "throttled"}
+    errors = {g.uuid for g in gpus if g.profile == "xid"}
+    poll(lambda: throttled <= alerting().get(ALERTS["throttling"][0], set()), 60, "the throttling alerts")
+    found = alerting()
+    assert errors <= found[ALERTS["errors"][0]]
+    idle = {g.uuid for g in gpus if g.profile == "idle"}
+    assert idle <= found[ALERTS["idle"][0]]
+    # A saturated roof is the GPU doing its work: no alert.
+    compute = {g.uuid for g in gpus if g.profile == "compute" and not g.mig_id}
+    assert not compute & set().union(*found.values())
