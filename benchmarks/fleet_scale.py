@@ -40,10 +40,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from diagnoser.collectors.dcgm import FIELDS_BY_KEY  # noqa: E402
-from diagnoser.collectors.http import fetch  # noqa: E402
-from diagnoser.collectors.prom_stats import STATS, identity_expr, stat_expr  # noqa: E402
-from tests.prom_harness import PrometheusServer, VictoriaMetricsServer, free_port  # noqa: E402
+from diagnoser.collectors.dcgm import FIELDS_BY_KEY
+from diagnoser.collectors.http import fetch
+from diagnoser.collectors.prom_stats import STATS, identity_expr, stat_expr
+from tests.prom_harness import PrometheusServer, VictoriaMetricsServer, free_port
 
 OUT = REPO / "benchmarks" / "out"
 STEP_S = 60
@@ -121,7 +121,7 @@ def write_openmetrics(n_gpus: int, path: Path, stamps: list[int]) -> int:
             fh.write(f"# TYPE {name} gauge\n")
             for n in range(n_gpus):
                 head = name + heads[n] + " "
-                fh.write("".join(head + v + t for v, t in zip(values_of(n, m, count), ts)))
+                fh.write("".join(head + v + t for v, t in zip(values_of(n, m, count), ts, strict=True)))
         fh.write("# EOF\n")
     return n_gpus * len(METRICS) * count
 

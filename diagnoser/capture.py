@@ -518,7 +518,7 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
             raise CaptureError(f"{origin} is not a readable capture: its gzip stream is damaged ({exc}).") from None
     try:
         env = msgspec.json.decode(data, type=_Envelope)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise CaptureError(f"{origin} is not a diagnoser capture: {_sentence(exc)}.") from None
     if env.format != FORMAT_NAME:
         raise CaptureError(f"{origin} is a '{_quote(env.format)}' file, not a diagnoser capture.")
@@ -544,7 +544,7 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
             for v in range(env.version, FORMAT_VERSION):
                 raw = _MIGRATIONS[v](raw)
             capture = msgspec.convert(_drop_null_points(raw, notes, unpaired), type=Capture)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise CaptureError(f"{origin} is a damaged capture (version {env.version}): {_sentence(exc)}.") from None
     _check_window(capture, origin)
     _drop_unpaired(capture, notes, unpaired)

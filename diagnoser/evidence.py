@@ -9,12 +9,13 @@ unavailable sources.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from diagnoser import signals as S
 from diagnoser.capture import Capture, GpuInfo, ModelInfo, Series, ServingConfig, StackSamples, TraceSummary
@@ -40,24 +41,12 @@ class Signal:
     sources: tuple[str, ...]
     values: tuple[float, ...]
     times: tuple[float, ...] = ()
-    stats: Mapping[str, float] | None = None
-    count: int = 0
-    # Shares of the window at or above given thresholds, where the engine counted them (a 0/1 signal's mean is its
-    # share above 0.5): frac_above answers these exactly instead of interpolating the quantiles.
-    fractions: tuple[tuple[float, float], ...] = ()
-
-    @classmethod
-    def from_stats(cls, name: str, unit: str, sources: tuple[str, ...], *, mean: float, p50: float | None = None,
-                   p90: float | None = None, p99: float | None = None, max: float | None = None,  # noqa: A002
-                   min: float | None = None, n: int = 1,  # noqa: A002
-                   frac_above: Mapping[float, float] | None = None) -> Signal:
-        known = {"mean": mean, "p50": p50, "p90": p90, "p99": p99, "max": max, "min": min}
-        return cls(name, unit, sources, (), (), {k: float(v) for k, v in known.items() if v is not None}, max_(n, 1),
-                   tuple(sorted(frac_above.items())) if frac_above else ())
+    # False for a signal known only by statistics an engine computed (from_stats), which has no samples.
+    from_samples: ClassVar[bool] = True
 
     @property
     def n(self) -> int:
-        return self.count if self.stats is not None else len(self.values)
+        return len(self.values)
 
     @property
     def value(self) -> float:
@@ -66,17 +55,15 @@ class Signal:
 
     @property
     def mean(self) -> float:
-        if self.stats is not None:
-            return self.stats["mean"]
         return math.fsum(self.values) / len(self.values)
 
     @property
     def min(self) -> float:
-        return self._stat_or("min", min_) if self.stats is not None else min_(self.values)
+        return min_(self.values)
 
     @property
     def max(self) -> float:
-        return self._stat_or("max", max_) if self.stats is not None else max_(self.values)
+        return max_(self.values)
 
     @property
     def p50(self) -> float:
@@ -90,49 +77,18 @@ class Signal:
     def p99(self) -> float:
         return self.quantile(0.99)
 
-    def _stat_or(self, name: str, pick: Callable[[list[float]], float]) -> float:
-        assert self.stats is not None
-        if name in self.stats:
-            return self.stats[name]
-        known = list(self.stats.values())
-        return pick(known)
-
     def quantile(self, q: float) -> float:
-        """Linear-interpolated quantile (numpy's default method); from the nearest known statistic for a signal
-        built from statistics."""
-        if self.stats is not None:
-            key = {0.5: "p50", 0.9: "p90", 0.99: "p99"}.get(q)
-            if key and key in self.stats:
-                return self.stats[key]
-            return self.stats.get("p90" if q >= 0.75 else "p50", self.stats["mean"])
+        """Linear-interpolated quantile (numpy's default method)."""
         xs = sorted(self.values)
         pos = (len(xs) - 1) * q
         lo, hi = math.floor(pos), math.ceil(pos)
         return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
     def frac_above(self, threshold: float) -> float:
-        """Fraction of samples at or above the threshold (samples are evenly spaced in time). From statistics: the
-        share implied by the known quantiles, interpolated."""
-        if self.stats is not None:
-            for at, share in self.fractions:
-                if at == threshold:
-                    return share
-            points = sorted((q, self.stats[k]) for q, k in ((0.0, "min"), (0.5, "p50"), (0.9, "p90"), (0.99, "p99"),
-                                                            (1.0, "max")) if k in self.stats)
-            if not points:
-                return 1.0 if self.mean >= threshold else 0.0
-            if threshold <= points[0][1]:
-                return 1.0 - points[0][0]
-            for (q0, v0), (q1, v1) in zip(points, points[1:], strict=False):
-                if v0 <= threshold <= v1:
-                    share = q0 + (q1 - q0) * ((threshold - v0) / (v1 - v0) if v1 > v0 else 1.0)
-                    return 1.0 - share
-            return 0.0
+        """Fraction of samples at or above the threshold (samples are evenly spaced in time)."""
         return sum(1 for v in self.values if v >= threshold) / len(self.values)
 
     def frac_below(self, threshold: float) -> float:
-        if self.stats is not None:
-            return 1.0 - self.frac_above(threshold)
         return sum(1 for v in self.values if v < threshold) / len(self.values)
 
     def stat(self, name: str) -> float:
@@ -145,6 +101,88 @@ class Signal:
     @property
     def source(self) -> str:
         return "+".join(self.sources)
+
+    @classmethod
+    def from_stats(cls, name: str, unit: str, sources: Iterable[str], *, mean: float, p50: float | None = None,
+                   p90: float | None = None, max: float | None = None, min: float | None = None,
+                   n: int = 1, frac_above: Mapping[float, float] | None = None) -> Signal:
+        """A signal known only by statistics that a time-series engine computed over the window (the fleet's
+        triage reads these instead of the samples): mean, quantiles and extremes answer from them; `frac_above`
+        from the fractions given for exact thresholds, else from the piecewise-linear distribution through the
+        known quantiles. `n` is the number of samples the statistics summarise."""
+        signal = object.__new__(_StatsSignal)
+        # The fields set at once: the frozen dataclass __init__ sets each through object.__setattr__, 3x slower, and
+        # a fleet of 100,000 GPUs makes a million of these.
+        signal.__dict__.update(name=name, unit=unit, sources=tuple(sources), values=(mean,), times=(),
+                               count=n if n > 1 else 1, s_mean=mean, s_p50=p50, s_p90=p90, s_max=max, s_min=min,
+                               fractions=tuple(sorted(frac_above.items())) if frac_above else ())
+        return signal
+
+
+@dataclass(frozen=True)
+class _StatsSignal(Signal):
+    """Signal.from_stats: statistics without the samples."""
+
+    count: int = 1
+    s_mean: float = 0.0
+    s_p50: float | None = None
+    s_p90: float | None = None
+    s_max: float | None = None
+    s_min: float | None = None
+    fractions: tuple[tuple[float, float], ...] = ()
+    from_samples: ClassVar[bool] = False
+
+    @property
+    def n(self) -> int:
+        return self.count
+
+    @property
+    def mean(self) -> float:
+        return self.s_mean
+
+    def _knots(self) -> list[tuple[float, float]]:
+        """(cumulative share, value) pairs known, in order of share."""
+        known = ((0.0, self.s_min), (0.5, self.s_p50), (0.9, self.s_p90), (1.0, self.s_max))
+        return [(q, v) for q, v in known if v is not None]
+
+    @property
+    def min(self) -> float:
+        return self.s_min if self.s_min is not None else self.quantile(0.0)
+
+    @property
+    def max(self) -> float:
+        return self.s_max if self.s_max is not None else self.quantile(1.0)
+
+    def quantile(self, q: float) -> float:
+        """Interpolated between the known quantiles; beyond them, the nearest one (the mean when none is known)."""
+        knots = self._knots()
+        if not knots:
+            return self.s_mean
+        if q <= knots[0][0]:
+            return knots[0][1]
+        for (qa, va), (qb, vb) in itertools.pairwise(knots):
+            if q <= qb:
+                return va + (vb - va) * (q - qa) / (qb - qa)
+        return knots[-1][1]
+
+    def frac_above(self, threshold: float) -> float:
+        for t, frac in self.fractions:
+            if t == threshold:
+                return frac
+        knots = self._knots()
+        if not knots:
+            return 1.0 if self.s_mean >= threshold else 0.0
+        if threshold <= knots[0][1]:
+            return 1.0 - knots[0][0]
+        for (qa, va), (qb, vb) in itertools.pairwise(knots):
+            if threshold <= vb:
+                below = qa if vb == va else qa + (qb - qa) * (threshold - va) / (vb - va)
+                return 1.0 - below
+        return 0.0
+
+    def frac_below(self, threshold: float) -> float:
+        return 1.0 - self.frac_above(threshold)
+
 
 
 min_, max_ = min, max  # Signal's own min/max properties shadow the builtins inside the class body

@@ -379,8 +379,8 @@ def report_dict(report: FleetReport, limit: int | None = None) -> dict[str, Any]
            "usd_per_gpu_hour": report.usd_per_gpu_hour, "errors": report.errors,
            "query_seconds": report.query_seconds}
     rows = report.rows if limit is None else report.rows[:limit]
-    doc["rows"] = [{**{k: v for k, v in r.__dict__.items() if k != "diagnosis"}, "diagnosis": diagnosis_dict(r.diagnosis)}
-                   for r in rows]
+    doc["rows"] = [{**{k: v for k, v in r.__dict__.items() if k != "diagnosis"},
+                    "diagnosis": diagnosis_dict(r.diagnosis)} for r in rows]
     return doc
 
 
@@ -423,7 +423,8 @@ class FleetGroup:
         return Counter(r.diagnosis.verdict for r in self.rows)
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "gpus": len(self.rows), "usd_per_hour_at_stake": round(self.usd_per_hour_at_stake, 4),
+        return {"name": self.name, "gpus": len(self.rows),
+                "usd_per_hour_at_stake": round(self.usd_per_hour_at_stake, 4),
                 "verdicts": dict(self.verdicts.most_common()), "uuids": [r.uuid for r in self.rows]}
 
 

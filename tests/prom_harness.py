@@ -58,7 +58,7 @@ def poll(check: Callable[[], object], timeout: float, what: str, every: float = 
             value = check()
             if value:
                 return value
-        except Exception as exc:  # noqa: BLE001 (readiness polling: any failure means not yet)
+        except Exception as exc:
             last_error = exc
         time.sleep(every)
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" ({last_error})" if last_error else ""))
@@ -307,7 +307,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:  # quiet
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         parts = [p for p in urllib.parse.urlparse(self.path).path.split("/") if p]
         if parts == ["metrics"]:
             body = self.fleet.render([g for g in self.fleet.gpus if g.node not in self.down])
@@ -421,7 +421,7 @@ class ExporterProcess:
 
 
 def _get(url: str, timeout: float) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (local test URL)
+    with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()
 
 

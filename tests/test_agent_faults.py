@@ -234,3 +234,27 @@ def test_pod_uid_from_cgroup(tmp_path: Path) -> None:
     (proc / "43").mkdir()
     (proc / "43" / "cgroup").write_text("0::/user.slice/user-1000.slice/session-2.scope\n")
     assert pod_of(43, proc) == "" and pod_of(44, proc) == "" and pod_of(None) == ""
+
+
+@pytest.mark.slow
+def test_a_live_exporter_names_the_pod_of_the_gpu(tmp_path: Path) -> None:
+    # The agent reads the GPU its target uses from a live dcgm-exporter (the target's CUDA_VISIBLE_DEVICES, as NVML
+    # is absent here) and records the pod the exporter labels that GPU with.
+    from tests.prom_harness import ExporterProcess, SimFleet
+
+    fleet = SimFleet(n_gpus=1, gpus_per_node=1, profiles=("compute",), pods={0: "llm-decode-0"})
+    exporter = ExporterProcess(fleet, tmp_path).start()
+    server = DemoServer(kv_tokens=2048, env={"CUDA_VISIBLE_DEVICES": "0"})
+    db, port = tmp_path / "history.db", free_port()
+    agent = AgentProcess("--every", "1s", "--jitter", "0", "--window", "2s", "--targets", f"llm={server.port}",
+                         "--dcgm-exporter", exporter.url(0), "--db", str(db), "--metrics-port", str(port))
+    try:
+        wait_until(lambda: any(r.status == OK for r in rows(db, "llm")), 120, "a first run of 'llm'")
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()
+        server.stop()
+        exporter.stop()
+    run = next(r for r in rows(db, "llm") if r.status == OK)
+    assert run.pod == "team-0/llm-decode-0", run.problems
+    assert not any(p.startswith("dcgm:") for p in run.problems), run.problems

@@ -13,8 +13,7 @@ import time
 import pytest
 
 from diagnoser.collectors.prometheus_source import PromClient, Window
-from diagnoser.fleet import run_fleet
-from diagnoser.fleet import publishable
+from diagnoser.fleet import publishable, run_fleet
 from tests.prom_harness import (  # noqa: F401  (dcgm_stack and vm_stack are fixtures)
     HOSTILE_POD,
     NO_PROMETHEUS,

@@ -296,3 +296,25 @@ def test_fuzz_prometheus_answer_decoder(body: bytes, status: int, instant: bool,
     values = _values_by_step(series, 0.0, 15.0, 5)
     for key, column in values.items():
         assert isinstance(key, tuple) and len(column) == 5
+
+
+# Bytes that are not UTF-8 inside a JSON string: msgspec raises UnicodeDecodeError, not its DecodeError.
+NOT_UTF8 = (b'{"\xf3tatus": "success", "data": null}', b'{"status": "success", "data": {"result": ["\xff"]}}')
+
+
+@pytest.mark.parametrize("body", NOT_UTF8)
+def test_an_answer_that_is_not_utf8_is_one_sentence(body: bytes) -> None:
+    _PROM.body, _PROM.status = body, 200
+    for call in (lambda c: c.instant_points("up", 60.0), lambda c: c.range_points("up", 0.0, 60.0, 15.0),
+                 lambda c: c.instant("up", 60.0)):
+        with pytest.raises(DiagnoserError) as caught:
+            call(PromClient(_PROM.url, timeout_s=10))
+        one_sentence(caught.value)
+
+
+@pytest.mark.parametrize("data", [b'{"format": "diagnoser-capture\xf3", "version": 1}',
+                                  b'{"format": "diagnoser-capture", "version": 1, "capture": {"target": "\xff"}}'])
+def test_a_capture_that_is_not_utf8_is_one_sentence(data: bytes) -> None:
+    with pytest.raises(DiagnoserError) as caught:
+        loads(data, origin="bad.dgc")
+    one_sentence(caught.value)

@@ -13,6 +13,7 @@ processes NVML sees on the node's GPUs instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -144,21 +145,22 @@ def collect_window(target: Any, job: dict[str, Any], stop: threading.Event) -> t
     if sources.dcgm_exporter and selector is not None:
         from diagnoser.collectors.dcgm_exporter import DcgmExporterCollector
 
-        collectors.append(DcgmExporterCollector(sources.dcgm_exporter, selector,
-                                                period_s=max(1.0, job["interval_s"])))
+        # The exporter is this node's own: its Hostname label need not match ours (a container's, a pod's name).
+        live = dataclasses.replace(selector, node=None)
+        collectors.append(DcgmExporterCollector(sources.dcgm_exporter, live, period_s=max(1.0, job["interval_s"])))
     sampler = Sampler(capture, collectors, duration_s=job["window_s"], interval_s=job["interval_s"], tree=tree,
                       stop_event=stop)
     run_sampler(sampler)
     for c in collectors:
         for identity in getattr(c, "targets", []) or []:
-            pods.extend(identity.pod_names())
+            pods.extend(identity.pod_names)
     if sources.prometheus and selector is not None:
         from diagnoser.collectors.dcgm import collect_dcgm_into
 
         try:
             identities = collect_dcgm_into(capture, prometheus_url=sources.prometheus, selector=selector)
             for identity in identities:
-                pods.extend(identity.pod_names())
+                pods.extend(identity.pod_names)
         except DiagnoserError as exc:
             capture.mark_unavailable("dcgm", "dcgm.*", str(exc), "check the agent's [sources] prometheus URL")
     return capture, pods

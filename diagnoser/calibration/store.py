@@ -108,7 +108,7 @@ def load_store(path: str | Path | None = None) -> dict[str, CalibrationResult]:
         raise InputError(f"cannot read the calibration store {path}: {exc.strerror or exc}.") from None
     try:
         parsed = msgspec.json.decode(data, type=_StoreFile)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, msgspec.ValidationError) as exc:
         raise InputError(f"the calibration store {path} is damaged ({exc}); delete it or pass --store to use "
                          "another file.") from None
     if parsed.format != FORMAT_NAME:

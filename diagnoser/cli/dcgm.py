@@ -4,7 +4,6 @@ endpoint (live, for --duration seconds) or from Prometheus (any past window)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 

@@ -108,7 +108,8 @@ FIELDS: tuple[DcgmField, ...] = (
     DcgmField("reasons_thermal", CLOCK_EVENT_NAMES, "gpu.throttle.thermal", in_default_csv=False,
               bits=CLOCK_EVENT_THERMAL),
     DcgmField("reasons_other", CLOCK_EVENT_NAMES, "gpu.throttle.other", in_default_csv=False, bits=CLOCK_EVENT_OTHER),
-    DcgmField("power_default_limit", ("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", "DCGM_FI_DEV_BOARD_POWER_LIMIT_DEFAULT_WATTS"),
+    DcgmField("power_default_limit",
+              ("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", "DCGM_FI_DEV_BOARD_POWER_LIMIT_DEFAULT_WATTS"),
               "gpu.power_default_limit_w", reduce="last", in_default_csv=False, fleet=False),
     # The PROF PCIe/NVLink fields are exported as gauges in bytes per second (dcgm-exporter's HELP text).
     DcgmField("pcie_tx", ("DCGM_FI_PROF_PCIE_TX_BYTES",), "gpu.pcie_tx_bps"),
@@ -150,7 +151,7 @@ WANTED_SIGNALS: dict[str, tuple[str, ...]] = {
     "gpu.xid_errors": ("xid",),
 }
 
-# --- labels ----------------------------------------------------------------------------------------------------------
+# --- labels -----------------------------------------------------------------------------------------------------------
 
 UUID_LABELS = ("UUID", "uuid")  # `uuid` under dcgm-exporter's --use-old-namespace
 # A node label set by service discovery beats the exporter's own: under Kubernetes `hostname` is often the exporter
@@ -307,7 +308,7 @@ def uses_exported_pod_labels(label_sets: Iterable[Mapping[str, str]]) -> bool:
     return any("exported_pod" in labels or "exported_namespace" in labels for labels in label_sets)
 
 
-# --- parsing the exporter's text ---------------------------------------------------------------------------------------
+# --- parsing the exporter's text --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -458,7 +459,7 @@ def parse_exporter_text(text: str, at: float | None = None, *, origin: str = "dc
     return parse_exporter_lines((line.encode() for line in text.splitlines()), at, origin=origin)
 
 
-# --- choosing the target -----------------------------------------------------------------------------------------------
+# --- choosing the target ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -606,7 +607,8 @@ def selector_for_pid(pid: int) -> GpuSelector:
     items = [v.strip() for v in visible.split(",") if v.strip()]
     if not items or any(v.lower() in ("all", "none", "void") for v in items):
         raise SourceUnavailable(f"cannot tell which GPU pid {pid} uses: NVML is not available here and its "
-                                "environment names no devices (CUDA_VISIBLE_DEVICES); pass --uuid, or --node and --gpu.")
+                                "environment names no devices (CUDA_VISIBLE_DEVICES); pass --uuid, or --node and "
+                                "--gpu.")
     if all(v.isdigit() for v in items):
         return GpuSelector(pid=pid, node=node, indices=tuple(int(v) for v in items))
     return GpuSelector(pid=pid, node=node, uuids=tuple(v for v in items if not v.isdigit()))
@@ -647,7 +649,7 @@ def _nvml_uuids_of(pids: set[int]) -> list[str]:
     return found
 
 
-# --- per-GPU samples into a capture --------------------------------------------------------------------------------
+# --- per-GPU samples into a capture -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -724,9 +726,9 @@ def _aligned(window: GpuWindow, a: str, b: str) -> tuple[list[float], list[float
     """Times present in both fields a and b, with the two values at each."""
     if a not in window.fields or b not in window.fields:
         return [], [], []
-    other = dict(zip(*window.fields[b]))
+    other = dict(zip(*window.fields[b], strict=True))
     times, va, vb = [], [], []
-    for t, v in zip(*window.fields[a]):
+    for t, v in zip(*window.fields[a], strict=True):
         w = other.get(t)
         if w is not None:
             times.append(t)
@@ -746,7 +748,8 @@ def _derived(capture: Capture, window: GpuWindow, labels: dict[str, str]) -> lis
         assert last_used is not None and last_free is not None
         times, used, free = [window.fields["fb_used"][0][-1]], [last_used], [last_free]
     if times:
-        capture.series.append(_series("gpu.mem_total_bytes", labels, times, [u + f for u, f in zip(used, free)]))
+        capture.series.append(_series("gpu.mem_total_bytes", labels, times,
+                                      [u + f for u, f in zip(used, free, strict=True)]))
         produced.append("gpu.mem_total_bytes")
     max_clock = window.last("max_sm_clock") or capture.gpus[-1].max_sm_clock_mhz
     clock = window.fields.get("sm_clock")
@@ -793,10 +796,11 @@ def missing_reason(signal: str, *, fields_in_source: set[str], failed: Mapping[s
     if absent and not any(f.in_default_csv for f in absent):
         return (f"not exported by dcgm-exporter ({names} is commented out of, or absent from, its "
                 f"default-counters.csv)", f"enable {absent[0].name} in the counters CSV: {CSV_HINT}")
+    hint = f"check the exporter's -f counters file; {CSV_HINT}"
     if absent and absent[0].name.startswith("DCGM_FI_PROF_"):
         return (f"{names} is not in this exporter's output (profiling fields need a data-center GPU from Volta on, "
-                "and before Hopper only one DCGM client may read them)", f"check the exporter's -f counters file; {CSV_HINT}")
-    return f"{names} is not in this exporter's output for this GPU", f"check the exporter's -f counters file; {CSV_HINT}"
+                "and before Hopper only one DCGM client may read them)", hint)
+    return f"{names} is not in this exporter's output for this GPU", hint
 
 
 def mark_missing(capture: Capture, produced: set[str], *, fields_in_source: set[str],
@@ -817,7 +821,7 @@ def describe_target(identities: Sequence[GpuIdentity]) -> str:
     return head + f"{len(identities)} GPUs (" + ", ".join(f"{g.node or '?'} gpu {g.label}" for g in identities) + ")"
 
 
-# --- one entry point for attach and the dcgm command -------------------------------------------------------------------
+# --- one entry point for attach and the dcgm command ------------------------------------------------------------------
 
 
 def collect_dcgm_into(

@@ -68,7 +68,7 @@ class KeyedSeries(msgspec.Struct):
         return self.metric.key
 
     @classmethod
-    def from_dict(cls, series: dict) -> KeyedSeries:  # type: ignore[type-arg]
+    def from_dict(cls, series: dict) -> KeyedSeries:
         """From generically decoded JSON (the fallback when the typed decode refuses an answer)."""
         m = series.get("metric") or {}
         value = series.get("value")
@@ -108,7 +108,7 @@ def _decode_json(content: bytes, keyed: bool = False) -> object:
     if keyed:
         try:
             answer = _KEYED_DECODER.decode(content)
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
             pass  # "+Inf", an error body, another server: the generic decode below sees what it is
         else:
             if answer.status == "success" and answer.data is not None:
@@ -116,7 +116,7 @@ def _decode_json(content: bytes, keyed: bool = False) -> object:
                         "data": {"resultType": answer.data.resultType, "result": answer.data.result}}
     try:
         return _ANY_DECODER.decode(content)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"not JSON: {exc}") from None
 
 
@@ -144,7 +144,7 @@ def _error_text(body: bytes) -> str:
     """Prometheus's own error text from an error answer, or a short plain-text reason (never an HTML page)."""
     try:
         env = _ENVELOPE_DECODER.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         flat = " ".join(body.decode("utf-8", "replace").split())
         return "not a Prometheus query API" if not flat or flat.startswith("<") else flat[:200]
     detail = f"{env.errorType}: {env.error}".strip(": ")
@@ -186,7 +186,7 @@ class PromClient:
 
     # --- the API ------------------------------------------------------------------------------------------------
 
-    def instant(self, query: str, at: float) -> list[dict]:  # type: ignore[type-arg]
+    def instant(self, query: str, at: float) -> list[dict]:
         return self._result(self._call("query", {"query": query, "time": f"{at:.3f}"}), keyed=False)
 
     def instant_points(self, query: str, at: float) -> list[KeyedSeries]:
@@ -268,10 +268,10 @@ class PromClient:
                                  "scrapes it.", "not_prometheus")
         return None
 
-    def _envelope(self, body: bytes) -> dict:  # type: ignore[type-arg]
+    def _envelope(self, body: bytes) -> dict:
         try:
             doc = _ANY_DECODER.decode(body)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):
             doc = None
         if not isinstance(doc, dict) or "status" not in doc:
             raise self._exporter_error() or PromError(f"{self.url} does not answer like a Prometheus server (no JSON "
@@ -290,11 +290,11 @@ class PromClient:
         # Some proxies answer errors with HTTP 200: the server's own words, however it sent them.
         raise PromError(f"Prometheus at {self.url} answered with an error: {detail}.", kind)
 
-    def _result(self, body: bytes, *, keyed: bool) -> list:  # type: ignore[type-arg]
+    def _result(self, body: bytes, *, keyed: bool) -> list:
         if keyed:
             try:
                 answer = _KEYED_DECODER.decode(body)
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
                 answer = None  # "+Inf", an error, another server: the generic decode sees what it is
             if answer is not None and answer.status == "success" and answer.data is not None:
                 self._check("success", None, None, answer.warnings)

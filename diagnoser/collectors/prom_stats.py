@@ -263,7 +263,7 @@ class StatsQuery:
                 jobs.append((stat, stat_expr(stat, names, self.window.length_s, matchers=self.matchers)))
         return jobs
 
-    def _discover(self, existing: set[str] | None) -> list[dict]:  # type: ignore[type-arg]
+    def _discover(self, existing: set[str] | None) -> list[dict]:
         for anchor in ANCHORS:
             names = self._names(anchor, existing)
             if not names:
@@ -353,7 +353,7 @@ class StatsQuery:
 
     # --- shared ----------------------------------------------------------------------------------------------------
 
-    def _index(self, data: WindowStats, result: list[dict], select: Select | None = None) -> None:  # type: ignore[type-arg]
+    def _index(self, data: WindowStats, result: list[dict], select: Select | None = None) -> None:
         if not result:
             raise SourceUnavailable(
                 f"Prometheus at {self.client.url} has no DCGM series from {self.window.describe()} "

@@ -15,6 +15,7 @@ only a failed discovery (or no DCGM data at all) is fatal.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from diagnoser import units
 from diagnoser.capture import Capture
 from diagnoser.collectors.dcgm import (
     DEVICE_LEVEL_FIELDS,
@@ -44,7 +46,6 @@ from diagnoser.collectors.dcgm import (
     select_gpus,
     uses_exported_pod_labels,
 )
-from diagnoser import units
 from diagnoser.collectors.prom_client import KeyedSeries, PromClient, PromError
 from diagnoser.errors import InputError, SourceUnavailable
 
@@ -270,7 +271,7 @@ class WindowData:
         first, last = present[0], present[-1]
         if first > 0:
             problems.append(f"no data for the first {_human_s(self.step_time(first) - self.window.start - step)}")
-        holes = [(b - a - 1) * step for a, b in zip(present, present[1:]) if b - a > 1]
+        holes = [(b - a - 1) * step for a, b in itertools.pairwise(present) if b - a > 1]
         if holes:
             problems.append(f"{len(holes)} gap{'s' if len(holes) > 1 else ''} (longest {_human_s(max(holes))})")
         if last < self.n_steps - 1:
@@ -314,7 +315,7 @@ def _values_by_step(result: list[KeyedSeries], start: float, step_s: float, n_st
     out: dict[GpuKey, array] = full
     for key, total in sums.items():
         count = counts[key]
-        out[key] = array("d", (t / c if c else math.nan for t, c in zip(total, count)))
+        out[key] = array("d", (t / c if c else math.nan for t, c in zip(total, count, strict=True)))
     return out
 
 
@@ -393,8 +394,8 @@ class WindowQuery:
         """
         t0 = time.perf_counter()
         interval = data.scrape_interval_s or 0.0
-        # Whole seconds: prometheus-api-client sends start and end rounded to the second, so an integer grid
-        # comes back exactly where it was asked for.
+        # Whole seconds: an integer grid comes back exactly where it was asked for, whatever rounding a proxy
+        # in front of the engine applies to start and end.
         step = float(max(1, round(max(self.window.length_s / self.points, interval))))
         n_steps = max(1, int(self.window.length_s // step))
         data.step_s, data.n_steps = step, n_steps
@@ -408,7 +409,8 @@ class WindowQuery:
             existing: set[str] | None = set(self.client.label_values("__name__", self.window.start, self.window.end))
         except PromError:
             existing = None  # older or proxied Prometheus: ask for every name
-        jobs = [(f, name, matchers) for f in self.fields for name in (f.query_names if existing is not None else f.names)
+        jobs = [(f, name, matchers) for f in self.fields
+                for name in (f.query_names if existing is not None else f.names)
                 if existing is None or name in existing]
         allowed = None if keys is None else set(keys) | {parent_key(k) for k in keys}
         # A constant needs only its latest value: a short lookback reads a fraction of the samples.

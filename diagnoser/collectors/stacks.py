@@ -234,7 +234,7 @@ def reduce_speedscope(data: bytes, *, pid: int, rate_hz: float, duration_s: floa
     """py-spy's speedscope file -> the busiest threads with their hottest functions, stacks and roles."""
     try:
         doc = msgspec.json.decode(data, type=_Speedscope)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ValueError(str(exc)) from None
     frames = [StackFrame(function=safe_excerpt(f.name, 120), file=safe_excerpt(short_file(f.file), 160),
                          line=f.line or 0) for f in doc.shared.frames]

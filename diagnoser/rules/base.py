@@ -134,7 +134,7 @@ class Check:
 
     def cite(self, signal: Signal, stat: str = "mean", op: str = "", threshold: float | None = None) -> float:
         """Record a number this finding stands on, and return it."""
-        if signal.n == 1 and signal.stats is None and (stat == "value" or stat in _POINT_STATS):
+        if signal.n == 1 and signal.from_samples and (stat == "value" or stat in _POINT_STATS):
             value, shown = signal.values[0], "value"  # a one-number signal (trace, physics) has no statistics
         else:
             value, shown = signal.stat("mean" if stat == "value" else stat), stat

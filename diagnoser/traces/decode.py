@@ -684,7 +684,7 @@ def _to_event(obj: object, stats: DecodeStats) -> Event | None:
         return None
     try:
         return _EVENT.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         stats.skips[SKIP_BAD_TYPE] += 1
         return None
 

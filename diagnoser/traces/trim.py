@@ -48,7 +48,7 @@ def trim_trace(src: Path, dst: Path, *, window_ms: float = 30.0, at: float = 0.5
     try:
         top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
         raw_events = msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
-    except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, msgspec.ValidationError, KeyError) as exc:
         raise TraceError(f"{src} is not a Kineto trace ({exc}).") from None
     decode = msgspec.json.Decoder(_When)
     when = [decode.decode(raw) for raw in raw_events]
