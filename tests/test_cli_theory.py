@@ -258,3 +258,16 @@ def test_interconnect_and_pipeline(app: typer.Typer) -> None:
 ])
 def test_bad_measurements_and_parallel_flags(app: typer.Typer, args: tuple[str, ...], fragment: str) -> None:
     assert_one_sentence_error(run(app, *args), fragment)
+
+
+def test_a_config_with_escapes_and_markup_in_its_name_is_shown_not_obeyed(app: typer.Typer, tmp_path: Path) -> None:
+    config = {"_name_or_path": "\x1b[2J\x1b]52;c;aGk=\x07EVIL[bold]x[/bold]", "architectures": ["LlamaForCausalLM"],
+              "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    r = run(app, "--model", str(path), "--gpu", "h100")
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "\x07" not in r.output
+    # The name is there as text: the escapes visible, the brackets literal.
+    assert "\\x1b[2J\\x1b]52;c;aGk=\\x07EVIL[bold]x[/bold]" in r.output

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 
@@ -55,6 +56,7 @@ from diagnoser.physics import (
 )
 from diagnoser.physics.precision import normalise_dtype
 from diagnoser.physics.whatif import REALISED_PREFIX
+from diagnoser.textsafe import printable
 
 WIDTH = 80
 
@@ -339,7 +341,20 @@ def _render_what_if(w: dict[str, Any], console: Console) -> None:
             console.print(Padding(f"assumes {assumption}", (0, 0, 0, 4)), style="dim")
 
 
+def _shown(value: Any) -> Any:
+    """Every string of the result as text to show: a model's name and notes come from a config file anyone wrote,
+    so control characters are escaped (never obeyed) and brackets never read as rich markup."""
+    if isinstance(value, str):
+        return escape(printable(value))
+    if isinstance(value, dict):
+        return {k: _shown(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_shown(v) for v in value]
+    return value
+
+
 def render(r: dict[str, Any], console: Console) -> None:
+    r = _shown(r)
     st = r["settings"]
     console.print(f"[bold]{r['model']['name'] or 'model'}[/] on {r['gpu']['name']}"
                   + (f" x{st['tp']}" if st["tp"] > 1 else "") + (f" x pp {st['pp']}" if st["pp"] > 1 else ""))
