@@ -9,6 +9,7 @@ kernels, not by HBM.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from diagnoser import signals as S
@@ -55,7 +56,7 @@ def _workload(ev: Evidence) -> str:
     found = trace.workload if trace is not None else ""
     if found:
         return found
-    if ev.meta.server_kind or any(s.startswith("server.") for s in ev.signals):
+    if ev.meta.server_kind or any(map(_SERVER_SIGNAL, ev.signals)):
         return "inference"
     return ""
 
@@ -190,6 +191,7 @@ def _quality(ev: Evidence) -> list[Quality]:
 # GEMM-name markers of FP32 data: cuBLAS sgemm, CUTLASS s1688/s16816 (TF32 tensor ops on float data), cuDNN
 # scudnn, TF32 implicit GEMMs. Only GEMMs are read: elementwise kernels of a 16-bit model often accumulate in float
 # and would look FP32 by their template arguments.
+_SERVER_SIGNAL = re.compile(r"server\.").match  # a signal from the server's own metrics
 _FP32_GEMM_MARKS = ("sgemm", "s1688gemm", "s16816gemm", "scudnn", "tf32")
 _LOW_PRECISION_MARKS = ("h1688", "h16816", "bf16", "bfloat16", "half", "fp16", "e4m3", "e5m2", "fp8", "i8816", "int8")
 

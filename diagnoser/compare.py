@@ -127,7 +127,7 @@ def _measure(name: S.Sig, before: Evidence, after: Evidence) -> Measure | None:
         return None
 
     def sd(s: Any) -> float | None:
-        if s is None or s.stats is not None or s.n < 2:
+        if s is None or not s.from_samples or s.n < 2:
             return None
         mean = s.mean
         return math.sqrt(sum((v - mean) ** 2 for v in s.values) / (s.n - 1))

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -43,15 +44,27 @@ def _run(*args: str) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
+# Starts the command and writes its peak RSS (KiB, from wait4) to the file named first. The kernel's ru_maxrss
+# survives fork and exec: a child of the test process would start at the test process's own peak (hundreds of MiB
+# late in a full run), so the command is the child of this small process instead.
+_PEAK_OF = ("import os, subprocess, sys\n"
+            "proc = subprocess.Popen(sys.argv[2:])\n"
+            "_, status, usage = os.wait4(proc.pid, 0)\n"
+            "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+            "sys.exit(os.waitstatus_to_exitcode(status))\n")
+
+
 def _peak_run(*args: str) -> tuple[int, str, int]:
-    """(exit code, stderr, peak RSS in MiB) of a diagnoser child, its peak read by wait4 (the kernel's ru_maxrss)."""
-    proc = subprocess.Popen([sys.executable, "-m", "diagnoser", *args], cwd=REPO, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode()  # bounded: the CLI says one sentence
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, err, usage.ru_maxrss // 1024
+    """(exit code, stderr, peak RSS in MiB) of a diagnoser process, its peak read by wait4 (the kernel's
+    ru_maxrss)."""
+    with tempfile.TemporaryDirectory() as folder:
+        peak_file = Path(folder) / "peak"
+        proc = subprocess.Popen([sys.executable, "-c", _PEAK_OF, str(peak_file), sys.executable, "-m", "diagnoser",
+                                 *args], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()  # bounded: the CLI says one sentence
+        proc.wait()
+        return proc.returncode, err, int(peak_file.read_text()) // 1024
 
 
 def one_sentence(err: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from diagnoser.capture import Capture, GpuInfo, Series
 from diagnoser.errors import InputError, SourceUnavailable
 from diagnoser.signals import spec
+from diagnoser.textsafe import one_line
 
 SOURCE = "dcgm"
 MIB = 1024 * 1024
@@ -329,13 +330,12 @@ class Scrape:
 # One label pair of the text format: name="value" with \\, \" and \n escapes, then an optional comma.
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _UNESCAPE = re.compile(r"\\(.)")
-# C0 and C1 control characters: never part of a real label, and an ESC reaching a terminal is an attack.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def clean_label(value: str) -> str:
-    """A label value without control characters (a modelName carrying ESC sequences must not reach a terminal)."""
-    return value if value.isprintable() else _CONTROL.sub("", value)
+    """A label value with its control characters shown as escapes (textsafe): a modelName carrying ESC sequences
+    must not reach a terminal, and a reader should still see that something was there."""
+    return value if value.isprintable() else one_line(value)
 
 
 def fields_of_name(name: str) -> tuple[DcgmField, ...]:
