@@ -166,13 +166,18 @@ class FakeNvml:
 
 SERVER_TREE = r"""
 import multiprocessing as mp, sys, time
-def worker():
+def worker(ready):
+    ready.set()
     time.sleep(600)
 if __name__ == "__main__":
     ctx = mp.get_context(sys.argv[1])  # workers of one server, forked or spawned as engines start them
-    kids = [ctx.Process(target=worker) for _ in range(2)]
+    ready = [ctx.Event() for _ in range(2)]
+    kids = [ctx.Process(target=worker, args=(r,)) for r in ready]
     for k in kids:
         k.start()
+    # Running, not starting: a spawned worker's command line is empty for a moment while it execs.
+    for r in ready:
+        r.wait(120)
     print(" ".join(str(k.pid) for k in kids), flush=True)
     time.sleep(600)
 """

@@ -144,14 +144,20 @@ def _sleeper(env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, **env})
 
 
-def test_pid_selects_its_gpus_from_its_environment() -> None:
+def test_pid_selects_its_gpus_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     by_index = _sleeper({"CUDA_VISIBLE_DEVICES": "1"})
     by_uuid = _sleeper({"CUDA_VISIBLE_DEVICES": "GPU-aaaa-1,GPU-bbbb-2"})
     nothing = _sleeper({"CUDA_VISIBLE_DEVICES": ""})
     try:
+        monkeypatch.delenv("NODE_NAME", raising=False)
         sel = selector_for_pid(by_index.pid)
         assert sel.indices == (1,) and sel.pid == by_index.pid and sel.node == os.uname().nodename
-        assert selector_for_pid(by_uuid.pid).uuids == ("GPU-aaaa-1", "GPU-bbbb-2")
+        # In a Kubernetes pod the host name is the pod's: the node's name comes from the downward API.
+        monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+        assert selector_for_pid(by_index.pid).node == "gpu-node-7"
+        # UUIDs name a GPU on any node: no node to match (a pod's host name would match none).
+        by_uuids = selector_for_pid(by_uuid.pid)
+        assert by_uuids.uuids == ("GPU-aaaa-1", "GPU-bbbb-2") and by_uuids.node is None
         with pytest.raises(SourceUnavailable, match="cannot tell which GPU"):
             selector_for_pid(nothing.pid)
     finally:

@@ -582,7 +582,8 @@ def _listing(gpus: Sequence[GpuIdentity], limit: int = 8) -> str:
 
 
 def selector_for_pid(pid: int) -> GpuSelector:
-    """The GPUs a process uses (NVML first, then its CUDA_VISIBLE_DEVICES), on this node."""
+    """The GPUs a process uses (NVML first, then its CUDA_VISIBLE_DEVICES). UUIDs name a GPU anywhere, so they
+    carry no node; indices are this node's (`this_node`)."""
     import psutil
 
     try:
@@ -592,10 +593,9 @@ def selector_for_pid(pid: int) -> GpuSelector:
         raise SourceUnavailable(f"no process with pid {pid}.") from None
     except psutil.AccessDenied:
         raise SourceUnavailable(f"no permission to inspect pid {pid}.") from None
-    node = os.uname().nodename
     uuids = _nvml_uuids_of(family)
     if uuids:
-        return GpuSelector(pid=pid, node=node, uuids=tuple(uuids))
+        return GpuSelector(pid=pid, uuids=tuple(uuids))
     try:
         env = proc.environ()
     except psutil.AccessDenied:
@@ -610,8 +610,14 @@ def selector_for_pid(pid: int) -> GpuSelector:
                                 "environment names no devices (CUDA_VISIBLE_DEVICES); pass --uuid, or --node and "
                                 "--gpu.")
     if all(v.isdigit() for v in items):
-        return GpuSelector(pid=pid, node=node, indices=tuple(int(v) for v in items))
-    return GpuSelector(pid=pid, node=node, uuids=tuple(v for v in items if not v.isdigit()))
+        return GpuSelector(pid=pid, node=this_node(), indices=tuple(int(v) for v in items))
+    return GpuSelector(pid=pid, uuids=tuple(v for v in items if not v.isdigit()))
+
+
+def this_node() -> str:
+    """The name dcgm-exporter gives this node (its Hostname label). In a Kubernetes pod the host name is the pod's,
+    so NODE_NAME (the downward API's spec.nodeName, as deploy/kubernetes sets it) comes first."""
+    return os.environ.get("NODE_NAME", "").strip() or os.uname().nodename
 
 
 def _nvml_uuids_of(pids: set[int]) -> list[str]:
