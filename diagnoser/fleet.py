@@ -131,17 +131,8 @@ def _row(data: WindowData, ident: GpuIdentity, usd_per_gpu_hour: float | None,
         notes.append("some field queries failed: " + ", ".join(sorted(data.failed)))
     ev = build_evidence(cap)
     diagnosis = diagnose_evidence(ev, _rules_for(thresholds))
-    busy = _busy(ev)
-    price = _price(ident.model, ident.mig_profile, usd_per_gpu_hour)
-    frac = stake_fraction(diagnosis, busy)
-    gain = next((f.gain for f in diagnosis.fixes if f.gain is not None), None)
-    return FleetRow(
-        node=ident.node, gpu=ident.label, uuid=ident.uuid, model_name=ident.model, diagnosis=diagnosis,
-        pod=", ".join(p for _, p in ident.pods), namespace=", ".join(ident.namespaces),
-        container=", ".join(ident.containers), mig_profile=ident.mig_profile,
-        usd_per_hour_at_stake=round(frac * price, 4) if price else 0.0, top_fix_gain=gain,
-        frac_at_stake=round(frac, 4), usd_per_gpu_hour=price, busy=busy,
-        partial=bool(gaps or data.failed), notes=notes, basis="points")
+    return _fleet_row(ident, diagnosis, _busy(ev), usd_per_gpu_hour, notes=notes, partial=bool(gaps or data.failed),
+                      basis="points")
 
 
 def _stats_row(triage: Triage, usd_per_gpu_hour: float | None, item: tuple[int, GpuIdentity]) -> FleetRow:
@@ -158,6 +149,13 @@ def _stats_row(triage: Triage, usd_per_gpu_hour: float | None, item: tuple[int, 
         notes.append(f"series partial: {int(stats.samples[i])} of {int(most)} samples in the window")
     if stats.failed:
         notes.append("some statistic queries failed: " + ", ".join(sorted(stats.failed)))
+    return _fleet_row(ident, diagnosis, busy, usd_per_gpu_hour, notes=notes, partial=bool(notes),
+                      basis="recorded statistics" if stats.recorded else "statistics")
+
+
+def _fleet_row(ident: GpuIdentity, diagnosis: Diagnosis, busy: float | None, usd_per_gpu_hour: float | None, *,
+               notes: list[str], partial: bool, basis: str) -> FleetRow:
+    """A GPU's row: who it is, its diagnosis, and the money at stake on it."""
     price = _price(ident.model, ident.mig_profile, usd_per_gpu_hour)
     frac = stake_fraction(diagnosis, busy)
     gain = next((f.gain for f in diagnosis.fixes if f.gain is not None), None)
@@ -166,8 +164,7 @@ def _stats_row(triage: Triage, usd_per_gpu_hour: float | None, item: tuple[int, 
         pod=", ".join(p for _, p in ident.pods), namespace=", ".join(ident.namespaces),
         container=", ".join(ident.containers), mig_profile=ident.mig_profile,
         usd_per_hour_at_stake=round(frac * price, 4) if price else 0.0, top_fix_gain=gain,
-        frac_at_stake=round(frac, 4), usd_per_gpu_hour=price, busy=busy,
-        partial=bool(notes), notes=notes, basis="recorded statistics" if stats.recorded else "statistics")
+        frac_at_stake=round(frac, 4), usd_per_gpu_hour=price, busy=busy, partial=partial, notes=notes, basis=basis)
 
 
 _RULES: list[tuple[object, RuleSet]] = []

@@ -30,12 +30,10 @@ from diagnoser.collectors.dcgm import (
     IDENTITY_LABELS,
     GpuIdentity,
     GpuKey,
-    identity_from_labels,
     parent_key,
-    uses_exported_pod_labels,
 )
 from diagnoser.collectors.prom_client import KeyedSeries, PromClient, PromError, vector_values
-from diagnoser.collectors.prometheus_source import ANCHORS, Window, matchers_for
+from diagnoser.collectors.prometheus_source import ANCHORS, Window, index_identities, matchers_for
 from diagnoser.errors import SourceUnavailable
 
 KEY_LABELS = "UUID, uuid, GPU_I_ID"
@@ -359,25 +357,8 @@ class StatsQuery:
                 f"Prometheus at {self.client.url} has no DCGM series from {self.window.describe()} "
                 "(no DCGM_FI_DEV_FB_USED, GR_ENGINE_ACTIVE or GPU_UTIL samples): is dcgm-exporter scraped, and is "
                 "the window right?")
-        exported = uses_exported_pod_labels(s.get("metric", {}) for s in result)
         counts: dict[GpuKey, float] = {}
-        no_uuid = 0
-        for series in result:
-            metric = series.get("metric", {})
-            ident = identity_from_labels(metric, exported_pods=exported)
-            if ident is None or not (metric.get("UUID") or metric.get("uuid")):
-                no_uuid += 1
-                continue
-            known = data.gpus.get(ident.key)
-            if known is None:
-                data.gpus[ident.key] = ident
-            else:
-                known.merge(ident)
-            try:
-                count = float(series["value"][1])
-            except (KeyError, IndexError, TypeError, ValueError):
-                continue
-            counts[ident.key] = max(count, counts.get(ident.key, 0.0))
+        no_uuid = index_identities(result, data.gpus, counts)
         if no_uuid:
             data.errors.append(f"{no_uuid} series without a UUID label were ignored.")
         if not data.gpus:

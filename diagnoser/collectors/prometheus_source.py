@@ -187,6 +187,32 @@ def _key_of(metric: dict[str, str]) -> GpuKey:
     return (metric.get("UUID") or metric.get("uuid") or "", metric.get("GPU_I_ID", ""))
 
 
+def index_identities(result: list[dict], gpus: dict[GpuKey, GpuIdentity],
+                     samples: dict[GpuKey, float]) -> int:
+    """A discovery answer (one series per GPU and label set, its value the samples counted) into `gpus`, the label
+    sets of one GPU merged (time-sliced pods, restarts), and `samples` (the most any of its series has). Returns how
+    many series had no UUID label, which are left out."""
+    exported = uses_exported_pod_labels(s.get("metric", {}) for s in result)
+    no_uuid = 0
+    for series in result:
+        metric = series.get("metric", {})
+        ident = identity_from_labels(metric, exported_pods=exported)
+        if ident is None or not _key_of(metric)[0]:
+            no_uuid += 1
+            continue
+        known = gpus.get(ident.key)
+        if known is None:
+            gpus[ident.key] = ident
+        else:
+            known.merge(ident)
+        try:
+            count = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+        samples[ident.key] = max(count, samples.get(ident.key, 0.0))
+    return no_uuid
+
+
 @dataclass
 class WindowData:
     """Every GPU's step values over one window, as Prometheus aggregated them."""
@@ -357,26 +383,9 @@ class WindowQuery:
                 f"Prometheus at {self.client.url} has no DCGM series from {self.window.describe()} "
                 "(no DCGM_FI_DEV_FB_USED, GR_ENGINE_ACTIVE or GPU_UTIL samples): is dcgm-exporter scraped, and is "
                 "the window right?")
-        exported = uses_exported_pod_labels(s.get("metric", {}) for s in result)
         step = self.window.length_s / self.points
         data = WindowData(self.window, step, step, self.window.start + step, self.points)
-        no_uuid = 0
-        for series in result:
-            metric = series.get("metric", {})
-            ident = identity_from_labels(metric, exported_pods=exported)
-            if ident is None or not _key_of(metric)[0]:
-                no_uuid += 1
-                continue
-            known = data.gpus.get(ident.key)
-            if known is None:
-                data.gpus[ident.key] = ident
-            else:
-                known.merge(ident)
-            try:
-                count = float(series["value"][1])
-            except (KeyError, IndexError, TypeError, ValueError):
-                continue
-            data.samples[ident.key] = max(count, data.samples.get(ident.key, 0.0))
+        no_uuid = index_identities(result, data.gpus, data.samples)
         if no_uuid:
             data.errors.append(f"{no_uuid} series without a UUID label were ignored.")
         if not data.gpus:
