@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from markupsafe import Markup, escape
 
@@ -658,6 +658,23 @@ def _multiplier_ticks(lo: float, hi: float) -> list[float]:
     return log_ticks(lo, hi)
 
 
+def _multiplier_frame(title: str, width: float, height: float, left: float, right: float, lo: float, hi: float,
+                      top: float, bottom: float,
+                      label: Callable[[float], str]) -> tuple[_Svg, Callable[[float], float]]:
+    """A chart on a log multiplier axis from `lo` to `hi` between x = left and right: the drawing with its vertical
+    grid and tick labels under `bottom`, and the x of a value."""
+
+    def sx(v: float) -> float:
+        return left + (right - left) * (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+
+    svg = _Svg(width, height, title)
+    for tick in _multiplier_ticks(lo, hi):
+        x = sx(tick)
+        svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=GRID, stroke_width="1")
+        svg.text(x, bottom + 16, label(tick), class_="tick", text_anchor="middle")
+    return svg, sx
+
+
 def _x_label(value: float) -> str:
     return f"x{value:.2f}" if value < 10 else f"x{value:.1f}"
 
@@ -672,16 +689,9 @@ def gain_pairs(title: str, pairs: Sequence[GainPair], *, band: float = 0.25, wid
     top = 20.0
     height = top + row * len(pairs) + 34
 
-    def sx(v: float) -> float:
-        return left + (right - left) * (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
-
-    svg = _Svg(width, height, title)
     bottom = top + row * len(pairs)
-    for tick in _multiplier_ticks(lo, hi):
-        x = sx(tick)
-        svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=GRID, stroke_width="1")
-        svg.text(x, bottom + 16, _x_label(tick) if tick < 1e3 else short_number(tick), class_="tick",
-                 text_anchor="middle")
+    svg, sx = _multiplier_frame(title, width, height, left, right, lo, hi, top, bottom,
+                                lambda tick: _x_label(tick) if tick < 1e3 else short_number(tick))
     one = sx(1.0)
     svg.el("line", x1=one, y1=top - 6, x2=one, y2=bottom, stroke=INK, stroke_width="1.2")
     svg.text(one + 4 if one < (left + right) / 2 else one - 4, top - 8, "x1: no change", class_="tick",
@@ -744,15 +754,8 @@ def ratio_chart(title: str, items: Sequence[Ratio], *, width: float = WIDE) -> M
     top = 18.0
     height = top + row * len(items) + 24
 
-    def sx(v: float) -> float:
-        return left + (right - left) * (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
-
-    svg = _Svg(width, height, title)
     bottom = top + row * len(items)
-    for tick in _multiplier_ticks(lo, hi):
-        x = sx(tick)
-        svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=GRID, stroke_width="1")
-        svg.text(x, bottom + 16, _x_label(tick), class_="tick", text_anchor="middle")
+    svg, sx = _multiplier_frame(title, width, height, left, right, lo, hi, top, bottom, _x_label)
     one = sx(1.0)
     svg.el("line", x1=one, y1=top - 4, x2=one, y2=bottom, stroke=INK, stroke_width="1.2")
     for i, (it, (a, b)) in enumerate(zip(items, spans, strict=True)):
