@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 from diagnoser.collectors.dcgm import FIELDS_BY_KEY
 from diagnoser.collectors.http import fetch
 from diagnoser.collectors.prom_stats import STATS, identity_expr, stat_expr
+from tests import own_usage
 from tests.prom_harness import PrometheusServer, VictoriaMetricsServer, free_port
 
 OUT = REPO / "benchmarks" / "out"
@@ -283,17 +284,6 @@ def bare_queries(engine: PrometheusServer, start: int, end: int, recorded: bool)
             "answer_mib": sum(sizes) / 2**20, "load": load}
 
 
-# Runs the command and writes its CPU and peak RSS (from wait4) to the file named first. The kernel's ru_maxrss
-# survives fork and exec, so a direct child of this script would report this script's own peak (it holds a load's
-# worth of series at times); the command is the child of this small process instead. Its wall time adds the start of
-# one bare interpreter (about 0.03 s).
-_USAGE_OF = ("import json, os, subprocess, sys\n"
-             "proc = subprocess.Popen(sys.argv[2:])\n"
-             "_, status, u = os.wait4(proc.pid, 0)\n"
-             "json.dump({'cpu_s': u.ru_utime + u.ru_stime, 'maxrss_kib': u.ru_maxrss}, open(sys.argv[1], 'w'))\n"
-             "sys.exit(os.waitstatus_to_exitcode(status))\n")
-
-
 def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool, json_out: Path | None) -> dict:
     """`diagnoser fleet` in a fresh process: wall time, its CPU with its workers, peak RSS, the engine's CPU."""
     args = [sys.executable, "-m", "diagnoser", "fleet", "--prometheus", engine.url, "--start", str(start), "--end",
@@ -303,15 +293,16 @@ def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool,
     with open(json_out or os.devnull, "wb") as out, tempfile.TemporaryDirectory() as folder:
         usage_file = Path(folder) / "usage.json"
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", _USAGE_OF, str(usage_file), *args], cwd=REPO, stdout=out,
-                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        # Its own CPU and peak RSS: a direct child would report this script's peak (tests/own_usage.py).
+        proc = own_usage.start(args, usage_file, cwd=REPO, stdout=out, stderr=subprocess.PIPE,
+                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
         err = proc.stderr.read().decode() if proc.stderr else ""
         code = proc.wait()
         wall = time.perf_counter() - t0
-        usage = json.loads(usage_file.read_text())
-    if code != 0:
+        usage = own_usage.read(usage_file)
+    if code != 0 or usage is None:
         raise SystemExit(f"fleet failed ({code}): {err[-2000:]}")
-    return {"wall_s": wall, "cpu_s": usage["cpu_s"], "peak_rss_mib": usage["maxrss_kib"] / 1024,
+    return {"wall_s": wall, "cpu_s": usage.cpu_s, "peak_rss_mib": usage.peak_rss_mib,
             "engine_cpu_s": engine_cpu_s(engine) - cpu0, "load": load,
             "warnings": [line for line in err.splitlines() if "warning" in line][:5]}
 

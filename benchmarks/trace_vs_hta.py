@@ -46,6 +46,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests import own_usage  # this checkout's helper, found through the path set just above
+
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "kineto"
 OUT = ROOT / "benchmarks" / "out" / "traces"
 HTA_PYTHON = ROOT / "benchmarks" / ".venv-hta" / "bin" / "python"
@@ -122,27 +125,24 @@ with ProcessPoolExecutor(jobs) as pool:
 
 
 def run_measured(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run a command; wall time, peak RSS and CPU time (wait4: the process and the children it waited for) and
-    stdout."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    """Run a command; wall time, its own peak RSS and CPU time (with the children it waited for), and stdout. This
+    script holds a whole trace while it builds a big one, so a direct child would report that peak as its own
+    (tests/own_usage.py)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as folder:
+        usage_file = Path(folder) / "usage.json"
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT, env=env)
-        deadline = t0 + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.02)
+        proc = own_usage.start(cmd, usage_file, stdout=out, stderr=err, cwd=ROOT, env=env)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            own_usage.kill(proc)
         wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        usage = own_usage.read(usage_file)
         out.seek(0)
         err.seek(0)
-        return {"wall_s": wall, "rss_mb": usage.ru_maxrss / 1024, "user_s": usage.ru_utime, "sys_s": usage.ru_stime,
-                "rc": proc.returncode,
+        return {"wall_s": wall, "rss_mb": usage.peak_rss_mib if usage else float("nan"),
+                "user_s": usage.user_s if usage else float("nan"), "sys_s": usage.sys_s if usage else float("nan"),
+                "rc": proc.returncode if usage else -9,
                 "stdout": out.read().decode(errors="replace"), "stderr": err.read().decode(errors="replace")[-2000:]}
 
 

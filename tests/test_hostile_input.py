@@ -19,6 +19,7 @@ import pytest
 from diagnoser import capture as cap_mod
 from diagnoser.capture import CaptureError, load, loads
 from diagnoser.rules import diagnose
+from tests import own_usage
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
@@ -44,27 +45,19 @@ def _run(*args: str) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
-# Starts the command and writes its peak RSS (KiB, from wait4) to the file named first. The kernel's ru_maxrss
-# survives fork and exec: a child of the test process would start at the test process's own peak (hundreds of MiB
-# late in a full run), so the command is the child of this small process instead.
-_PEAK_OF = ("import os, subprocess, sys\n"
-            "proc = subprocess.Popen(sys.argv[2:])\n"
-            "_, status, usage = os.wait4(proc.pid, 0)\n"
-            "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
-            "sys.exit(os.waitstatus_to_exitcode(status))\n")
-
-
 def _peak_run(*args: str) -> tuple[int, str, int]:
-    """(exit code, stderr, peak RSS in MiB) of a diagnoser process, its peak read by wait4 (the kernel's
-    ru_maxrss)."""
+    """(exit code, stderr, peak RSS in MiB) of a diagnoser process: its own peak, not this test process's
+    (tests/own_usage.py)."""
     with tempfile.TemporaryDirectory() as folder:
-        peak_file = Path(folder) / "peak"
-        proc = subprocess.Popen([sys.executable, "-c", _PEAK_OF, str(peak_file), sys.executable, "-m", "diagnoser",
-                                 *args], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        usage_file = Path(folder) / "usage.json"
+        proc = own_usage.start([sys.executable, "-m", "diagnoser", *args], usage_file, cwd=REPO, env=ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         assert proc.stderr is not None
         err = proc.stderr.read().decode()  # bounded: the CLI says one sentence
         proc.wait()
-        return proc.returncode, err, int(peak_file.read_text()) // 1024
+        usage = own_usage.read(usage_file)
+        assert usage is not None, err
+        return proc.returncode, err, int(usage.peak_rss_mib)
 
 
 def one_sentence(err: str) -> str:
