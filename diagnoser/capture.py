@@ -34,6 +34,15 @@ class CaptureError(InputError):
     """A capture file could not be read or written; the message is one sentence for the user."""
 
 
+# A quantile read from a server's histogram carries the bucket it was interpolated in, as two labels (in the series'
+# unit): inside one bucket the value only says where the rank falls, so two captures in one bucket show no change.
+BUCKET_LOW, BUCKET_HIGH = "bucket_low", "bucket_high"
+
+
+def bucket_labels(low: float, high: float) -> dict[str, str]:
+    return {BUCKET_LOW: repr(low), BUCKET_HIGH: repr(high)}
+
+
 class Series(msgspec.Struct, kw_only=True):
     """A time series of one signal from one source, e.g. gpu.dram_active from GPM for GPU 0.
 
@@ -58,6 +67,14 @@ class Series(msgspec.Struct, kw_only=True):
             return
         self.times.append(t)
         self.values.append(value)
+
+    def bucket(self) -> tuple[float, float] | None:
+        """The histogram bucket a quantile series was interpolated in (see bucket_labels), when it says."""
+        try:
+            low, high = float(self.labels[BUCKET_LOW]), float(self.labels[BUCKET_HIGH])
+        except (KeyError, ValueError):
+            return None
+        return (low, high) if low == low and high == high and low <= high else None
 
     def drop_non_finite(self) -> None:
         """Remove points that are not numbers; JSON has no NaN, so they would make the file unreadable."""

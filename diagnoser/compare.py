@@ -18,15 +18,22 @@ from typing import Any
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import FixKind
-from diagnoser.evidence import Evidence
 from diagnoser.pipeline import Outcome
 from diagnoser.rules import gains
+from diagnoser.units import fmt
 
 # Rates that say how much work was done, in the order a reader looks for them.
 RATES = (S.SERVER_GEN_TOKENS_PER_S, S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_REQUESTS_PER_S)
-LATENCIES = (S.SERVER_TTFT_P50_S, S.SERVER_TTFT_P99_S, S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S)
+# The means come from the histograms' sums and counts and are exact; the quantiles are interpolated inside a bucket.
+LATENCIES = (S.SERVER_TTFT_MEAN_S, S.SERVER_TTFT_P50_S, S.SERVER_TTFT_P99_S, S.SERVER_ITL_MEAN_S, S.SERVER_ITL_P50_S,
+             S.SERVER_ITL_P99_S)
+# Each quantile and the other quantile of its histogram (with the two ranks), to tell an all-in-one-bucket histogram
+# in captures whose series do not carry their bucket.
+_QUANTILE_PAIRS: dict[str, str] = {S.SERVER_TTFT_P50_S: S.SERVER_TTFT_P99_S, S.SERVER_TTFT_P99_S: S.SERVER_TTFT_P50_S,
+                   S.SERVER_ITL_P50_S: S.SERVER_ITL_P99_S, S.SERVER_ITL_P99_S: S.SERVER_ITL_P50_S}
 # A realised gain within this factor of the prediction counts as the physics holding (the published corpus's band).
 AGREEMENT = 0.25
+GRADES = ("held", "over-predicted", "under-predicted", "within the bound", "beyond the bound")
 
 
 @dataclass(frozen=True)
@@ -41,10 +48,12 @@ class Measure:
     after_sd: float | None = None
     n_before: int = 0
     n_after: int = 0
+    # Empty when the two values can be compared; else why not (both quantiles inside one histogram bucket).
+    unresolved: str = ""
 
     @property
     def ratio(self) -> float | None:
-        if self.before is None or self.after is None or self.before <= 0:
+        if self.before is None or self.after is None or self.before <= 0 or self.unresolved:
             return None
         return self.after / self.before
 
@@ -85,6 +94,12 @@ class Prediction:
     verdict: str = ""  # held / over-predicted / under-predicted / within the bound / not applied / not measurable
 
     @property
+    def graded(self) -> bool:
+        """Whether the measurement checked the prediction (held, over- or under-predicted, within or beyond the
+        bound)."""
+        return self.verdict in GRADES
+
+    @property
     def error(self) -> float | None:
         reference = self.for_change if self.for_change is not None else self.predicted
         if reference is None or self.realised is None or reference <= 0:
@@ -106,12 +121,14 @@ class Comparison:
     activity: list[Measure] = field(default_factory=list)
     predictions: list[Prediction] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    confounders: list[str] = field(default_factory=list)  # what else changed: no prediction is graded
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for p, out in zip(self.predictions, d["predictions"], strict=True):
             out["kind"] = p.kind.value
             out["error"] = p.error
+            out["graded"] = p.graded
         for c, out in zip(self.changes, d["changes"], strict=True):
             out["fix"] = c.fix.value if c.fix is not None else None
         for group in ("rates", "latencies", "activity"):
@@ -121,8 +138,39 @@ class Comparison:
         return d
 
 
-def _measure(name: S.Sig, before: Evidence, after: Evidence) -> Measure | None:
-    a, b = before.get(name), after.get(name)
+def _bucket(name: str, outcome: Outcome) -> tuple[float, float] | None:
+    """The histogram bucket a quantile was interpolated in, from its series' labels. A capture that predates them
+    still shows the first bucket (0, b]: with both quantiles inside it, each is b x q x total / in-bucket, so p99 is
+    1.98 x p50 exactly, and p50 / 0.5 is b or a little more (then the bound returned is that estimate)."""
+    series = [s for s in outcome.capture.series if s.name == name]
+    if len(series) == 1 and (found := series[0].bucket()) is not None:
+        return found
+    other = _QUANTILE_PAIRS[name]
+    p50_name, p99_name = (name, other) if name.endswith("p50_s") else (other, name)
+    p50, p99 = outcome.evidence.value(p50_name), outcome.evidence.value(p99_name)
+    if p50 and p99 and p50 > 0 and math.isclose(p99 / p50, 0.99 / 0.5, rel_tol=1e-6):
+        return 0.0, p50 / 0.5
+    return None
+
+
+def _unresolved(name: str, unit: str, before: Outcome, after: Outcome) -> str:
+    """Why two quantiles cannot be compared, or "" when they can: both were interpolated inside the same bucket."""
+    if name not in _QUANTILE_PAIRS:
+        return ""
+    a, b = _bucket(name, before), _bucket(name, after)
+    if a is None or b is None or math.isinf(a[1]) or math.isinf(b[1]):
+        return ""
+    first = a[0] == b[0] == 0.0 and math.isclose(a[1], b[1], rel_tol=0.05)  # an estimated first bound is close
+    if a != b and not first:
+        return ""
+    high = fmt(min(a[1], b[1]), unit)
+    bucket = f"first bucket (up to {high})" if a[0] == 0.0 else f"{fmt(a[0], unit)} to {high} bucket"
+    return (f"both inside the histogram's {bucket}: a quantile interpolated there says where its rank falls, not "
+            "the latency; the mean is exact")
+
+
+def _measure(name: S.Sig, before: Outcome, after: Outcome) -> Measure | None:
+    a, b = before.evidence.get(name), after.evidence.get(name)
     if a is None and b is None:
         return None
 
@@ -133,7 +181,7 @@ def _measure(name: S.Sig, before: Evidence, after: Evidence) -> Measure | None:
         return math.sqrt(sum((v - mean) ** 2 for v in s.values) / (s.n - 1))
 
     return Measure(name, name.unit, a.mean if a else None, b.mean if b else None, sd(a), sd(b),
-                   a.n if a else 0, b.n if b else 0)
+                   a.n if a else 0, b.n if b else 0, _unresolved(name, name.unit, before, after) if a and b else "")
 
 
 def _fmt(value: Any) -> str:
@@ -161,7 +209,7 @@ def _changes(before: Outcome, after: Outcome) -> list[Change]:
             continue
         x, y = getattr(sa, name), getattr(sb, name)
         if x != y:
-            out.append(Change(f"serving.{name}", _fmt(x), _fmt(y), kinds.get(name)))
+            out.append(Change(f"serving.{name}", _fmt(x), _fmt(y), _applied(kinds.get(name), x, y)))
     for key in sorted(set(sa.extra) | set(sb.extra)):
         if sa.extra.get(key) != sb.extra.get(key):
             out.append(Change(f"serving.{key}", _fmt(sa.extra.get(key)), _fmt(sb.extra.get(key))))
@@ -173,7 +221,7 @@ def _changes(before: Outcome, after: Outcome) -> list[Change]:
             if x != y:
                 if name == "dtype" and y and "int4" in str(y).lower():
                     kind = FixKind.INT4_WEIGHTS
-                out.append(Change(f"model.{name}", _fmt(x), _fmt(y), kind))
+                out.append(Change(f"model.{name}", _fmt(x), _fmt(y), _applied(kind, x, y)))
     ga = before.capture.gpus[0].name if before.capture.gpus else ""
     gb = after.capture.gpus[0].name if after.capture.gpus else ""
     if ga != gb:
@@ -190,6 +238,39 @@ def _changes(before: Outcome, after: Outcome) -> list[Change]:
     if small[0] is not None and small[1] is not None and small[0] - small[1] >= 0.1:
         out.append(Change("norm/elementwise share of GPU time (trace)", f"{small[0]:.0%}", f"{small[1]:.0%}",
                           FixKind.FUSE_KERNELS))
+    return out
+
+
+def _applied(kind: FixKind | None, before: Any, after: Any) -> FixKind | None:
+    """The fix a changed setting applies; none when either side is unknown (a capture that does not record the
+    KV dtype has not changed it)."""
+    return kind if _fmt(before) != "-" and _fmt(after) != "-" else None
+
+
+# Prompt tokens per generated token moving by more than this factor: the traffic itself changed.
+TRAFFIC_SHIFT = 8.0
+
+
+def confounders(before: Outcome, after: Outcome) -> list[str]:
+    """What else changed between the captures, so that a measured ratio cannot be laid on a fix: another model,
+    other GPUs, other traffic (a decode against a prefill)."""
+    out = []
+    ma, mb = before.capture.model, after.capture.model
+    if ma is not None and mb is not None:
+        if ma.name and mb.name and ma.name != mb.name:
+            out.append(f"the model changed ({ma.name} -> {mb.name})")
+        elif ma.params and mb.params and not math.isclose(ma.params, mb.params, rel_tol=0.05):
+            out.append(f"the model's size changed ({ma.params / 1e9:.3g}B -> {mb.params / 1e9:.3g}B parameters)")
+    ga = before.capture.gpus[0].name if before.capture.gpus else ""
+    gb = after.capture.gpus[0].name if after.capture.gpus else ""
+    if ga and gb and ga != gb:
+        out.append(f"the GPUs changed ({ga} -> {gb})")
+    mix = []
+    for o in (before, after):
+        gen, prompt = o.evidence.value(S.SERVER_GEN_TOKENS_PER_S), o.evidence.value(S.SERVER_PROMPT_TOKENS_PER_S)
+        mix.append(prompt / gen if gen and prompt and gen > 0 and prompt > 0 else None)
+    if mix[0] and mix[1] and max(mix[0] / mix[1], mix[1] / mix[0]) > TRAFFIC_SHIFT:
+        out.append(f"the traffic changed ({mix[0]:.3g} -> {mix[1]:.3g} prompt tokens per generated token)")
     return out
 
 
@@ -229,12 +310,15 @@ def _main_rate(comparison: Comparison) -> Measure | None:
     return None
 
 
-def _judge(p: Prediction, measure: Measure | None) -> Prediction:
+def _judge(p: Prediction, measure: Measure | None, confounded: list[str]) -> Prediction:
     if not p.applied:
         return p
     if measure is None or measure.ratio is None:
         return Prediction(**{**asdict(p), "kind": p.kind, "verdict": "not measurable: no rate in both captures"})
     realised = measure.ratio
+    if confounded:
+        return Prediction(**{**asdict(p), "kind": p.kind, "realised": realised,
+                             "verdict": "not checked: the captures differ in more than this fix (see the note)"})
     reference = p.for_change if p.for_change is not None else p.predicted
     if reference is None:
         verdict = "no prediction to check"
@@ -251,35 +335,37 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
     db, da = before.diagnosis, after.diagnosis
     c = Comparison(before.capture.target, after.capture.target, db.verdict, da.verdict, db.headline, da.headline)
     c.changes = _changes(before, after)
-    c.rates = [m for n in RATES if (m := _measure(n, before.evidence, after.evidence)) is not None]
-    c.latencies = [m for n in LATENCIES if (m := _measure(n, before.evidence, after.evidence)) is not None]
+    c.rates = [m for n in RATES if (m := _measure(n, before, after)) is not None]
+    c.latencies = [m for n in LATENCIES if (m := _measure(n, before, after)) is not None]
     c.activity = [m for n in (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE,
                               S.TRACE_GPU_IDLE_FRAC, S.THEORY_EFFICIENCY)
-                  if (m := _measure(n, before.evidence, after.evidence)) is not None]
+                  if (m := _measure(n, before, after)) is not None]
     applied = {ch.fix for ch in c.changes if ch.fix is not None}
     measure = _main_rate(c)
+    confounded = c.confounders = confounders(before, after)
     for fix in db.fixes:
         on = fix.kind in applied
         for_change, basis = _for_change(fix.kind, before, after) if on else (None, "")
         p = Prediction(fix.kind, fix.title, fix.gain, fix.gain_kind.value, fix.benefit.value, on, for_change, basis,
                        verdict="" if on else "not applied")
-        c.predictions.append(_judge(p, measure))
+        c.predictions.append(_judge(p, measure, confounded))
     # A change that matches no proposed fix is still checked against the physics when it can be.
     proposed = {f.kind for f in db.fixes}
     for kind in sorted(applied - proposed, key=lambda k: k.value):
         for_change, basis = _for_change(kind, before, after)
         p = Prediction(kind, f"(not proposed) {kind.value.replace('_', ' ')}", None, "estimate", "speed", True,
                        for_change, basis)
-        c.predictions.append(_judge(p, measure))
+        c.predictions.append(_judge(p, measure, confounded))
     if not c.changes:
         c.notes.append("No configuration change was found between the two captures: the difference is load, noise or "
                        "a change the captures do not record.")
     if not c.rates:
         c.notes.append("Neither capture has a server rate (tokens/s, requests/s): realised gains cannot be measured; "
                        "attach with --port to read the server's /metrics.")
-    if before.capture.gpus and after.capture.gpus and before.capture.gpus[0].name != after.capture.gpus[0].name:
-        c.notes.append("The GPUs differ: a realised gain mixes the fix and the hardware.")
+    if confounded:
+        c.notes.append("Not a test of the fixes: " + "; ".join(confounded) + ". A measured ratio mixes that change "
+                       "with any fix, so no prediction is graded.")
     return c
 
 
-__all__ = ["AGREEMENT", "Change", "Comparison", "Measure", "Prediction", "compare"]
+__all__ = ["AGREEMENT", "Change", "Comparison", "Measure", "Prediction", "compare", "confounders"]

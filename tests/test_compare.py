@@ -16,7 +16,8 @@ from diagnoser.diagnosis import FixKind
 from diagnoser.pipeline import diagnose_capture
 
 GPU = Path(__file__).resolve().parent / "fixtures" / "gpu"
-B1, B16, FP8 = (GPU / f"nvidia-h100-80gb-hbm3-{n}.dgc" for n in ("decode-b1", "decode-b16", "decode-fp8"))
+B1, B16, FP8, PREFILL, DEMO = (GPU / f"nvidia-h100-80gb-hbm3-{n}.dgc"
+                                for n in ("decode-b1", "decode-b16", "decode-fp8", "prefill", "demo"))
 CLI = [sys.executable, "-m", "diagnoser"]
 
 
@@ -46,6 +47,40 @@ def test_a_larger_batch_is_checked_for_the_batch_actually_run() -> None:
     assert p.for_change is not None and p.for_change != p.predicted and "batch 16" in p.for_change_basis
     assert p.realised == pytest.approx(2585.96 / 209.75, rel=0.01)
     assert p.verdict == "held"  # 12.3x measured against about 15x predicted: within 25 %
+
+
+def test_quantiles_inside_one_histogram_bucket_are_not_a_change() -> None:
+    """The recorded decodes run at 4-5 ms per token; vLLM's inter-token histogram starts at a 10 ms bucket, so both
+    p50s are 0.5 x 10 ms and both p99s 0.99 x 10 ms whatever the latency did (it fell: 210 -> 236 tokens/s at batch
+    1 is 4.77 -> 4.23 ms per token). Neither may read as "x1.00"."""
+    c = _compare(B1, FP8)
+    quantiles = {m.signal: m for m in c.latencies if m.signal in ("server.itl_p50_s", "server.itl_p99_s")}
+    assert set(quantiles) == {"server.itl_p50_s", "server.itl_p99_s"}
+    for m in quantiles.values():
+        assert m.ratio is None and "first bucket (up to 10.0 ms)" in m.unresolved, m
+    from diagnoser.reports.compare import terminal_lines
+
+    text = "\n".join(terminal_lines(c))
+    assert "server.itl_p50_s: 5.0 ms -> 5.0 ms  not resolved (both inside" in text
+
+
+def test_another_model_or_other_traffic_grades_no_prediction() -> None:
+    """A batch-1 decode against the demo's tiny model, or against a prefill, measures another workload: the
+    realised ratio (x0.30, x0.20) says nothing of the batch fix, and must not be called "over-predicted"."""
+    for after, why in ((DEMO, "the model changed"), (PREFILL, "the traffic changed")):
+        c = _compare(B1, after)
+        assert any(why in x for x in c.confounders), c.confounders
+        applied = [p for p in c.predictions if p.applied]
+        assert applied and not any(p.graded for p in applied), applied
+        assert all(p.verdict.startswith("not checked") for p in applied)
+        assert any(n.startswith("Not a test of the fixes") for n in c.notes)
+    # A KV dtype the demo's capture does not record is not a change to FP8 KV, nor a serving limit it did not report.
+    c = _compare(B1, DEMO)
+    kv = next(ch for ch in c.changes if ch.what == "model.kv_dtype")
+    assert (kv.before, kv.after, kv.fix) == ("bf16", "-", None)
+    assert next(ch for ch in c.changes if ch.what == "serving.max_num_seqs").fix is None
+    # The same model, GPU and traffic at another batch is a test: graded.
+    assert not _compare(B1, B16).confounders
 
 
 def test_cli_terminal_json_and_html(tmp_path: Path) -> None:
@@ -102,6 +137,8 @@ def test_the_demo_at_two_kv_sizes_on_the_cpu(tmp_path: Path) -> None:
     gen = next(m for m in c.rates if m.signal == "server.gen_tokens_per_s")
     assert gen.before and gen.after  # both windows generated tokens
     applied = [p for p in c.predictions if p.applied]
-    assert applied and all(p.verdict for p in applied)
+    # The same model and traffic at two KV sizes: every applied fix is graded against the measured rate (whichever
+    # way it went on a shared CPU), none "not checked" or "not measurable".
+    assert not c.confounders and applied and all(p.graded and p.realised is not None for p in applied), applied
     cli = subprocess.run([*CLI, "compare", str(runs[0]), str(runs[1])], capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0 and "serving.kv_cache_tokens: 1024 -> 4096" in cli.stdout

@@ -26,6 +26,7 @@ from diagnoser.collectors.server_metrics import (
     histogram_quantile,
     parse_samples,
     probe,
+    quantile_in_bucket,
 )
 from diagnoser.collectors.session import Sampler, run_sampler
 from diagnoser.demo.loadgen import run_load
@@ -107,6 +108,10 @@ def test_documented_vllm_example_parses_and_maps(endpoint):
     # p50: rank 70 falls in (0.02, 0.04] holding 13..97
     assert histogram_quantile(0.5, buckets) == pytest.approx(0.02 + 0.02 * (70 - 13) / (97 - 13))
     assert histogram_quantile(0.99, buckets) == pytest.approx(0.08 + 0.02 * (138.6 - 138) / (140 - 138))
+    assert quantile_in_bucket(0.5, buckets) == (pytest.approx(0.02 + 0.02 * (70 - 13) / (97 - 13)), 0.02, 0.04)
+    # All in the first bucket: p50 and p99 sit at 0.5 and 0.99 of its bound, whatever the observations were.
+    assert quantile_in_bucket(0.5, {0.01: 7.0, 0.025: 7.0, math.inf: 7.0}) == (0.005, 0.0, 0.01)
+    assert quantile_in_bucket(0.99, {0.01: 7.0, 0.025: 7.0, math.inf: 7.0}) == (pytest.approx(0.0099), 0.0, 0.01)
     # the HTTP middleware block has no TYPE lines: still parsed, as untyped samples
     assert _total(parse_samples(http_block), ("http_requests_total",)) == 201.0
 
@@ -177,6 +182,10 @@ def test_counters_become_rates_and_histograms_give_window_quantiles(endpoint):
     assert values(capture, "server.ttft_p50_s") == [pytest.approx(0.5)]
     assert values(capture, "server.ttft_p99_s") == [0.5]  # in +Inf: the highest finite bound, as Prometheus
     assert values(capture, "server.itl_p50_s") == [pytest.approx(0.025)]
+    # Each quantile's series names the bucket it was interpolated in, for `compare` (a value inside one bucket
+    # says where the rank falls, not the latency).
+    bucket = {s.name: s.bucket() for s in capture.series if s.name.endswith(("_p50_s", "_p99_s"))}
+    assert bucket["server.ttft_p50_s"] == (0.1, 0.5) and bucket["server.ttft_p99_s"] == (0.5, math.inf)
     assert {s.source for s in capture.series} == {"server"}
     # requests finished: neither vllm:request_success_total nor e2e latency in this scrape -> said, not zeroed
     (req,) = [u for u in capture.unavailable if u.what == "server.requests_per_s"]

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from diagnoser import signals as S
-from diagnoser.capture import Capture, ServingConfig
+from diagnoser.capture import Capture, ServingConfig, bucket_labels
 from diagnoser.collectors.base import SeriesBook
 from diagnoser.collectors.exposition import (
     ParseError,
@@ -409,6 +409,14 @@ def histogram_quantile(q: float, cumulative: dict[float, float]) -> float | None
     Linear interpolation inside the bucket holding the rank; a rank in the +Inf bucket returns the highest finite
     bound, as Prometheus does.
     """
+    found = quantile_in_bucket(q, cumulative)
+    return None if found is None else found[0]
+
+
+def quantile_in_bucket(q: float, cumulative: dict[float, float]) -> tuple[float, float, float] | None:
+    """(the quantile, the lower and upper bound of the bucket it was interpolated in). Inside one bucket the value
+    says nothing but where the rank falls (the first bucket's p50 is half its bound, whatever the latencies were),
+    so a comparison needs the bucket too."""
     bounds = sorted(cumulative)
     if not bounds or not math.isinf(bounds[-1]):
         return None
@@ -421,15 +429,15 @@ def histogram_quantile(q: float, cumulative: dict[float, float]) -> float | None
         count = cumulative[bound]
         if count >= rank:
             if math.isinf(bound):
-                return bounds[-2] if len(bounds) > 1 else None
+                return (bounds[-2], bounds[-2], math.inf) if len(bounds) > 1 else None
             if i == 0 and bound <= 0:
-                return bound
+                return bound, bound, bound
             in_bucket = count - prev_count
             if in_bucket <= 0:
-                return bound
-            return prev_bound + (bound - prev_bound) * (rank - prev_count) / in_bucket
+                return bound, prev_bound, bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / in_bucket, prev_bound, bound
         prev_bound, prev_count = bound, count
-    return bounds[-2] if len(bounds) > 1 else None
+    return (bounds[-2], bounds[-2], math.inf) if len(bounds) > 1 else None
 
 
 def _buckets(samples: Samples, bases: tuple[str, ...]) -> tuple[str, dict[float, float]] | None:
@@ -880,9 +888,11 @@ class ServerMetricsCollector:
                 return  # one snapshot: no window to difference
             combined = window_histogram(first[1] if first is not None else None, last[1])
             for stat, q in (("p50", 0.5), ("p99", 0.99)):
-                value = histogram_quantile(q, combined.buckets) if combined.buckets else None
-                if value is not None:
-                    self.book.add(hist_signal(key, stat), t, value * hist.scale)
+                found = quantile_in_bucket(q, combined.buckets) if combined.buckets else None
+                if found is not None:
+                    quantile, low, high = (x * hist.scale for x in found)
+                    # The bucket it was interpolated in, for `compare`: two values inside one bucket are not a change.
+                    self.book.add(hist_signal(key, stat), t, quantile, labels=bucket_labels(low, high))
             if combined.count and combined.sum is not None and combined.count > 0:
                 self.book.add(hist_signal(key, "mean"), t, combined.sum / combined.count * hist.scale)
             if combined.dropped_bounds:

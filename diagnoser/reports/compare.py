@@ -17,6 +17,8 @@ from diagnoser.units import fmt
 
 
 def _ratio(m: Measure) -> str:
+    if m.unresolved:
+        return "not resolved"
     if m.ratio is None:
         return "-"
     text = f"x{m.ratio:.2f}"
@@ -46,7 +48,8 @@ def terminal_lines(c: Comparison) -> list[str]:
     for title, group in (("Rates", c.rates), ("Latencies", c.latencies), ("GPU activity", c.activity)):
         if group:
             out += ["", f"{title} (mean ± sd of the samples; ratio ± its standard error)"]
-            out += [f"  {m.signal}: {_value(m, 'before')} -> {_value(m, 'after')}  {_ratio(m)}" for m in group]
+            out += [f"  {m.signal}: {_value(m, 'before')} -> {_value(m, 'after')}  {_ratio(m)}"
+                    + (f" ({m.unresolved})" if m.unresolved else "") for m in group]
     out += ["", "Predicted (by the BEFORE capture) against realised"]
     for p in c.predictions:
         line = f"  {p.title} [{p.kind.value}]: predicted {_gain(p.predicted)} ({p.predicted_kind}, {p.benefit})"
@@ -84,7 +87,8 @@ def render_json(c: Comparison) -> str:
 COMPARE_LABELS: dict[str, str] = {
     S.SERVER_REQUESTS_PER_S: "requests finished/s", S.SERVER_TTFT_P50_S: "time to first token p50",
     S.SERVER_TTFT_P99_S: "time to first token p99", S.SERVER_ITL_P50_S: "inter-token latency p50",
-    S.SERVER_ITL_P99_S: "inter-token latency p99", S.TRACE_GPU_IDLE_FRAC: "GPU idle (trace)",
+    S.SERVER_ITL_P99_S: "inter-token latency p99", S.SERVER_ITL_MEAN_S: "inter-token latency mean",
+    S.SERVER_TTFT_MEAN_S: "time to first token mean", S.TRACE_GPU_IDLE_FRAC: "GPU idle (trace)",
     S.THEORY_EFFICIENCY: "share of the decode ceiling",
 }
 
@@ -128,10 +132,14 @@ def _side(name: str, key: str, headline: str, target: str) -> Side:
 
 def _gains_figure(c: Comparison) -> Figure | NotDrawn:
     title = "Predicted against realised, per fix applied"
-    checked = [p for p in c.predictions if p.applied and p.realised is not None]
+    checked = [p for p in c.predictions if p.graded and p.realised is not None]
     if not checked:
-        why = ("no proposed fix was applied (nothing the captures record changed the way a fix says)"
-               if not any(p.applied for p in c.predictions) else "needs a server rate measured in both captures")
+        if not any(p.applied for p in c.predictions):
+            why = "no proposed fix was applied (nothing the captures record changed the way a fix says)"
+        elif c.confounders:
+            why = "the captures differ in more than a fix: " + "; ".join(c.confounders)
+        else:
+            why = "needs a server rate measured in both captures"
         return NotDrawn(title, why)
     pairs = [GainPair(p.title, p.for_change if p.for_change is not None else p.predicted, p.realised,
                       upper_bound=p.predicted_kind == "upper_bound" and p.for_change is None, verdict=p.verdict)
@@ -172,7 +180,7 @@ def build_compare_view(c: Comparison) -> CompareView:
     rate = next((m for m in c.rates if m.ratio is not None), None)
     if rate is not None:
         summary.append(f"{_label(rate.signal)}: {_value(rate, 'before')} -> {_value(rate, 'after')}, {_ratio(rate)}")
-    checked = [p for p in c.predictions if p.applied and p.realised is not None]
+    checked = [p for p in c.predictions if p.graded and p.realised is not None]
     if checked:
         held = sum(1 for p in checked if p.verdict in ("held", "within the bound"))
         summary.append(f"{held} of {len(checked)} fix{'es' if len(checked) != 1 else ''} applied held to "
@@ -180,7 +188,7 @@ def build_compare_view(c: Comparison) -> CompareView:
     if c.before_verdict != c.after_verdict:
         summary.append(f"the verdict moved from {sides[0].verdict} to {sides[1].verdict}")
     measures = [{"group": group, "signal": m.signal, "label": _label(m.signal), "before": _value(m, "before"),
-                 "after": _value(m, "after"), "ratio": _ratio(m)}
+                 "after": _value(m, "after"), "ratio": _ratio(m), "why": m.unresolved}
                 for group, ms in (("rate", c.rates), ("latency", c.latencies), ("activity", c.activity))
                 for m in ms]
     return CompareView(c, f"Compare: {c.before_target} -> {c.after_target}", sides, summary, _gains_figure(c),
