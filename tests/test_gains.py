@@ -19,6 +19,29 @@ def test_amdahl_and_removal_by_hand() -> None:
     assert g.value == pytest.approx(1 / 0.6) and g.kind is GainKind.UPPER_BOUND
 
 
+def test_a_capped_gain_says_so_and_keeps_the_measured_share() -> None:
+    """98.4 % idle is 62x before the 20x cap; the basis gives the share measured (not a share clipped to 95 %), and
+    the cap is said. A GPU busy 0.7 % of the time is 137x before the cap."""
+    g = gains.removal(0.984, "the host launch gaps")
+    assert g.value == gains.MAX_GAIN and g.kind is GainKind.UPPER_BOUND
+    assert "98%" in g.basis and "95%" not in g.basis and g.capped == "capped at 20x (from 62.50x)"
+    assert "99.3%" in gains.removal(0.993, "gaps").basis
+    assert gains.removal(1.0, "gaps").capped.startswith("capped at 20x")
+    assert not gains.removal(0.9, "gaps").capped  # 10x: under the cap, nothing to say
+    busy = gains.kept_busy(0.00728)
+    assert busy.value == gains.MAX_GAIN and busy.capped == "capped at 20x (from 137.36x)"
+    assert "1 / 0.7% busy" in busy.basis
+    assert gains.kept_busy(0.25).value == pytest.approx(4.0) and not gains.kept_busy(0.25).capped
+
+
+def test_overlapping_communication_cannot_beat_the_communication_itself() -> None:
+    """MI300X DDP step: 9.2 ms of 16 ms exposed communication, 6.8 ms of everything else. Overlapped, the step
+    lasts at least the 9.2 ms: 16 / 9.2 = 1.74x, not 1 / (1 - 0.575) = 2.35x."""
+    g = gains.overlap(9.2 / 16)
+    assert g.value == pytest.approx(16 / 9.2) and g.kind is GainKind.UPPER_BOUND
+    assert gains.overlap(0.3).value == pytest.approx(1 / 0.7)  # under half: the rest of the step hides all of it
+
+
 def test_fp8_matmuls_gain_only_the_gemm_share_of_a_prefill() -> None:
     # A prefill whose trace puts 40 % of the GPU time in norms/elementwise: FP8 can speed up the other 60 % only.
     trace = TraceSummary(window_s=1.0, gpu_busy_frac=0.99, kernel_count=5000,

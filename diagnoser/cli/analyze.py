@@ -78,7 +78,6 @@ def register(app: typer.Typer) -> None:
         analysis = analyze_trace(trace[0] if len(trace) == 1 else trace, window=window, gpu_name=gpu,
                                  max_bytes=limit, jobs=jobs)
         capture = capture_from_trace(analysis, model=model_info, gpu_name=gpu)
-        capture.origin = "trace"
         pipeline.checkpoint(capture)
         outcome = pipeline.diagnose(capture)
         if as_json:

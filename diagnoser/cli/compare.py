@@ -27,7 +27,6 @@ def _outcome(path: Path, rules_config: Path | None):  # type: ignore[no-untyped-
         from diagnoser.traces import analyze_trace, capture_from_trace
 
         capture = capture_from_trace(analyze_trace(path))
-        capture.origin = "trace"
     else:
         capture = load(path)
     return pipeline.diagnose(capture)

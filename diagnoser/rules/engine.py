@@ -103,12 +103,17 @@ def _to_collect(ev: Evidence) -> list[str]:
         wants.append("A short torch.profiler trace (attach --trace 5) to attribute idle time and measure intensity.")
     if ev.model is None and ev.workload != "training":
         wants.append("The model's shape (--model config.json) for the physical floor and predicted gains.")
-    if trace_only:
+    if trace_only or ev.meta.origin == "trace":
         if ev.trace is not None and 0 < ev.trace.window_s < 0.5:
             wants.append("A longer trace window (several steps of the workload).")
-    elif ev.meta.window_s < 5:
+    elif ev.meta.window_s < 5 and ev.meta.origin not in _NO_DURATION:
         wants.append("A longer window (--duration 10 or more).")
     return wants
+
+
+# What made a capture whose window is not set by --duration: a trace (analyze), a fleet or agent window, a self-test
+# scenario (--window).
+_NO_DURATION = frozenset({"trace", "fleet", "agent", "selftest"})
 
 
 def _context(ev: Evidence) -> dict[str, object]:

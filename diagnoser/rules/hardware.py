@@ -116,7 +116,8 @@ def communication_bound(c: Check) -> Finding | None:
     if c.ev.workload == "training":
         c.fix(FixKind.OVERLAP_COMM, "Overlap the all-reduce with backward", "Tune DDP's bucket_cap_mb so gradient "
               "buckets reduce while backward runs, or add a comm hook (fp16/bf16 compression, PowerSGD); for "
-              "all-to-all (MoE) overlap the dispatch with expert compute.", g)
+              "all-to-all (MoE) overlap the dispatch with expert compute.",
+              gains.overlap(exposed.value) if exposed is not None else g)
     else:
         c.fix(FixKind.REDUCE_TP, "Communicate less per token", "Fewer tensor-parallel ranks with more replicas, TP "
               "only within NVLink, overlapped or custom all-reduce.", g)

@@ -8,7 +8,7 @@ fix).
 from __future__ import annotations
 
 from diagnoser import signals as S
-from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
+from diagnoser.diagnosis import Finding, FixKind, Limiter
 from diagnoser.evidence import Evidence
 from diagnoser.rules import gains
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
@@ -87,8 +87,7 @@ def serving_thread_saturated(c: Check) -> Finding | None:
         c.cite(busy_sig, "value")
     else:
         c.cite(busy_sig, "mean", "<", c.t["busy_max"])
-    bound = Gain(1.0 / max(0.05, busy_frac), f"if the GPU were kept busy: 1 / {busy_frac:.0%} busy",
-                 GainKind.UPPER_BOUND)
+    bound = gains.kept_busy(busy_frac)
     hot = hot_code(c.ev.stacks, limit=1)
     _offload(c, bound, hot[0] if hot else None)
     c.fix(FixKind.CUDA_GRAPHS, _graphs_title(c.ev), _graphs_action(c.ev), bound)

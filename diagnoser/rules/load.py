@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from diagnoser import signals as S
-from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
+from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
 from diagnoser.evidence import Signal
 from diagnoser.rules import gains
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
@@ -21,13 +21,10 @@ def busy_signal(c: Check) -> Signal:
 def _batching_fixes(c: Check, busy: float | None) -> None:
     g = gains.batch_gain(c.ev, factor=4.0)
     if g.value is None and busy:
-        bound = 1.0 / max(busy, 0.05)
-        basis = f"if the GPU were kept busy: 1 / {busy:.0%} busy"
+        g = gains.kept_busy(busy)
         want, batch = gains.demand(c.ev), c.ev.observed_batch()
         if want is not None and batch:
-            bound = min(bound, want / batch)
-            basis += f", and no more than the demand ({want:.0f} sequences for {batch:.0f} running)"
-        g = Gain(bound, basis, GainKind.UPPER_BOUND)
+            g = g.bounded(want / batch, f"no more than the demand ({want:.0f} sequences for {batch:.0f} running)")
         if c.ev.waiting() is None:
             g = g.as_capacity("no queue metric: a gain only if requests are waiting")
     c.fix(FixKind.BATCH_MORE, "Let the scheduler batch more", "Raise the concurrent-sequence limit (vLLM "
@@ -149,8 +146,7 @@ def gpu_busy_under_half(c: Check) -> Finding | None:
     if c.ev.workload == "training":
         c.fix(FixKind.LARGER_BATCH, "Give each GPU a larger batch", "A larger per-GPU batch (or gradient "
               "accumulation) gives every launch and every host step more work.",
-              Gain(1.0 / max(busy.mean, 0.05), f"if the GPU were kept busy: 1 / {busy.mean:.0%} busy",
-                   GainKind.UPPER_BOUND))
+              gains.kept_busy(busy.mean))
     else:
         _batching_fixes(c, busy.mean)
     return c.finding(0.5, f"The GPU is busy only {busy.mean:.0%} of the time: it waits for work more than it does it.")

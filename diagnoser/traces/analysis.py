@@ -570,6 +570,7 @@ def capture_from_trace(analysis: TraceAnalysis, *, model: ModelInfo | None = Non
                                     cuda_capability=d.capability, spec_name=match.key if match else None))
     cap.trace = analysis.summary
     cap.model = model
+    cap.origin = "trace"
     cap.cpu_only = not analysis.summary.devices
     reason = "not sampled: the capture was built from a trace file alone"
     cap.mark_unavailable("trace", "gpu.*", reason, "attach to the live server for NVML/GPM counters")
