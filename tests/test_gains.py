@@ -37,9 +37,18 @@ def test_a_capped_gain_says_so_and_keeps_the_measured_share() -> None:
 def test_overlapping_communication_cannot_beat_the_communication_itself() -> None:
     """MI300X DDP step: 9.2 ms of 16 ms exposed communication, 6.8 ms of everything else. Overlapped, the step
     lasts at least the 9.2 ms: 16 / 9.2 = 1.74x, not 1 / (1 - 0.575) = 2.35x."""
-    g = gains.overlap(9.2 / 16)
+    g = gains.overlap(9.2 / 16, "exposed communication")
     assert g.value == pytest.approx(16 / 9.2) and g.kind is GainKind.UPPER_BOUND
-    assert gains.overlap(0.3).value == pytest.approx(1 / 0.7)  # under half: the rest of the step hides all of it
+    # under half: the rest of the step can hide all of it
+    assert gains.overlap(0.3, "exposed communication").value == pytest.approx(1 / 0.7)
+
+
+def test_removing_a_sync_overlaps_the_host_work_after_it_and_no_more() -> None:
+    """H100 host-bound decode: per 12.4 ms step the GPU runs 4.3 ms, a 13 us cudaStreamSynchronize returns as the GPU
+    drains, then 7.6 ms of Python with the GPU idle. Without the sync the Python runs beside the GPU's work: the step
+    is at least 7.6 ms, 12.4 / 7.6 = 1.6x, not 1 / 0.35 = 2.9x."""
+    g = gains.overlap(7.6 / 12.4, "the idle time after host syncs")
+    assert g.value == pytest.approx(12.4 / 7.6) and g.kind is GainKind.UPPER_BOUND
 
 
 def test_fp8_matmuls_gain_only_the_gemm_share_of_a_prefill() -> None:

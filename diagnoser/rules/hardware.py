@@ -96,8 +96,9 @@ def clocks_throttled(c: Check) -> Finding | None:
         "time only where no backward compute overlaps it.",
         fixes="Serving: fewer tensor-parallel ranks (more replicas instead), TP only inside one NVLink domain, "
         "custom all-reduce kernels. Training: overlap the all-reduce with backward (DDP bucket_cap_mb, gradient "
-        "compression or PowerSGD comm hooks), and balance the ranks. The gain is at most the exposed (not "
-        "overlapped) communication time removed.",
+        "compression or PowerSGD comm hooks), and balance the ranks. Removing the exposed (not overlapped) "
+        "communication gives at most 1 / (1 - its share); overlapping it, at most 1 / max(share, 1 - share), as "
+        "the step cannot be shorter than its communication.",
         sources="XProf collectives rule (>= 30 %); torch-tb-profiler communication > 10 % rule.",
     ),
 )
@@ -117,7 +118,7 @@ def communication_bound(c: Check) -> Finding | None:
         c.fix(FixKind.OVERLAP_COMM, "Overlap the all-reduce with backward", "Tune DDP's bucket_cap_mb so gradient "
               "buckets reduce while backward runs, or add a comm hook (fp16/bf16 compression, PowerSGD); for "
               "all-to-all (MoE) overlap the dispatch with expert compute.",
-              gains.overlap(exposed.value) if exposed is not None else g)
+              gains.overlap(exposed.value, "the communication no compute overlaps") if exposed is not None else g)
     else:
         c.fix(FixKind.REDUCE_TP, "Communicate less per token", "Fewer tensor-parallel ranks with more replicas, TP "
               "only within NVLink, overlapped or custom all-reduce.", g)

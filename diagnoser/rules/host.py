@@ -169,17 +169,19 @@ def small_kernel_storm(c: Check) -> Finding | None:
     code="SYNC001",
     name="host-sync-stalls",
     limiter=Limiter.HOST_LAUNCH,
-    summary="The GPU idles while the host blocks in synchronisations.",
+    summary="The GPU idles after each host synchronisation, while the host works before launching again.",
     requires=(S.TRACE_IDLE_SYNC_FRAC,),
-    thresholds={"sync_idle_frac": Threshold(0.10, "share of the window idle inside host synchronisations", "ratio")},
+    thresholds={"sync_idle_frac": Threshold(0.10, "share of the window idle after host synchronisations", "ratio")},
     page=Page(
         detects="At least {sync_idle_frac} of the traced window idle around cudaStreamSynchronize / "
         "cudaDeviceSynchronize / blocking copies (`.item()`, `.cpu()`, `.tolist()`).",
         why="A sync empties the GPU's queue: the host waits for the GPU, then the GPU waits for the host to launch "
         "again. In a decode loop this happens every step.",
         fixes="Keep sampling and stopping checks on the GPU; read results back once per step with non_blocking "
-        "copies into pinned buffers; overlap the next step's launch with the copy (async scheduling). Removing the "
-        "stalls gives at most 1 / (1 - their share).",
+        "copies into pinned buffers; overlap the next step's launch with the copy (async scheduling). The sync "
+        "itself returns as soon as the GPU drains; the idle after it is the host's own work, which removing the "
+        "sync lets run beside the GPU's, not vanish: the step still lasts as long as the longer of the two, so "
+        "the gain is at most 1 / max(share, 1 - share). Removing the host work itself is HOST001's fix.",
         sources="Nsight Systems sync-API rule; HTA idle breakdown.",
     ),
 )
@@ -190,9 +192,10 @@ def host_sync_stalls(c: Check) -> Finding | None:
     c.cite(sync, "value", ">=", c.t["sync_idle_frac"])
     c.fix(FixKind.REMOVE_SYNCS, "Remove per-step host syncs", "Avoid .item()/.cpu()/.tolist() inside the step; copy "
           "results with non_blocking=True into pinned memory and read them one step later.",
-          gains.removal(sync.value, "the idle time inside host syncs"))
-    return c.finding(0.5 + min(0.4, sync.value), f"The GPU idled {sync.value:.0%} of the traced window "
-                     "inside host synchronisations.")
+          gains.overlap(sync.value, "the idle time after host syncs (the host working while the GPU waits)"))
+    return c.finding(0.5 + min(0.4, sync.value), f"The GPU idled {sync.value:.0%} of the traced window after "
+                     "host synchronisations: the host waited for the GPU to drain, then worked while the GPU waited "
+                     "for it.")
 
 
 @rule(
