@@ -73,6 +73,26 @@ def test_host_synchronisation(tmp_path: Path) -> None:
     assert a.summary.idle_frac_by_cause["sync"] == pytest.approx(60 / 170)
 
 
+def test_a_blocking_copy_called_just_after_the_gpu_ran_dry_is_a_sync(tmp_path: Path) -> None:
+    """The MI300X SGLang trace: 0.3 ms after the GPU ran dry the host called hipMemcpyWithStream (PyTorch's
+    blocking copy on ROCm) and stayed in it for the whole 463 ms gap: blocked, not late to launch."""
+    a = analyze(tmp_path, [
+        call("hipLaunchKernel", 0, 5, 1), kernel(10, 10, 1),
+        call("hipMemcpyWithStream", 25, 960, 2), kernel(980, 3, 2, name="Memcpy DtoH (Device -> Pinned)",
+                                                         cat="gpu_memcpy"),
+        call("hipLaunchKernel", 990, 5, 3), kernel(1000, 10, 3),
+    ])
+    assert "host" not in causes(a) and a.summary.idle_frac_by_cause["sync"] > 0.95
+    # A sync that began late in a gap does not take the whole gap: the host was late before it.
+    b = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), kernel(10, 10, 1),
+        op("aten::mm", 20, 900),
+        call("cudaStreamSynchronize", 925, 50, 2),
+        call("cudaLaunchKernel", 980, 5, 3), kernel(990, 10, 3),
+    ])
+    assert "sync" not in causes(b)
+
+
 def test_item_style_device_to_host_copy_is_a_sync(tmp_path: Path) -> None:
     a = analyze(tmp_path, [
         call("cudaLaunchKernel", 0, 5, 1), kernel(10, 50, 1),

@@ -193,9 +193,9 @@ def host_sync_stalls(c: Check) -> Finding | None:
     c.fix(FixKind.REMOVE_SYNCS, "Remove per-step host syncs", "Avoid .item()/.cpu()/.tolist() inside the step; copy "
           "results with non_blocking=True into pinned memory and read them one step later.",
           gains.overlap(sync.value, "the idle time after host syncs (the host working while the GPU waits)"))
-    return c.finding(0.5 + min(0.4, sync.value), f"The GPU idled {sync.value:.0%} of the traced window after "
-                     "host synchronisations: the host waited for the GPU to drain, then worked while the GPU waited "
-                     "for it.")
+    return c.finding(0.5 + min(0.4, sync.value), f"The GPU idled {sync.value:.0%} of the traced window in gaps "
+                     "that began with the host blocked in a synchronisation or a blocking copy: the GPU waited for the "
+                     "host, which had waited for it.")
 
 
 @rule(

@@ -124,6 +124,9 @@ SYNC_CALLS = frozenset({
     "cudaMemset", "cudaMemcpyPeer", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
     "cudaStreamSynchronize_ptsz", "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize",
     "hipMemcpy",
+    # PyTorch's at::cuda::memcpy_and_sync (a blocking .to()/.copy_()/.item()) is cudaMemcpyAsync +
+    # cudaStreamSynchronize on CUDA, and hipMemcpyWithStream, which returns only when the copy is done, on ROCm.
+    "hipMemcpyWithStream",
 })
 # cuda_sync activity records (on the GPU rows) that mirror a host wait; "Stream Wait Event" is a GPU-side
 # dependency between streams, not a host wait.

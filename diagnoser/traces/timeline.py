@@ -244,9 +244,14 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
         call = of_gpu[op]
         return call is not None and r_ts[call] + r_dur[call] >= x - SYNC_SLACK_US
 
-    # Whether a host sync was open when each gap began, for all gaps at once (C-level bisects).
+    # Whether a host sync was open when each gap began, or began in its first half and lasted to its end (a
+    # blocking copy called just after the GPU ran dry: the host is blocked, not late to launch), for all gaps at
+    # once (C-level bisects).
     g0s = [g[0] for g in gaps]
     host_sync = _open_flags(launches.sync_start, launches.sync_end_max, g0s)
+    if launches.sync_start:
+        late = _covered_flags(launches.sync_start, launches.sync_end_max, gaps)
+        host_sync = [x or y for x, y in zip(host_sync, late, strict=True)]
     if gs_start:
         host_sync = [x or y for x, y in zip(host_sync, _open_flags(gs_start, gs_end_max, g0s), strict=True)]
 
@@ -309,6 +314,14 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
             if g1 > keep_range[0]:
                 tl.range_gaps.append(Gap(max(g0, keep_range[0]), min(g1, keep_range[1]), causes[k]))
     return tl
+
+
+def _covered_flags(starts: list[float], ends_max: list[float],
+                   gaps: list[tuple[float, float, int | None, int | None]]) -> list[bool]:
+    """For each gap: whether an interval that started by its midpoint lasted to its end (within slack)."""
+    mids = [(g[0] + g[1]) / 2 for g in gaps]
+    idx = list(map(bisect_right, repeat(starts), mids))
+    return [i > 0 and ends_max[i - 1] >= g[1] - SYNC_SLACK_US for i, g in zip(idx, gaps, strict=True)]
 
 
 def _open_flags(starts: list[float], ends_max: list[float], xs: list[float]) -> list[bool]:
