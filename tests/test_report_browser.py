@@ -300,8 +300,14 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[f"h100-{name}"] = html.write_html(outcome.report(), folder / f"h100-{name}.html")
     # Real traces through `analyze`'s path: H100 decode windows without and with recorded shapes, a two-rank job
     # with a straggler, an eight-rank ROCm training step.
+    # Each from a deep folder: captions and facts quote the trace's path, which is as long as the checkout's (a CI
+    # checkout one folder deeper than this one overflowed a 390 px screen by 2 px).
+    deep = folder.joinpath(*(["a_checkout_folder_with_a_long_name"] * 3))
+    deep.mkdir(parents=True)
     for name, trace in TRACES.items():
-        outcome = diagnose_capture(capture_from_trace(analyze_trace(trace, jobs=1)))
+        copy = deep / trace.name
+        (shutil.copytree if trace.is_dir() else shutil.copyfile)(trace, copy)
+        outcome = diagnose_capture(capture_from_trace(analyze_trace(copy, jobs=1)))
         out[name] = html.write_html(outcome.report(), folder / f"{name}.html")
     out["fleet"] = write_fleet_html(fleet_report(), folder / "fleet.html")
     b1, fp8 = (load(GPU / f"nvidia-h100-80gb-hbm3-{n}.dgc") for n in ("decode-b1", "decode-fp8"))
