@@ -249,12 +249,34 @@ def test_interconnect_and_pipeline(app: typer.Typer) -> None:
     assert full["max_concurrent_sequences"] == int(free / (327_680 / 4) // 2048)
 
 
+@pytest.mark.parametrize(("quant", "fragment"), [
+    ({"quant_method": "awq", "bits": "four", "group_size": 128}, "bits is 'four'"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "4- and 8-bit"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": -5}, "group_size is -5"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 0}, "group_size is 0"),
+    ("awq", "must be a JSON object"),
+])
+def test_an_unreadable_quantization_config_is_refused_not_read_as_16_bit(app: typer.Typer, tmp_path: Path,
+                                                                          quant: object, fragment: str) -> None:
+    """Read as bf16, an AWQ config with bits "four" was 16 GB of weights instead of about 5.7, with nothing said."""
+    cfg = json.loads((Path(theory.__file__).parents[1] / "data" / "models" / "llama-3.1-8b.json").read_text())
+    cfg["quantization_config"] = quant
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert_one_sentence_error(run(app, "--model", str(path)), fragment)
+
+
 @pytest.mark.parametrize(("args", "fragment"), [
     (("--model", "llama-2-7b", "--tokens-per-s", "100", "--efficiency", "0.5"), "not both"),
     (("--model", "llama-2-7b", "--tokens-per-s", "5000"), "above the ceiling"),
     (("--model", "llama-2-7b", "--efficiency", "1.5"), "(0, 1]"),
     (("--model", "llama-2-7b", "--interconnect", "ib", "--tp", "2"), "unknown interconnect"),
     (("--model", "llama-2-7b", "--pp", "2", "--batch", "1", "--microbatches", "2"), "--microbatches"),
+    # Layouts no engine runs: heads split unevenly (vLLM refuses tp 3 for 32 heads), more stages than layers.
+    (("--model", "llama-3.1-8b", "--tp", "3"), "does not divide"),
+    (("--model", "llama-3.1-8b", "--tp", "64"), "32 attention heads"),
+    (("--model", "llama-3.1-8b", "--vs-tp", "3"), "--vs-tp 3"),
+    (("--model", "llama-3.1-8b", "--pp", "1000"), "32 layers"),
 ])
 def test_bad_measurements_and_parallel_flags(app: typer.Typer, args: tuple[str, ...], fragment: str) -> None:
     assert_one_sentence_error(run(app, *args), fragment)

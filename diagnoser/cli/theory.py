@@ -24,6 +24,7 @@ from diagnoser.physics import (
     WhatIf,
     attainable_shares,
     bundled_models,
+    check_layout,
     compute_dtype,
     cost_per_million_tokens,
     decode_bound,
@@ -487,6 +488,9 @@ def register(app: typer.Typer) -> None:
             _list_models(as_json)
             return
         info = build_model(model, params, layers, kv_heads, head_dim)
+        check_layout(info, tp, pp)
+        for t in vs_tp:
+            check_layout(info, t, pp, flag="--vs-tp")
         spec = get_gpu(gpu)
         setup = Setup(info, spec, weight_dtype(info, dtype), kv_cache_dtype(info, kv_dtype, dtype), batch, context,
                       tp, interconnect(spec, max(tp, 2), link), link, pp, microbatches)

@@ -55,6 +55,7 @@ from diagnoser.physics.parallel import (
     Pipeline,
     allgather_s,
     allreduce_s,
+    check_layout,
     interconnect,
     pipeline_decode,
     tp_comm_s,
@@ -82,6 +83,7 @@ from diagnoser.physics.realised import (
 from diagnoser.physics.whatif import WhatIf, kv_dtype_what_if, tp_what_if, what_if
 
 __all__ = [
+    "check_layout",
     "ATTAINABLE_BANDWIDTH",
     "ATTAINABLE_COMPUTE",
     "BUNDLED_SOURCES",

@@ -176,6 +176,25 @@ def _quant_fields(quant: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _check_quant(quant: object, label: str) -> None:
+    """Refuse a quantization_config whose bits or group size cannot be read: read as 16-bit weights it would
+    triple the bytes of the int4 model it names, with nothing said."""
+    if quant is None:
+        return
+    if not isinstance(quant, dict):
+        raise InputError(f"{label}: quantization_config must be a JSON object, not {type(quant).__name__}.")
+    for key in ("bits", "w_bit"):
+        value = quant.get(key)
+        if value is not None and (value not in (4, 8) or isinstance(value, bool)):
+            raise InputError(f"{label}: quantization_config {key} is {value!r:.40}; diagnoser sizes 4- and 8-bit "
+                             "weights (for another precision use --params with --dtype).")
+    for key in ("group_size", "q_group_size"):
+        value = quant.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1):
+            raise InputError(f"{label}: quantization_config {key} is {value!r:.40}; expected a positive group size or "
+                             "-1 (one scale per output channel).")
+
+
 def _config_quant(cfg: dict[str, Any]) -> dict[str, Any]:
     quant = cfg.get("quantization_config")
     return _quant_fields(quant) if isinstance(quant, dict) else {}
@@ -270,6 +289,7 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str = "", label: str = "the co
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg, **cfg["text_config"]}
     shape = _Shape(cfg, label)
+    _check_quant(cfg.get("quantization_config"), label)
     params, active = shape.counts()
     return ModelInfo(
         name=name or str(cfg.get("_name_or_path") or ""),

@@ -3,8 +3,12 @@
 Megatron-style tensor parallelism (Shoeybi et al. 2019, section 3) splits each attention and MLP block so that one
 all-reduce of the block's output, batch x hidden activations, ends it: two per transformer layer, plus a gather of
 the vocabulary-parallel logits per step. They sit between dependent matrix multiplies, so their time adds to the
-step. Each all-reduce is timed as a ring (Patarasuk & Yuan 2009): every GPU sends and receives 2(n-1)/n of the
-message over its link, plus a fixed per-collective latency. docs/physics.md has the numbers and their sources.
+step. Each all-reduce's bandwidth term is a ring's (Patarasuk & Yuan 2009): every GPU sends and receives 2(n-1)/n
+of the message over its link. Its latency is one fixed figure per collective, whatever the GPU count: small messages
+go by one-shot or tree algorithms (NCCL's LL protocol, vLLM's and TRT-LLM's custom all-reduce), not by a ring's
+2(n-1) steps. A latency growing as log2(n) was tried against the published gpt-fast TP runs (tests/fixtures/
+published): it under-predicted TP 8 by 12-17 % where the flat figure comes within 1-12 %, so the flat one stays.
+docs/physics.md has the numbers and their sources.
 """
 
 from __future__ import annotations
@@ -57,17 +61,37 @@ def interconnect(gpu: GpuSpec, tp: int = 2, kind: str | None = None) -> Intercon
 
 
 def allreduce_s(message_bytes: float, gpus: int, link: Interconnect) -> float:
-    """One ring all-reduce of `message_bytes` over `gpus`: latency + 2(n-1)/n x bytes / link bandwidth."""
+    """One all-reduce of `message_bytes` over `gpus`: latency + 2(n-1)/n x bytes / link bandwidth."""
     if gpus <= 1:
         return 0.0
     return link.latency_s + 2.0 * (gpus - 1) / gpus * message_bytes / link.bytes_per_s
 
 
 def allgather_s(total_bytes: float, gpus: int, link: Interconnect) -> float:
-    """One ring all-gather ending with `total_bytes` on every GPU: latency + (n-1)/n x bytes / link bandwidth."""
+    """One all-gather ending with `total_bytes` on every GPU: latency + (n-1)/n x bytes / link bandwidth."""
     if gpus <= 1:
         return 0.0
     return link.latency_s + (gpus - 1) / gpus * total_bytes / link.bytes_per_s
+
+
+def check_layout(model: ModelInfo, tp: int, pp: int = 1, flag: str = "--tp") -> None:
+    """Refuse a layout no serving engine runs: attention heads split unevenly over the tensor-parallel GPUs (vLLM
+    and SGLang require heads % tp == 0, and KV heads either divisible by tp or replicated to it), or more pipeline
+    stages than layers."""
+    name = model.name or "the model"
+    if model.heads and (tp > model.heads or model.heads % tp):
+        raise InputError(f"{flag} {tp} does not divide {name}'s {model.heads} attention heads; engines need "
+                         f"heads % tp == 0 (try {_divisors(model.heads, tp)}).")
+    if model.kv_heads and tp > 1 and model.kv_heads % tp and tp % model.kv_heads:
+        raise InputError(f"{flag} {tp} neither divides {name}'s {model.kv_heads} KV heads nor is a multiple of them "
+                         "(engines split or replicate whole KV heads).")
+    if model.layers and pp > model.layers:
+        raise InputError(f"--pp {pp} asks for more pipeline stages than {name}'s {model.layers} layers.")
+
+
+def _divisors(n: int, near: int) -> str:
+    found = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(str(d) for d in sorted(found, key=lambda d: (abs(d - near), d))[:3])
 
 
 def has_tp_shape(model: ModelInfo) -> bool:
