@@ -269,6 +269,11 @@ def test_an_unreadable_quantization_config_is_refused_not_read_as_16_bit(app: ty
 @pytest.mark.parametrize(("args", "fragment"), [
     (("--model", "llama-2-7b", "--tokens-per-s", "100", "--efficiency", "0.5"), "not both"),
     (("--model", "llama-2-7b", "--tokens-per-s", "5000"), "above the ceiling"),
+    (("--model", "llama-2-7b", "--tokens-per-s", "nan"), "--tokens-per-s must be a finite number above 0"),
+    (("--model", "llama-2-7b", "--usd-per-hour", "inf"), "--usd-per-hour must be a finite number"),
+    (("--model", "llama-2-7b", "--usd-per-hour", "-0.5"), "of 0 or more"),
+    (("--model", "llama-2-7b", "--power-w", "0"), "--power-w must be"),
+    (("--params", "1e30"), "no model that size"),
     (("--model", "llama-2-7b", "--efficiency", "1.5"), "(0, 1]"),
     (("--model", "llama-2-7b", "--interconnect", "ib", "--tp", "2"), "unknown interconnect"),
     (("--model", "llama-2-7b", "--pp", "2", "--batch", "1", "--microbatches", "2"), "--microbatches"),

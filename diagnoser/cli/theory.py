@@ -468,13 +468,13 @@ def register(app: typer.Typer) -> None:
                                          help="Micro-batches in a --pp pipeline (default: --pp, at most --batch)."),
         link: str = typer.Option(None, "--interconnect",
                                  help="nvlink or pcie (default: NVLink where the GPU has it)."),
-        tokens_per_s: float = typer.Option(None, "--tokens-per-s", min=0.001,
+        tokens_per_s: float = typer.Option(None, "--tokens-per-s",
                                            help="Measured decode tokens/s at this setup: what-ifs add the realised "
                                                 "gain."),
         efficiency: float = typer.Option(None, "--efficiency",
                                          help="Measured share of the decode ceiling, in (0, 1], instead."),
-        power_w: float = typer.Option(None, "--power-w", min=0.001, help="Power per GPU, W (default: TDP)."),
-        usd_per_hour: float = typer.Option(None, "--usd-per-hour", min=0, help="Price per GPU hour, USD."),
+        power_w: float = typer.Option(None, "--power-w", help="Power per GPU, W (default: TDP)."),
+        usd_per_hour: float = typer.Option(None, "--usd-per-hour", help="Price per GPU hour, USD."),
         vs_dtype: list[str] = typer.Option([], "--vs-dtype", help="What if the weights were this precision?"),
         vs_kv_dtype: list[str] = typer.Option([], "--vs-kv-dtype", help="What if the KV cache were this precision?"),
         vs_gpu: list[str] = typer.Option([], "--vs-gpu", help="What if it ran on this GPU?"),
@@ -487,6 +487,14 @@ def register(app: typer.Typer) -> None:
         if list_models:
             _list_models(as_json)
             return
+        # Checked here rather than by typer's min=, whose message for nan ("greater than or equal to 0.001") misleads.
+        for flag, number, zero_ok in (("--tokens-per-s", tokens_per_s, False), ("--power-w", power_w, False),
+                                      ("--usd-per-hour", usd_per_hour, True)):
+            if number is not None and not (math.isfinite(number) and (number > 0 or zero_ok and number == 0)):
+                raise InputError(f"{flag} must be a finite number {'of 0 or more' if zero_ok else 'above 0'}, "
+                                 f"not {number:g}.")
+        if efficiency is not None and not math.isfinite(efficiency):
+            raise InputError(f"--efficiency must be a finite number, not {efficiency:g}.")
         info = build_model(model, params, layers, kv_heads, head_dim)
         check_layout(info, tp, pp)
         for t in vs_tp:

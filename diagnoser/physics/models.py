@@ -392,7 +392,14 @@ def parse_param_count(text: str) -> float:
     value = float(found.group(1)) * _SUFFIX[found.group(2).lower()] if found else 0.0
     if not math.isfinite(value) or value < 1:
         raise InputError(f"cannot read '{text}' as a parameter count; write e.g. 7e9 or 7B.")
+    if value > MAX_PARAMS:
+        raise InputError(f"{text} parameters is more than {MAX_PARAMS:.0e}: no model that size exists to serve "
+                         "(write e.g. 7e9 or 7B).")
     return value
+
+
+# The largest parameter count taken: a hundred times the largest published models (about 2e12 in 2026).
+MAX_PARAMS = 2e14
 
 
 def model_from_params(
