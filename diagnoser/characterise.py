@@ -147,7 +147,20 @@ def _in_place(ev: Evidence) -> dict[FixKind, str]:
         found[FixKind.PREFIX_CACHING] = "prefix caching is enabled"
     if ev.serving.chunked_prefill:
         found[FixKind.SPLIT_PREFILL] = "chunked prefill is enabled"
+    fused = _compiler_fused_share(ev)
+    if fused is not None and fused >= 0.8:
+        found[FixKind.FUSE_KERNELS] = (f"{fused:.0%} of the GPU time is in kernels torch.compile (Inductor) already "
+                                       "generated and fused (triton_*_fused_*)")
     return found
+
+
+def _compiler_fused_share(ev: Evidence) -> float | None:
+    """Share of the trace's kernel time in Inductor-generated fused Triton kernels (named triton_<kind>_fused_...),
+    from the top kernels; None without a trace."""
+    trace = ev.trace
+    if trace is None or not trace.top_kernels:
+        return None
+    return sum(k.share for k in trace.top_kernels if k.name.startswith("triton_") and "_fused_" in k.name)
 
 
 def _quality(ev: Evidence) -> list[Quality]:

@@ -18,13 +18,30 @@ _GRAPHS = "Capture the decode step in CUDA graphs (vLLM does by default unless -
     "mode='reduce-overhead'; SGLang --cuda-graph-max-bs) so one launch replaces hundreds."
 
 
+_GRAPHS_TRAINING = ("Capture the training step (forward, backward, optimizer) in CUDA graphs: torch.compile "
+                    "mode='reduce-overhead' or torch.cuda.make_graphed_callables, so one launch replaces hundreds.")
+_GRAPHS_FORWARD = ("Capture the model's forward step in CUDA graphs (torch.compile mode='reduce-overhead', or "
+                   "torch.cuda.CUDAGraph around a static-shape forward) so one launch replaces hundreds.")
+
+
+def serves_llm(ev: Evidence) -> bool:
+    """Whether the capture is of a language-model server (its engine's metrics, a model config, decode-like steps in
+    the trace): advice about decode steps and vLLM/SGLang flags is for those only."""
+    return (ev.meta.server_kind not in ("", "unknown") or ev.model is not None
+            or (ev.trace is not None and ev.trace.decode_batch is not None)
+            or any(name.startswith("server.") for name in ev.signals))
+
+
 def _graphs_action(ev: Evidence) -> str:
-    if ev.platform == "rocm":
-        return _GRAPHS.replace("CUDA graphs", "HIP graphs (torch.cuda.graphs works on ROCm)")
     if ev.workload == "training":
-        return ("Capture the training step (forward, backward, optimizer) in CUDA graphs: torch.compile "
-                "mode='reduce-overhead' or torch.cuda.make_graphed_callables, so one launch replaces hundreds.")
-    return _GRAPHS
+        text = _GRAPHS_TRAINING
+    elif serves_llm(ev):
+        text = _GRAPHS
+    else:
+        text = _GRAPHS_FORWARD
+    if ev.platform == "rocm":
+        text = text.replace("CUDA graphs", "HIP graphs (torch.cuda.graphs works on ROCm)")
+    return text
 
 
 def _graphs_title(ev: Evidence) -> str:
@@ -44,6 +61,11 @@ def _offload(c: Check, g: Gain, hot: HotCode | None = None) -> None:
         c.fix(FixKind.OFFLOAD_HOST_WORK, "Take host work off the training step's path", "Load and transform data in "
               "DataLoader workers (num_workers, pin_memory=True, prefetch), keep logging and metric reads "
               "(.item()) out of the step.", g)
+        return
+    if not serves_llm(c.ev):
+        c.fix(FixKind.OFFLOAD_HOST_WORK, "Move CPU work off the loop that feeds the GPU", "Decode, resize and batch "
+              "inputs and format results in other processes or DataLoader workers (pin_memory=True, prefetch); keep "
+              "Python work between forward steps out of the loop.", g)
         return
     c.fix(FixKind.OFFLOAD_HOST_WORK, "Move CPU work off the serving loop", "Tokenise, detokenise and post-process in "
           "other processes (vLLM's API server does); enable asynchronous scheduling and output processing; keep "
