@@ -158,6 +158,37 @@ def test_a_truncated_file_is_marked_and_counts_what_it_read(tmp_path: Path, comp
     assert not full.truncated and full.events_total == len(data["traceEvents"]) and full.events_skipped == 0
 
 
+LAUNCH = ROOT / "tests" / "fixtures" / "gpu" / "traces" / "h100-launch-30ms.json.gz"
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.9])
+def test_a_cut_file_is_not_read_as_a_cpu_run_nor_its_missing_tail_as_idle(tmp_path: Path, keep: float) -> None:
+    """The H100 launch trace cut at 50 % (all its GPU events are past that point) and at 90 % (the last kernels
+    missing). Cut at half it is still an H100 trace whose GPU part is missing, not a CPU run; cut at 90 % the window
+    ends at the last kernel read, so the missing tail is not counted as the GPU waiting for the host (host idle was
+    61 % of the whole file and read 79 % of the cut one, and its fix grew from 2.6x to 4.9x)."""
+    from diagnoser.rules import diagnose
+    from diagnoser.traces import capture_from_trace
+
+    raw = gzip.decompress(LAUNCH.read_bytes())
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(raw[:int(len(raw) * keep)])
+    full = analyze_trace(LAUNCH)
+    a = analyze_trace(cut)
+    assert a.summary.truncated
+    capture = capture_from_trace(a)
+    assert not capture.cpu_only
+    d = diagnose(capture)
+    assert not any("CPU run" in n for n in d.notes) and "The whole trace" in d.to_collect[0]
+    if keep == 0.5:
+        assert not a.summary.devices and any("cut short before them" in n for n in a.summary.skipped)
+    else:
+        assert a.summary.window_s < full.summary.window_s
+        assert any("missing, not idle" in n for n in a.summary.skipped)
+        host = a.summary.idle_frac_by_cause["host"]
+        assert host < full.summary.idle_frac_by_cause["host"] + 0.1, (host, full.summary.idle_frac_by_cause)
+
+
 def test_a_file_cut_inside_an_event_counts_that_event(tmp_path: Path) -> None:
     text = json.dumps(_tiny_trace(20))
     i = text.rindex('"name": "void gemm_kernel')

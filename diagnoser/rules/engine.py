@@ -85,6 +85,9 @@ def _confidence(primary: Finding, findings: list[Finding], ev: Evidence) -> tupl
 
 def _to_collect(ev: Evidence) -> list[str]:
     wants = []
+    if ev.trace is not None and ev.trace.truncated:
+        wants.append("The whole trace: this file is cut short (copy or export it again); only what was read is "
+                     "analysed.")
     trace_only = not any(n for n in ev.signals if not n.startswith(("trace.", "theory."))) and ev.trace is not None
     if not any(n in ev for n in _ACTIVITY):
         wants.append("GPU activity counters: run on the GPU's host with NVML access (diagnoser doctor says what "

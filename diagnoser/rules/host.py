@@ -63,9 +63,9 @@ def _offload(c: Check, g: Gain, hot: HotCode | None = None) -> None:
               "(.item()) out of the step.", g)
         return
     if not serves_llm(c.ev):
-        c.fix(FixKind.OFFLOAD_HOST_WORK, "Move CPU work off the loop that feeds the GPU", "Decode, resize and batch "
-              "inputs and format results in other processes or DataLoader workers (pin_memory=True, prefetch); keep "
-              "Python work between forward steps out of the loop.", g)
+        c.fix(FixKind.OFFLOAD_HOST_WORK, "Move CPU work off the loop that feeds the GPU", "Prepare inputs and format "
+              "results in other processes or DataLoader workers (pin_memory=True, prefetch); keep Python work "
+              "between forward steps out of the loop that launches the GPU work.", g)
         return
     c.fix(FixKind.OFFLOAD_HOST_WORK, "Move CPU work off the serving loop", "Tokenise, detokenise and post-process in "
           "other processes (vLLM's API server does); enable asynchronous scheduling and output processing; keep "

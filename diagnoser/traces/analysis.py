@@ -275,6 +275,15 @@ def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalys
     launches = Launches(t)
     order = device_order(t)
     win, policy = _window(t, window, launches, skipped)
+    if t.stats.truncated and t.g_ts:
+        # Kineto writes the GPU events after the host's: a cut file loses the last kernels first. Idle after the last
+        # GPU event read would be the cut, not the GPU waiting, so the window ends there.
+        gpu_end = max(map(add, t.g_ts, t.g_dur))
+        if win[0] < gpu_end < win[1]:
+            skipped.append(f"the window ends at the last GPU event read ({(gpu_end - win[0]) / 1e3:.1f} of "
+                           f"{(win[1] - win[0]) / 1e3:.1f} ms): the file is cut short, and what follows is missing, "
+                           "not idle")
+            win = (win[0], gpu_end)
     devices = _devices(t.metadata)
     summary = TraceSummary(path=str(t.path), window_s=max(0.0, (win[1] - win[0]) / 1e6))
     summary.truncated = t.stats.truncated
@@ -291,7 +300,10 @@ def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalys
     w0, w1 = win
     in_window = {dev: [i for i in idx if g_ts[i] < w1 and g_ts[i] + g_dur[i] > w0] for dev, idx in order.items()}
     selected = [i for idx in in_window.values() for i in idx]
-    if not t.g_ts:
+    if not t.g_ts and t.stats.truncated and devices:
+        skipped.append(f"no GPU events: the file is cut short before them (it names {devices[0].name}), so the GPU "
+                       "timeline, idle causes and kernel shares are not measured")
+    elif not t.g_ts:
         skipped.append("no GPU events (kernels, copies): a CPU-only trace, so the GPU timeline, idle causes and "
                        "kernel shares are not measured")
     elif not selected:
@@ -571,7 +583,8 @@ def capture_from_trace(analysis: TraceAnalysis, *, model: ModelInfo | None = Non
     cap.trace = analysis.summary
     cap.model = model
     cap.origin = "trace"
-    cap.cpu_only = not analysis.summary.devices
+    # A file cut before its GPU events still names its GPUs (deviceProperties come first): not a CPU run.
+    cap.cpu_only = not analysis.summary.devices and not (analysis.summary.truncated and analysis.devices)
     reason = "not sampled: the capture was built from a trace file alone"
     cap.mark_unavailable("trace", "gpu.*", reason, "attach to the live server for NVML/GPM counters")
     cap.mark_unavailable("trace", "host.*", reason, "attach to the live server for host CPU use")
