@@ -17,6 +17,7 @@ from diagnoser import __version__
 from diagnoser.capture import Capture, GpuInfo
 from diagnoser.characterise import characterise
 from diagnoser.collectors.dcgm import (
+    CLOCK_EVENT_BRAKE,
     CLOCK_EVENT_OTHER,
     CLOCK_EVENT_POWER,
     CLOCK_EVENT_THERMAL,
@@ -108,6 +109,7 @@ class Triage:
                            s.get("reasons_power.avg", i))
         for name, counter, mask in (("gpu.throttle.power", "power_violation.rate", CLOCK_EVENT_POWER),
                                     ("gpu.throttle.thermal", "thermal_violation.rate", CLOCK_EVENT_THERMAL),
+                                    ("gpu.throttle.power_brake", "", CLOCK_EVENT_BRAKE),
                                     ("gpu.throttle.other", "", CLOCK_EVENT_OTHER)):
             share = s.get(counter, i) * 1e-9 if counter else math.nan  # ns of throttling per second
             if math.isnan(share) and not (math.isnan(low) or math.isnan(high) or math.isnan(mean)):
@@ -162,8 +164,8 @@ class Triage:
 _ACTIVITY = frozenset({"gpu.busy", "gpu.sm_active", "gpu.dram_active", "gpu.tensor_active"})
 _UNITS = {name: spec(name).unit for name in (
     "gpu.busy", "gpu.sm_active", "gpu.tensor_active", "gpu.dram_active", "gpu.mem_total_bytes", "gpu.mem_used_frac",
-    "gpu.sm_clock_frac", "gpu.throttle.power", "gpu.throttle.thermal", "gpu.throttle.other", "gpu.pcie_tx_bps",
-    "gpu.pcie_rx_bps", "gpu.xid_errors", "gpu.ecc_dbe")}
+    "gpu.sm_clock_frac", "gpu.throttle.power", "gpu.throttle.thermal", "gpu.throttle.power_brake",
+    "gpu.throttle.other", "gpu.pcie_tx_bps", "gpu.pcie_rx_bps", "gpu.xid_errors", "gpu.ecc_dbe")}
 
 
 def _or_none(value: float) -> float | None:

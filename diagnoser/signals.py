@@ -100,6 +100,10 @@ GPU_THROTTLE_POWER = _sig(
 GPU_THROTTLE_THERMAL = _sig(
     "gpu.throttle.thermal", "ratio",
     "1 while clocks are held down by a thermal slowdown, else 0.")
+GPU_THROTTLE_BRAKE = _sig(
+    "gpu.throttle.power_brake", "ratio",
+    "1 while the HW power brake holds clocks down (asserted from outside the GPU, by the power supply or the BMC; "
+    "a subset of gpu.throttle.power), else 0.")
 GPU_THROTTLE_OTHER = _sig(
     "gpu.throttle.other", "ratio",
     "1 while another clock event reason (sync boost, app clocks, HW slowdown) holds clocks, else 0.")

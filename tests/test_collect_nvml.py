@@ -345,3 +345,19 @@ def test_a_power_cap_at_the_board_default_is_not_a_fix_and_a_lowered_one_is(targ
     lowered = verdict(450_000)
     fix = next(f for f in lowered.fixes if f.kind is FixKind.POWER_COOLING)
     assert fix.title == "Restore the default power limit" and "450 W" in fix.action and fix.is_upper_bound
+
+
+def test_the_hw_power_brake_points_at_the_node_not_the_power_limit(target):
+    """Clock event bit 0x80 (HwPowerBrakeSlowdown) is asserted by the power supply or the BMC: a GPU braked at 410 W of
+    its 700 W default limit is throttled, and the fix is the node's power, not the GPU's limit."""
+    from diagnoser.diagnosis import FixKind
+    from diagnoser.rules import diagnose
+
+    gpu = FakeGpu(reasons=0x80, sm_clock=1188, util_gpu=95, limit_mw=700_000, default_limit_mw=700_000,
+                  power_mw=410_000)
+    capture, _ = window(FakeNvml([gpu]), target.pid)
+    assert values(capture, "gpu.throttle.power_brake") and set(values(capture, "gpu.throttle.power_brake")) == {1.0}
+    d = diagnose(capture)
+    assert d.verdict == "throttling" and "HW power brake" in d.headline, d.headline
+    fix = next(f for f in d.fixes if f.kind is FixKind.POWER_COOLING)
+    assert fix.title == "Check the node's power supply" and "BMC" in fix.action

@@ -167,6 +167,10 @@ def test_clock_event_bits_without_a_max_clock_field_are_throttling(tmp_path) -> 
     assert d["verdict"] == "throttling", d["headline"]
     cited = {c["signal"]: c for f in d["findings"] for c in f["citations"]}
     assert cited["gpu.throttle.power"]["value"] == pytest.approx(1.0)  # 0x84: SW power cap + HW power brake
+    # The brake is asserted from outside the GPU: the node's power is the fix, not the GPU's power limit.
+    assert cited["gpu.throttle.power_brake"]["value"] == pytest.approx(1.0)
+    assert "HW power brake" in d["headline"] and d["fixes"][0]["title"] == "Check the node's power supply"
+    assert not any("power limit" in f["title"] for f in d["fixes"])
     assert cited["gpu.sm_clock_frac"]["value"] == pytest.approx(1190 / 1980, abs=0.03)
     assert any("1980 MHz maximum from the spec table" in n for n in d["notes"])
     assert "gpu.sm_clock_frac" not in {u["what"] for u in d["unavailable"]}

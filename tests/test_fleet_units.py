@@ -262,6 +262,7 @@ def test_the_engine_diagnoses_each_planted_class_from_its_statistics() -> None:
     throttled = by_pod[f"pod-{names.index('throttled')}"].diagnosis
     cited = {c.signal: c.value for f in throttled.findings for c in f.citations}
     assert cited["gpu.sm_clock_frac"] == pytest.approx(0.6) and cited["gpu.throttle.power"] == 1.0
+    assert cited["gpu.throttle.power_brake"] == 1.0 and "HW power brake" in throttled.headline
     assert triage.spec_clock_models == {H100}
     assert by_pod[f"pod-{names.index('errors')}"].diagnosis.notes[0].startswith("DCGM reports XID 79")
 
@@ -279,7 +280,7 @@ def test_mig_instances_inherit_their_boards_statistics_and_missing_fields_are_na
     mig = next(r for r in rows if r.mig_profile)
     assert mig.diagnosis.verdict == "throttling"  # the board's clock and bits, the instance's activity
     cited = {c.signal: c.value for f in mig.diagnosis.findings for c in f.citations}
-    assert cited["gpu.throttle.power"] == pytest.approx(0.85)
+    assert cited["gpu.throttle.power"] == pytest.approx(0.85) and cited["gpu.throttle.power_brake"] == pytest.approx(0.85)
     blind = next(r for r in rows if r.uuid == "GPU-0001")
     assert blind.partial and blind.notes[0].startswith("no activity counters")
     assert any("none of the activity fields" in n for n in blind.diagnosis.notes)

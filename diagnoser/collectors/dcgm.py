@@ -66,6 +66,9 @@ class DcgmField:
 CLOCK_EVENT_POWER = 0x4 | 0x80
 CLOCK_EVENT_THERMAL = 0x20 | 0x40
 CLOCK_EVENT_OTHER = 0x2 | 0x8 | 0x10 | 0x100
+# The HW power brake, part of "power" above, told apart: it is asserted from outside the GPU (the power supply, the
+# BMC), so its fix is the node's power, not the GPU's power limit.
+CLOCK_EVENT_BRAKE = 0x80
 CLOCK_EVENT_NAMES = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
 
 
@@ -109,6 +112,9 @@ FIELDS: tuple[DcgmField, ...] = (
     DcgmField("reasons_thermal", CLOCK_EVENT_NAMES, "gpu.throttle.thermal", in_default_csv=False,
               bits=CLOCK_EVENT_THERMAL),
     DcgmField("reasons_other", CLOCK_EVENT_NAMES, "gpu.throttle.other", in_default_csv=False, bits=CLOCK_EVENT_OTHER),
+    # (The fleet's triage reads the brake from the reasons_power statistics, fleet_triage.py.)
+    DcgmField("reasons_brake", CLOCK_EVENT_NAMES, "gpu.throttle.power_brake", in_default_csv=False,
+              bits=CLOCK_EVENT_BRAKE),
     DcgmField("power_default_limit",
               ("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", "DCGM_FI_DEV_BOARD_POWER_LIMIT_DEFAULT_WATTS"),
               "gpu.power_default_limit_w", reduce="last", in_default_csv=False, fleet=False),
@@ -281,7 +287,7 @@ def identity_from_labels(labels: Mapping[str, str], *, exported_pods: bool = Fal
 # parent. Activity and memory fields are per instance.
 DEVICE_LEVEL_FIELDS = frozenset({"power", "power_limit", "power_default_limit", "temp", "sm_clock", "max_sm_clock",
                                  "power_violation", "thermal_violation", "reasons_power", "reasons_thermal",
-                                 "reasons_other", "xid", "ecc_dbe", "pcie_replay"})
+                                 "reasons_other", "reasons_brake", "xid", "ecc_dbe", "pcie_replay"})
 
 
 def parent_key(key: GpuKey) -> GpuKey:

@@ -44,6 +44,7 @@ REASON_NAMES = {
 }
 POWER_BITS = 0x4 | 0x80
 THERMAL_BITS = 0x20 | 0x40
+BRAKE_BITS = 0x80  # part of POWER_BITS: told apart because its fix is the node's power, not the GPU's limit
 OTHER_BITS = 0x2 | 0x8 | 0x10 | 0x100  # GpuIdle (0x1) is not a throttle: the GPU has nothing to do
 
 # What each guarded reading feeds, so a failure names the signals it leaves missing.
@@ -52,7 +53,7 @@ READING_SIGNALS = {
     "memory": (S.GPU_MEM_USED_BYTES,),
     "clock_sm": (S.GPU_SM_CLOCK_MHZ, S.GPU_SM_CLOCK_FRAC),
     "clock_mem": (S.GPU_MEM_CLOCK_FRAC,),
-    "reasons": (S.GPU_THROTTLE_POWER, S.GPU_THROTTLE_THERMAL, S.GPU_THROTTLE_OTHER),
+    "reasons": (S.GPU_THROTTLE_POWER, S.GPU_THROTTLE_BRAKE, S.GPU_THROTTLE_THERMAL, S.GPU_THROTTLE_OTHER),
     "power": (S.GPU_POWER_W,),
     "power_limit": (S.GPU_POWER_LIMIT_W,),
     "power_default_limit": (S.GPU_POWER_DEFAULT_LIMIT_W,),
@@ -423,6 +424,7 @@ class NvmlCollector:
         if reasons is not None:
             reasons = int(reasons)
             add(S.GPU_THROTTLE_POWER, t, 1.0 if reasons & POWER_BITS else 0.0, labels)
+            add(S.GPU_THROTTLE_BRAKE, t, 1.0 if reasons & BRAKE_BITS else 0.0, labels)
             add(S.GPU_THROTTLE_THERMAL, t, 1.0 if reasons & THERMAL_BITS else 0.0, labels)
             add(S.GPU_THROTTLE_OTHER, t, 1.0 if reasons & OTHER_BITS else 0.0, labels)
             dev.reason_samples += 1

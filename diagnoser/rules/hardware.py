@@ -14,7 +14,8 @@ from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
     limiter=Limiter.THROTTLING,
     summary="Clocks are held below their maximum by the power cap or a thermal slowdown while the GPU works.",
     requires=(AnyOf(S.GPU_THROTTLE_POWER, S.GPU_THROTTLE_THERMAL), S.GPU_SM_CLOCK_FRAC),
-    uses=(S.GPU_BUSY, S.GPU_POWER_W, S.GPU_POWER_LIMIT_W, S.GPU_POWER_DEFAULT_LIMIT_W, S.GPU_TEMP_C),
+    uses=(S.GPU_BUSY, S.GPU_POWER_W, S.GPU_POWER_LIMIT_W, S.GPU_POWER_DEFAULT_LIMIT_W, S.GPU_TEMP_C,
+          S.GPU_THROTTLE_BRAKE),
     thresholds={
         "throttled_frac": Threshold(0.20, "share of samples with a power or thermal clock event reason", "ratio"),
         "clock_frac_mean": Threshold(0.90, "SM clock over max (mean) below which throttling costs speed", "ratio"),
@@ -29,7 +30,9 @@ from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
         "misconfigured); a cap lowered below the default (under {lowered_cap} of it) or a thermal slowdown costs "
         "throughput that can be had back.",
         fixes="Compare the enforced power limit with the board's default (nvidia-smi -q -d POWER); restore the "
-        "default if a site policy lowered it; check cooling and inlet temperature for thermal slowdowns.",
+        "default if a site policy lowered it; check cooling and inlet temperature for thermal slowdowns. A HW "
+        "power brake (clock event bit 0x80) is asserted from outside the GPU, by the power supply or the BMC: the "
+        "GPU's limit is not the cause; check the node's power supplies and the BMC's power capping and event log.",
         sources="NVML clock event reasons (nvmlDeviceGetCurrentClocksEventReasons) and default power limit "
         "(nvmlDeviceGetPowerManagementDefaultLimit); DCGM clock-event reasons and POWER/THERMAL_VIOLATION.",
     ),
@@ -47,14 +50,26 @@ def clocks_throttled(c: Check) -> Finding | None:
     c.cite(worst, "frac_above:0.5", ">=", c.t["throttled_frac"])
     c.cite(clock, "mean", "<", c.t["clock_frac_mean"])
     thermal = worst.name == S.GPU_THROTTLE_THERMAL
+    brake = c.opt(S.GPU_THROTTLE_BRAKE)
+    bound = Gain(1.0 / max(0.3, clock.mean), f"compute scales with the SM clock: 1 / {clock.mean:.0%} clock "
+                                             "(memory-bound work gains less)", GainKind.UPPER_BOUND)
+    if not thermal and brake is not None and brake.frac_above(0.5) >= c.t["throttled_frac"]:
+        # The brake is asserted from outside the GPU: its power limit is not the cause, the node's power is.
+        c.cite(brake, "frac_above:0.5", ">=", c.t["throttled_frac"])
+        c.fix(FixKind.POWER_COOLING, "Check the node's power supply", "The HW power brake (asserted by the power "
+              "supply or the BMC, not the GPU's power limit) holds clocks down: check the node's PSUs and their "
+              "redundancy, the BMC's power capping policy and its event log; nvidia-smi -q -d PERFORMANCE shows "
+              "'HW Power Brake Slowdown: Active' while it holds.", bound)
+        return c.finding(0.5 + min(0.4, (c.t["clock_frac_mean"] - clock.mean) * 2),
+                         f"The HW power brake holds the SM clock at {clock.mean:.0%} of its maximum for "
+                         f"{brake.frac_above(0.5):.0%} of the window: asserted from outside the GPU (power supply "
+                         "or BMC), not by its power limit.")
     limit, default = c.opt(S.GPU_POWER_LIMIT_W), c.opt(S.GPU_POWER_DEFAULT_LIMIT_W)
     lowered = None
     if not thermal and limit is not None and default is not None and default.max > 0:
         lowered = limit.max < c.t["lowered_cap"] * default.max
         c.cite(limit, "max", "<" if lowered else ">=", c.t["lowered_cap"] * default.max)
         c.cite(default, "max")
-    bound = Gain(1.0 / max(0.3, clock.mean), f"compute scales with the SM clock: 1 / {clock.mean:.0%} clock "
-                                             "(memory-bound work gains less)", GainKind.UPPER_BOUND)
     if thermal:
         c.fix(FixKind.POWER_COOLING, "Cool the GPU", f"A thermal slowdown holds clocks at {clock.mean:.0%} of max: "
               "check airflow, fan speeds and inlet temperature.", bound)
