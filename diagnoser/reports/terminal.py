@@ -163,7 +163,9 @@ class TerminalRenderer:
                 text.append(f"\nbounded: {redact(fix.capped)}", style="dim")
             table.add_row(Text(f"{i}.", style="bold"), text)
         parts: list[RenderableType] = [table]
-        title = "Top fixes, by expected gain" if not verbose else "Every fix, by expected gain"
+        # judge.py ranks the fixes for the verdict first, then other speed fixes, capacity last; each by expected gain
+        title = "Top fixes (for the verdict first, then by expected gain)" if not verbose else \
+            "Every fix (for the verdict first, then by expected gain)"
         more = len(d.fixes) - len(shown)
         if more > 0:
             parts.append(Text(f"  {more} more with --verbose.", style="dim"))
