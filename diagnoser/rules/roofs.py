@@ -84,14 +84,20 @@ def _compute_fixes(c: Check) -> None:
         c.fix(FixKind.FUSE_KERNELS, "Fuse the elementwise work", f"{share:.0%} of the time goes to norms, "
               "activations and reductions that leave the tensor cores idle: fuse them into the matmuls' epilogues "
               "(torch.compile, fused RMSNorm/SwiGLU kernels).", gains.fusion_gain(c.ev))
-    if c.ev.workload != "training" and c.ev.value(S.SERVER_GEN_TOKENS_PER_S):
+    gen, requests = c.ev.value(S.SERVER_GEN_TOKENS_PER_S), c.ev.value(S.SERVER_REQUESTS_PER_S)
+    # Only where there is decoding to protect: requests that each generate one token or two are all prefill.
+    decodes = gen is not None and gen > 0 and (not requests or gen / requests > 2.0)
+    if c.ev.workload != "training" and decodes:
         c.fix(FixKind.SPLIT_PREFILL, "Split prefill from decode", "Chunked prefill (vLLM --enable-chunked-prefill, a "
               "smaller --max-num-batched-tokens) keeps long prompts from stalling decode; or disaggregate prefill to "
               "its own GPUs.")
-    tp = c.ev.model.tensor_parallel if c.ev.model is not None else 1
+    # Compute-bound work does not get faster per GPU with more GPUs: the same FLOPs are spread wider. What more GPUs
+    # buy is room for more load (replicas, linearly) or shorter prompts (tensor parallelism, sublinearly).
     c.fix(FixKind.ADD_GPUS, "Add GPUs", "Tensor or data parallelism: compute-bound work scales with the number of "
           "GPUs (tensor parallelism less than linearly: each layer ends in an all-reduce; replicas scale linearly "
-          "with the load offered).", gains.tp_gain(c.ev, 2 * max(1, tp)))
+          "with the load offered).",
+          Gain(2.0, "twice the GPUs as replicas serve at most twice the load, each GPU at the throughput measured",
+               GainKind.UPPER_BOUND).as_capacity("a gain only for more offered load: each GPU's work is unchanged"))
 
 
 # --- memory bandwidth ---------------------------------------------------------------------------------------------
