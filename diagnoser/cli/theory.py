@@ -278,7 +278,7 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [("Memory", ""), ("fits", ("yes" if r["fits"] else "no") + f": {_gb(r['weight_bytes_per_gpu'])} of "
                                  f"{_gb(r['usable_bytes_per_gpu'])} usable per GPU")]
     if r["max_concurrent_sequences"] is not None:
-        seqs = f"{r['max_concurrent_sequences']:,} of {st['context']:,} tokens at {st['kv_dtype']} KV"
+        seqs = f"<= {r['max_concurrent_sequences']:,} of {st['context']:,} tokens at {st['kv_dtype']} KV"
         rows.append(("max sequences", seqs))
     step = max(d["floor_s"], d["compute_s"]) + d["comm_s"]
     rows += [("Decode (ceiling)", ""),
@@ -334,6 +334,11 @@ def _render_what_if(w: dict[str, Any], console: Console) -> None:
         head += f" (x{w['speedup']:.2f})"
         if w["realised_speedup"] is not None:
             head += f"; realised x{w['realised_speedup']:.2f}"
+    nb, na = w.get("before_batch"), w.get("after_batch")
+    if nb and na and nb != na and w["after_tokens_per_s"]:
+        # A batch change moves the throughput of all sequences together; each sequence's own speed goes the other way.
+        head += (f"; all sequences together, each {_rate(w['before_tokens_per_s'] / nb)} -> "
+                 f"{_rate(w['after_tokens_per_s'] / na)} tokens/s")
     console.print(Padding(head, (0, 0, 0, 2)))
     why = w["explanation"].removeprefix(f"{w['change']}: ")
     console.print(Padding(why, (0, 0, 0, 4)), style="dim")
