@@ -54,7 +54,7 @@ def test_bundled_model_report_in_80_columns(app: typer.Typer) -> None:
     # the linear layers only (lm_head, norms and the KV cache stay 16-bit): x1.83. TP 2 halves the bytes and adds
     # 2 x 32 all-reduces and a logits gather (0.326 ms): 4.265 / (2.133 + 0.326) = x1.73.
     for text in ("meta-llama/Llama-2-7b-hf on H100 SXM5 80GB", "6.74 B", "13.5 GB at fp16", "512 KiB",
-                 "fits", "yes", "<= 59 of 2,048 tokens", "all sequences together, each", "memory-bound", "<= 234 at batch 1", "295 FLOP/byte",
+                 "fits", "yes", "<= 59 of 2,048 tokens", "all sequences together", "memory-bound", "<= 234 at batch 1", "295 FLOP/byte",
                  "never at 2,048 tokens", "2,048 tokens", "$ per million tokens", "fp16 -> fp8", "(x1.83)",
                  "H100 SXM5 80GB -> H200 SXM 141GB", "batch 1 -> 32", "tp 1 -> 2", "(x1.73)", "0.326 ms a step",
                  "NVLink 4", "stored as fp8 per-tensor"):
