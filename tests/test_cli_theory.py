@@ -102,6 +102,13 @@ def test_params_without_shape_skips_the_kv_cache(app: typer.Typer) -> None:
     assert any("--kv-heads" in note for note in r["notes"])
 
 
+def test_a_batch_that_does_not_fit_has_one_baseline(app: typer.Typer) -> None:
+    """64 sequences of 8,192 tokens need 68.7 GB of bf16 KV for Llama-3.1-8B: 57 fit. The decode section said
+    "<= 2,561 tokens/s at batch 64" while the KV what-if started from 0 ("fits now")."""
+    out = run(app, "--model", "llama-3.1-8b", "--batch", "64", "--context", "8192", "--vs-kv-dtype", "fp8").stdout
+    assert "none: batch 64 does not fit" in out and "ceiling 0 -> " in out
+
+
 def test_not_fitting_is_reported_not_an_error(app: typer.Typer) -> None:
     r = run_json(app, "--params", "405B", "--gpu", "h200", "--dtype", "fp16")
     assert r["fits"] is False

@@ -291,6 +291,10 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("collectives", comm))
     rate = f"<= {_rate(d['ceiling_tokens_per_s'])} at batch {st['batch']} ({_rate(d['per_sequence_tokens_per_s'])} " \
         "per sequence)"
+    fit = r["max_concurrent_sequences"]
+    if fit is not None and st["batch"] > fit:
+        # The what-ifs start from 0 tokens/s for a batch that does not fit: say the same here.
+        rate = f"none: batch {st['batch']} does not fit ({_rate(d['ceiling_tokens_per_s'])} if it did)"
     rows += [("tokens/s", rate),
              ("ridge point", f"{ridge['flop_per_byte']:.0f} FLOP/byte at {r['gpu']['compute_dtype']}"),
              ("ridge batch", _ridge_text(ridge, st["context"] if kv else 0))]
