@@ -276,3 +276,31 @@ def test_each_device_has_its_own_timeline(tmp_path: Path) -> None:
     assert [tl.device for tl in a.timelines] == [0, 1]
     assert [tl.busy_frac for tl in a.timelines] == [1.0, 0.5]
     assert a.summary.devices == [0, 1] and a.summary.gpu_busy_frac == pytest.approx(0.75)
+
+
+def test_idle_inside_ops_counts_each_name_once_and_skips_step_annotations() -> None:
+    from diagnoser.traces.timeline import idle_inside_ops
+
+    ops = [("ProfilerStep#3", 0, 1000), ("DDP.forward", 100, 600), ("aten::copy_", 150, 400),
+           ("aten::copy_", 200, 300), ("aten::copy_", 700, 800)]
+    # gaps 120..350 and 650..900: DDP.forward holds 230 + 0; copy_ 200 (150..350, its nested twin counted once)
+    # + 100 (700..800); the step annotation encloses everything and names nothing.
+    assert idle_inside_ops([(120, 350), (650, 900)], ops) == {"DDP.forward": 230, "aten::copy_": 300}
+    assert idle_inside_ops([], ops) == {} and idle_inside_ops([(0, 10)], []) == {}
+
+
+def test_the_host_op_that_holds_the_idle_is_named(tmp_path: Path) -> None:
+    """The A100 DDP trace's idle sits inside aten::unflatten_dense_tensors (DDP's bucket copy): the analysis names
+    the CPU ops of 0.5 ms or more the host was inside while the GPU waited, and the finding says so."""
+    from diagnoser.rules import diagnose
+    from diagnoser.traces import capture_from_trace
+
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), kernel(10, 10, 1),
+        op("aten::unflatten_dense_tensors", 25, 900), op("aten::add", 930, 20),
+        call("cudaLaunchKernel", 950, 5, 2), kernel(960, 10, 2),
+    ])
+    assert causes(a) == {"host": 1}
+    assert a.summary.host_idle_ops == {"aten::unflatten_dense_tensors": pytest.approx(900 / 960)}
+    d = diagnose(capture_from_trace(a))
+    assert "The host was inside aten::unflatten_dense_tensors (94% of the window)" in d.headline, d.headline

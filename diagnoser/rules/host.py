@@ -32,6 +32,22 @@ def serves_llm(ev: Evidence) -> bool:
             or any(name.startswith("server.") for name in ev.signals))
 
 
+def held_by(ev: Evidence) -> str:
+    """What the host was inside while the GPU waited for it (the trace's long CPU ops), when those ops hold a real
+    part of that time; else that no op does, which points at Python between ops."""
+    trace = ev.trace
+    if trace is None:
+        return ""
+    waited = trace.idle_frac_by_cause.get("host", 0.0) + trace.idle_frac_by_cause.get("sync", 0.0)
+    if waited <= 0:
+        return ""
+    top = [(name, frac) for name, frac in trace.host_idle_ops.items() if frac >= 0.1 * waited][:3]
+    if not top:
+        return (" No CPU op of 0.5 ms or more covers that time: it is Python between the ops (diagnoser attach "
+                "samples the process's Python stacks, which name it).")
+    return " The host was inside " + ", ".join(f"{name} ({frac:.0%} of the window)" for name, frac in top) + "."
+
+
 def _graphs_action(ev: Evidence) -> str:
     if ev.workload == "training":
         text = _GRAPHS_TRAINING
@@ -149,7 +165,7 @@ def launch_gaps(c: Check) -> Finding | None:
               "micro-batches) gives every launch more work, so the host's per-step cost is spread over more "
               "samples.", g)
     return c.finding(0.5 + min(0.4, host.value), f"The GPU sat idle {host.value:.0%} of the traced window "
-                     "waiting for the host to launch work.")
+                     "waiting for the host to launch work." + held_by(c.ev))
 
 
 @rule(
@@ -217,7 +233,7 @@ def host_sync_stalls(c: Check) -> Finding | None:
           gains.overlap(sync.value, "the idle time after host syncs (the host working while the GPU waits)"))
     return c.finding(0.5 + min(0.4, sync.value), f"The GPU idled {sync.value:.0%} of the traced window in gaps "
                      "that began with the host blocked in a synchronisation or a blocking copy: the GPU waited for the "
-                     "host, which had waited for it.")
+                     "host, which had waited for it." + held_by(c.ev))
 
 
 @rule(

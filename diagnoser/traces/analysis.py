@@ -479,6 +479,11 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
         n = len(a.timelines)
         s.gpu_busy_frac = sum(tl.busy_frac for tl in a.timelines) / n
         s.idle_frac_by_cause = {c: sum(tl.idle_frac(c) for tl in a.timelines) / n for c in IDLE_CAUSES}
+        inside: dict[str, float] = {}
+        for tl in a.timelines:
+            for name, us in tl.host_idle_ops_us.items():
+                inside[name] = inside.get(name, 0.0) + us / tl.window_us / n if tl.window_us > 0 else 0.0
+        s.host_idle_ops = dict(sorted(inside.items(), key=lambda kv: (-kv[1], kv[0]))[:8])
         unattributed = sum(tl.unattributed_launch_us for tl in a.timelines)
         if unattributed > 0:
             skipped.append(f"{unattributed / 1e3:.1f} ms of idle time precede GPU ops whose launch call is not in "

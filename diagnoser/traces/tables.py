@@ -82,6 +82,10 @@ class CostedOp:
     concrete: bytes
 
 
+# A CPU op at least this long is kept with its name (Tables.long_ops), to say which ops hold the GPU's idle time.
+LONG_OP_US = 500.0
+
+
 @dataclass
 class Tables:
     """Columns of the events the analysis reads. Times are trace microseconds (floats keep nanoseconds)."""
@@ -118,6 +122,9 @@ class Tables:
     costed: list[CostedOp] = field(default_factory=list)
     steps: list[tuple[str, float, float, int]] = field(default_factory=list)  # (name, ts, dur, tid)
     trace_spans: list[tuple[float, float]] = field(default_factory=list)  # the profiler's own window(s)
+    # CPU ops of LONG_OP_US or more, (name, start, end): what the host was inside while the GPU waited for it
+    # (few: a decode step's ops are microseconds; a DDP forward's bucket copy or an optimizer step, milliseconds).
+    long_ops: list[tuple[str, float, float]] = field(default_factory=list)
     cpu_first: float = float("inf")
     cpu_last: float = float("-inf")
     counts: Counter[str] = field(default_factory=Counter)  # events seen: cpu_op, runtime, gpu, events (all)
@@ -175,6 +182,7 @@ class Tables:
         self.steps.extend((n, ts, d, tids.get(tid, tid)) for n, ts, d, tid in part.steps)
         self.comm_ops.extend((tids.get(tid, tid), ts, e, c) for tid, ts, e, c in part.comm_ops)
         self.trace_spans.extend(part.trace_spans)
+        self.long_ops.extend(part.long_ops)
         self.gpu_comm.extend(part.gpu_comm)
         for counter in ("counts", "skips", "op_names", "runtime_names"):
             getattr(self, counter).update(getattr(part, counter))
@@ -245,6 +253,8 @@ def _ingest(t: Tables, events: list[Event]) -> None:
         if not t.shapes_seen:
             t.shapes_seen = any(e.args is not None and bool(e.args.input_dims) for e in cpu_ops[:64])
         cpu_ops = _host_activity(t, cpu_ops, ts, durs)
+        for i in compress(range(len(durs)), map(LONG_OP_US.__le__, durs)):
+            t.long_ops.append((cpu_ops[i].name, ts[i], ts[i] + durs[i]))
         names = Counter(map(_NAME, cpu_ops))
         t.op_names.update(names)
         _external_ids(t, cpu_ops)

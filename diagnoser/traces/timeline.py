@@ -70,6 +70,9 @@ class DeviceTimeline:
     longest_gaps: list[Gap] = field(default_factory=list)
     range_gaps: list[Gap] = field(default_factory=list)  # the gaps inside build_timeline's keep_range
     unattributed_launch_us: float = 0.0  # idle before ops whose launch call is not in the trace
+    # Host-caused idle (host and sync gaps) inside each long CPU op (Tables.long_ops), by op name: what held the host
+    # while the GPU waited. Nested ops each count their own overlap.
+    host_idle_ops_us: dict[str, float] = field(default_factory=dict)
 
     @property
     def window_us(self) -> float:
@@ -303,6 +306,9 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
     for (g0, g1, _, _), c in zip(gaps, causes, strict=True):
         idle[c] += g1 - g0
         counts[c] += 1
+    if t.long_ops:
+        host_gaps = [(g[0], g[1]) for g, c in zip(gaps, causes, strict=True) if c in ("host", "sync")]
+        tl.host_idle_ops_us = idle_inside_ops(host_gaps, t.long_ops)
     order = heapq.nlargest(keep_longest, range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])
     tl.longest_gaps = [Gap(gaps[k][0], gaps[k][1], causes[k]) for k in order]
     if keep_range is not None and gaps:
@@ -314,6 +320,36 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
             if g1 > keep_range[0]:
                 tl.range_gaps.append(Gap(max(g0, keep_range[0]), min(g1, keep_range[1]), causes[k]))
     return tl
+
+
+def idle_inside_ops(gaps: list[tuple[float, float]], ops: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Microseconds of the gaps (sorted by start) inside each op name: one sweep over both, the ops open at a gap
+    held in a heap by their end. Ops of one name that nest or overlap (copy_ inside copy_, two threads) count their
+    union once. The profiler's step annotations enclose everything and name nothing."""
+    ops = sorted((op for op in ops if not op[0].startswith("ProfilerStep#")), key=lambda op: op[1])
+    out: dict[str, float] = {}
+    active: list[tuple[float, int]] = []
+    k, n = 0, len(ops)
+    for g0, g1 in gaps:
+        while k < n and ops[k][1] < g1:
+            heapq.heappush(active, (ops[k][2], k))
+            k += 1
+        while active and active[0][0] <= g0:
+            heapq.heappop(active)  # ended before this gap, so before every later one
+        spans: dict[str, list[tuple[float, float]]] = {}
+        for end, j in active:
+            lo, hi = max(g0, ops[j][1]), min(g1, end)
+            if hi > lo:
+                spans.setdefault(ops[j][0], []).append((lo, hi))
+        for name, parts in spans.items():
+            parts.sort()
+            covered, reach = 0.0, g0
+            for lo, hi in parts:
+                if hi > reach:
+                    covered += hi - max(lo, reach)
+                    reach = hi
+            out[name] = out.get(name, 0.0) + covered
+    return out
 
 
 def _covered_flags(starts: list[float], ends_max: list[float],
