@@ -547,6 +547,10 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
             if ops.weighted_time_us > 0:
                 s.extra["time_frac_below_ridge"] = below / ops.weighted_time_us
     ph = a.phases
+    if ph is not None and s.workload == "training":
+        # Prefill and decode are serving phases: a training step's forward is neither (its "decode-like" runs were
+        # read as a compute-bound regime on a recommendation model).
+        a.phases = ph = None
     if ph is not None and not partial:
         s.decode_batch = ph.decode_batch
         s.prefill_frac = ph.prefill_frac
