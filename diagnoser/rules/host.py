@@ -8,7 +8,7 @@ fix).
 from __future__ import annotations
 
 from diagnoser import signals as S
-from diagnoser.diagnosis import Finding, FixKind, Limiter
+from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Evidence
 from diagnoser.rules import gains
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
@@ -140,7 +140,7 @@ def serving_thread_saturated(c: Check) -> Finding | None:
     limiter=Limiter.HOST_LAUNCH,
     summary="The trace shows the GPU idle because the host had not launched the next kernel yet.",
     requires=(S.TRACE_IDLE_HOST_FRAC,),
-    uses=(S.TRACE_GPU_IDLE_FRAC, S.TRACE_KERNELS_PER_S),
+    uses=(S.TRACE_GPU_IDLE_FRAC, S.TRACE_KERNELS_PER_S, S.TRACE_IDLE_SYNC_FRAC),
     thresholds={"host_idle_frac": Threshold(0.15, "share of the window idle waiting for launches", "ratio")},
     page=Page(
         detects="At least {host_idle_frac} of the traced window with the GPU idle while the host was still preparing "
@@ -159,7 +159,15 @@ def launch_gaps(c: Check) -> Finding | None:
     c.cite(host, "value", ">=", c.t["host_idle_frac"])
     g = gains.removal(host.value, "the host launch gaps")
     c.fix(FixKind.CUDA_GRAPHS, _graphs_title(c.ev), _graphs_action(c.ev), g)
-    _offload(c, g)
+    sync = c.opt(S.TRACE_IDLE_SYNC_FRAC)
+    if FixKind.CUDA_GRAPHS in c.ev.in_place and sync is not None and sync.value > 0:
+        # With the step replayed as a graph the host's time is not launch overhead but its own work, and the idle
+        # after each sync is that work too (the sync returns as the GPU drains): removing the work removes both.
+        c.cite(sync, "value")
+        _offload(c, gains.removal(host.value + sync.value, "the host's own work: the launch gaps and the idle after "
+                                  "each sync (graphs are replayed, so it is not launch overhead)"))
+    else:
+        _offload(c, g)
     if c.ev.workload == "training":
         c.fix(FixKind.LARGER_BATCH, "Give each GPU a larger batch", "A larger per-GPU batch (or fewer, larger "
               "micro-batches) gives every launch more work, so the host's per-step cost is spread over more "
@@ -203,12 +211,34 @@ def small_kernel_storm(c: Check) -> Finding | None:
                      "launch overhead dominates.")
 
 
+def _unsynced(c: Check, sync: float) -> Gain:
+    """Without the sync the host runs ahead, so its work overlaps the GPU's; it does not vanish. Host work hides
+    only behind GPU work: the step is at least the longer of the two. The host's share is at least the idle it
+    caused (launch gaps and the time after each sync), the GPU's its busy share: 1 / max(host, busy). On the H100
+    host-bound decode: 1 / max(0.63, 0.34) = 1.6x; on the launch-bound one, 1 / 0.96: nothing."""
+    idle, host = c.opt(S.TRACE_GPU_IDLE_FRAC), c.opt(S.TRACE_IDLE_HOST_FRAC)
+    if idle is None:
+        return Gain.unknown("the trace's busy time is not known")
+    c.cite(idle, "value")
+    waited = sync + (host.value if host is not None else 0.0)
+    if host is not None:
+        c.cite(host, "value")
+    busy = 1.0 - idle.value
+    longer = max(waited, busy)
+    if longer <= 0:
+        return Gain.unknown("the trace holds no busy or host time")
+    return gains.capped(Gain(1.0 / longer, f"the host's work overlapped with the GPU's: the host caused {waited:.0%} "
+                             f"of the window as idle, the GPU was busy {busy:.0%}; the step lasts at least the "
+                             f"longer, 1 / {longer:.2f}", GainKind.UPPER_BOUND))
+
+
 @rule(
     code="SYNC001",
     name="host-sync-stalls",
     limiter=Limiter.HOST_LAUNCH,
     summary="The GPU idles after each host synchronisation, while the host works before launching again.",
     requires=(S.TRACE_IDLE_SYNC_FRAC,),
+    uses=(S.TRACE_IDLE_HOST_FRAC, S.TRACE_GPU_IDLE_FRAC),
     thresholds={"sync_idle_frac": Threshold(0.10, "share of the window idle after host synchronisations", "ratio")},
     page=Page(
         detects="At least {sync_idle_frac} of the traced window idle around cudaStreamSynchronize / "
@@ -230,10 +260,10 @@ def host_sync_stalls(c: Check) -> Finding | None:
     c.cite(sync, "value", ">=", c.t["sync_idle_frac"])
     c.fix(FixKind.REMOVE_SYNCS, "Remove per-step host syncs", "Avoid .item()/.cpu()/.tolist() inside the step; copy "
           "results with non_blocking=True into pinned memory and read them one step later.",
-          gains.overlap(sync.value, "the idle time after host syncs (the host working while the GPU waits)"))
+          _unsynced(c, sync.value))
     return c.finding(0.5 + min(0.4, sync.value), f"The GPU idled {sync.value:.0%} of the traced window in gaps "
-                     "that began with the host blocked in a synchronisation or a blocking copy: the GPU waited for the "
-                     "host, which had waited for it." + held_by(c.ev))
+                     "that began with the host in a synchronisation or a blocking copy: the GPU had nothing queued "
+                     "until the host returned and launched again." + held_by(c.ev))
 
 
 @rule(
