@@ -248,8 +248,9 @@ def _unsynced(c: Check, sync: float) -> Gain:
         fixes="Keep sampling and stopping checks on the GPU; read results back once per step with non_blocking "
         "copies into pinned buffers; overlap the next step's launch with the copy (async scheduling). The sync "
         "itself returns as soon as the GPU drains; the idle after it is the host's own work, which removing the "
-        "sync lets run beside the GPU's, not vanish: the step still lasts as long as the longer of the two, so "
-        "the gain is at most 1 / max(share, 1 - share). Removing the host work itself is HOST001's fix.",
+        "sync lets run beside the GPU's, not vanish. Host work hides only behind GPU work, so the step still lasts "
+        "as long as the longer of the two: the gain is at most 1 / max(host-caused idle, GPU busy). Removing the "
+        "host work itself is the other fix (HOST001, HOST002).",
         sources="Nsight Systems sync-API rule; HTA idle breakdown.",
     ),
 )
