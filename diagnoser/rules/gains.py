@@ -54,8 +54,7 @@ def removal(share: float, what: str) -> Gain:
 def overlap(share: float, what: str) -> Gain:
     """The upper bound of overlapping `share` of a step with the rest of it, instead of removing it: a step is never
     shorter than that part nor than everything else, so 1 / max(share, 1 - share). Communication exposed 58 % of a
-    step with 42 % of other work: at most 1.72x, not the 2.4x of removing the 58 % outright; host work the GPU waits
-    for after each sync (65 % of a step): 1.54x, however the sync is removed, the host work remains."""
+    step with 42 % of other work: at most 1.72x, not the 2.4x of removing the 58 % outright."""
     share = min(max(share, 0.0), 1.0)
     if share <= 0.5:
         return removal(share, f"{what}, hidden behind the rest of the step")
