@@ -228,7 +228,7 @@ def _changes(before: Outcome, after: Outcome) -> list[Change]:
         out.append(Change("gpu", ga or "-", gb or "-"))
     ba, bb = before.evidence.observed_batch(), after.evidence.observed_batch()
     if ba is not None and bb is not None and abs(bb - ba) > max(0.5, 0.1 * ba):
-        out.append(Change("running batch (measured)", f"{ba:.1f}", f"{bb:.1f}",
+        out.append(Change(BATCH_CHANGE, f"{ba:.1f}", f"{bb:.1f}",
                           FixKind.BATCH_MORE if bb > ba else None))
     graphs = [o.evidence.value(S.TRACE_GRAPH_KERNEL_FRAC) for o in (before, after)]
     if graphs[0] is not None and graphs[1] is not None and graphs[1] - graphs[0] >= 0.3:
@@ -251,10 +251,26 @@ def _applied(kind: FixKind | None, before: Any, after: Any) -> FixKind | None:
 TRAFFIC_SHIFT = 8.0
 
 
-def confounders(before: Outcome, after: Outcome) -> list[str]:
+BATCH_CHANGE = "running batch (measured)"
+# Fixes whose point is a larger running batch: the batch moving with them is their effect, not a second change.
+_RAISE_BATCH = frozenset({FixKind.KV_MEMORY, FixKind.FP8_KV, FixKind.BATCH_MORE})
+
+
+def confounders(before: Outcome, after: Outcome, changes: list[Change] | None = None) -> list[str]:
     """What else changed between the captures, so that a measured ratio cannot be laid on a fix: another model,
-    other GPUs, other traffic (a decode against a prefill)."""
+    other GPUs, other traffic (a decode against a prefill, another context length), or two fixes at once."""
     out = []
+    kinds = {ch.fix for ch in changes or [] if ch.fix is not None}
+    if len(kinds) > 1 and not kinds <= _RAISE_BATCH:
+        moved = [ch for ch in changes or [] if ch.fix is not None]
+        out.append("several changes at once (" + "; ".join(f"{ch.what} {ch.before} -> {ch.after}" for ch in moved)
+                   + ")")
+    batch = next((ch for ch in changes or [] if ch.what == BATCH_CHANGE), None)
+    if batch is not None and not kinds & _RAISE_BATCH:
+        out.append(f"the running batch changed ({batch.before} -> {batch.after}) with no fix that moves it")
+    ca, cb = before.capture.serving.mean_context_tokens, after.capture.serving.mean_context_tokens
+    if ca and cb and max(ca / cb, cb / ca) > 1.5:
+        out.append(f"the context changed ({ca:.0f} -> {cb:.0f} tokens per sequence)")
     ma, mb = before.capture.model, after.capture.model
     if ma is not None and mb is not None:
         if ma.name and mb.name and ma.name != mb.name:
@@ -299,6 +315,9 @@ def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float |
         g = ask()
     except Exception as exc:
         return None, f"the physics could not answer for this change ({exc})"
+    if g.capped:
+        # A cap is a limit on what a fix promises, not the physics' figure: nothing to check a measurement against.
+        return None, f"{g.basis} ({g.capped}: the figure for this change is not known)"
     return g.value, g.basis
 
 
@@ -342,7 +361,7 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
                   if (m := _measure(n, before, after)) is not None]
     applied = {ch.fix for ch in c.changes if ch.fix is not None}
     measure = _main_rate(c)
-    confounded = c.confounders = confounders(before, after)
+    confounded = c.confounders = confounders(before, after, c.changes)
     for fix in db.fixes:
         on = fix.kind in applied
         for_change, basis = _for_change(fix.kind, before, after) if on else (None, "")

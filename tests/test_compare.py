@@ -81,6 +81,13 @@ def test_another_model_or_other_traffic_grades_no_prediction() -> None:
     assert next(ch for ch in c.changes if ch.what == "serving.max_num_seqs").fix is None
     # The same model, GPU and traffic at another batch is a test: graded.
     assert not _compare(B1, B16).confounders
+    # FP8 weights at batch 1 against bf16 at batch 16: two changes, and the batch one is no fix's doing (x0.09 is
+    # the batch, not FP8). Batch 1 against the KV-full capture: the context doubled too.
+    c = _compare(B16, FP8)
+    assert any("running batch changed (16.0 -> 1.0)" in x for x in c.confounders), c.confounders
+    assert not any(p.graded for p in c.predictions)
+    assert any("context changed (1024 -> 2048" in x for x in _compare(B1, GPU / "nvidia-h100-80gb-hbm3-kv-full.dgc")
+               .confounders)
 
 
 def test_cli_terminal_json_and_html(tmp_path: Path) -> None:
