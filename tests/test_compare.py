@@ -58,6 +58,12 @@ def test_quantiles_inside_one_histogram_bucket_are_not_a_change() -> None:
     assert set(quantiles) == {"server.itl_p50_s", "server.itl_p99_s"}
     for m in quantiles.values():
         assert m.ratio is None and "first bucket (up to 10.0 ms)" in m.unresolved, m
+    # Each sequence's time per token by Little's law is exact where the histogram is not: 1 / 210 -> 1 / 236 tokens/s.
+    derived = next(m for m in c.latencies if m.signal == "derived.itl_per_sequence_s")
+    assert derived.before == pytest.approx(1 / 209.75, rel=0.01) and derived.ratio == pytest.approx(209.75 / 236.37,
+                                                                                                     rel=0.01)
+    b16 = next(m for m in _compare(B1, B16).latencies if m.signal == "derived.itl_per_sequence_s")
+    assert b16.ratio == pytest.approx((16 / 2585.96) / (1 / 209.75), rel=0.02)  # x1.30: each sequence is slower
     from diagnoser.reports.compare import terminal_lines
 
     text = "\n".join(terminal_lines(c))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from diagnoser import signals as S
-from diagnoser.compare import AGREEMENT, Comparison, Measure
+from diagnoser.compare import AGREEMENT, ITL_FROM_RATES, Comparison, Measure
 from diagnoser.diagnosis import LIMITER_LABELS, Limiter
 from diagnoser.reports.figdata import Figure, GainPair, GainPairs, NotDrawn, Ratio, Ratios
 from diagnoser.reports.redact import redact, redact_obj
@@ -90,6 +90,7 @@ COMPARE_LABELS: dict[str, str] = {
     S.SERVER_ITL_P99_S: "inter-token latency p99", S.SERVER_ITL_MEAN_S: "inter-token latency mean",
     S.SERVER_TTFT_MEAN_S: "time to first token mean", S.TRACE_GPU_IDLE_FRAC: "GPU idle (trace)",
     S.THEORY_EFFICIENCY: "share of the decode ceiling",
+    ITL_FROM_RATES: "time per token, each sequence (running batch / generated tokens/s)",
 }
 
 
