@@ -323,3 +323,15 @@ def test_generation_ceiling_counts_prefill_and_decode() -> None:
     prefill = (2 * 7e9 * 400 + 4 * 4 * 32 * 32 * 128 * 100 * 101 / 2) / 989.4e12
     step = (14e9 + 4 * 125 * 524_288) / 3.35e12
     assert generation_ceiling_tokens_per_s(seven, H100, 4, 100, 50) == pytest.approx(4 * 50 / (prefill + 49 * step))
+
+
+def test_tensor_parallelism_beyond_one_hgx_board_crosses_the_network() -> None:
+    """An HGX board's NVLink joins 8 GPUs: tp 16 all-reduces over the nodes' 400 Gb/s NICs (50 GB/s each way, 20 us
+    a collective), so 70B at tp 16 is priced with the network, not NVLink (it read x6.3 over tp 2)."""
+    assert interconnect(H100, 8).bytes_per_s == 450e9
+    net = interconnect(H100, 16)
+    assert net.bytes_per_s == 50e9 and net.latency_s == 20e-6 and "network" in net.name
+    with pytest.raises(InputError, match="cannot stay on NVLink"):
+        interconnect(H100, 16, "nvlink")
+    llama70 = load_bundled_model("llama-3.1-70b")
+    assert tp_what_if(llama70, H100, 1, 2048, 16, tp=2).speedup < 4.0

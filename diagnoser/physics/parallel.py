@@ -24,6 +24,12 @@ from diagnoser.physics.gpus import GpuSpec
 # one-shot custom all-reduce kernels, NCCL's LL protocol); across PCIe and the host bridge it takes longer.
 NVLINK_LATENCY_S = 5e-6
 PCIE_LATENCY_S = 10e-6
+# The NVLink domain of every NVLink part in the GPU table: an HGX board of 8 GPUs. Tensor parallelism beyond it
+# crosses nodes over the scale-out network: one 400 Gb/s NIC per GPU (InfiniBand NDR or RoCE), 50 GB/s each way, and
+# a small all-reduce across nodes costs tens of microseconds (NCCL's inter-node latency).
+NVLINK_DOMAIN_GPUS = 8
+NETWORK_BYTES_PER_S = 50e9
+NETWORK_LATENCY_S = 20e-6
 ACTIVATION_BYTES = 2.0  # all-reduced activations are 16-bit
 
 
@@ -51,6 +57,13 @@ def interconnect(gpu: GpuSpec, tp: int = 2, kind: str | None = None) -> Intercon
     nvlink_ok = gpu.nvlink_bytes_per_s is not None and not (bridged and tp > 2)
     if choice == "nvlink" and gpu.nvlink_bytes_per_s is None:
         raise InputError(f"the {gpu.name} has no NVLink.")
+    if tp > NVLINK_DOMAIN_GPUS:
+        if choice == "nvlink":
+            raise InputError(f"tensor parallelism over {tp} GPUs cannot stay on NVLink: an HGX board's NVLink joins "
+                             f"{NVLINK_DOMAIN_GPUS}.")
+        if choice == "":
+            return Interconnect(f"the network between nodes (tp {tp} > {NVLINK_DOMAIN_GPUS} GPUs a node: 400 Gb/s a "
+                                "GPU)", NETWORK_BYTES_PER_S, NETWORK_LATENCY_S)
     if choice == "nvlink" or (choice == "" and nvlink_ok):
         assert gpu.nvlink_bytes_per_s is not None
         return Interconnect("NVLink bridge" if bridged else gpu.interconnect, gpu.nvlink_bytes_per_s / 2,
