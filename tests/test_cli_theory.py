@@ -262,6 +262,8 @@ def test_interconnect_and_pipeline(app: typer.Typer) -> None:
     ({"quant_method": "gptq", "bits": 4, "group_size": -5}, "group_size is -5"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 0}, "group_size is 0"),
     ("awq", "must be a JSON object"),
+    # A method diagnoser does not size is refused, not read as 16-bit (HQQ 4-bit was 16.1 GB for about 5 GB).
+    ({"quant_method": "hqq", "nbits": 4}, "quant_method 'hqq'"),
 ])
 def test_an_unreadable_quantization_config_is_refused_not_read_as_16_bit(app: typer.Typer, tmp_path: Path,
                                                                           quant: object, fragment: str) -> None:

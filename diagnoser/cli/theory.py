@@ -114,8 +114,8 @@ def _notes(s: Setup, kv_known: bool, max_seqs: int | None) -> list[str]:
     if not kv_known:
         notes.append("KV cache not counted: pass --layers, --kv-heads and --head-dim to size it.")
     elif max_seqs is not None and s.batch > max_seqs > 0:
-        notes.append(f"Only {max_seqs} sequences of {s.context} tokens fit; the ceiling at batch {s.batch} "
-                     "assumes they all did.")
+        notes.append(f"Only {max_seqs} sequences of {s.context} tokens fit: batch {s.batch} does not run (the "
+                     "figures beside 'if it did' assume it did; try a smaller --batch, --kv-dtype fp8 or --tp).")
     if s.model.max_context and s.context > s.model.max_context:
         notes.append(f"Context {s.context} exceeds the model's {s.model.max_context} positions.")
     math_dtype = compute_dtype(s.gpu, s.dtype)

@@ -176,6 +176,12 @@ def _quant_fields(quant: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _may_keep_16_bit(quant: dict[str, Any]) -> bool:
+    """A quantization_config that may keep 16-bit weights: bitsandbytes with neither load_in_4bit nor load_in_8bit,
+    compressed-tensors whose schemes quantise only activations or the KV cache."""
+    return str(quant.get("quant_method", "")).lower() in ("bitsandbytes", "compressed-tensors")
+
+
 def _check_quant(quant: object, label: str) -> None:
     """Refuse a quantization_config whose bits or group size cannot be read: read as 16-bit weights it would
     triple the bytes of the int4 model it names, with nothing said."""
@@ -193,6 +199,10 @@ def _check_quant(quant: object, label: str) -> None:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1):
             raise InputError(f"{label}: quantization_config {key} is {value!r:.40}; expected a positive group size or "
                              "-1 (one scale per output channel).")
+    method = quant.get("quant_method")
+    if method and not _quant_fields(quant) and not _may_keep_16_bit(quant):
+        raise InputError(f"{label}: quantization_config names quant_method {str(method)!r:.40}, which diagnoser does "
+                         "not size; read as 16-bit it would overstate the weights (use --params with --dtype).")
 
 
 def _config_quant(cfg: dict[str, Any]) -> dict[str, Any]:
