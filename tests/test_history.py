@@ -127,6 +127,42 @@ def test_refuses_newer_schema_and_foreign_files(tmp_path: Path) -> None:
     assert not (tmp_path / "missing.db").exists()
 
 
+def test_a_store_opened_while_another_process_creates_it(tmp_path: Path) -> None:
+    """`diagnoser history` (or a second agent) opening the store while the agent creates it: the opener migrated the
+    empty file first, and the creator then read version 0 before the commit and the new tables after it, and called
+    its own store "an SQLite database of something else" (seen once in CI, under SIGTERM tests); or it failed with
+    "database is locked", which SQLite answers at once, without its busy wait, to a journal-mode change."""
+    import threading
+
+    failures: list[BaseException] = []
+    for i in range(60):
+        path = tmp_path / f"h{i}.db"
+
+        def opener(path: Path = path) -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if not path.exists():
+                    time.sleep(0)  # let the creator run
+                    continue
+                try:
+                    with HistoryStore(path, create=False):
+                        return
+                except InputError as exc:
+                    if "no history store" not in str(exc):
+                        failures.append(exc)
+                        return
+
+        thread = threading.Thread(target=opener)
+        thread.start()
+        try:
+            with HistoryStore(path, create=True) as store:
+                assert store.integrity_ok()
+        except InputError as exc:
+            failures.append(exc)
+        thread.join(60)
+    assert not failures, failures[:3]
+
+
 def test_schema_version_is_recorded(tmp_path: Path) -> None:
     HistoryStore(tmp_path / "h.db").close()
     db = sqlite3.connect(tmp_path / "h.db")

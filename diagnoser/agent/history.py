@@ -126,17 +126,24 @@ class HistoryStore:
     def _setup(self) -> None:
         db = self._db
         db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-        version = db.execute("PRAGMA user_version").fetchone()[0]
+        # The version and the tables read in one snapshot: read apart, a store another process was creating could
+        # show version 0 (before its commit) and its tables (after), and be taken for a database of something else.
+        db.execute("BEGIN")
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+        finally:
+            db.execute("COMMIT")
         if version > SCHEMA_VERSION:
             raise InputError(f"{self.path} is a history store of schema version {version}, newer than this "
                              f"diagnoser reads (up to {SCHEMA_VERSION}); upgrade diagnoser.")
         if version == 0:
-            if db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+            if tables:
                 raise InputError(f"{self.path} is an SQLite database of something else, not a diagnoser history "
                                  "store; pass another --db.")
             # Must precede the first table.
             db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = self._wal()
         if str(mode).lower() != "wal":
             raise InputError(f"{self.path}: the history store needs WAL journaling, which this file system "
                              f"refused (journal mode stays '{mode}').")
@@ -155,6 +162,22 @@ class HistoryStore:
             version += 1
         if db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'runs'").fetchone() is None:
             raise InputError(f"{self.path} is an SQLite file but not a diagnoser history store (no runs table).")
+
+    def _wal(self) -> str:
+        """Switch to WAL journaling, which needs the file to itself: SQLite answers "locked" at once, without its
+        busy wait, while another process holds it (creating the store too), so wait here, as long as the busy
+        timeout allows."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() == "wal":
+                    return str(mode)
+                return str(self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
