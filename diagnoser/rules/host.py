@@ -48,6 +48,34 @@ def held_by(ev: Evidence) -> str:
     return " The host was inside " + ", ".join(f"{name} ({frac:.0%} of the window)" for name, frac in top) + "."
 
 
+# CPU ops that hold a training step's host time, and what shortens them (PyTorch's DDP and optimizer options).
+_HOST_OP_ADVICE = (
+    (("flatten_dense_tensors", "unflatten_dense_tensors"),
+     "DDP copies gradients into and out of its buckets on the host's path ({ops}): "
+     "DistributedDataParallel(gradient_as_bucket_view=True) makes the buckets views instead of copies, and "
+     "broadcast_buffers=False skips re-sending buffers each forward when they do not change."),
+    (("_foreach_", "Optimizer.step", "SGD.step", "Adam.step", "AdamW.step"),
+     "The optimizer step runs as many small launches ({ops}): a fused optimizer (fused=True: one kernel for all "
+     "the parameters) or a compiled step (torch.compile) makes it a few kernels."),
+)
+
+
+def _known_host_ops(ev: Evidence) -> tuple[list[str], float]:
+    """Advice for the named host ops that held the GPU's idle (2 % of the window or more), and the share of the
+    window they held (summed: the names advised here do not nest in one another)."""
+    trace = ev.trace
+    if trace is None:
+        return [], 0.0
+    held = {name: frac for name, frac in trace.host_idle_ops.items() if frac >= 0.02}
+    out, share = [], 0.0
+    for patterns, advice in _HOST_OP_ADVICE:
+        ops = [name for name in held if any(p in name for p in patterns)]
+        if ops:
+            out.append(advice.format(ops=", ".join(ops[:2])))
+            share += sum(held[name] for name in ops)
+    return out, min(share, 1.0)
+
+
 def _graphs_action(ev: Evidence) -> str:
     if ev.workload == "training":
         text = _GRAPHS_TRAINING
@@ -74,6 +102,13 @@ def _offload(c: Check, g: Gain, hot: HotCode | None = None) -> None:
               "the engine loop.", g)
         return
     if c.ev.workload == "training":
+        known, share = _known_host_ops(c.ev)
+        if known:
+            # The trace names the ops that held the host: the advice for those, not a guess at data loading, and
+            # the gain of removing the idle they hold, not all of it.
+            c.fix(FixKind.OFFLOAD_HOST_WORK, "Shorten the host work the trace names", " ".join(known),
+                  gains.removal(share, "the GPU's idle inside those ops"))
+            return
         c.fix(FixKind.OFFLOAD_HOST_WORK, "Take host work off the training step's path", "Load and transform data in "
               "DataLoader workers (num_workers, pin_memory=True, prefetch), keep logging and metric reads "
               "(.item()) out of the step.", g)
