@@ -113,7 +113,8 @@ def test_no_forbidden_fix_and_no_gain_beyond_the_measured_split(case: tuple[dict
             assert fix.gain <= most, f"{kind} promises {fix.gain:.2f}x > {most}: {fix.basis}"
     for word in spec.get("fix_text_lacks", []):
         for f in d.fixes:
-            assert word not in f.title + " " + f.action, f"{f.kind.value} says {word}: {f.title}: {f.action}"
+            text = f"{f.title} {f.action} {f.basis}"
+            assert word not in text, f"{f.kind.value} says {word}: {text}"
     for kind in spec.get("capacity", []):
         fix = offered.get(kind)
         if fix is not None:

@@ -130,9 +130,18 @@ def communication_bound(c: Check) -> Finding | None:
         g = Gain(1.0 / max(0.05, 1.0 - comm.value / 2), "halving communication time (overlap not measured)",
                  GainKind.UPPER_BOUND)
     if c.ev.workload == "training":
-        c.fix(FixKind.OVERLAP_COMM, "Overlap the all-reduce with backward", "Tune DDP's bucket_cap_mb so gradient "
-              "buckets reduce while backward runs, or add a comm hook (fp16/bf16 compression, PowerSGD); for "
-              "all-to-all (MoE) overlap the dispatch with expert compute.",
+        kinds = c.ev.trace.comm_share_by_kind if c.ev.trace is not None else {}
+        if kinds.get("all_to_all", 0.0) > kinds.get("all_reduce", 0.0):
+            # The all-to-alls of embedding or expert parallelism, not DDP's gradient all-reduce, hold the time.
+            title, action = "Overlap the all-to-all with compute", (
+                "Pipeline the embedding or expert exchange with compute (TorchRec's train pipeline prefetches the "
+                "next batch's embedding all-to-all; for MoE, overlap the dispatch with expert compute), shrink what "
+                "is sent (fp16/bf16 or quantised embedding communication), and balance the sharding plan.")
+        else:
+            title, action = "Overlap the all-reduce with backward", (
+                "Tune DDP's bucket_cap_mb so gradient buckets reduce while backward runs, or add a comm hook "
+                "(fp16/bf16 compression, PowerSGD).")
+        c.fix(FixKind.OVERLAP_COMM, title, action,
               gains.overlap(exposed.value, "the communication no compute overlaps") if exposed is not None else g)
     else:
         c.fix(FixKind.REDUCE_TP, "Communicate less per token", "Fewer tensor-parallel ranks with more replicas, TP "

@@ -91,6 +91,10 @@ def combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
     s.ranks = [rank_stat(r) for r in ranks]
     s.straggler = _straggler(s.ranks)
     s.extra["ranks"] = float(len(ranks))
+    exposed = [st.comm_exposed_frac for st in s.ranks if st.comm_exposed_frac is not None]
+    if exposed:
+        # Each rank's own exposed communication, averaged: the job's is measured, not "not measured".
+        s.extra["comm_exposed_frac"] = statistics.fmean(exposed)
     if grand > 0:
         s.extra["comm_share_max_rank"] = max((r.summary.kernel_share.get(COMM, 0.0) for r in ranks), default=0.0)
     return TraceAnalysis(path=path, summary=s, window=first.window, window_policy=first.window_policy,
