@@ -139,3 +139,5 @@ def test_what_to_collect_names_only_options_the_command_has(case: tuple[dict[str
     spec, d = case
     if "trace" in spec:
         assert not any("--duration" in w for w in d.to_collect), d.to_collect
+    for phrase in spec.get("collect_has", []):
+        assert any(phrase in w for w in d.to_collect), (phrase, d.to_collect)
