@@ -264,8 +264,8 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     gpu_busy_frac: float | None = None
     # Idle time by cause, as fractions of the window: host, sync, pageable_memcpy, queue_dry, kernel_overhead
     idle_frac_by_cause: dict[str, float] = msgspec.field(default_factory=dict)
-    # The CPU ops (of 0.5 ms or more) the host was inside while the GPU waited for it (host and sync idle), as
-    # fractions of the window, the largest first (at most 8); nested ops each count their own overlap.
+    # The CPU ops and runtime calls (of 0.5 ms or more) the host was inside while the GPU waited for it (host and
+    # sync idle), as fractions of the window, the largest first (at most 8); nested ops each count their own overlap.
     host_idle_ops: dict[str, float] = msgspec.field(default_factory=dict)
     # Share of GPU busy time by kernel class: gemm, attention, norm_elementwise, reduction, comm, memcpy, memset, other
     kernel_share: dict[str, float] = msgspec.field(default_factory=dict)

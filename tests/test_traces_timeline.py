@@ -304,3 +304,19 @@ def test_the_host_op_that_holds_the_idle_is_named(tmp_path: Path) -> None:
     assert a.summary.host_idle_ops == {"aten::unflatten_dense_tensors": pytest.approx(900 / 960)}
     d = diagnose(capture_from_trace(a))
     assert "The host was inside aten::unflatten_dense_tensors (94% of the window)" in d.headline, d.headline
+
+
+def test_a_long_runtime_call_is_named_and_the_rest_is_said(tmp_path: Path) -> None:
+    """The H100 host-bound trace's gaps: a 2 ms cudaGraphLaunch and 7.6 ms with no event (Python). The launch call
+    is named with its share, and the rest is said to be shorter ops or Python, not left out."""
+    from diagnoser.rules import diagnose
+    from diagnoser.traces import capture_from_trace
+
+    a = analyze(tmp_path, [
+        call("cudaLaunchKernel", 0, 5, 1), kernel(10, 10, 1),
+        call("cudaGraphLaunch", 7000, 2000, 2), kernel(9010, 10, 2),
+    ])
+    assert a.summary.host_idle_ops == {"cudaGraphLaunch": pytest.approx(2000 / 9010, rel=0.01)}
+    d = diagnose(capture_from_trace(a))
+    assert "The host was inside cudaGraphLaunch (22% of the window)" in d.headline, d.headline
+    assert "more is in shorter ops and launches, or Python between them" in d.headline

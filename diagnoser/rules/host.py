@@ -34,7 +34,7 @@ def serves_llm(ev: Evidence) -> bool:
 
 def held_by(ev: Evidence) -> str:
     """What the host was inside while the GPU waited for it (the trace's long CPU ops), when those ops hold a real
-    part of that time; else that no op does, which points at Python between ops."""
+    part of that time, and how much of it no such op holds (shorter ops and launches, or Python between them)."""
     trace = ev.trace
     if trace is None:
         return ""
@@ -42,10 +42,15 @@ def held_by(ev: Evidence) -> str:
     if waited <= 0:
         return ""
     top = [(name, frac) for name, frac in trace.host_idle_ops.items() if frac >= 0.1 * waited][:3]
+    short = (" shorter ops and launches, or Python between them (diagnoser attach samples the process's Python "
+             "stacks, which name it)")
     if not top:
-        return (" No CPU op of 0.5 ms or more covers that time: it is Python between the ops (diagnoser attach "
-                "samples the process's Python stacks, which name it).")
-    return " The host was inside " + ", ".join(f"{name} ({frac:.0%} of the window)" for name, frac in top) + "."
+        return f" No CPU op or runtime call of 0.5 ms or more holds that time: it is in{short}."
+    text = " The host was inside " + ", ".join(f"{name} ({frac:.0%} of the window)" for name, frac in top)
+    rest = waited - sum(frac for _, frac in top)  # (nested ops make this an underestimate)
+    if rest >= 0.1:
+        text += f"; about {rest:.0%} of the window more is in{short}"
+    return text + "."
 
 
 # CPU ops that hold a training step's host time, and what shortens them (PyTorch's DDP and optimizer options).

@@ -122,7 +122,8 @@ class Tables:
     costed: list[CostedOp] = field(default_factory=list)
     steps: list[tuple[str, float, float, int]] = field(default_factory=list)  # (name, ts, dur, tid)
     trace_spans: list[tuple[float, float]] = field(default_factory=list)  # the profiler's own window(s)
-    # CPU ops of LONG_OP_US or more, (name, start, end): what the host was inside while the GPU waited for it
+    # CPU ops and runtime calls of LONG_OP_US or more, (name, start, end): what the host was inside while the GPU
+    # waited for it
     # (few: a decode step's ops are microseconds; a DDP forward's bucket copy or an optimizer step, milliseconds).
     long_ops: list[tuple[str, float, float]] = field(default_factory=list)
     cpu_first: float = float("inf")
@@ -271,6 +272,9 @@ def _ingest(t: Tables, events: list[Event]) -> None:
         runtime, ts, durs = _checked(t, runtime)
         counts["runtime"] += len(runtime)
         runtime = _host_activity(t, runtime, ts, durs)
+        # A long runtime call holds the host too (a 2 ms cudaGraphLaunch, a blocking copy).
+        for i in compress(range(len(durs)), map(LONG_OP_US.__le__, durs)):
+            t.long_ops.append((runtime[i].name, ts[i], ts[i] + durs[i]))
         get_kind = _RUNTIME_KIND_GET
         kinds = [get_kind(e.name) for e in runtime]
         _runtime_calls(t, list(compress(runtime, kinds)), list(filter(None, kinds)))
