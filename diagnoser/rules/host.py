@@ -276,7 +276,7 @@ def _unsynced(c: Check, sync: float) -> Gain:
     code="SYNC001",
     name="host-sync-stalls",
     limiter=Limiter.HOST_LAUNCH,
-    summary="The GPU idles after each host synchronisation, while the host works before launching again.",
+    summary="The GPU idles in gaps that begin with the host in a synchronisation or a blocking copy.",
     requires=(S.TRACE_IDLE_SYNC_FRAC,),
     uses=(S.TRACE_IDLE_HOST_FRAC, S.TRACE_GPU_IDLE_FRAC),
     thresholds={"sync_idle_frac": Threshold(0.10, "share of the window idle after host synchronisations", "ratio")},
