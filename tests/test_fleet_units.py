@@ -37,8 +37,9 @@ def test_stake_follows_the_verdict() -> None:
     assert batching.verdict == "batching" and stake_fraction(batching, 0.3) == pytest.approx(0.7)
     compute = diagnose(make_capture({"gpu.busy": 0.97, "gpu.tensor_active": 0.8, "gpu.dram_active": 0.3}))
     assert compute.verdict == "compute"
-    gain = next(f.gain for f in compute.fixes if f.gain is not None)  # FP8 over BF16 peak on an H100: 2x
-    assert stake_fraction(compute, 0.97) == pytest.approx(1 - 1 / gain) and gain == pytest.approx(2.0, rel=1e-3)
+    # FP8 over BF16 peak on an H100 is 2x, for the 80 % of cycles the tensor pipes work: 1 / (0.2 + 0.8 / 2)
+    gain = next(f.gain for f in compute.fixes if f.gain is not None)
+    assert stake_fraction(compute, 0.97) == pytest.approx(1 - 1 / gain) and gain == pytest.approx(1 / 0.6, rel=1e-3)
     errors = diagnose(make_capture({"gpu.busy": 0.6, "gpu.xid_errors": 1.0}))
     assert errors.verdict == "errors" and stake_fraction(errors, 0.6) == 1.0
     nothing = diagnose(make_capture({}))

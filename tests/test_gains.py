@@ -128,3 +128,12 @@ def test_training_host_work_the_trace_names_gets_its_own_fix_and_only_its_own_ga
     assert "gradient_as_bucket_view=True" in fix.action and "fused=True" in fix.action
     assert fix.gain == pytest.approx(1 / (1 - 0.135)) and fix.is_upper_bound
     assert "_foreach_mul_" not in fix.action  # 1 % of the window: not worth naming
+
+
+def test_fp8_matmuls_without_a_trace_are_bounded_by_the_tensor_pipes_share() -> None:
+    """Counters only (dcgm, fleet): the tensor pipes 40 % active. FP8 doubles their rate and shortens only those
+    cycles: at most 1 / (0.6 + 0.2) = 1.25x, not the 2x of the peak ratio."""
+    d = diagnose(make_capture({"gpu.busy": 0.97, "gpu.sm_active": 0.9, "gpu.tensor_active": 0.4,
+                               "gpu.dram_active": 0.3}))
+    fp8 = next(f for f in d.fixes if f.kind is FixKind.FP8_MATMUL)
+    assert fp8.gain == pytest.approx(1.25, rel=1e-3) and fp8.is_upper_bound and "40%" in fp8.basis

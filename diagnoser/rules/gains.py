@@ -310,6 +310,13 @@ def fp8_matmul_gain(ev: Evidence) -> Gain:
         return Gain.unknown(f"the {gpu.name} computes {dtype} at its FP8 rate already")
     gemm = ev.value(S.TRACE_SHARE_GEMM)
     attention = ev.value(S.TRACE_SHARE_ATTENTION) or 0.0
+    tensor = ev.value(S.GPU_TENSOR_ACTIVE)
+    if gemm is None and tensor is not None:
+        # No trace, but the counters say how much of the time the tensor pipes work: FP8 shortens those cycles only.
+        t = min(1.0, max(0.0, tensor))
+        return Gain(amdahl(t, ratio), f"FP8 over {dtype} tensor peak ({ratio:.2f}x) shortens only the cycles the "
+                                      f"tensor pipes are active ({t:.0%}, counters): 1 / ({1 - t:.2f} + {t:.2f} / "
+                                      f"{ratio:.2f})", GainKind.UPPER_BOUND)
     if gemm is None:
         return Gain(ratio, f"FP8 over {dtype} tensor peak of the {gpu.name} ({ratio:.2f}x), if all the time were "
                            "matmuls (no trace to measure the GEMM share: an upper bound)", GainKind.UPPER_BOUND)
