@@ -256,6 +256,19 @@ def test_interconnect_and_pipeline(app: typer.Typer) -> None:
     assert full["max_concurrent_sequences"] == int(free / (327_680 / 4) // 2048)
 
 
+def test_a_compressed_tensors_fp8_kv_cache_scheme_is_read(app: typer.Typer, tmp_path: Path) -> None:
+    """llm-compressor's FP8-KV checkpoints say so in quantization_config.kv_cache_scheme: KV bytes per token halve
+    (Llama-3.1-8B: 128 -> 64 KiB) without a --kv-dtype flag."""
+    cfg = json.loads((Path(theory.__file__).parents[1] / "data" / "models" / "llama-3.1-8b.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}},
+        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    r = run_json(app, "--model", str(path))
+    assert r["settings"]["kv_dtype"] == "fp8" and r["kv_bytes_per_token"] == 64 * 1024
+
+
 @pytest.mark.parametrize(("quant", "fragment"), [
     ({"quant_method": "awq", "bits": "four", "group_size": 128}, "bits is 'four'"),
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "4- and 8-bit"),

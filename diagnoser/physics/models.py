@@ -210,6 +210,16 @@ def _config_quant(cfg: dict[str, Any]) -> dict[str, Any]:
     return _quant_fields(quant) if isinstance(quant, dict) else {}
 
 
+def _config_kv_dtype(cfg: dict[str, Any]) -> str:
+    """The KV cache's precision where the config says it: compressed-tensors' kv_cache_scheme (llm-compressor's FP8
+    KV checkpoints: {"num_bits": 8, "type": "float"}); "" otherwise (the serving flag or the weights' dtype decide)."""
+    quant = cfg.get("quantization_config")
+    scheme = quant.get("kv_cache_scheme") if isinstance(quant, dict) else None
+    if not isinstance(scheme, dict):
+        return ""
+    return _bits_dtype(scheme.get("num_bits"), "float" if str(scheme.get("type", "")).lower() == "float" else "int")
+
+
 def _config_dtype(cfg: dict[str, Any]) -> str:
     """Weight precision: a quantisation_config wins over torch_dtype (newer configs spell it "dtype")."""
     found = str(_config_quant(cfg).get("dtype", ""))
@@ -312,6 +322,7 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str = "", label: str = "the co
         head_dim=shape.head_dim,
         vocab=shape.vocab,
         dtype=_config_dtype(cfg),
+        kv_dtype=_config_kv_dtype(cfg),
         max_context=shape.positions,
         tied_embeddings=shape.tied,
         **{k: v for k, v in _config_quant(cfg).items() if k != "dtype" and v is not None},
