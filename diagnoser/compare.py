@@ -153,11 +153,24 @@ def _bucket(name: str, outcome: Outcome) -> tuple[float, float] | None:
     return None
 
 
+def _same_server(before: Outcome, after: Outcome) -> bool:
+    sa, sb = before.capture.server, after.capture.server
+    return sa is not None and sb is not None and sa.kind == sb.kind
+
+
 def _unresolved(name: str, unit: str, before: Outcome, after: Outcome) -> str:
     """Why two quantiles cannot be compared, or "" when they can: both were interpolated inside the same bucket."""
     if name not in _QUANTILE_PAIRS:
         return ""
     a, b = _bucket(name, before), _bucket(name, after)
+    if (a is None) != (b is None) and _same_server(before, after):
+        # One side's quantiles sit in the first bucket (0, b]; a value of the other side under 0.99 b lies in it too
+        # (the estimate of b is at most 1 % high when p99 is inside it), as one server kind has one set of buckets.
+        known = a or b
+        other = after if a is not None else before
+        value = other.evidence.value(name)
+        if known is not None and known[0] == 0.0 and value is not None and value <= 0.99 * known[1]:
+            a = b = known
     if a is None or b is None or math.isinf(a[1]) or math.isinf(b[1]):
         return ""
     first = a[0] == b[0] == 0.0 and math.isclose(a[1], b[1], rel_tol=0.05)  # an estimated first bound is close
