@@ -300,8 +300,8 @@ TRACE_GPU_IDLE_FRAC = _sig("trace.gpu_idle_frac", "ratio", "Fraction of the trac
 TRACE_IDLE_HOST_FRAC = _sig(
     "trace.idle.host_frac", "ratio",
     "Idle time while the host had not launched the next kernel.")
-TRACE_IDLE_SYNC_FRAC = _sig("trace.idle.sync_frac", "ratio", "Idle time that began inside a host synchronisation "
-                            "(the host then worked while the GPU waited).")
+TRACE_IDLE_SYNC_FRAC = _sig("trace.idle.sync_frac", "ratio", "Idle time in gaps that began with the host in a "
+                            "synchronisation or a blocking copy.")
 TRACE_IDLE_PAGEABLE_MEMCPY_FRAC = _sig(
     "trace.idle.pageable_memcpy_frac", "ratio",
     "Idle time around copies from pageable host memory.")

@@ -67,7 +67,8 @@ _HOST_OP_ADVICE = (
 
 def _known_host_ops(ev: Evidence) -> tuple[list[str], float]:
     """Advice for the named host ops that held the GPU's idle (2 % of the window or more), and the share of the
-    window they held (summed: the names advised here do not nest in one another)."""
+    window they held: per advice, the aten ops' shares summed (they do not nest in one another), or an enclosing
+    annotation's (Optimizer.step around its foreach ops) where that is larger, so nothing is counted twice."""
     trace = ev.trace
     if trace is None:
         return [], 0.0
@@ -77,7 +78,8 @@ def _known_host_ops(ev: Evidence) -> tuple[list[str], float]:
         ops = [name for name in held if any(p in name for p in patterns)]
         if ops:
             out.append(advice.format(ops=", ".join(ops[:2])))
-            share += sum(held[name] for name in ops)
+            share += max(sum(held[n] for n in ops if n.startswith("aten::")),
+                         max((held[n] for n in ops if not n.startswith("aten::")), default=0.0))
     return out, min(share, 1.0)
 
 

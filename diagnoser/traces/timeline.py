@@ -71,7 +71,7 @@ class DeviceTimeline:
     range_gaps: list[Gap] = field(default_factory=list)  # the gaps inside build_timeline's keep_range
     unattributed_launch_us: float = 0.0  # idle before ops whose launch call is not in the trace
     # Host-caused idle (host and sync gaps) inside each long CPU op (Tables.long_ops), by op name: what held the host
-    # while the GPU waited. Nested ops each count their own overlap.
+    # while the GPU waited. Each name's ops count their union once; ops of different names that nest count each.
     host_idle_ops_us: dict[str, float] = field(default_factory=dict)
 
     @property
