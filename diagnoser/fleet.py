@@ -14,10 +14,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import multiprocessing
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +40,12 @@ from diagnoser.collectors.dcgm import (
 from diagnoser.collectors.prom_client import PromClient
 from diagnoser.collectors.prom_stats import StatsQuery, WindowStats
 from diagnoser.collectors.prometheus_source import Window, WindowData, WindowQuery, matchers_for
+from diagnoser.cores import default_jobs
 from diagnoser.diagnosis import INCONCLUSIVE, SCHEMA_VERSION, Diagnosis, Limiter
 from diagnoser.errors import InputError, SourceUnavailable
 from diagnoser.evidence import build_evidence
 from diagnoser.fleet_model import FleetReport, FleetRow
+from diagnoser.fleet_pack import PackedDiagnosis, RowPacker, unpack_rows
 from diagnoser.fleet_triage import Triage
 from diagnoser.physics import match_gpu
 from diagnoser.rules.engine import diagnose_evidence
@@ -190,17 +196,92 @@ def build_rows(data: WindowData, *, usd_per_gpu_hour: float | None = None,
     return _sorted([_row(data, ident, usd_per_gpu_hour, thresholds) for ident in drop_mig_parents(data.gpus.values())])
 
 
-def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None,
-                thresholds: Thresholds | None = None) -> tuple[list[FleetRow], Triage]:
+# GPUs per triage task in a worker process: about 0.1 s of diagnosis, so a task's overhead is nil; a fleet of fewer
+# than two tasks' worth is diagnosed in this process.
+TRIAGE_CHUNK = 1000
+# What forked triage workers inherit: the triage, the price override, the GPUs in order.
+_FORKED: tuple[Triage, float | None, list[tuple[int, GpuIdentity]]] | None = None
+
+
+def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None, thresholds: Thresholds | None = None,
+                processes: int | None = None, chunk: int = TRIAGE_CHUNK) -> tuple[list[FleetRow], Triage]:
     """One row per GPU or MIG instance diagnosed from its window statistics, most money at stake first.
 
-    In this process: a GPU costs the engine about 75 us from its statistics, and handing a diagnosed row back from a
-    forked worker cost as much again to decode (msgpack, 10,000 rows), so workers gained nothing (benchmarks/FLEET.md).
-    """
+    A GPU costs the rule engine about 100 us, so a large fleet is diagnosed by `processes` processes, this one
+    included, `chunk` GPUs a task: by default a worker per core this process may use, when there are two tasks or
+    more (this process mostly unpacks what they send, and takes the tasks they have not reached). The workers send
+    their rows back with each diagnosis packed (fleet_pack.py): decoding them all here would cost about as much as
+    making them. The rows are the same as one process makes, in the same order
+    (tests/test_fleet_parallel.py)."""
     triage = Triage(stats, _rules_for(thresholds))
-    targets = drop_mig_parents(stats.gpus.values())
-    rows = [_stats_row(triage, usd_per_gpu_hour, (stats.index[g.key], g)) for g in targets]
+    items = [(stats.index[g.key], g) for g in drop_mig_parents(stats.gpus.values())]
+    chunk = max(1, chunk)
+    if processes is None:  # a worker per core, for a fleet of two tasks or more; this process takes what is left
+        procs = min(default_jobs() + 1, len(items) // chunk)
+    else:  # as many as asked, each with work
+        procs = min(max(1, processes), len(items))
+        chunk = min(chunk, -(-len(items) // max(1, procs)))
+    if procs >= 2 and threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
+        rows, triage.processes = _triage_forked(triage, usd_per_gpu_hour, items, procs, chunk)
+    else:
+        rows = [_stats_row(triage, usd_per_gpu_hour, item) for item in items]
     return _sorted(rows), triage
+
+
+def _triage_forked(triage: Triage, usd_per_gpu_hour: float | None, items: list[tuple[int, GpuIdentity]],
+                   processes: int, chunk: int) -> tuple[list[FleetRow], int]:
+    """The rows of `items`, in order, made by this process and `processes - 1` forked workers; and how many processes
+    made some. The workers take tasks from the front, two each in flight, this process from the back, so neither
+    waits on the other; a task whose worker died is done here."""
+    global _FORKED
+    _FORKED = (triage, usd_per_gpu_hour, items)
+    tasks = [items[lo:lo + chunk] for lo in range(0, len(items), chunk)]
+    bounds = [(lo, min(len(items), lo + chunk)) for lo in range(0, len(items), chunk)]
+    sent: list[Future[bytes]] = []
+    done_here: dict[int, list[FleetRow]] = {}
+    front, back = 0, len(tasks)  # tasks[front:back] are nobody's yet
+    workers = processes - 1
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            broken = False
+            while front < back:
+                while not broken and front < back and sum(not f.done() for f in sent[-2 * workers:]) < 2 * workers:
+                    try:
+                        sent.append(pool.submit(_triage_task, *bounds[front]))
+                    except BrokenProcessPool:
+                        broken = True
+                        break
+                    front += 1
+                if front < back:
+                    back -= 1
+                    done_here[back] = [_stats_row(triage, usd_per_gpu_hour, item) for item in tasks[back]]
+            rows: list[FleetRow] = []
+            by_workers = False
+            for k, task in enumerate(tasks):
+                part = done_here.get(k)
+                if part is None:
+                    try:
+                        part, clock_models = unpack_rows(sent[k].result())
+                    except BrokenProcessPool:
+                        part = [_stats_row(triage, usd_per_gpu_hour, item) for item in task]
+                    else:
+                        triage.spec_clock_models.update(clock_models)
+                        by_workers = True
+                rows.extend(part)
+    finally:
+        _FORKED = None
+    return rows, processes if by_workers else 1
+
+
+def _triage_task(lo: int, hi: int) -> bytes:
+    """In a forked worker: the rows of items[lo:hi], packed."""
+    assert _FORKED is not None, "the triage workers are forked from triage_rows"
+    triage, usd_per_gpu_hour, items = _FORKED
+    gc.disable()  # the parent's objects, shared copy-on-write, stay untouched; nothing here forms cycles
+    packer = RowPacker()
+    for item in items[lo:hi]:
+        packer.add(_stats_row(triage, usd_per_gpu_hour, item))
+    return packer.finish(sorted(triage.spec_clock_models))
 
 
 def _sorted(rows: list[FleetRow]) -> list[FleetRow]:
@@ -235,9 +316,10 @@ def run_fleet(client: PromClient, window: Window, *, points: int | None = None,
               usd_per_gpu_hour: float | None = None, thresholds: Thresholds | None = None, workers: int = 4,
               notes: list[str] | None = None, timings: dict[str, float | int | None] | None = None,
               detail: int = DEFAULT_DETAIL, selector: GpuSelector | None = None,
-              use_recorded: bool = True) -> FleetReport:
+              use_recorded: bool = True, processes: int | None = None) -> FleetReport:
     """Diagnose every GPU Prometheus knows over the window (or those `selector` picks): triage from window
-    statistics, then points for the top `detail` GPUs at stake. Partial failures are kept in report.errors and the
+    statistics (by `processes` workers, default every core, for a large fleet), then points for the top `detail`
+    GPUs at stake. Partial failures are kept in report.errors and the
     rows they touch are marked partial; only a failed discovery, or every statistic failing, raises
     SourceUnavailable. `notes` receives how the data was read and `timings` where the time went."""
     if usd_per_gpu_hour is not None and usd_per_gpu_hour < 0:
@@ -247,13 +329,13 @@ def run_fleet(client: PromClient, window: Window, *, points: int | None = None,
     with gc_paused():
         return _run_fleet(client, window, points=points, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds,
                           workers=workers, notes=notes, timings=timings, detail=detail, selector=selector,
-                          use_recorded=use_recorded)
+                          use_recorded=use_recorded, processes=processes)
 
 
 def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_per_gpu_hour: float | None,
                thresholds: Thresholds | None, workers: int, notes: list[str] | None,
                timings: dict[str, float | int | None] | None, detail: int, selector: GpuSelector | None,
-               use_recorded: bool) -> FleetReport:
+               use_recorded: bool, processes: int | None) -> FleetReport:
     t0 = time.perf_counter()
     if window.length_s < 2:
         raise InputError("the window is too short to read from Prometheus (under 2 s).")
@@ -266,7 +348,8 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
     redact_identities(stats.gpus.values())
     report = FleetReport(source=client.url, window_start=window.start, window_end=window.end,
                          usd_per_gpu_hour=usd_per_gpu_hour, errors=list(stats.errors))
-    rows, triage = triage_rows(stats, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds)
+    rows, triage = triage_rows(stats, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds,
+                               processes=processes)
     t2 = time.perf_counter()
     wanted = rows[:detail] if selector is None or selector.is_empty() or len(rows) > detail else rows
     detailed = _detail(client, window, stats, wanted, points=points, usd_per_gpu_hour=usd_per_gpu_hour,
@@ -277,6 +360,7 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
     t3 = time.perf_counter()
     said = list(stats.notes)
     said.append(f"{len(rows):,} GPUs diagnosed from window statistics computed by the time-series engine"
+                + (f" ({triage.processes} processes)" if triage.processes > 1 else "")
                 + (f"; the {len(detailed)} with the most at stake read again as points over the window (--detail)"
                    if detailed else "") + ".")
     if triage.spec_clock_models:
@@ -297,7 +381,7 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
     if timings is not None:
         timings.update(statistics_s=round(t1 - t0, 3), triage_s=round(t2 - t1, 3), detail_s=round(t3 - t2, 3),
                        queries=client.queries, scrape_interval_s=stats.scrape_interval_s, gpus=len(rows),
-                       detailed=len(detailed), recorded=stats.recorded)
+                       detailed=len(detailed), recorded=stats.recorded, triage_processes=triage.processes)
     return report
 
 
@@ -363,7 +447,7 @@ def _detail(client: PromClient, window: Window, stats: WindowStats, rows: list[F
 def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
     """`Diagnosis.to_dict()`, built by msgspec in C: the same dict (a test holds them equal), six times faster,
     which matters at 10,000 rows."""
-    out = msgspec.to_builtins(d)
+    out = d.builtins() if isinstance(d, PackedDiagnosis) else msgspec.to_builtins(d)
     out["schema_version"] = SCHEMA_VERSION
     out["confidence_label"] = d.confidence_label
     out["verdict_label"] = d.limiter.label if d.limiter else INCONCLUSIVE
@@ -448,4 +532,4 @@ def group_rows(rows: Iterable[FleetRow], by: str) -> list[FleetGroup]:
 
 __all__ = ["DEFAULT_DETAIL", "GROUPINGS", "PRICE_SOURCE", "PRICE_USD_PER_GPU_HOUR", "FleetGroup", "build_rows",
            "diagnosis_dict", "dumps_json", "gc_paused", "gpu_price", "group_rows", "report_dict", "run_fleet",
-           "stake_fraction", "triage_rows"]
+           "stake_fraction", "triage_rows", "TRIAGE_CHUNK"]

@@ -48,6 +48,7 @@ class Triage:
     spec_clock_models: set[str] = field(default_factory=set)  # models whose max clock came from the spec table
 
     most_samples: float = 0.0  # the anchor field's count of the GPUs that reported all along (fewer: gaps)
+    processes: int = 1  # how many processes diagnosed the GPUs (fleet.triage_rows)
 
     def __post_init__(self) -> None:
         self.most_samples = max(self.stats.samples, default=0.0)

@@ -69,11 +69,14 @@ def test_one_row_per_gpu_and_mig_instance_with_the_right_verdict(dcgm_stack, fle
     check_rows(dcgm_stack, fleet_json)
 
 
-def test_statistics_alone_give_the_same_verdicts(dcgm_stack) -> None:  # type: ignore[no-untyped-def]
-    r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--json", "--detail", "0")
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_statistics_alone_give_the_same_verdicts(dcgm_stack, jobs) -> None:  # type: ignore[no-untyped-def]
+    # --jobs 2: the GPUs diagnosed by two forked workers, their diagnoses sent back packed (diagnoser/fleet_pack.py)
+    r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--json", "--detail", "0", "--jobs", jobs)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert {row["basis"] for row in doc["rows"]} == {"statistics"}
+    assert doc["timings"]["triage_processes"] == int(jobs)
     by_key = {(row["uuid"], row["gpu"]): row["diagnosis"]["verdict"] for row in doc["rows"]}
     for g in dcgm_stack.gpus:
         assert by_key[(g.uuid, f"{g.index}/{g.mig_id}" if g.mig_id else str(g.index))] == PROFILE_VERDICT[g.profile]

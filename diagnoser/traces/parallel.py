@@ -26,6 +26,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from diagnoser.cores import default_jobs
 from diagnoser.traces.decode import (
     _EVENTS_KEY,
     CHUNK_BYTES,
@@ -55,13 +56,6 @@ MIN_PARALLEL_BYTES = 64 << 20
 _TAIL_BYTES = 8 << 20
 _BLOCK = 4 << 20
 _WS = b" \t\r\n"
-
-
-def default_jobs() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def collect_parallel(path: str | Path, *, jobs: int | None = None, max_bytes: int | None = None,
