@@ -9,7 +9,8 @@ through its /api/v1/import; the rule group's recorded statistics are backfilled 
 create-blocks-from rules`, `vmalert -replay`), for the recorded path.
 
 Each repeat, interleaved: the bare queries (the requests `fleet` makes for its statistics, bodies read and dropped:
-what the engine costs), `fleet --no-recorded` (statistics computed ad hoc), and `fleet` on the recorded statistics
+what the engine costs), `fleet --no-recorded` (statistics computed ad hoc), the same with `--jobs 1` (the triage in
+one process, no workers), and `fleet` on the recorded statistics
 (one query), each a fresh process; its wall time, its CPU with its forked workers, the engine's CPU, peak RSS, and the
 machine's load average. One `--json` run per engine gives the confusion matrix.
 
@@ -284,10 +285,12 @@ def bare_queries(engine: PrometheusServer, start: int, end: int, recorded: bool)
             "answer_mib": sum(sizes) / 2**20, "load": load}
 
 
-def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool, json_out: Path | None) -> dict:
+def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool, json_out: Path | None,
+              jobs: int | None = None) -> dict:
     """`diagnoser fleet` in a fresh process: wall time, its CPU with its workers, peak RSS, the engine's CPU."""
     args = [sys.executable, "-m", "diagnoser", "fleet", "--prometheus", engine.url, "--start", str(start), "--end",
-            str(end), "--timeout", "600", *(["--json"] if json_out else []), *([] if recorded else ["--no-recorded"])]
+            str(end), "--timeout", "600", *(["--json"] if json_out else []), *([] if recorded else ["--no-recorded"]),
+            *(["--jobs", str(jobs)] if jobs else [])]
     load = os.getloadavg()[0]
     cpu0 = engine_cpu_s(engine)
     with open(json_out or os.devnull, "wb") as out, tempfile.TemporaryDirectory() as folder:
@@ -335,11 +338,14 @@ def bench(kind: str, n: int, args: argparse.Namespace, workdir: Path) -> dict:
     engine, made, stamps = open_engine(kind, n, args.keep_data, workdir)
     start, end = stamps[0] - STEP_S + 1, stamps[-1] + 1
     try:
-        runs: dict[str, list[dict]] = {"bare": [], "bare_recorded": [], "fleet": [], "fleet_recorded": []}
+        runs: dict[str, list[dict]] = {"bare": [], "bare_recorded": [], "fleet": [], "fleet_j1": [],
+                                       "fleet_recorded": []}
         fleet_run(engine, start, end, recorded=False, json_out=None)  # warm the engine's caches once
         for _ in range(args.repeat):
             runs["bare"].append(bare_queries(engine, start, end, recorded=False))
             runs["fleet"].append(fleet_run(engine, start, end, recorded=False, json_out=None))
+            # the same in one process (--jobs 1): what the triage workers change, in the same run
+            runs["fleet_j1"].append(fleet_run(engine, start, end, recorded=False, json_out=None, jobs=1))
             runs["bare_recorded"].append(bare_queries(engine, start, end, recorded=True))
             runs["fleet_recorded"].append(fleet_run(engine, start, end, recorded=True, json_out=None))
         doc_path = workdir / "fleet.json"
@@ -362,7 +368,7 @@ def bench(kind: str, n: int, args: argparse.Namespace, workdir: Path) -> dict:
 def print_summary(r: dict) -> None:
     s = r["summary"]
     print(f"\n{r['engine']}, {r['gpus']:,} GPUs ({r['rows']:,} rows); load {s['fleet']['load']:.1f}")
-    for name in ("bare", "fleet", "bare_recorded", "fleet_recorded"):
+    for name in ("bare", "fleet", "fleet_j1", "bare_recorded", "fleet_recorded"):
         row = s[name]
         extra = f" cpu {row['cpu_s']:.2f} s, rss {row['peak_rss_mib']:.0f} MiB" if "cpu_s" in row else ""
         print(f"  {name:15} wall {row['wall_s']:7.2f} s  engine cpu {row['engine_cpu_s']:6.2f} s{extra}")
