@@ -50,10 +50,16 @@ class Measure:
     n_after: int = 0
     # Empty when the two values can be compared; else why not (both quantiles inside one histogram bucket).
     unresolved: str = ""
+    # Set when the ratio is only a bound: one side's quantile lies inside the histogram's first bucket (0, b], the
+    # other's above it, so that side is known only to be at most b. bound_op is "<=" or ">=", bound the ratio's limit.
+    bound_op: str = ""
+    bound: float | None = None
+    bound_why: str = ""
 
     @property
     def ratio(self) -> float | None:
-        if self.before is None or self.after is None or self.before <= 0 or self.unresolved:
+        """after / before, when the two are measured well enough to divide (see bound for a ratio that is a limit)."""
+        if self.before is None or self.after is None or self.before <= 0 or self.unresolved or self.bound_op:
             return None
         return self.after / self.before
 
@@ -182,6 +188,26 @@ def _unresolved(name: str, unit: str, before: Outcome, after: Outcome) -> str:
             "the latency; the mean is exact")
 
 
+def _first_bucket_bound(name: str, unit: str, before: Outcome, after: Outcome) -> tuple[str, float | None, str]:
+    """(op, limit, why) when the ratio of two quantiles is only a bound: one side's lies inside the histogram's first
+    bucket (0, b], where interpolation assumes the values spread evenly from 0, and the other's above b. That side is
+    at most b, so the ratio is at least (before inside) or at most (after inside) the ratio to b."""
+    if name not in _QUANTILE_PAIRS or not _same_server(before, after):
+        return "", None, ""
+    va, vb = before.evidence.value(name), after.evidence.value(name)
+    if not va or not vb or va <= 0 or vb <= 0:
+        return "", None, ""
+    for side, outcome, value, other in (("BEFORE", before, va, vb), ("AFTER", after, vb, va)):
+        found = _bucket(name, outcome)
+        if found is None or found[0] != 0.0 or math.isinf(found[1]) or other <= 0.99 * found[1]:
+            continue
+        high = found[1]
+        op, limit = (">=", vb / high) if side == "BEFORE" else ("<=", high / va)
+        return op, limit, (f"{side}'s {fmt(value, unit)} is interpolated inside the histogram's first bucket: it is "
+                           f"at most {fmt(high, unit)}, so the ratio is only a bound")
+    return "", None, ""
+
+
 ITL_FROM_RATES = "derived.itl_per_sequence_s"
 
 
@@ -209,8 +235,11 @@ def _measure(name: S.Sig, before: Outcome, after: Outcome) -> Measure | None:
         mean = s.mean
         return math.sqrt(sum((v - mean) ** 2 for v in s.values) / (s.n - 1))
 
+    unresolved = _unresolved(name, name.unit, before, after) if a and b else ""
+    op, limit, why = _first_bucket_bound(name, name.unit, before, after) if a and b and not unresolved else \
+        ("", None, "")
     return Measure(name, name.unit, a.mean if a else None, b.mean if b else None, sd(a), sd(b),
-                   a.n if a else 0, b.n if b else 0, _unresolved(name, name.unit, before, after) if a and b else "")
+                   a.n if a else 0, b.n if b else 0, unresolved, op, limit, why)
 
 
 def _fmt(value: Any) -> str:

@@ -66,13 +66,24 @@ def test_quantiles_inside_one_histogram_bucket_are_not_a_change() -> None:
     derived = b16["derived.itl_per_sequence_s"]
     assert derived.ratio == pytest.approx((16 / 2585.96) / (1 / 209.75), rel=0.02)  # x1.30: each sequence is slower
     # Batch 16's p50 (5.1 ms) lies in the same first bucket as batch 1's (both quantiles of batch 1 show it): not a
-    # change of x1.02. Its p99 (35.8 ms) left that bucket: a real change.
+    # change of x1.02. Its p99 (35.8 ms) left that bucket: a real change, but batch 1's p99 (9.9 ms) is only known to
+    # be at most 10 ms, so the ratio is at least 35.8 / 10 = x3.58, not x3.6 as if 9.9 ms were measured.
     assert b16["server.itl_p50_s"].ratio is None and "first bucket" in b16["server.itl_p50_s"].unresolved
-    assert b16["server.itl_p99_s"].ratio == pytest.approx(3.6, rel=0.05)
+    p99 = b16["server.itl_p99_s"]
+    assert p99.ratio is None and p99.bound_op == ">=" and p99.bound == pytest.approx(35.8e-3 / 10e-3, rel=0.01)
+    # The host-bound capture's p50 of 17.5 ms against batch 1's 5.0 ms, which sits inside the first bucket: at most
+    # 10 / 17.5 = x0.57 (it read x0.29, a precision the histogram does not have). Little's law gives the exact x0.38.
+    bound = {m.signal: m for m in _compare(GPU / "nvidia-h100-80gb-hbm3-host-bound.dgc", B1).latencies}
+    p50 = bound["server.itl_p50_s"]
+    assert p50.ratio is None and p50.bound_op == "<=" and p50.bound == pytest.approx(10e-3 / p50.before, rel=0.01)
+    assert 0.55 < p50.bound < 0.6 and "at most 10.0 ms" in p50.bound_why
+    assert bound["derived.itl_per_sequence_s"].ratio == pytest.approx(0.38, abs=0.01)
     from diagnoser.reports.compare import terminal_lines
 
     text = "\n".join(terminal_lines(c))
     assert "server.itl_p50_s: 5.0 ms -> 5.0 ms  not resolved (both inside" in text
+    text = "\n".join(terminal_lines(_compare(B1, B16)))
+    assert "server.itl_p99_s: 9.9 ms -> 35.8 ms  ≥ x3.58 (BEFORE's 9.9 ms is interpolated inside" in text
 
 
 def test_another_model_or_other_traffic_grades_no_prediction() -> None:

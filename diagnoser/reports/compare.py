@@ -19,6 +19,8 @@ from diagnoser.units import fmt
 def _ratio(m: Measure) -> str:
     if m.unresolved:
         return "not resolved"
+    if m.bound_op and m.bound is not None:
+        return f"{'≤' if m.bound_op == '<=' else '≥'} x{m.bound:.2f}"
     if m.ratio is None:
         return "-"
     text = f"x{m.ratio:.2f}"
@@ -49,7 +51,7 @@ def terminal_lines(c: Comparison) -> list[str]:
         if group:
             out += ["", f"{title} (mean ± sd of the samples; ratio ± its standard error)"]
             out += [f"  {m.signal}: {_value(m, 'before')} -> {_value(m, 'after')}  {_ratio(m)}"
-                    + (f" ({m.unresolved})" if m.unresolved else "") for m in group]
+                    + (f" ({m.unresolved or m.bound_why})" if m.unresolved or m.bound_why else "") for m in group]
     out += ["", "Predicted (by the BEFORE capture) against realised"]
     for p in c.predictions:
         line = f"  {p.title} [{p.kind.value}]: predicted {_gain(p.predicted)} ({p.predicted_kind}, {p.benefit})"
@@ -189,7 +191,7 @@ def build_compare_view(c: Comparison) -> CompareView:
     if c.before_verdict != c.after_verdict:
         summary.append(f"the verdict moved from {sides[0].verdict} to {sides[1].verdict}")
     measures = [{"group": group, "signal": m.signal, "label": _label(m.signal), "before": _value(m, "before"),
-                 "after": _value(m, "after"), "ratio": _ratio(m), "why": m.unresolved}
+                 "after": _value(m, "after"), "ratio": _ratio(m), "why": m.unresolved or m.bound_why}
                 for group, ms in (("rate", c.rates), ("latency", c.latencies), ("activity", c.activity))
                 for m in ms]
     return CompareView(c, f"Compare: {c.before_target} -> {c.after_target}", sides, summary, _gains_figure(c),
