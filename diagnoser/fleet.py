@@ -221,7 +221,10 @@ def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None, th
     else:  # as many as asked, each with work
         procs = min(max(1, processes), len(items))
         chunk = min(chunk, -(-len(items) // max(1, procs)))
-    if procs >= 2 and threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
+    # Forked only from a single thread unless asked for: a lock another thread held at the fork stays held in the
+    # child (the diagnosis itself takes none, but an embedding program's threads are not ours to reason about).
+    alone = threading.active_count() == 1 or processes is not None
+    if procs >= 2 and alone and "fork" in multiprocessing.get_all_start_methods():
         rows, triage.processes = _triage_forked(triage, usd_per_gpu_hour, items, procs, chunk)
     else:
         rows = [_stats_row(triage, usd_per_gpu_hour, item) for item in items]
@@ -235,8 +238,7 @@ def _triage_forked(triage: Triage, usd_per_gpu_hour: float | None, items: list[t
     waits on the other; a task whose worker died is done here."""
     global _FORKED
     _FORKED = (triage, usd_per_gpu_hour, items)
-    tasks = [items[lo:lo + chunk] for lo in range(0, len(items), chunk)]
-    bounds = [(lo, min(len(items), lo + chunk)) for lo in range(0, len(items), chunk)]
+    tasks = [(lo, min(len(items), lo + chunk)) for lo in range(0, len(items), chunk)]
     sent: list[Future[bytes]] = []
     done_here: dict[int, list[FleetRow]] = {}
     front, back = 0, len(tasks)  # tasks[front:back] are nobody's yet
@@ -247,23 +249,23 @@ def _triage_forked(triage: Triage, usd_per_gpu_hour: float | None, items: list[t
             while front < back:
                 while not broken and front < back and sum(not f.done() for f in sent[-2 * workers:]) < 2 * workers:
                     try:
-                        sent.append(pool.submit(_triage_task, *bounds[front]))
+                        sent.append(pool.submit(_triage_task, *tasks[front]))
                     except BrokenProcessPool:
                         broken = True
                         break
                     front += 1
                 if front < back:
                     back -= 1
-                    done_here[back] = [_stats_row(triage, usd_per_gpu_hour, item) for item in tasks[back]]
+                    done_here[back] = _rows_here(triage, usd_per_gpu_hour, items, *tasks[back])
             rows: list[FleetRow] = []
             by_workers = False
-            for k, task in enumerate(tasks):
+            for k, (lo, hi) in enumerate(tasks):
                 part = done_here.get(k)
                 if part is None:
                     try:
                         part, clock_models = unpack_rows(sent[k].result())
                     except BrokenProcessPool:
-                        part = [_stats_row(triage, usd_per_gpu_hour, item) for item in task]
+                        part = _rows_here(triage, usd_per_gpu_hour, items, lo, hi)
                     else:
                         triage.spec_clock_models.update(clock_models)
                         by_workers = True
@@ -271,6 +273,11 @@ def _triage_forked(triage: Triage, usd_per_gpu_hour: float | None, items: list[t
     finally:
         _FORKED = None
     return rows, processes if by_workers else 1
+
+
+def _rows_here(triage: Triage, usd_per_gpu_hour: float | None, items: list[tuple[int, GpuIdentity]], lo: int,
+               hi: int) -> list[FleetRow]:
+    return [_stats_row(triage, usd_per_gpu_hour, item) for item in items[lo:hi]]
 
 
 def _triage_task(lo: int, hi: int) -> bytes:
@@ -318,10 +325,10 @@ def run_fleet(client: PromClient, window: Window, *, points: int | None = None,
               detail: int = DEFAULT_DETAIL, selector: GpuSelector | None = None,
               use_recorded: bool = True, processes: int | None = None) -> FleetReport:
     """Diagnose every GPU Prometheus knows over the window (or those `selector` picks): triage from window
-    statistics (by `processes` workers, default every core, for a large fleet), then points for the top `detail`
-    GPUs at stake. Partial failures are kept in report.errors and the
-    rows they touch are marked partial; only a failed discovery, or every statistic failing, raises
-    SourceUnavailable. `notes` receives how the data was read and `timings` where the time went."""
+    statistics (in `processes` processes, by default a worker per core for a large fleet: triage_rows), then points
+    for the top `detail` GPUs at stake. Partial failures are kept in report.errors and the rows they touch are marked
+    partial; only a failed discovery, or every statistic failing, raises SourceUnavailable. `notes` receives how the
+    data was read and `timings` where the time went."""
     if usd_per_gpu_hour is not None and usd_per_gpu_hour < 0:
         raise InputError("--usd-per-gpu-hour cannot be negative.")
     if detail < 0:

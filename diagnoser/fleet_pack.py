@@ -13,15 +13,12 @@ which signals it has (about 6 KB of a 8.5 KB diagnosis).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import msgspec
 
 from diagnoser.diagnosis import Diagnosis, Limiter, Skipped
 from diagnoser.fleet_model import FleetRow
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
 
 # FleetRow's fields but the diagnosis, in order: a packed row is these values, then the diagnosis's parts.
 _ROW_FIELDS = tuple(f.name for f in dataclasses.fields(FleetRow) if f.name != "diagnosis")
@@ -78,6 +75,8 @@ class PackedDiagnosis:
         return cast(dict[str, Any], out)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends probing for hooks: not the diagnosis's to answer
+            raise AttributeError(name)
         return getattr(self.unpack(), name)
 
 
@@ -119,11 +118,4 @@ def unpack_rows(message: bytes) -> tuple[list[FleetRow], Any]:
     return rows, doc["extra"]
 
 
-def unpacked(rows: Iterable[FleetRow]) -> None:
-    """Every packed diagnosis of these rows made a Diagnosis in place (for code that needs the objects)."""
-    for r in rows:
-        if isinstance(r.diagnosis, PackedDiagnosis):
-            r.diagnosis = r.diagnosis.unpack()
-
-
-__all__ = ["PackedDiagnosis", "RowPacker", "SharedParts", "unpack_rows", "unpacked"]
+__all__ = ["PackedDiagnosis", "RowPacker", "SharedParts", "unpack_rows"]

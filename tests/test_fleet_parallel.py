@@ -140,3 +140,34 @@ def test_a_worker_that_dies_leaves_the_triage_to_this_process(monkeypatch: pytes
 def test_by_default_a_small_fleet_stays_in_one_process() -> None:
     _, triage = triage_rows(_fleet(30))
     assert triage.processes == 1
+
+
+def test_by_default_no_fork_beside_other_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    stats = _fleet(60)
+    monkeypatch.setattr(fleet, "default_jobs", lambda: 4)
+    _, triage = triage_rows(stats, chunk=10)
+    alone = threading.active_count() == 1
+    assert triage.processes == (5 if alone else 1)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        _, triage = triage_rows(stats, chunk=10)
+        assert triage.processes == 1  # an embedding program's thread: no fork unless asked for
+        _, triage = triage_rows(stats, chunk=10, processes=2)
+        assert triage.processes == 2
+    finally:
+        stop.set()
+        other.join()
+
+
+def test_a_packed_diagnosis_survives_copy_and_pickle(one_and_two) -> None:  # type: ignore[no-untyped-def]
+    import copy
+    import pickle
+
+    _, _, forked, _ = one_and_two
+    packed = next(r.diagnosis for r in forked if isinstance(r.diagnosis, PackedDiagnosis))
+    for clone in (copy.copy(packed), pickle.loads(pickle.dumps(packed))):
+        assert clone.verdict == packed.verdict and clone.unpack() == packed.unpack()
