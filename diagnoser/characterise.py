@@ -131,9 +131,9 @@ def _in_place(ev: Evidence) -> dict[FixKind, str]:
     dtype = ev.weights_dtype()
     if dtype in ("fp8", "int8"):
         found[FixKind.FP8_WEIGHTS] = f"the weights are already {dtype}"
-    elif dtype == "int4":
-        found[FixKind.FP8_WEIGHTS] = "the weights are already int4"
-        found[FixKind.INT4_WEIGHTS] = "the weights are already int4"
+    elif dtype in ("int4", "int3", "int2"):
+        found[FixKind.FP8_WEIGHTS] = f"the weights are already {dtype}"
+        found[FixKind.INT4_WEIGHTS] = f"the weights are already {dtype}"
     kv = (ev.model.kv_dtype if ev.model is not None else "") or ev.serving.kv_cache_dtype
     if kv and kv.lower().startswith(("fp8", "int8", "e4m3", "e5m2")):
         found[FixKind.FP8_KV] = f"the KV cache is already {kv}"

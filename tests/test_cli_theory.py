@@ -269,9 +269,19 @@ def test_a_compressed_tensors_fp8_kv_cache_scheme_is_read(app: typer.Typer, tmp_
     assert r["settings"]["kv_dtype"] == "fp8" and r["kv_bytes_per_token"] == 64 * 1024
 
 
+def test_3_bit_weights_are_sized_not_refused(app: typer.Typer) -> None:
+    """GPTQ 3-bit: 3/8 byte a weight with an FP16 scale per 128, the embedding, norms and lm_head at 16 bits, and the
+    matmuls at the 16-bit rate (weight-only, like INT4: no note that the GPU lacks int3 tensor cores)."""
+    r3, r4 = (run_json(app, "--model", "llama-3.1-8b", "--dtype", d) for d in ("int3", "int4"))
+    sixteen = r4["weight_bytes"] - 6_979_321_856 * (0.5 + 2 / 128)  # the 16-bit parts, from the INT4 figure
+    assert r3["weight_bytes"] == pytest.approx(6_979_321_856 * (0.375 + 2 / 128) + sixteen, rel=1e-6)
+    assert not any("int3 tensor cores" in n for n in r3.get("notes", []))
+
+
 @pytest.mark.parametrize(("quant", "fragment"), [
     ({"quant_method": "awq", "bits": "four", "group_size": 128}, "bits is 'four'"),
-    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "4- and 8-bit"),
+    ({"quant_method": "gptq", "bits": 5, "group_size": 128}, "2-, 3-, 4- and 8-bit"),
+    ({"quant_method": "gptq", "bits": True, "group_size": 128}, "bits is True"),
     ({"quant_method": "gptq", "bits": 4, "group_size": -5}, "group_size is -5"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 0}, "group_size is 0"),
     ("awq", "must be a JSON object"),

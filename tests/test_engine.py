@@ -162,6 +162,30 @@ def test_fp8_weights_are_not_offered_to_fp8_weights():
     assert FixKind.FP8_WEIGHTS not in kinds and FixKind.INT4_WEIGHTS in kinds
 
 
+def test_no_fewer_weight_bits_are_offered_to_3_bit_weights():
+    """3-bit GPTQ weights read fewer bytes than FP8 or INT4 would: neither fix may be offered (the config was refused
+    before 3- and 2-bit weights were sized); batching is, its gain from the 3-bit bytes (less than at INT4: each
+    step's weight read is already cheaper)."""
+    from tests.factories import llama_7b
+
+    gains = {}
+    for dtype in ("int4", "int3"):
+        model = llama_7b()
+        model.dtype = dtype
+        d = diagnose(make_capture(BW_CASE | {"server.running": 1.0, "server.waiting": 0.0}, model=model))
+        kinds = {f.kind: f.gain for f in d.fixes}
+        assert not kinds.keys() & {FixKind.FP8_WEIGHTS, FixKind.INT4_WEIGHTS}
+        gains[dtype] = kinds[FixKind.BATCH_MORE]
+    assert gains["int3"] is not None and gains["int4"] is not None and 1 < gains["int3"] < gains["int4"]
+    from diagnoser.characterise import characterise  # the in-place record names the precision
+
+    model = llama_7b()
+    model.dtype = "int2"
+    ev = build_evidence(make_capture(BW_CASE, model=model))
+    characterise(ev)
+    assert ev.in_place[FixKind.INT4_WEIGHTS] == "the weights are already int2"
+
+
 def test_a_host_fix_is_bounded_by_a_gpu_busy_all_the_time_and_says_so():
     ev = build_evidence(make_capture({"gpu.busy": 0.5}))
     f = Finding("T001", "t", Limiter.HOST_LAUNCH, 0.8, "m", fixes=(_fix(FixKind.REMOVE_SYNCS, 5.0),))

@@ -64,7 +64,7 @@ def test_workers_make_the_rows_one_process_makes(one_and_two) -> None:  # type: 
     assert [(r.uuid, r.gpu) for r in forked] == [(r.uuid, r.gpu) for r in alone]  # same order, most at stake first
     assert t2.spec_clock_models == t1.spec_clock_models == {"NVIDIA H100 80GB HBM3"}  # merged from the workers
     assert _json(forked) == _json(alone)  # --json: byte for byte
-    for a, f in zip(alone, forked):
+    for a, f in zip(alone, forked, strict=True):
         assert dataclasses.replace(f, diagnosis=a.diagnosis) == a  # every field of the row
         assert f.diagnosis.verdict == a.diagnosis.verdict and f.diagnosis.confidence == a.diagnosis.confidence
         assert f.diagnosis.limiter is a.diagnosis.limiter
@@ -88,7 +88,7 @@ def test_the_verdicts_and_the_table_need_no_unpacking(one_and_two) -> None:  # t
 
 def test_a_packed_diagnosis_unpacks_to_the_one_made(one_and_two) -> None:  # type: ignore[no-untyped-def]
     alone, _, forked, _ = one_and_two
-    pairs = [(a, f) for a, f in zip(alone, forked) if isinstance(f.diagnosis, PackedDiagnosis)]
+    pairs = [(a, f) for a, f in zip(alone, forked, strict=True) if isinstance(f.diagnosis, PackedDiagnosis)]
     for a, f in pairs[:60]:
         assert isinstance(f.diagnosis, PackedDiagnosis)
         assert _same(f.diagnosis.builtins(), msgspec.to_builtins(a.diagnosis))  # straight from the bytes
@@ -121,7 +121,7 @@ def test_rows_packed_and_unpacked_by_hand() -> None:
         packer.add(dataclasses.replace(r, diagnosis=dataclasses.replace(r.diagnosis)))
     back, extra = unpack_rows(packer.finish(["x"]))
     assert extra == ["x"] and [r.uuid for r in back] == [r.uuid for r in rows]
-    assert all(_same(r.diagnosis.builtins(), e) for r, e in zip(back, expected))  # type: ignore[union-attr]
+    assert all(_same(r.diagnosis.builtins(), e) for r, e in zip(back, expected, strict=True))  # type: ignore[union-attr]
 
 
 class _DyingPacker(RowPacker):

@@ -82,6 +82,10 @@ def test_param_split_untied_and_tied() -> None:
     # GPTQ asymmetric, lm_head quantised: scale + 4-bit zero point per group
     ({"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": False, "lm_head": True}, "int4", 0.5 + 2.5 / 32,
      True),
+    # GPTQ 3-bit (32 weights in three 32-bit words), symmetric: 3/8 byte a weight and an FP16 scale per 128
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128, "sym": True}, "int3", 0.375 + 2 / 128, False),
+    # GPTQ 2-bit, asymmetric: a quarter byte, and an FP16 scale + 2-bit zero point per 64
+    ({"quant_method": "gptq", "bits": 2, "group_size": 64, "sym": False}, "int2", 0.25 + 2.25 / 64, False),
     # GPTQ per channel (group_size -1): one FP16 scale per row of 4096 weights
     ({"quant_method": "gptq", "bits": 8, "group_size": -1, "sym": True}, "int8", 1 + 2 / 4096, False),
     # AWQ: always a zero point; q_group_size is AutoAWQ's spelling

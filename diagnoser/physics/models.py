@@ -69,10 +69,14 @@ def _positive_int(cfg: dict[str, Any], label: str, *keys: str, required: bool = 
 
 def _bits_dtype(bits: object, kind: str = "int") -> str:
     """The precision of `bits`-bit weights of `kind` int or float; "" for what is not one we size."""
+    if isinstance(bits, bool):
+        return ""
     if bits == 8:
         return "fp8" if kind == "float" else "int8"
     if bits == 4:
         return "fp4" if kind == "float" else "int4"
+    if bits in (3, 2) and kind != "float":
+        return f"int{bits}"
     return ""
 
 
@@ -191,9 +195,9 @@ def _check_quant(quant: object, label: str) -> None:
         raise InputError(f"{label}: quantization_config must be a JSON object, not {type(quant).__name__}.")
     for key in ("bits", "w_bit"):
         value = quant.get(key)
-        if value is not None and (value not in (4, 8) or isinstance(value, bool)):
-            raise InputError(f"{label}: quantization_config {key} is {value!r:.40}; diagnoser sizes 4- and 8-bit "
-                             "weights (for another precision use --params with --dtype).")
+        if value is not None and (value not in (2, 3, 4, 8) or isinstance(value, bool)):
+            raise InputError(f"{label}: quantization_config {key} is {value!r:.40}; diagnoser sizes 2-, 3-, 4- and "
+                             "8-bit weights (for another precision use --params with --dtype).")
     for key in ("group_size", "q_group_size"):
         value = quant.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from diagnoser.errors import InputError
 
 # Canonical precision names, the keys used everywhere else in the physics package.
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4", "int3", "int2")
 
 _ALIASES: dict[str, str] = {
     "fp32": "fp32",
@@ -32,6 +32,13 @@ _ALIASES: dict[str, str] = {
     "int4": "int4",
     "i4": "int4",
     "w4a16": "int4",
+    # 3- and 2-bit integer weights (GPTQ, compressed-tensors): weight-only, dequantised to 16 bits in the matmul.
+    "int3": "int3",
+    "i3": "int3",
+    "w3a16": "int3",
+    "int2": "int2",
+    "i2": "int2",
+    "w2a16": "int2",
     # 4-bit floats (E2M1): NVIDIA's NVFP4 (16-weight groups, FP8 scales) and OCP's MXFP4 (32-weight groups, E8M0
     # scales) store half a byte a weight like INT4, and Blackwell computes on them at its FP4 rate.
     "fp4": "fp4",
@@ -53,6 +60,8 @@ _BYTES: dict[str, float] = {
     "int8": 1.0,
     "int4": 0.5,
     "fp4": 0.5,
+    "int3": 0.375,  # GPTQ packs 32 3-bit weights into three 32-bit words
+    "int2": 0.25,
 }
 
 # The tensor-core rate a precision runs at, best first; the first one the GPU has wins.
@@ -67,6 +76,8 @@ _COMPUTE_ORDER: dict[str, tuple[str, ...]] = {
     "fp8": ("fp8", "bf16", "fp16"),
     "int8": ("int8", "bf16", "fp16"),
     "int4": ("bf16", "fp16"),
+    "int3": ("bf16", "fp16"),
+    "int2": ("bf16", "fp16"),
     "fp4": ("fp4", "bf16", "fp16"),
 }
 

@@ -66,6 +66,8 @@ _DEFAULTS: dict[str, tuple[str, int, float]] = {
     "int8": ("int8 per-channel", PER_CHANNEL, 2.0),  # W8A8 (SmoothQuant, compressed-tensors): a 16-bit scale a row
     "int4": ("int4 g128", 128, 2.0),  # GPTQ/AWQ: an FP16 scale per 128 weights (a zero point adds half a byte)
     "fp4": ("nvfp4", 16, 1.0),  # NVFP4: an FP8 E4M3 scale per 16 weights
+    "int3": ("int3 g128", 128, 2.0),  # GPTQ 3-bit: an FP16 scale per 128 weights
+    "int2": ("int2 g128", 128, 2.0),
 }
 # Methods whose defaults differ from their precision's.
 _METHOD_DEFAULTS: dict[str, tuple[int, float]] = {
