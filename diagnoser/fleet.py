@@ -218,8 +218,8 @@ def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None, th
     chunk = max(1, chunk)
     if processes is None:  # a worker per core, for a fleet of two tasks or more; this process takes what is left
         procs = min(default_jobs() + 1, len(items) // chunk)
-    else:  # as many as asked, each with work
-        procs = min(max(1, processes), len(items))
+    else:  # as many as asked, each with work, at most four a core (-j 1000 is a typo, not 1,000 forks)
+        procs = min(max(1, processes), len(items), 4 * default_jobs())
         chunk = min(chunk, -(-len(items) // max(1, procs)))
     # Forked only from a single thread unless asked for: a lock another thread held at the fork stays held in the
     # child (the diagnosis itself takes none, but an embedding program's threads are not ours to reason about).

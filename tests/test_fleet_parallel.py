@@ -137,6 +137,12 @@ def test_a_worker_that_dies_leaves_the_triage_to_this_process(monkeypatch: pytes
     assert triage.processes == 1 and _json(rows) == _json(alone)  # every task done here, none lost
 
 
+def test_processes_asked_for_are_capped_at_four_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fleet, "default_jobs", lambda: 1)
+    _, triage = triage_rows(_fleet(40), processes=1000)
+    assert triage.processes == 4
+
+
 def test_by_default_a_small_fleet_stays_in_one_process() -> None:
     _, triage = triage_rows(_fleet(30))
     assert triage.processes == 1

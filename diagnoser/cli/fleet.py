@@ -169,8 +169,9 @@ def register(app: typer.Typer) -> None:
         fail_on: str = typer.Option("", "--fail-on", help="Exit 1 when any GPU's verdict is one of these "
                                     "(comma-separated limiters, inconclusive, or 'any')."),
         rules_config: Path = typer.Option(None, "--rules-config", help="TOML file overriding rule thresholds."),
-        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="Processes diagnosing the GPUs, this one included "
-                                 f"(default: this one and a worker per core, for {2 * TRIAGE_CHUNK:,} GPUs or more)."),
+        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="Processes diagnosing the GPUs, this one included, "
+                                 "at most four a core (default: this one and a worker per core, for "
+                                 f"{2 * TRIAGE_CHUNK:,} GPUs or more)."),
     ) -> None:
         """Diagnose every GPU a Prometheus knows (via dcgm-exporter): idle, underused, limited, throttled, failing."""
         # No cyclic GC for the whole command: a fleet run holds millions of objects to its end, and at 100,000 GPUs
