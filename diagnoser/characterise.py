@@ -29,6 +29,10 @@ COUNTER_DRAM_MIN = 0.10
 COUNTER_TENSOR_IDLE = 0.10
 COUNTER_TENSOR_BUSY = 0.30
 
+# One idle gap holding this share of a trace's window makes the window a pause (a warm-up, a first call) more than a
+# workload: the data's quality, what to collect, and the judge's refusal to size host fixes from it use this bar.
+LONG_PAUSE = 0.5
+
 ENGINES_WITH_CONTINUOUS_BATCHING = ("vllm", "sglang", "tgi")
 ENGINES_WITH_TUNED_DECODE = ("vllm", "sglang", "tgi", "trtllm")
 
@@ -179,7 +183,7 @@ def _quality(ev: Evidence) -> list[Quality]:
             frac = skipped / total
             out.append(Quality(max(0.4, 1.0 - frac), f"{skipped:,} of {total:,} trace events ({frac:.0%}) were "
                                                      "damaged and skipped"))
-        if trace.longest_gap_frac is not None and trace.longest_gap_frac >= 0.5:
+        if trace.longest_gap_frac is not None and trace.longest_gap_frac >= LONG_PAUSE:
             out.append(Quality(0.5, f"one idle gap is {trace.longest_gap_frac:.0%} of the traced window: the window "
                                     "holds a long pause (a warm-up, a stray kernel before the steps), and its idle "
                                     "shares describe that pause more than the workload"))

@@ -59,7 +59,7 @@ def test_expectation_files_name_only_known_verdicts_and_fix_kinds() -> None:
         spec = tomllib.loads(path.read_text())
         assert spec.get("why"), f"{path.name} says why"
         assert set(spec.get("verdict", [])) <= VERDICTS, path.name
-        for key in ("top_fix", "forbidden", "capacity", "top3_any"):
+        for key in ("top_fix", "forbidden", "capacity", "top3_any", "unsized"):
             assert set(spec.get(key, [])) <= KINDS, f"{path.name}: {key}"
         assert set(spec.get("gain_max", {})) <= KINDS, path.name
 
@@ -119,6 +119,10 @@ def test_no_forbidden_fix_and_no_gain_beyond_the_measured_split(case: tuple[dict
         fix = offered.get(kind)
         if fix is not None:
             assert fix.benefit is Benefit.CAPACITY, f"{kind} sold as speed with nothing waiting: {fix.basis}"
+    for kind in spec.get("unsized", []):
+        fix = offered.get(kind)
+        if fix is not None:
+            assert fix.gain is None, f"{kind} sized at {fix.gain:.2f}x from data that cannot size it: {fix.basis}"
 
 
 def test_every_fix_appears_once_and_capped_gains_say_so(case: tuple[dict[str, Any], Diagnosis]) -> None:

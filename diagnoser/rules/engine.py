@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from diagnoser import signals as S
 from diagnoser.capture import Capture
+from diagnoser.characterise import LONG_PAUSE
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis, Finding, Limiter, Regime, Skipped
 from diagnoser.evidence import Evidence, build_evidence
 from diagnoser.rules.judge import judge_fixes
@@ -109,7 +110,7 @@ def _to_collect(ev: Evidence) -> list[str]:
     if trace_only or ev.meta.origin == "trace":
         if ev.trace is not None and 0 < ev.trace.window_s < 0.5:
             wants.append("A longer trace window (several steps of the workload).")
-        if ev.trace is not None and (ev.trace.longest_gap_frac or 0.0) >= 0.5:
+        if ev.trace is not None and (ev.trace.longest_gap_frac or 0.0) >= LONG_PAUSE:
             wants.append("A trace of the steady state: one pause holds most of this window (a warm-up, a first "
                          "call); torch.profiler's schedule(wait=1, warmup=1, active=3) records steps after it.")
     elif ev.meta.window_s < 5 and ev.meta.origin not in _NO_DURATION:

@@ -8,7 +8,8 @@ Four checks a demanding engineer would make, applied to every fix whatever rule 
    names every rule that proposed it.
 4. Bounded by what was measured: a host-side fix cannot beat a GPU busy all the time (1 / busy), a kernel fix cannot
    beat the floor (1 / efficiency), and nothing is promised beyond 20x. A bound that cuts a gain makes it an upper
-   bound and says so.
+   bound and says so. A host-side fix is not sized at all from a trace window that one pause holds most of (a
+   warm-up, a first call): the idle it would remove is that pause's, not the workload's.
 Then the ranking: the fixes for the verdict's limiter first, then the other speed fixes, capacity gains last (more
 throughput only if more load is offered); within each, by expected gain (predicted gain x the finding's strength).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from diagnoser.characterise import LONG_PAUSE
 from diagnoser.diagnosis import SERVING_ONLY, TRAINING_ONLY, Benefit, Finding, Fix, FixKind, GainKind, Withheld
 from diagnoser.evidence import Evidence
 from diagnoser.rules.gains import MAX_GAIN, floor_bound, host_bound
@@ -28,6 +30,12 @@ _KERNEL_SIDE = {FixKind.FUSE_KERNELS, FixKind.TUNED_ENGINE}
 def _bounded(fix: Fix, ev: Evidence) -> Fix:
     if fix.gain is None or fix.benefit is not Benefit.SPEED:
         return _cap(fix)
+    pause = ev.trace.longest_gap_frac if ev.trace is not None else None
+    if fix.kind in _HOST_SIDE and pause is not None and pause >= LONG_PAUSE:
+        return replace(fix, gain=None, gain_kind=GainKind.ESTIMATE, capped="",
+                       basis=f"not sized from this trace: one pause holds {pause:.0%} of its window (a warm-up, a "
+                       f"first call), so the idle it would remove is the pause's, not the workload's ({fix.gain:.1f}x "
+                       "from this window); trace the steady state to size it")
     bound = None
     if fix.kind in _HOST_SIDE:
         bound = host_bound(ev)
