@@ -9,8 +9,9 @@ Four checks a demanding engineer would make, applied to every fix whatever rule 
 4. Bounded by what was measured: a host-side fix cannot beat a GPU busy all the time (1 / busy), a kernel fix cannot
    beat the floor (1 / efficiency), and nothing is promised beyond 20x. A bound that cuts a gain makes it an upper
    bound and says so. A host-side fix is not sized at all from a trace window that one pause holds most of (a
-   warm-up, a first call): the idle it would remove is that pause's, not the workload's. One sized from a cut-short
-   trace says so (its last step may be partial).
+   warm-up, a first call): the idle it would remove is that pause's, not the workload's; nor from a trace holding a
+   sample of its events (a launch missing from the sample reads as the host late). One sized from a cut-short trace
+   says so (its last step may be partial).
 Then the ranking: the fixes for the verdict's limiter first, then the other speed fixes, capacity gains last (more
 throughput only if more load is offered); within each, by expected gain (predicted gain x the finding's strength).
 """
@@ -37,6 +38,11 @@ def _bounded(fix: Fix, ev: Evidence) -> Fix:
                        basis=f"not sized from this trace: one pause holds {pause:.0%} of its window (a warm-up, a "
                        f"first call), so the idle it would remove is the pause's, not the workload's ({fix.gain:.1f}x "
                        "from this window); trace the steady state to size it")
+    if fix.kind in _HOST_SIDE and ev.trace is not None and ev.trace.sampled:
+        return replace(fix, gain=None, gain_kind=GainKind.ESTIMATE, capped="",
+                       basis="not sized from this trace: it holds a sample of its events "
+                       f"({ev.trace.sampled_reason or 'sampled'}), so which gaps the host left is not known (a "
+                       f"launch missing from the sample reads as the host late); {fix.gain:.1f}x from the sample")
     if fix.kind in _HOST_SIDE | _KERNEL_SIDE and ev.trace is not None and ev.trace.truncated:
         # Sized from the shares of what was read: a cut-short file can end inside a step.
         fix = replace(fix, basis=fix.basis + "; from a trace cut short, whose last step may be partial: the whole "
