@@ -307,6 +307,7 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     # The longest single idle gap over the window: near 1, the window holds one long pause (a warm-up, a stray
     # kernel long before the steps) and its idle shares describe that pause, not the workload.
     longest_gap_frac: float | None = None
+    longest_gap_cause: str = ""  # its idle cause (traces.timeline.IDLE_CAUSES), "" in captures that predate it
     costed_time_frac: float | None = None
     top_kernels: list[KernelStat] = msgspec.field(default_factory=list)
     kernel_duration_us: DurationStats | None = None

@@ -152,6 +152,26 @@ def test_a_fix_already_in_place_is_withheld_with_the_evidence():
     assert withheld[0].kind is FixKind.CUDA_GRAPHS and "95% of the traced kernels" in withheld[0].why
 
 
+@pytest.mark.parametrize(("cause", "sized"), [("host", False), ("sync", False), ("", False), ("queue_dry", True)])
+def test_a_host_fix_is_not_sized_from_a_window_that_is_one_pause_of_the_hosts(cause: str, sized: bool):
+    """One gap of 78 % of the window, the host's (a first call's warm-up): the host fix's idle share is that pause's,
+    so it gets no gain. A pause with no work queued (a server between requests) is not what a host fix removes: the
+    gain sized from the host's own gaps stands."""
+    trace = TraceSummary(kernel_count=1000, longest_gap_frac=0.78, longest_gap_cause=cause)
+    ev = build_evidence(make_capture({"gpu.busy": 0.2}, trace=trace))
+    f = Finding("T001", "t", Limiter.HOST_LAUNCH, 0.8, "m", fixes=(_fix(FixKind.CUDA_GRAPHS, 1.15),
+                                                                    _fix(FixKind.BATCH_MORE, 1.5)))
+    fixes, _ = judge_fixes([f], ev)
+    gains = {x.kind: x for x in fixes}
+    assert gains[FixKind.BATCH_MORE].gain == 1.5  # not a host-side fix
+    graphs = gains[FixKind.CUDA_GRAPHS]
+    if sized:
+        assert graphs.gain == pytest.approx(1.15)
+    else:
+        assert graphs.gain is None and "one pause holds 78% of its window" in graphs.basis
+        assert "1.1x from this window" in graphs.basis
+
+
 def test_fp8_weights_are_not_offered_to_fp8_weights():
     from tests.factories import llama_7b
 

@@ -32,17 +32,21 @@ _KERNEL_SIDE = {FixKind.FUSE_KERNELS, FixKind.TUNED_ENGINE}
 def _bounded(fix: Fix, ev: Evidence) -> Fix:
     if fix.gain is None or fix.benefit is not Benefit.SPEED:
         return _cap(fix)
+    gain = fix.gain
     pause = ev.trace.longest_gap_frac if ev.trace is not None else None
-    if fix.kind in _HOST_SIDE and pause is not None and pause >= LONG_PAUSE:
+    # A pause of the host's making (not a queue with no work, which host fixes do not remove); a capture that predates
+    # the pause's cause ("") counts as one.
+    hosts = ev.trace is not None and ev.trace.longest_gap_cause in ("", "host", "sync", "pageable_memcpy")
+    if fix.kind in _HOST_SIDE and hosts and pause is not None and pause >= LONG_PAUSE:
         return replace(fix, gain=None, gain_kind=GainKind.ESTIMATE, capped="",
                        basis=f"not sized from this trace: one pause holds {pause:.0%} of its window (a warm-up, a "
-                       f"first call), so the idle it would remove is the pause's, not the workload's ({fix.gain:.1f}x "
+                       f"first call), so the idle it would remove is the pause's, not the workload's ({gain:.1f}x "
                        "from this window); trace the steady state to size it")
     if fix.kind in _HOST_SIDE and ev.trace is not None and ev.trace.sampled:
         return replace(fix, gain=None, gain_kind=GainKind.ESTIMATE, capped="",
                        basis="not sized from this trace: it holds a sample of its events "
                        f"({ev.trace.sampled_reason or 'sampled'}), so which gaps the host left is not known (a "
-                       f"launch missing from the sample reads as the host late); {fix.gain:.1f}x from the sample")
+                       f"launch missing from the sample reads as the host late); {gain:.1f}x from the sample")
     if fix.kind in _HOST_SIDE | _KERNEL_SIDE and ev.trace is not None and ev.trace.truncated:
         # Sized from the shares of what was read: a cut-short file can end inside a step.
         fix = replace(fix, basis=fix.basis + "; from a trace cut short, whose last step may be partial: the whole "
@@ -52,10 +56,10 @@ def _bounded(fix: Fix, ev: Evidence) -> Fix:
         bound = host_bound(ev)
     elif fix.kind in _KERNEL_SIDE:
         bound = floor_bound(ev)
-    if bound is not None and fix.gain > bound[0] + 1e-9:
+    if bound is not None and gain > bound[0] + 1e-9:
         fix = replace(fix, gain=bound[0], gain_kind=GainKind.UPPER_BOUND,
                       capped=(fix.capped + "; " if fix.capped else "")
-                      + f"bounded by {bound[1]} (from {fix.gain:.2f}x)")
+                      + f"bounded by {bound[1]} (from {gain:.2f}x)")
     return _cap(fix)
 
 

@@ -507,9 +507,10 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
         elif a.ops is None or not a.ops.runs:
             s.costed_time_frac = 0.0
     s.timeline = a.snapshot
-    gaps = [g.length for tl in a.timelines for g in tl.longest_gaps]
-    if gaps and s.window_s > 0:
-        s.longest_gap_frac = min(1.0, max(gaps) / (s.window_s * 1e6))
+    longest = max((g for tl in a.timelines for g in tl.longest_gaps), key=lambda g: g.length, default=None)
+    if longest is not None and s.window_s > 0:
+        s.longest_gap_frac = min(1.0, longest.length / (s.window_s * 1e6))
+        s.longest_gap_cause = longest.cause
     if k is not None and k.total_us > 0:
         s.kernel_share = k.shares()
         s.kernel_count = k.kernels
