@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import FixKind, Regime
+from diagnoser.physics.precision import weight_only
 
 if TYPE_CHECKING:
     from diagnoser.capture import TraceSummary
@@ -135,7 +136,7 @@ def _in_place(ev: Evidence) -> dict[FixKind, str]:
     dtype = ev.weights_dtype()
     if dtype in ("fp8", "int8"):
         found[FixKind.FP8_WEIGHTS] = f"the weights are already {dtype}"
-    elif dtype in ("int4", "int3", "int2"):
+    elif dtype and weight_only(dtype):  # int4 and below: FP8 or INT4 weights would read more bytes
         found[FixKind.FP8_WEIGHTS] = f"the weights are already {dtype}"
         found[FixKind.INT4_WEIGHTS] = f"the weights are already {dtype}"
     kv = (ev.model.kv_dtype if ev.model is not None else "") or ev.serving.kv_cache_dtype

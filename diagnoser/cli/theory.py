@@ -55,7 +55,7 @@ from diagnoser.physics import (
     weight_dtype,
     what_if,
 )
-from diagnoser.physics.precision import normalise_dtype
+from diagnoser.physics.precision import normalise_dtype, weight_only
 from diagnoser.physics.whatif import REALISED_PREFIX
 from diagnoser.textsafe import printable
 
@@ -119,7 +119,7 @@ def _notes(s: Setup, kv_known: bool, max_seqs: int | None) -> list[str]:
     if s.model.max_context and s.context > s.model.max_context:
         notes.append(f"Context {s.context} exceeds the model's {s.model.max_context} positions.")
     math_dtype = compute_dtype(s.gpu, s.dtype)
-    if math_dtype != s.dtype and s.dtype not in ("int4", "int3", "int2", "fp32"):  # weight-only: expected
+    if math_dtype != s.dtype and s.dtype != "fp32" and not weight_only(s.dtype):  # weight-only: expected
         notes.append(f"The {s.gpu.name} has no {s.dtype} tensor cores; math runs at its {math_dtype} rate.")
     if s.model.active_params and s.model.params and s.model.active_params < s.model.params:
         notes.append("MoE: a step reads only the experts its tokens route to (uniform routing assumed).")

@@ -82,13 +82,24 @@ _COMPUTE_ORDER: dict[str, tuple[str, ...]] = {
 }
 
 
+def _canonical(name: str) -> str | None:
+    key = name.strip().lower().removeprefix("torch.")
+    return _ALIASES.get(key.replace("_", "").replace("-", ""))
+
+
 def normalise_dtype(name: str) -> str:
     """Map a user or framework spelling ("bfloat16", "half", "e4m3", "torch.float16") to a name in DTYPES."""
-    key = name.strip().lower().removeprefix("torch.")
-    key = key.replace("_", "").replace("-", "")
-    if key in _ALIASES:
-        return _ALIASES[key]
-    raise InputError(f"unknown precision '{name}'; use one of {', '.join(DTYPES)}.")
+    found = _canonical(name)
+    if found is None:
+        raise InputError(f"unknown precision '{name}'; use one of {', '.join(DTYPES)}.")
+    return found
+
+
+def weight_only(dtype: str) -> bool:
+    """Quantised weights with no tensor-core rate of their own (int4, int3, int2): dequantised to 16 bits in the
+    matmul. False for a name that is no precision."""
+    found = _canonical(dtype)
+    return found is not None and found not in _COMPUTE_ORDER[found]
 
 
 def bytes_per_element(dtype: str) -> float:

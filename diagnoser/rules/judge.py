@@ -38,15 +38,13 @@ def _bounded(fix: Fix, ev: Evidence) -> Fix:
     # the pause's cause ("") counts as one.
     hosts = ev.trace is not None and ev.trace.longest_gap_cause in ("", "host", "sync", "pageable_memcpy")
     if fix.kind in _HOST_SIDE and hosts and pause is not None and pause >= LONG_PAUSE:
-        return replace(fix, gain=None, gain_kind=GainKind.ESTIMATE, capped="",
-                       basis=f"not sized from this trace: one pause holds {pause:.0%} of its window (a warm-up, a "
-                       f"first call), so the idle it would remove is the pause's, not the workload's ({gain:.1f}x "
-                       "from this window); trace the steady state to size it")
+        return _unsized(fix, f"one pause holds {pause:.0%} of its window (a warm-up, a first call), so the idle it "
+                        f"would remove is the pause's, not the workload's ({gain:.1f}x from this window); trace the "
+                        "steady state to size it")
     if fix.kind in _HOST_SIDE and ev.trace is not None and ev.trace.sampled:
-        return replace(fix, gain=None, gain_kind=GainKind.ESTIMATE, capped="",
-                       basis="not sized from this trace: it holds a sample of its events "
-                       f"({ev.trace.sampled_reason or 'sampled'}), so which gaps the host left is not known (a "
-                       f"launch missing from the sample reads as the host late); {gain:.1f}x from the sample")
+        return _unsized(fix, f"it holds a sample of its events ({ev.trace.sampled_reason or 'sampled'}), so which "
+                        "gaps the host left is not known (a launch missing from the sample reads as the host late); "
+                        f"{gain:.1f}x from the sample")
     if fix.kind in _HOST_SIDE | _KERNEL_SIDE and ev.trace is not None and ev.trace.truncated:
         # Sized from the shares of what was read: a cut-short file can end inside a step.
         fix = replace(fix, basis=fix.basis + "; from a trace cut short, whose last step may be partial: the whole "
@@ -61,6 +59,11 @@ def _bounded(fix: Fix, ev: Evidence) -> Fix:
                       capped=(fix.capped + "; " if fix.capped else "")
                       + f"bounded by {bound[1]} (from {gain:.2f}x)")
     return _cap(fix)
+
+
+def _unsized(fix: Fix, why: str) -> Fix:
+    """The fix with no gain, and why the trace cannot size it."""
+    return replace(fix, gain=None, gain_kind=GainKind.ESTIMATE, capped="", basis=f"not sized from this trace: {why}")
 
 
 def _cap(fix: Fix) -> Fix:
