@@ -1,5 +1,8 @@
 """Suite-wide check: every Diagnosis a test builds must match docs/diagnosis.schema.json.
 
+And one more, suite-wide: a test that leaves a SIGINT or SIGTERM handler behind fails (the handler is put back first),
+so a later test that sends itself Ctrl-C is not swallowed by a handler some earlier test installed.
+
 Diagnosis.__init__ is wrapped for the whole session to record each diagnosis made in-process; after each test's
 call phase, the recorded ones are rendered as scripts see them (reports.jsonout.diagnosis_json) and validated, and
 the test fails if one is invalid or is not strict JSON. Mark a test `no_schema_check` to build invalid ones on
@@ -10,6 +13,7 @@ output they parse themselves.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +72,24 @@ def _validator(jsonschema: Any) -> Any:
     return _validators["v"]
 
 
+_GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
+    handlers = {sig: signal.getsignal(sig) for sig in _GUARDED_SIGNALS}
     try:
         result = yield
     finally:
         made = list(_made)
         _made.clear()
+    left = {sig: signal.getsignal(sig) for sig in _GUARDED_SIGNALS}
+    changed = [f"{signal.Signals(sig).name}: {left[sig]!r} (was {handlers[sig]!r})" for sig in _GUARDED_SIGNALS
+               if left[sig] is not handlers[sig]]
+    if changed:
+        for sig in _GUARDED_SIGNALS:
+            signal.signal(sig, handlers[sig])
+        pytest.fail("the test left a signal handler behind: " + "; ".join(changed), pytrace=False)
     if item.get_closest_marker("no_schema_check") or not made:
         return result
     problems = []

@@ -66,7 +66,13 @@ def test_ctrl_c_during_a_sample_waits_for_the_sampler_to_finish() -> None:
     collector = SlowCollector(slow_s=1.0)
     sampler = Sampler(capture, [collector], duration_s=30.0, interval_s=0.05)
     _interrupt_when(collector.in_slow_sample)
-    run_sampler(sampler)  # the KeyboardInterrupt is absorbed: it ends the window
+    # Python's own Ctrl-C handling, as at a terminal: a suite started as a script's background job inherits SIGINT
+    # ignored, and the window then ran its whole 30 s.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        run_sampler(sampler)  # the KeyboardInterrupt is absorbed: it ends the window
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert sampler.finished.is_set(), "run_sampler returned while the sampler thread was still sampling"
     assert collector.stopped_at is not None
     assert capture.duration_s == math.ceil(collector.stopped_at * 1000) / 1000
