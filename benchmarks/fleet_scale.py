@@ -41,6 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.installed import compile_bytecode
 from diagnoser.collectors.dcgm import FIELDS_BY_KEY
 from diagnoser.collectors.http import fetch
 from diagnoser.collectors.prom_stats import STATS, identity_expr, stat_expr
@@ -253,6 +254,20 @@ def engine_cpu_s(engine: PrometheusServer) -> float:
 # --- the measurements -------------------------------------------------------------------------------------------------
 
 
+# The development VM's single-core speed swings by a half within seconds (the same loop: 0.23-0.36 s) while its load
+# average reads 0: its host is shared. A fixed loop timed before each run says how fast the machine was then.
+PROBE_LOOPS = 2_000_000
+
+
+def speed_probe() -> float:
+    """Seconds for a fixed pure-Python loop in this process: the machine's speed just before a run."""
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(PROBE_LOOPS):
+        x += i * i
+    return time.perf_counter() - t0
+
+
 def bare_queries(engine: PrometheusServer, start: int, end: int, recorded: bool) -> dict:
     """The requests fleet makes for its statistics, four at a time, bodies read and dropped: the engine's cost."""
     window = end - start
@@ -275,14 +290,14 @@ def bare_queries(engine: PrometheusServer, start: int, end: int, recorded: bool)
         return len(fetch(f"{engine.url}/api/v1/query", timeout_s=600, max_bytes=1 << 31, method="POST", data=body,
                          headers={"Content-Type": "application/x-www-form-urlencoded"}))
 
-    load = os.getloadavg()[0]
+    load, probe = os.getloadavg()[0], speed_probe()
     cpu0, t0 = engine_cpu_s(engine), time.perf_counter()
     fetch(f"{engine.url}/api/v1/label/__name__/values?start={start}&end={end}", timeout_s=600, max_bytes=1 << 26)
     with ThreadPoolExecutor(max_workers=4) as pool:
         sizes = list(pool.map(one, queries))
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "engine_cpu_s": engine_cpu_s(engine) - cpu0, "queries": len(queries) + 1,
-            "answer_mib": sum(sizes) / 2**20, "load": load}
+            "answer_mib": sum(sizes) / 2**20, "load": load, "probe_s": probe}
 
 
 def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool, json_out: Path | None,
@@ -291,7 +306,7 @@ def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool,
     args = [sys.executable, "-m", "diagnoser", "fleet", "--prometheus", engine.url, "--start", str(start), "--end",
             str(end), "--timeout", "600", *(["--json"] if json_out else []), *([] if recorded else ["--no-recorded"]),
             *(["--jobs", str(jobs)] if jobs else [])]
-    load = os.getloadavg()[0]
+    load, probe = os.getloadavg()[0], speed_probe()
     cpu0 = engine_cpu_s(engine)
     with open(json_out or os.devnull, "wb") as out, tempfile.TemporaryDirectory() as folder:
         usage_file = Path(folder) / "usage.json"
@@ -306,7 +321,7 @@ def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool,
     if code != 0 or usage is None:
         raise SystemExit(f"fleet failed ({code}): {err[-2000:]}")
     return {"wall_s": wall, "cpu_s": usage.cpu_s, "peak_rss_mib": usage.peak_rss_mib,
-            "engine_cpu_s": engine_cpu_s(engine) - cpu0, "load": load,
+            "engine_cpu_s": engine_cpu_s(engine) - cpu0, "load": load, "probe_s": probe,
             "warnings": [line for line in err.splitlines() if "warning" in line][:5]}
 
 
@@ -367,7 +382,9 @@ def bench(kind: str, n: int, args: argparse.Namespace, workdir: Path) -> dict:
 
 def print_summary(r: dict) -> None:
     s = r["summary"]
-    print(f"\n{r['engine']}, {r['gpus']:,} GPUs ({r['rows']:,} rows); load {s['fleet']['load']:.1f}")
+    print(f"\n{r['engine']}, {r['gpus']:,} GPUs ({r['rows']:,} rows); load {s['fleet']['load']:.1f}; speed probe "
+          f"{s['fleet']['probe_s']:.3f} s (median; {min(x['probe_s'] for x in r['runs']['fleet']):.3f}-"
+          f"{max(x['probe_s'] for x in r['runs']['fleet']):.3f})")
     for name in ("bare", "fleet", "fleet_j1", "bare_recorded", "fleet_recorded"):
         row = s[name]
         extra = f" cpu {row['cpu_s']:.2f} s, rss {row['peak_rss_mib']:.0f} MiB" if "cpu_s" in row else ""
@@ -383,6 +400,7 @@ def main() -> None:
     ap.add_argument("--keep-data", type=Path, default=None, help="keep (and reuse) the loaded data under this "
                     "directory: 100,000 GPUs take a long while to load")
     args = ap.parse_args()
+    compile_bytecode()  # each `fleet` is a fresh process: start it as an installed one starts
     results = []
     for n in (int(x) for x in args.sizes.split(",")):
         for kind in args.engines.split(","):
