@@ -6,8 +6,8 @@ reads what the earlier ones recorded at the same evaluation):
 
 1. Statistics: exactly the PromQL `diagnoser fleet` would ask ad hoc (collectors/prom_stats.py `stat_expr`), recorded
    as `gpu:dcgm_<field>:<stat>_<window>`, plus the GPUs' identity labels (`gpu:dcgm_identity:count_<window>`); when
-   these exist for its window, `fleet` reads them in one query instead of computing them. The spec table's maximum SM
-   clocks stand in where DCGM_FI_DEV_MAX_SM_CLOCK is not exported.
+   these exist for its window, `fleet` reads them (by name, one plain read each) instead of computing them. The spec
+   table's maximum SM clocks stand in where DCGM_FI_DEV_MAX_SM_CLOCK is not exported.
 2. Findings: one series per GPU and rule that fires, valued at the rule's strength, for the rules that DCGM counters
    alone decide (ERR001, VRAM003, IDLE001, BAT003, BW001, CMP001, LAT001, LAT002, THR001), with the same thresholds as
    the Python rules (and a --rules-config's overrides): `gpu:diagnoser_finding:<window>{rule, limiter}`.
