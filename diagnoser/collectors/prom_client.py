@@ -44,7 +44,6 @@ class _Labels(msgspec.Struct):
     UUID: str = ""
     uuid: str = ""
     GPU_I_ID: str = ""
-    name: str = msgspec.field(default="", name="__name__")  # set in answers that keep it (recorded series)
 
     @property
     def key(self) -> GpuKey:
