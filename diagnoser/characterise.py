@@ -136,6 +136,9 @@ def _in_place(ev: Evidence) -> dict[FixKind, str]:
     dtype = ev.weights_dtype()
     if dtype in ("fp8", "int8"):
         found[FixKind.FP8_WEIGHTS] = f"the weights are already {dtype}"
+        # W8A8 serving runs the matmuls in 8 bits: FP8 tensor cores run them no faster (Hopper's INT8 rate is its
+        # FP8 rate).
+        found[FixKind.FP8_MATMUL] = f"the weights are already {dtype}: the matmuls run at the 8-bit tensor rate"
     elif dtype and weight_only(dtype):  # int4 and below: FP8 or INT4 weights would read more bytes
         found[FixKind.FP8_WEIGHTS] = f"the weights are already {dtype}"
         found[FixKind.INT4_WEIGHTS] = f"the weights are already {dtype}"

@@ -264,3 +264,46 @@ def test_batch_gain_is_capped_by_the_memory_share_the_server_may_use():
     assert gain_default is not None and gain_half is not None and gain_half < gain_default
     assert "capped by the" in basis_default and "(--gpu-memory-utilization)" not in basis_default
     assert "in 50% of memory (--gpu-memory-utilization)" in basis_half
+
+
+def test_a_throttle_message_keeps_the_share_of_the_window_apart_from_the_mean_clock():
+    # Power-capped for 12 of 30 samples (40 %) at 55 % clock, at full clock otherwise: the clock averages
+    # 0.4 x 0.55 + 0.6 = 82 % over the window. It was not "held at 82 % for 40 % of the window": it ran at 55 %
+    # while capped. The message says the two numbers measured, each for what it is.
+    capped = [1.0] * 12 + [0.0] * 18
+    clock = [0.55] * 12 + [1.0] * 18
+    d = diagnose(make_capture({"gpu.busy": 0.98, "gpu.throttle.power": capped, "gpu.sm_clock_frac": clock,
+                               "gpu.dram_active": 0.4, "gpu.tensor_active": 0.35}))
+    thr = next(f for f in d.findings if f.code == "THR001")
+    assert "for 40% of the window" in thr.message and "averaging 82% of its maximum" in thr.message, thr.message
+    assert "at 82%" not in thr.message
+    # No power limit was read, so whether the cap was lowered is not known: no gain, only the bound if it was.
+    fix = next(f for f in d.fixes if f.rule == "THR001")
+    assert fix.gain is None and "up to 1 / 82% clock" in fix.basis, fix.basis
+
+
+def test_fp8_matmuls_are_not_offered_where_the_weights_already_are_fp8():
+    # A compute-bound prefill: the tensor pipes 80 % busy. With BF16 weights FP8 matmuls gain at most
+    # 1 / (0.2 + 0.8 / 2) = 1.67x on an H100; with FP8 weights (W8A8 on Hopper) the matmuls already run at the FP8
+    # rate, and with INT8 weights at the same rate: nothing to offer, and the report says why.
+    counters = {"gpu.busy": 0.97, "gpu.tensor_active": 0.8, "gpu.dram_active": 0.3}
+    bf16 = diagnose(make_capture(counters, model=llama_7b()))
+    fix = next(f for f in bf16.fixes if f.title == "Run the matmuls in FP8")
+    assert fix.gain == pytest.approx(1 / 0.6, rel=1e-3) and "assum" not in fix.basis
+    for dtype in ("fp8", "int8"):
+        model = llama_7b()
+        model.dtype = dtype
+        d = diagnose(make_capture(counters, model=model))
+        assert d.verdict == "compute"
+        assert "Run the matmuls in FP8" not in {f.title for f in d.fixes}, dtype
+        held = next(w for w in d.withheld if w.title == "Run the matmuls in FP8")
+        assert dtype in held.why
+
+
+def test_fp8_matmul_gain_says_which_dtype_it_assumed_when_none_is_known():
+    # DCGM counters alone (the fleet's case) do not say the dtype: the gain is for BF16/FP16 matmuls, and a server
+    # already on FP8 gains nothing. The basis says so instead of presenting the assumption as measured.
+    d = diagnose(make_capture({"gpu.busy": 0.97, "gpu.tensor_active": 0.8, "gpu.dram_active": 0.3}))
+    fix = next(f for f in d.fixes if f.title == "Run the matmuls in FP8")
+    assert fix.is_upper_bound and fix.gain == pytest.approx(1 / 0.6, rel=1e-3)
+    assert "assumes" in fix.basis and "FP8 already" in fix.basis, fix.basis

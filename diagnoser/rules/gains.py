@@ -301,6 +301,9 @@ def fp8_matmul_gain(ev: Evidence) -> Gain:
     if gpu is None or "fp8" not in gpu.flops:
         return Gain.unknown("needs a GPU with FP8 tensor cores (Hopper, Ada, Blackwell)")
     dtype = _dtype(ev)
+    # Counters alone do not say the dtype: the gain is for 16-bit matmuls, and the basis says it assumed that.
+    assumed = "" if ev.weights_dtype() else (f"; assumes {dtype} matmuls now (the dtype is not known here: "
+                                             "--model config.json names it): a server on FP8 already gains nothing")
     try:
         base = physics.peak_flops(gpu, dtype)
     except InputError:
@@ -316,14 +319,16 @@ def fp8_matmul_gain(ev: Evidence) -> Gain:
         t = min(1.0, max(0.0, tensor))
         return Gain(amdahl(t, ratio), f"FP8 over {dtype} tensor peak ({ratio:.2f}x) shortens only the cycles the "
                                       f"tensor pipes are active ({t:.0%}, counters): 1 / ({1 - t:.2f} + {t:.2f} / "
-                                      f"{ratio:.2f})", GainKind.UPPER_BOUND)
+                                      f"{ratio:.2f}){assumed}", GainKind.UPPER_BOUND)
     if gemm is None:
         return Gain(ratio, f"FP8 over {dtype} tensor peak of the {gpu.name} ({ratio:.2f}x), if all the time were "
-                           "matmuls (no trace to measure the GEMM share: an upper bound)", GainKind.UPPER_BOUND)
+                           f"matmuls (no trace to measure the GEMM share: an upper bound){assumed}",
+                    GainKind.UPPER_BOUND)
     share = min(1.0, gemm + attention)
     gain = amdahl(share, ratio)
     return Gain(gain, f"FP8 over {dtype} tensor peak ({ratio:.2f}x) applies to the {share:.0%} of GPU time in "
-                      f"GEMMs and attention: 1 / ({1 - share:.2f} + {share:.2f} / {ratio:.2f})", GainKind.UPPER_BOUND)
+                      f"GEMMs and attention: 1 / ({1 - share:.2f} + {share:.2f} / {ratio:.2f}){assumed}",
+                GainKind.UPPER_BOUND)
 
 
 def host_bound(ev: Evidence) -> tuple[float, str] | None:

@@ -61,9 +61,9 @@ def clocks_throttled(c: Check) -> Finding | None:
               "redundancy, the BMC's power capping policy and its event log; nvidia-smi -q -d PERFORMANCE shows "
               "'HW Power Brake Slowdown: Active' while it holds.", bound)
         return c.finding(0.5 + min(0.4, (c.t["clock_frac_mean"] - clock.mean) * 2),
-                         f"The HW power brake holds the SM clock at {clock.mean:.0%} of its maximum for "
-                         f"{brake.frac_above(0.5):.0%} of the window: asserted from outside the GPU (power supply "
-                         "or BMC), not by its power limit.")
+                         f"The HW power brake was asserted for {brake.frac_above(0.5):.0%} of the window and the "
+                         f"SM clock averaged {clock.mean:.0%} of its maximum over it: the brake comes from outside "
+                         "the GPU (power supply or BMC), not from its power limit.")
     limit, default = c.opt(S.GPU_POWER_LIMIT_W), c.opt(S.GPU_POWER_DEFAULT_LIMIT_W)
     lowered = None
     if not thermal and limit is not None and default is not None and default.max > 0:
@@ -71,8 +71,9 @@ def clocks_throttled(c: Check) -> Finding | None:
         c.cite(limit, "max", "<" if lowered else ">=", c.t["lowered_cap"] * default.max)
         c.cite(default, "max")
     if thermal:
-        c.fix(FixKind.POWER_COOLING, "Cool the GPU", f"A thermal slowdown holds clocks at {clock.mean:.0%} of max: "
-              "check airflow, fan speeds and inlet temperature.", bound)
+        c.fix(FixKind.POWER_COOLING, "Cool the GPU", f"A thermal slowdown acted for {throttled:.0%} of the window "
+              f"(the SM clock averaged {clock.mean:.0%} of max): check airflow, fan speeds and inlet temperature.",
+              bound)
         what = "thermal slowdown"
     elif lowered:
         c.fix(FixKind.POWER_COOLING, "Restore the default power limit", f"The enforced limit ({limit.max:.0f} W) "  # type: ignore[union-attr]
@@ -89,11 +90,13 @@ def clocks_throttled(c: Check) -> Finding | None:
                                f"not known; if it was, up to 1 / {clock.mean:.0%} clock"))
     strength = 0.5 + min(0.4, (c.t["clock_frac_mean"] - clock.mean) * 2)
     if lowered is False:
-        return c.finding(min(strength, 0.45), f"The board's default power cap ({default.max:.0f} W) holds the SM "  # type: ignore[union-attr]
-                         f"clock at {clock.mean:.0%} of its maximum for {throttled:.0%} of the window: the GPU is "
-                         "power-bound under this load, which is how it is built to run, not a setting to restore.")
-    return c.finding(strength, f"The {what} holds the SM clock at {clock.mean:.0%} of its maximum for "
-                     f"{throttled:.0%} of the window.")
+        return c.finding(min(strength, 0.45), f"The board's default power cap ({default.max:.0f} W) held the "  # type: ignore[union-attr]
+                         f"clocks down for {throttled:.0%} of the window, the SM clock averaging {clock.mean:.0%} of "
+                         "its maximum: the GPU is power-bound under this load, which is how it is built to run, not "
+                         "a setting to restore.")
+    # The share is of the window's samples, the clock a mean over all of them: during the event it ran lower still.
+    return c.finding(strength, f"The {what} held the clocks down for {throttled:.0%} of the window, the SM clock "
+                     f"averaging {clock.mean:.0%} of its maximum over it.")
 
 
 @rule(
