@@ -520,6 +520,13 @@ def dumps(capture: Capture) -> bytes:
 MAX_CAPTURE_BYTES = 256 << 20
 
 
+def _looks_like_trace(data: bytes | bytearray) -> bool:
+    """A torch.profiler/Chrome trace handed to a command that reads captures: an object with a traceEvents key near
+    its start (Kineto writes a few metadata keys first), or the Chrome array of events."""
+    head = bytes(data[: 1 << 20]).lstrip()
+    return head[:1] == b"[" or (head[:1] == b"{" and b'"traceEvents"' in head)
+
+
 def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
     """Decode a capture (gzip-compressed or plain JSON), checked against its typed schema.
 
@@ -540,6 +547,9 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
     try:
         env = msgspec.json.decode(data, type=_Envelope)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        if _looks_like_trace(data):
+            raise CaptureError(f"{origin} is a torch.profiler/Chrome trace, not a diagnoser capture: "
+                               "`diagnoser analyze` reads traces.") from None
         raise CaptureError(f"{origin} is not a diagnoser capture: {_sentence(exc)}.") from None
     if env.format != FORMAT_NAME:
         raise CaptureError(f"{origin} is a '{_quote(env.format)}' file, not a diagnoser capture.")

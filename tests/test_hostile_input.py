@@ -244,3 +244,26 @@ def test_configs_are_read_bounded(tmp_path: Path, command: list[str], kind: str)
 def test_capture_limit_is_documented() -> None:
     assert cap_mod.MAX_CAPTURE_BYTES == 256 << 20
     assert "256 MiB" in (REPO / "docs" / "capture-format.md").read_text()
+
+
+# --- the wrong kind of file ---------------------------------------------------------------------------------------------
+
+def test_a_trace_given_for_a_capture_and_a_capture_for_a_trace_name_the_command_that_reads_each(tmp_path: Path) -> None:
+    # A Kineto trace starts with metadata keys (an array among them) before its events; the Chrome form is an array.
+    kineto = tmp_path / "trace.json"
+    kineto.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "H100"}],
+                                  "traceEvents": [{"ph": "X", "name": "k", "ts": 0, "dur": 1}]}))
+    chrome = tmp_path / "events.json.gz"
+    chrome.write_bytes(gzip.compress(b'[{"ph": "X", "name": "k", "ts": 0, "dur": 1}]'))
+    for trace in (kineto, chrome):
+        code, _, err = _run("diagnose", str(trace))
+        line = one_sentence(err)
+        assert code == 2 and "is a torch.profiler/Chrome trace, not a diagnoser capture" in line, line
+        assert "diagnoser analyze" in line
+    code, _, err = _run("analyze", str(FIXTURE))
+    line = one_sentence(err)
+    assert code == 2 and "is a diagnoser capture, not a trace" in line and "diagnoser diagnose" in line, line
+    # Other JSON still reads as what it is: neither.
+    other = _write(tmp_path / "other.json.gz", {"hello": 1})
+    code, _, err = _run("diagnose", str(other))
+    assert code == 2 and "is not a diagnoser capture" in one_sentence(err)

@@ -147,7 +147,8 @@ def test_gzip_of_zeros_is_not_a_trace(tmp_path: Path) -> None:
     (b"", "is empty"),
     (b"   \n  ", "is empty"),
     (b"hello world", "not a JSON trace"),
-    (b'{"format": "diagnoser-capture", "version": 1, "capture": {}}', "without a traceEvents array"),
+    (b'{"format": "diagnoser-capture", "version": 1, "capture": {}}', "is a diagnoser capture, not a trace"),
+    (b'{"format": "something-else", "events": []}', "without a traceEvents array"),
     (b'{"traceEvents": []}', "no events"),
     (gzip.compress(b"\x89PNG not json"), "not a JSON trace"),
 ])

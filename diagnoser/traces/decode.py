@@ -402,7 +402,13 @@ def read_head(blocks: Iterator[bytes], path: Path, tf: TraceFile) -> tuple[bytes
             break
     if not buf:
         raise TraceError(f"{path} is empty.")
+    if _CAPTURE_TAG.match(buf) is not None:
+        raise TraceError(f"{path} is a diagnoser capture, not a trace: `diagnoser diagnose` (or `report`) reads it.")
     raise TraceError(f"{path} is JSON without a traceEvents array: not a torch.profiler/Chrome trace.")
+
+
+# What `diagnoser attach --save` writes (capture.py's envelope), handed to a command that reads traces.
+_CAPTURE_TAG = re.compile(rb'\{\s*"format"\s*:\s*"diagnoser-capture"')
 
 
 def parse_head_metadata(head: bytes, tf: TraceFile) -> None:
