@@ -9,6 +9,10 @@ EXIT_TERMINATED (143 = 128 + SIGTERM, what a shell reports for a program SIGTERM
 supervisor still sees the program was stopped. A second signal raises KeyboardInterrupt in the main thread: the
 command ends at once ("interrupted.", exit 130), once the window's last sample is taken (`run_sampler` waits for it).
 
+An ignored SIGINT stays ignored, as Python itself leaves it at startup: a shell starts a script's background jobs
+with SIGINT ignored so that a Ctrl-C meant for the script's foreground does not stop them (`diagnoser agent &` in a
+node's start-up script). SIGTERM is always handled.
+
 Handlers can only be installed from the main thread; elsewhere (a library caller's worker thread) `arm()` installs
 none and the caller's own stop event and KeyboardInterrupt handling apply. The handlers are restored when the
 decorated command returns, so a command run in-process (typer's test runner) leaves the process as it found it.
@@ -62,6 +66,17 @@ class Interrupted(DiagnoserError):
         self.exit_code = exit_code
 
 
+def catch(signals: tuple[int, ...], handler: Callable[[int, FrameType | None], Any]) -> dict[int, Any]:
+    """`handler` for each of `signals` but an inherited ignored SIGINT; the handlers replaced, by signal, to put
+    back."""
+    previous: dict[int, Any] = {}
+    for sig in signals:
+        if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
+            continue
+        previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
 class StopOnSignals:
     """The first SIGINT/SIGTERM after `install()` sets `event`; a second raises KeyboardInterrupt."""
 
@@ -73,8 +88,7 @@ class StopOnSignals:
 
     def install(self) -> StopOnSignals:
         if threading.current_thread() is threading.main_thread() and not self._previous:
-            for sig in self.signals:
-                self._previous[sig] = signal.signal(sig, self._handle)
+            self._previous = catch(self.signals, self._handle)
         return self
 
     def restore(self) -> None:

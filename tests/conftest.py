@@ -1,7 +1,10 @@
 """Suite-wide check: every Diagnosis a test builds must match docs/diagnosis.schema.json.
 
 And one more, suite-wide: a test that leaves a SIGINT or SIGTERM handler behind fails (the handler is put back first),
-so a later test that sends itself Ctrl-C is not swallowed by a handler some earlier test installed.
+so a later test that sends itself Ctrl-C is not swallowed by a handler some earlier test installed. A suite started
+with SIGINT ignored (a script's background job, as CI may run it) takes Python's own Ctrl-C handling first: the
+commands leave an inherited ignored SIGINT ignored, as the convention is, and the tests that send Ctrl-C to a command
+start it as from a terminal (a handler, unlike SIG_IGN, is not inherited across exec).
 
 Diagnosis.__init__ is wrapped for the whole session to record each diagnosis made in-process; after each test's
 call phase, the recorded ones are rendered as scripts see them (reports.jsonout.diagnosis_json) and validated, and
@@ -41,6 +44,8 @@ def _install_recorder() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "no_schema_check: build diagnoses that need not match the JSON schema")
     _install_recorder()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # see the module's docstring
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def schema_errors(diagnosis: Any) -> list[str]:

@@ -118,9 +118,11 @@ def agent_cmd(*args: str) -> list[str]:
 class AgentProcess:
     """`diagnoser agent` in the background, its JSON log lines collected as they come."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, sigint_ignored: bool = False) -> None:
+        # As a shell starts a script's background job: SIGINT ignored, which exec keeps.
+        ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
         self.proc = subprocess.Popen(agent_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=ENV)
+                                     env=ENV, preexec_fn=ignore)
         self.events: list[dict[str, Any]] = []
         self.raw: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -264,6 +266,25 @@ def test_loop_serves_metrics_keeps_history_and_stops_on_sigterm(demo: DemoServer
     assert not list(db.parent.glob(".agent-work-*"))
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_an_agent_started_with_sigint_ignored_keeps_running_through_ctrl_c(demo: DemoServer, tmp_path: Path) -> None:
+    # `diagnoser agent &` in a start-up script: the shell ignores SIGINT in its background jobs, so a Ctrl-C meant for
+    # the script's foreground must not stop the agent. SIGTERM still does.
+    db, port = tmp_path / "history.db", free_port()
+    agent = AgentProcess("--every", "1s", "--jitter", "0", "--window", "1s", "--targets", f"demo={demo.port}",
+                         "--db", str(db), "--metrics-port", str(port), sigint_ignored=True)
+    try:
+        cycles = lambda: metric(scrape(port), "diagnoser_agent_cycles_total") or 0  # noqa: E731
+        wait_until(lambda: cycles() >= 1, 120, "a first cycle counted on the metrics endpoint")
+        agent.proc.send_signal(signal.SIGINT)
+        seen = cycles()
+        wait_until(lambda: cycles() >= seen + 2, 120, "two more cycles after the Ctrl-C")
+        assert agent.proc.poll() is None and not agent.named("agent_stopped")
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()
+    assert agent.named("agent_stopped"), agent.raw[-5:]
 
 
 def test_sigterm_mid_window_keeps_what_was_captured(demo: DemoServer, tmp_path: Path) -> None:

@@ -138,6 +138,25 @@ def test_a_command_ended_by_sigterm_exits_143_after_its_work() -> None:
     assert signal.getsignal(signal.SIGTERM) is before  # handlers restored when the command returns
 
 
+def test_an_inherited_ignored_sigint_stays_ignored_and_sigterm_still_ends_the_window() -> None:
+    # A script's background job starts with SIGINT ignored, so that a Ctrl-C meant for the script's foreground does
+    # not stop it; Python leaves it so at startup, and so does a window. SIGTERM (timeout, systemd) still ends it.
+    outer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        guard = StopOnSignals().install()
+        try:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)  # ignored: nothing to wait for
+            assert not guard.stopped
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert guard.event.wait(10) and guard.terminated
+        finally:
+            guard.restore()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
 def test_arm_outside_a_command_installs_nothing() -> None:
     before = signal.getsignal(signal.SIGINT)
     arm()

@@ -11,6 +11,7 @@ import typer
 
 from diagnoser.cli.common import handles_errors
 from diagnoser.errors import EXIT_INTERRUPTED, EXIT_UNAVAILABLE
+from diagnoser.interrupts import catch
 from diagnoser.textsafe import one_line
 
 
@@ -84,7 +85,7 @@ def register(app: typer.Typer) -> None:
         if once:
             cfg.metrics_port = None  # nothing would be there to scrape once the run ends; use --textfile
         agent = Agent(cfg)
-        previous = {sig: signal.signal(sig, lambda *_: agent.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = catch((signal.SIGTERM, signal.SIGINT), lambda *_: agent.stop())  # an ignored SIGINT stays so
         try:
             if once:
                 report = agent.run_cycle()
