@@ -23,7 +23,7 @@ HTA is installed in its own venv, never in the project's: python3 -m venv benchm
 benchmarks/.venv-hta/bin/pip install HolisticTraceAnalysis. Results go to benchmarks/out/traces/ (git-ignored)
 and are summarised in benchmarks/TRACES.md. Not part of the test suite.
 
-    python benchmarks/trace_vs_hta.py                       # the fixtures in ../shared/fixtures/kineto
+    python benchmarks/trace_vs_hta.py                       # the A100 traces in tests/fixtures/traces
     python benchmarks/trace_vs_hta.py --make-big 80         # plus a ~700 MB trace made from the DDP fixture
     python benchmarks/trace_vs_hta.py --traces a.json.gz --repeat 3
 """
@@ -49,7 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests import own_usage  # this checkout's helper, found through the path set just above
 
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "kineto"
+FIXTURES = ROOT / "tests" / "fixtures" / "traces"
+# The three real A100 traces from HTA's test data (tests/fixtures/traces/SOURCES.md), the default set.
+A100_TRACES = ("a100_alexnet_forward.json.gz", "a100_ddp_2rank_nccl_rank0.json.gz", "a100_torch_compile_triton.json.gz")
 OUT = ROOT / "benchmarks" / "out" / "traces"
 HTA_PYTHON = ROOT / "benchmarks" / ".venv-hta" / "bin" / "python"
 BIG_SOURCE = "a100_ddp_2rank_nccl_rank0.json.gz"
@@ -347,12 +349,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"HTA venv missing: python3 -m venv {HTA_PYTHON.parents[1]} && {HTA_PYTHON.parent}/pip install "
               "HolisticTraceAnalysis (or pass --skip-hta)", file=sys.stderr)
         return 2
-    traces = list(args.traces or sorted(FIXTURES.glob("*.json.gz")))
+    traces = list(args.traces or [FIXTURES / name for name in A100_TRACES if (FIXTURES / name).is_file()])
     OUT.mkdir(parents=True, exist_ok=True)
     for copies in args.make_big:
         traces.append(make_big(FIXTURES / BIG_SOURCE, copies, OUT))
     if not traces:
-        print("no traces: pass --traces, or put the fixtures in ../shared/fixtures/kineto", file=sys.stderr)
+        print("no traces: pass --traces (tests/fixtures/traces has none of the A100 traces)", file=sys.stderr)
         return 2
     results = []
     for path in traces:

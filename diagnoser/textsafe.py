@@ -4,9 +4,11 @@ A process's command line, a metric label (dcgm-exporter's modelName), a process 
 endpoint: any of these can carry ESC, and a terminal that receives "ESC [2J" clears the screen, "ESC ]52;c;..." writes
 the clipboard, "ESC ]8;;URL" plants a link. Piped output is no safer: it is read later with `less -R`, `cat` or a log
 viewer. Every C0 control (U+0000-U+001F), DEL (U+007F), C1 control (U+0080-U+009F; U+009B is a one-character CSI)
-and bidirectional override (U+202A-U+202E, U+2066-U+2069: text shown in another order than it is) is replaced by its
-visible escape, `\\x1b`, `\\x9b`, `\\u202e`: a reader still sees that something was there, and the output is still
-one line per line. `printable` keeps tab and newline (multi-line notes); `one_line` escapes them too (a log line or a
+(U+0085 NEL among them), line and paragraph separator (U+2028, U+2029: a terminal, a log viewer or a JSON-lines
+reader may start a new line there, so a name could print a line of its own, a forged verdict) and bidirectional
+override (U+202A-U+202E, U+2066-U+2069: text shown in another order than it is) is replaced by its visible escape,
+`\\x1b`, `\\x9b`, `\\u2028`, `\\u202e`: a reader still sees that something was there, and the output is still one
+line per line. `printable` keeps tab and newline (multi-line notes); `one_line` escapes them too (a log line or a
 table cell must not become two).
 
 Escaping is idempotent: `printable(printable(s)) == printable(s)`, since the escapes are printable themselves.
@@ -17,8 +19,9 @@ from __future__ import annotations
 import re
 
 _BIDI = "\u202a-\u202e\u2066-\u2069"
-_CONTROLS = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
-_CONTROLS_ONE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+_SEPARATORS = "\u2028\u2029"  # LINE SEPARATOR, PARAGRAPH SEPARATOR (NEL, U+0085, is a C1 control)
+_CONTROLS = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_SEPARATORS}{_BIDI}]")
+_CONTROLS_ONE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_SEPARATORS}{_BIDI}]")
 
 
 def _escape(m: re.Match[str]) -> str:

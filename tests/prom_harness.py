@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def find_prometheus() -> str | None:

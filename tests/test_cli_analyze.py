@@ -14,8 +14,7 @@ from diagnoser.capture import load
 from diagnoser.cli.app import app
 
 runner = CliRunner()
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kineto"
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"fixtures not present at {FIXTURES}")
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +112,6 @@ def test_missing_and_corrupt_files(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "Traceback" not in result.output
 
 
-@needs_fixtures
 def test_console_script_on_a_real_gpu_trace(tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("diagnoser")
     done = subprocess.run([str(exe), "analyze", str(FIXTURES / "a100_ddp_2rank_nccl_rank0.json.gz"), "--json"],

@@ -1,4 +1,4 @@
-"""Real dcgm-exporter scrapes (../shared/fixtures/dcgm, see SOURCES.md) parsed into GPUs, MIG instances, pods and
+"""Real dcgm-exporter scrapes (tests/fixtures/dcgm, see SOURCES.md there) parsed into GPUs, MIG instances, pods and
 signals, and diagnosed through the normal engine."""
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from diagnoser.errors import InputError
 from diagnoser.physics import match_gpu
 from diagnoser.rules import diagnose
 
-DCGM = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dcgm"
-pytestmark = pytest.mark.skipif(not DCGM.is_dir(), reason=f"real dcgm-exporter scrapes not found at {DCGM}")
+DCGM = Path(__file__).resolve().parent / "fixtures" / "dcgm"
 
 
 def scrape(name: str):  # type: ignore[no-untyped-def]

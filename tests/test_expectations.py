@@ -1,7 +1,7 @@
 """Every recorded capture and public trace against what an expert concludes from the same numbers.
 
 The expectations (tests/expectations/*.toml, see its README) were written from the physics and the recorded numbers
-before reading diagnoser's output. A case whose input is missing (../shared beside the checkout) is skipped.
+before reading diagnoser's output. Every input is in tests/fixtures.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ else:  # pragma: no cover
 
 HERE = Path(__file__).resolve().parent
 EXPECTATIONS = sorted((HERE / "expectations").glob("*.toml"))
-SHARED = HERE.parents[1] / "shared" / "fixtures"
 KINDS = {k.value for k in FixKind}
 VERDICTS = {lim.value for lim in Limiter} | {"inconclusive"}
 
@@ -31,15 +30,12 @@ VERDICTS = {lim.value for lim in Limiter} | {"inconclusive"}
 def _input(case: dict[str, Any]) -> Path:
     ref = case.get("capture") or case.get("trace")
     assert ref, "a case names a capture or a trace"
-    if ref.startswith("shared:"):
-        return SHARED / ref.removeprefix("shared:")
     return HERE / "fixtures" / ref
 
 
 def _diagnose(case: dict[str, Any]) -> Diagnosis:
     path = _input(case)
-    if not path.exists():
-        pytest.skip(f"{path} is not here (../shared beside the checkout)")
+    assert path.exists(), f"{path} is not here"
     if "capture" in case:
         return diagnose(load(path))
     from diagnoser.traces import analyze_trace, capture_from_trace

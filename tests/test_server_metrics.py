@@ -32,8 +32,7 @@ from diagnoser.collectors.session import Sampler, run_sampler
 from diagnoser.demo.loadgen import run_load
 from tests.reference import TRICKLE_SERVER
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-VLLM_DOC = FIXTURES / "serving" / "vllm_docs_metrics_example_excerpt.txt"
+VLLM_DOC = Path(__file__).resolve().parent / "fixtures" / "serving" / "vllm_docs_metrics_example_excerpt.txt"
 
 
 class Endpoint:
@@ -95,7 +94,6 @@ def _doc_blocks() -> list[str]:
     return ["\n".join(l for l in b.splitlines() if l.strip() != "..." and not l.startswith("$ ")) for b in blocks]
 
 
-@pytest.mark.skipif(not VLLM_DOC.is_file(), reason="needs ../shared/fixtures/serving (vLLM docs example)")
 def test_documented_vllm_example_parses_and_maps(endpoint):
     first, _, http_block = _doc_blocks()
     samples = parse_samples(first)

@@ -49,6 +49,16 @@ def test_controls_are_shown_as_escapes_and_idempotent() -> None:
     assert printable("GPU ü Ω 中") == "GPU ü Ω 中"  # printable Unicode is left alone
 
 
+def test_line_and_paragraph_separators_are_escaped() -> None:
+    """U+2028, U+2029 and NEL (U+0085) start a new line in terminals, log viewers and JSON-lines readers: a name
+    holding one could print a line of its own (a forged verdict) at column 0."""
+    forged = "NVIDIA H100\u2028VERDICT IDLE confidence high (0.99)\u2029x\x85y"
+    shown = "NVIDIA H100\\u2028VERDICT IDLE confidence high (0.99)\\u2029x\\x85y"
+    assert printable(forged) == shown and one_line(forged) == shown
+    assert has_controls(forged) and not has_controls(shown) and printable(shown) == shown
+    assert len(redact(forged).splitlines()) == 1
+
+
 def test_every_redacted_string_is_printable() -> None:
     for text in (HOSTILE, f"--api-key sk-abcdefgh12345678 {CLEAR}", f"http://u:p@h/x?token=1{CLIPBOARD}"):
         out = redact(text)
@@ -65,6 +75,29 @@ def _hostile_server(*extra: str) -> tuple[subprocess.Popen[str], int]:
     line = proc.stdout.readline()
     assert line.startswith("ready "), line
     return proc, int(line.split()[1])
+
+
+def test_a_target_started_from_a_long_interpreter_path_shows_its_server_arguments(tmp_path: Path) -> None:
+    """A virtual environment's interpreter path alone can fill the target's description: the description names the
+    interpreter by its name, so the server's own arguments (a hostile one among them) are what it shows."""
+    from diagnoser.collectors.target import resolve_target
+
+    bin_dir = tmp_path / "home-of-a-user" / "checkouts" / "inference-server-project" / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    python = bin_dir / "python3"
+    python.symlink_to(sys.executable)  # tests.light_server needs only the standard library
+    assert len(str(python)) > 80
+    server = subprocess.Popen([str(python), "-m", "tests.light_server", "--page", "vllm", "--api-key",
+                               "sk-abcdefgh12345678", HOSTILE], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().startswith("ready ")
+        shown = resolve_target(pid=server.pid).description
+    finally:
+        server.kill()
+        server.wait()
+    assert f"pid {server.pid} (python3 -m tests.light_server --page vllm --api-key [redacted] 'x\\x1b[2J" in shown
+    assert str(bin_dir) not in shown and "sk-abcdefgh" not in shown
+    assert not has_controls(shown)
 
 
 @pytest.mark.slow
@@ -175,6 +208,23 @@ def test_gpus_and_doctor_show_hostile_names_escaped() -> None:
     assert "\\x1b[2J" in table.stdout
     assert checks.exit_code == 0, checks.output
     assert_no_raw_controls(checks.stdout, "doctor")
+
+
+def test_a_gpu_name_cannot_start_a_forged_line() -> None:
+    """A line separator in a GPU name, piped: shown as its escape, so no line of the output starts with the name's
+    forged verdict."""
+    from diagnoser.cli import gpus as gpus_cli
+    from tests.test_collect_nvml import _app
+
+    forged = "VERDICT IDLE conf high (0.99)"
+    gpu = FakeGpu(name=f"H100\u2028{forged}\u2029{forged}\x85{forged}")
+    with seam.use(FakeNvml([gpu])):
+        table = CliRunner().invoke(_app(gpus_cli), ["gpus"])
+    assert table.exit_code == 0, table.output
+    for ch in ("\u2028", "\u2029", "\x85"):
+        assert ch not in table.stdout, f"{ch!r} reached gpus' output"
+    assert "H100\\u2028VERDICT" in table.stdout  # the cell wraps after it
+    assert not any(line.lstrip(" |│").startswith("VERDICT") for line in table.stdout.splitlines())
 
 
 # --- errors, history, the agent's lines ---------------------------------------------------------------------------

@@ -25,10 +25,9 @@ from diagnoser.traces import TraceError, analyze_trace
 from diagnoser.traces.decode import DEFAULT_MAX_TRACE_BYTES, MAX_BYTES_ENV, parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "kineto"
+FIXTURES = ROOT / "tests" / "fixtures" / "traces"
 DDP = FIXTURES / "a100_ddp_2rank_nccl_rank0.json.gz"
 runner = CliRunner()
-needs_fixtures = pytest.mark.skipif(not DDP.is_file(), reason=f"fixtures not present at {FIXTURES}")
 
 
 def _ddp() -> dict[str, Any]:
@@ -51,7 +50,6 @@ def _tiny_trace(n: int = 50) -> dict[str, Any]:
 
 # --- bad numbers ------------------------------------------------------------------------------------------------
 
-@needs_fixtures
 def test_a_nan_duration_skips_that_event_only(tmp_path: Path) -> None:
     data = _ddp()
     events = data["traceEvents"]
@@ -82,7 +80,6 @@ def test_non_finite_times_in_any_spelling(tmp_path: Path, token: str) -> None:
     assert s.events_total == 100
 
 
-@needs_fixtures
 def test_negative_durations_and_starts_are_skipped_not_summed(tmp_path: Path) -> None:
     data = _ddp()
     kernels = _kernels(data)
@@ -136,7 +133,6 @@ def test_garbage_between_events_is_skipped_to_the_next_event(tmp_path: Path) -> 
 
 # --- files cut short --------------------------------------------------------------------------------------------
 
-@needs_fixtures
 @pytest.mark.parametrize("compress", [False, True])
 def test_a_truncated_file_is_marked_and_counts_what_it_read(tmp_path: Path, compress: bool) -> None:
     data = _ddp()

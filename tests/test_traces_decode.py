@@ -18,7 +18,7 @@ from diagnoser.errors import InputError
 from diagnoser.traces import TraceError, analyze_trace
 from diagnoser.traces.decode import iter_event_chunks
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kineto"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 runner = CliRunner()
 
 
@@ -69,7 +69,6 @@ def test_chunk_size_does_not_change_the_events(tmp_path: Path) -> None:
         assert _all_events(path, chunk) == expected
 
 
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"fixtures not present at {FIXTURES}")
 def test_fixtures_decode_to_every_event(tmp_path: Path) -> None:
     for f in FIXTURES.glob("*.json.gz"):
         events = json.loads(gzip.decompress(f.read_bytes()))["traceEvents"]

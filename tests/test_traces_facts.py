@@ -2,8 +2,8 @@
 shares, top kernels, the duration distribution, the timeline window, collectives by kind, embedding and ROCm GEMM
 classes, idle time of a GPU far behind its host, and the rank comparison.
 
-Traces: the A100 ones in ../shared/fixtures/kineto, the H100 windows in tests/fixtures/gpu/traces, and the public
-windows in tests/fixtures/traces (SOURCES.md says what each holds). Expected values come from what SOURCES.md says
+Traces: the H100 windows in tests/fixtures/gpu/traces, and the public A100 and ROCm traces and windows in
+tests/fixtures/traces (SOURCES.md says what each holds). Expected values come from what SOURCES.md says
 the trace is, or are recomputed here from the raw JSON with the standard library."""
 
 from __future__ import annotations
@@ -29,16 +29,14 @@ from diagnoser.traces.timeline import IDLE_CAUSES
 HERE = Path(__file__).resolve().parent
 PUBLIC = HERE / "fixtures" / "traces"
 H100 = HERE / "fixtures" / "gpu" / "traces"
-SHARED = HERE.parents[1] / "shared" / "fixtures" / "kineto"
 MI250 = PUBLIC / "mi250-rocm-toy-train.json.gz"
 SGLANG = PUBLIC / "mi300x-sglang-qwen3-8b-decode.json.gz"
 MI300_DDP = PUBLIC / "mi300x-ddp8-resnet-train-rank0-step16.json.gz"
 RECSYS = PUBLIC / "a100-recsys-alltoall-16rank-rank0-step552.json.gz"
 SAMPLED = PUBLIC / "recsys-sampled-2of128"
-DDP = SHARED / "a100_ddp_2rank_nccl_rank0.json.gz"
-ALEXNET = SHARED / "a100_alexnet_forward.json.gz"
-TRITON = SHARED / "a100_torch_compile_triton.json.gz"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared fixtures not present at {SHARED}")
+DDP = PUBLIC / "a100_ddp_2rank_nccl_rank0.json.gz"
+ALEXNET = PUBLIC / "a100_alexnet_forward.json.gz"
+TRITON = PUBLIC / "a100_torch_compile_triton.json.gz"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 runner = CliRunner()
 _CACHE: dict[Path, TraceAnalysis] = {}
@@ -71,7 +69,6 @@ def test_platform(path: Path, platform: str) -> None:
     assert analysis(path).summary.platform == platform
 
 
-@needs_shared
 def test_platform_of_the_shared_a100_traces() -> None:
     for path in (DDP, ALEXNET, TRITON):
         assert analysis(path).summary.platform == "cuda"
@@ -94,7 +91,6 @@ def test_workload_and_its_evidence(path: Path, workload: str, evidence: tuple[st
         assert word in text
 
 
-@needs_shared
 def test_workload_of_the_shared_a100_traces() -> None:
     ddp = analysis(DDP).summary
     assert ddp.workload == "training"
@@ -118,7 +114,7 @@ def test_the_sampled_traces_are_called_sampled_and_no_other() -> None:
         assert s.sampled and "sample of the events" in s.sampled_reason
         assert any("incomplete" in n for n in s.skipped)
     whole = [MI250, SGLANG, MI300_DDP, RECSYS, *sorted(H100.glob("*.json.gz"))]
-    whole += sorted(SHARED.glob("*.json.gz")) if SHARED.is_dir() else []
+    whole += [DDP, ALEXNET, TRITON]
     for path in whole:
         s = analysis(path).summary
         assert not s.sampled, f"{path.name}: {s.sampled_reason}"
@@ -304,7 +300,6 @@ def test_collective_shares_add_up_to_the_comm_share() -> None:
     assert analysis(MI300_DDP).summary.comm_share_by_kind["other"] > 0
 
 
-@needs_shared
 def test_ddp_gradient_all_reduce() -> None:
     s = analysis(DDP).summary
     nccl = _share_of(DDP, lambda n: n.startswith("ncclKernel_AllReduce"))

@@ -1,4 +1,4 @@
-"""The real GPU traces in ../shared/fixtures/kineto (A100, from HolisticTraceAnalysis' test data): timeline, idle
+"""The real GPU traces in tests/fixtures/traces (A100, from HolisticTraceAnalysis' test data): timeline, idle
 causes, NCCL and Triton kernels, cuda_sync handling. Expected numbers are recomputed here from the raw JSON with
 the standard library, independently of the analysis, or taken from HTA where HTA is right."""
 
@@ -16,12 +16,11 @@ from diagnoser.traces import analyze_trace, capture_from_trace
 from diagnoser.traces.analysis import TraceAnalysis
 from tests.reference import union_us
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kineto"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 ALEXNET = FIXTURES / "a100_alexnet_forward.json.gz"
 DDP = FIXTURES / "a100_ddp_2rank_nccl_rank0.json.gz"
 TRITON = FIXTURES / "a100_torch_compile_triton.json.gz"
 
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"fixtures not present at {FIXTURES}")
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 

@@ -19,9 +19,8 @@ from diagnoser.traces.parallel import collect_parallel, default_jobs
 from diagnoser.traces.tables import collect
 
 HERE = Path(__file__).resolve().parent
-SHARED = HERE.parents[1] / "shared" / "fixtures" / "kineto"
 PUBLIC = sorted((HERE / "fixtures" / "traces").rglob("*.json.gz")) + sorted(
-    (HERE / "fixtures" / "gpu" / "traces").glob("*.json.gz")) + sorted(SHARED.glob("*.json.gz"))
+    (HERE / "fixtures" / "gpu" / "traces").glob("*.json.gz"))
 
 
 def _canonical(path: Path, t: Any) -> bytes:

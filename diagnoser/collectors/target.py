@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shlex
 import urllib.parse
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import psutil
 from diagnoser.capture import ServingConfig
 from diagnoser.collectors.server_metrics import FETCH_TIMEOUT_S, MetricsError, probe
 from diagnoser.errors import InputError, SourceUnavailable
+from diagnoser.reports.redact import MASK, redact_argv
 
 # Markers in a command line that name the serving engine, checked in order.
 _CMDLINE_KINDS = (
@@ -360,12 +362,53 @@ def model_config_from_cmdline(cmdline: list[str], cwd: Path | None) -> Path | No
     return None
 
 
+# How much of a command line a target's description shows: the words that identify the server, then a cut.
+_SHOWN_WORDS = 10
+_SHOWN_CHARS = 120
+_PYTHON = re.compile(r"(python|pypy)[0-9.]*[dmt]?(\.exe)?", re.IGNORECASE)
+_PYTHON_OPTIONS_WITH_VALUE = ("-X", "-W", "-Q")
+
+
+def shown_command(cmdline: list[str]) -> str:
+    """A command line as a description shows it: secrets masked, the program by its name rather than its path (a venv
+    interpreter's path alone would fill the line), a Python interpreter's own options left out so that `-m module` or
+    the script and then the server's arguments are what is read; shell-quoted, cut at _SHOWN_CHARS. Control
+    characters are escaped (redaction passes every word through textsafe.printable)."""
+    words = _identifying_words(redact_argv(cmdline))
+    short = " ".join(w if w == MASK else shlex.quote(w) for w in words[:_SHOWN_WORDS])
+    if len(words) > _SHOWN_WORDS and len(short) <= _SHOWN_CHARS - 4:
+        short += " ..."
+    if len(short) > _SHOWN_CHARS:
+        short = short[:_SHOWN_CHARS - 3] + "..."
+    return short
+
+
+def _identifying_words(argv: list[str]) -> list[str]:
+    if not argv:
+        return []
+    program = argv[0]
+    if "/" in program.rstrip("/") and " " not in program:  # a path, not a title the process set itself
+        program = program.rstrip("/").rsplit("/", 1)[1]
+    rest = argv[1:]
+    if not _PYTHON.fullmatch(program):
+        return [program, *rest]
+    i = 0
+    while i < len(rest) and rest[i].startswith("-") and rest[i] not in ("-", "-m", "-c"):
+        if rest[i] in _PYTHON_OPTIONS_WITH_VALUE:
+            i += 1  # `-X dev`: the option's value goes with it
+        elif rest[i].startswith("-m") or rest[i].startswith("-c"):  # `-mvllm`: the module joined to the option
+            break
+        i += 1
+    rest = rest[i:]
+    if rest and not rest[0].startswith("-") and "/" in rest[0]:
+        rest = [rest[0].rstrip("/").rsplit("/", 1)[-1] or rest[0], *rest[1:]]  # the script by its name
+    return [program, *rest]
+
+
 def describe(target: AttachTarget) -> str:
     parts = []
     if target.pid is not None:
-        short = " ".join(shlex.quote(a) for a in target.cmdline[:6])
-        if len(short) > 70:
-            short = short[:67] + "..."
+        short = shown_command(target.cmdline)
         parts.append(f"pid {target.pid} ({short})" if short else f"pid {target.pid}")
     if target.metrics_url:
         parts.append(f"{target.server_kind} metrics at {target.metrics_url}")
