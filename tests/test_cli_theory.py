@@ -144,7 +144,7 @@ def test_list_models(app: typer.Typer) -> None:
 
 
 def test_unknown_gpu(app: typer.Typer) -> None:
-    assert_one_sentence_error(run(app, "--model", "llama-2-7b", "--gpu", "V100"), "unknown GPU", "h100-sxm")
+    assert_one_sentence_error(run(app, "--model", "llama-2-7b", "--gpu", "P100"), "unknown GPU", "h100-sxm")
     assert_one_sentence_error(run(app, "--model", "llama-2-7b", "--vs-gpu", "X9"), "unknown GPU")
 
 
@@ -330,3 +330,134 @@ def test_a_config_with_escapes_and_markup_in_its_name_is_shown_not_obeyed(app: t
     assert "\x1b" not in r.output and "\x07" not in r.output
     # The name is there as text: the escapes visible, the brackets literal.
     assert "\\x1b[2J\\x1b]52;c;aGk=\\x07EVIL[bold]x[/bold]" in r.output
+
+
+# --- attention layouts, GPUs of the user's own, the memory budget and fp32 configs --------------------------------
+
+def _config(tmp_path: Path, cfg: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_deepseek_v3_is_sized_by_its_latent(app: typer.Typer, tmp_path: Path) -> None:
+    """61 x (512 + 64) x 2 B = 70,272 B a token in bf16, whole on each of 8 GPUs; 25x less than 128 heads of 56."""
+    from tests.test_physics_layouts import DEEPSEEK_V3
+
+    r = run_json(app, "--model", _config(tmp_path, DEEPSEEK_V3), "--gpu", "h200", "--tp", "8", "--context", "4096")
+    assert r["kv_bytes_per_token"] == r["kv_bytes_per_token_per_gpu"] == 70_272
+    assert r["model"]["attention"]["layout"] == "mla" and r["model"]["kv_heads"] is None
+    free = 0.9 * 141 * 1024**3 - r["weight_bytes_per_gpu"]
+    assert r["max_concurrent_sequences"] == int(free / 70_272 // 4096)
+    out = run(app, "--model", _config(tmp_path, DEEPSEEK_V3), "--gpu", "h200", "--tp", "8").output
+    assert "MLA: 512 latent + 64 rope" in out and all(len(line.rstrip()) <= 80 for line in out.splitlines())
+
+
+def test_mistral_sliding_window_at_32k(app: typer.Typer) -> None:
+    r = run_json(app, "--model", "mistral-7b-v0.1", "--context", "32768")
+    assert r["kv_bytes_per_sequence"] == 32 * 4096 * 4096 and r["max_concurrent_sequences"] == 117
+    assert r["model"]["attention"] == {"layout": "sliding", "description": "sliding window of 4,096 tokens on 32 "
+                                       "of 32 layers", "sliding_window": 4096, "sliding_layers": 32}
+    assert "KV per sequence" in run(app, "--model", "mistral-7b-v0.1", "--context", "32768").output
+
+
+def test_a_sliding_layout_it_cannot_read_is_refused(app: typer.Typer, tmp_path: Path) -> None:
+    cfg = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+           "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "sliding_window": 4096,
+           "use_sliding_window": True, "max_window_layers": 21}
+    assert_one_sentence_error(run(app, "--model", _config(tmp_path, cfg)), "use_sliding_window", "layer_types")
+
+
+SPEC_TOML = """
+name = "Lab GPU"
+memory_gb = 48
+hbm_tb_per_s = 1.2
+tdp_w = 350
+interconnect = "PCIe Gen4"
+
+[tflops]
+bf16 = 200
+fp8 = 400
+"""
+
+
+def test_gpu_spec_file(app: typer.Typer, tmp_path: Path) -> None:
+    path = tmp_path / "lab.toml"
+    path.write_text(SPEC_TOML)
+    r = run_json(app, "--model", "llama-2-7b", "--gpu-spec", str(path), "--context", "0")
+    assert r["gpu"]["name"] == "Lab GPU" and r["gpu"]["memory_bytes"] == 48 * 1024**3
+    assert r["gpu"]["hbm_bytes_per_s"] == 1.2e12 and r["gpu"]["peak_flops"] == 200e12
+    assert r["decode"]["floor_s"] == pytest.approx((13_214_687_232 + 8192) / 1.2e12)
+    assert r["energy"]["power_w"] == 350
+    # the same figures inline, and a spec file where --gpu or --vs-gpu takes a GPU
+    inline = "name=Lab GPU,memory_gb=48,hbm_tb_per_s=1.2,tdp_w=350,tflops.bf16=200"
+    assert run_json(app, "--model", "llama-2-7b", "--gpu-spec", inline, "--context", "0")["decode"] == r["decode"]
+    assert run_json(app, "--model", "llama-2-7b", "--gpu", str(path), "--context", "0")["gpu"]["name"] == "Lab GPU"
+    (w,) = run_json(app, "--model", "llama-2-7b", "--vs-gpu", str(path))["what_ifs"]
+    assert w["change"] == "H100 SXM5 80GB -> Lab GPU"
+    json_path = tmp_path / "lab.json"
+    json_path.write_text(json.dumps({"name": "J", "memory_bytes": 24 * 1024**3, "hbm_bandwidth": "900 GB/s",
+                                     "tdp_w": 300, "flops": {"fp16": "100 TFLOPS"}}))
+    assert run_json(app, "--model", "llama-2-7b", "--gpu-spec", str(json_path))["gpu"]["hbm_bytes_per_s"] == 900e9
+
+
+@pytest.mark.parametrize(("content", "fragment"), [
+    ("name = 'X'\nmemory_gb = 48\ntdp_w = 300\n[tflops]\nbf16 = 200\n", "memory bandwidth"),
+    ("name = 'X'\nmemory_gb = 48\nhbm_tb_per_s = 1.2\ntdp_w = 300\n", "exactly one of tflops, flops"),
+    ("name = 'X'\nmemory_gb = 48\nhbm_tb_per_s = 1200\ntdp_w = 300\n[tflops]\nbf16 = 200\n", "check its unit"),
+    ("name = 'X'\nmemory_gb = 48\nhbm_tb_per_s = 1.2\ntdp_w = 300\n[tflops]\nbf17 = 200\n", "not a precision"),
+    ("name = 'X'\nmemory_gb = 'lots'\nhbm_tb_per_s = 1.2\ntdp_w = 300\n[tflops]\nbf16 = 200\n", "must be a number"),
+    ("name = 'X'\nmemory_gb = 48\nhbm_tb_per_s = 1.2\n[tflops]\nbf16 = 200\n", "tdp_w"),
+    ("name = 'X'\nmemroy_gb = 48\n", "unknown key 'memroy_gb'"),
+    ("name = 'X'\nmemory_gb = 48\nhbm_tb_per_s = 1.2\ntdp_w = 300\n[tflops]\nfp8 = 400\n", "bf16, fp16 or fp32"),
+    ("name = \n", "not valid TOML"),
+])
+def test_a_bad_gpu_spec_file_is_one_sentence(app: typer.Typer, tmp_path: Path, content: str, fragment: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(content)
+    assert_one_sentence_error(run(app, "--model", "llama-2-7b", "--gpu-spec", str(path)), fragment)
+
+
+def test_gpu_and_gpu_spec_together_or_a_missing_file(app: typer.Typer, tmp_path: Path) -> None:
+    assert_one_sentence_error(run(app, "--model", "llama-2-7b", "--gpu", "h100", "--gpu-spec", "x.toml"), "not both")
+    assert_one_sentence_error(run(app, "--model", "llama-2-7b", "--gpu-spec", str(tmp_path / "no.toml")),
+                              "no GPU spec file")
+
+
+def test_a_laptop_gpu_is_refused_and_a_family_name_is_said(app: typer.Typer) -> None:
+    assert_one_sentence_error(run(app, "--model", "llama-2-7b", "--gpu", "RTX 4090 Laptop GPU"), "laptop",
+                              "--gpu-spec")
+    notes = run_json(app, "--model", "llama-2-7b", "--gpu", "A100", "--vs-gpu", "V100")["notes"]
+    assert any("'A100' is taken as the A100 SXM4 80GB" in n and "a100-40gb-sxm" in n for n in notes)
+    assert any("'V100' is taken as the Tesla V100 SXM2 32GB" in n for n in notes)
+    assert not any("taken as" in n for n in run_json(app, "--model", "llama-2-7b")["notes"])  # the default
+
+
+def test_mem_fraction_is_a_setting(app: typer.Typer) -> None:
+    default = run_json(app, "--model", "llama-2-7b")
+    half = run_json(app, "--model", "llama-2-7b", "--mem-fraction", "0.5", "--vs-kv-dtype", "fp8")
+    assert default["settings"]["mem_fraction"] == 0.9 and half["settings"]["mem_fraction"] == 0.5
+    assert half["usable_bytes_per_gpu"] == 0.5 * 80 * 1024**3
+    assert half["max_concurrent_sequences"] == int((0.5 * 80 * 1024**3 - 6_738_415_616 * 2) / 524_288 // 2048)
+    # the what-ifs size with the same budget: 27 sequences fit at half the memory, 54 with an FP8 KV cache
+    assert half["max_concurrent_sequences"] == 27
+    assert "27 -> 54 sequences of 2,048 tokens fit" in " ".join(half["what_ifs"][0]["assumptions"])
+    out = run(app, "--model", "llama-2-7b").output
+    assert "a server setting" in out and "--mem-fraction" in out
+    for bad in ("0", "1.5", "nan"):
+        assert_one_sentence_error(run(app, "--model", "llama-2-7b", "--mem-fraction", bad), "--mem-fraction")
+
+
+def test_fp32_configs_are_served_in_16_bits(app: typer.Typer, tmp_path: Path) -> None:
+    """vLLM's --dtype auto downcasts a float32 config to bf16 (fp16 where the GPU has no bf16); --dtype wins."""
+    cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "intermediate_size": 11008, "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "float32"}
+    path = _config(tmp_path, cfg)
+    r = run_json(app, "--model", path)
+    assert r["settings"]["dtype"] == "bf16" and r["settings"]["kv_dtype"] == "bf16"
+    assert r["weight_bytes"] == 6_738_415_616 * 2
+    assert any("float32" in n and "--dtype fp32" in n for n in r["notes"])
+    assert run_json(app, "--model", path, "--gpu", "v100-sxm2-32gb")["settings"]["dtype"] == "fp16"
+    explicit = run_json(app, "--model", path, "--dtype", "fp32")
+    assert explicit["settings"]["dtype"] == "fp32" and explicit["weight_bytes"] == 6_738_415_616 * 4
+    assert not any("float32" in n for n in explicit["notes"])

@@ -34,9 +34,9 @@ from diagnoser.physics import (
     decode_floor_s,
     decode_step_bytes,
     fits,
-    get_gpu,
     has_kv_shape,
     interconnect,
+    kv_bytes_per_sequence,
     kv_bytes_per_token,
     kv_cache_dtype,
     load_bundled_model,
@@ -55,6 +55,9 @@ from diagnoser.physics import (
     weight_dtype,
     what_if,
 )
+from diagnoser.physics.attention import describe as describe_attention
+from diagnoser.physics.attention import mla_dims, sliding
+from diagnoser.physics.gpus import load_gpu_spec, looks_like_spec_file, resolve_gpu
 from diagnoser.physics.precision import normalise_dtype, weight_only
 from diagnoser.physics.whatif import REALISED_PREFIX
 from diagnoser.textsafe import printable
@@ -79,6 +82,8 @@ class Setup:
     microbatches: int | None = None
     efficiency: float | None = None  # measured tokens/s over the decode ceiling, when given
     efficiency_source: str = ""
+    mem_fraction: float = DEFAULT_MEM_FRACTION  # --mem-fraction: a server setting, not physics
+    assumptions: tuple[str, ...] = ()  # what was taken for the user (the part a family name means, 16-bit weights)
 
 
 def build_model(
@@ -105,10 +110,29 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def choose_gpu(text: str, *, spec_file: bool = False) -> tuple[GpuSpec, str]:
+    """A GPU from the table (resolve_gpu, with its note on the part a family name was taken as), or from a file
+    of the user's figures (--gpu-spec, or a --gpu / --vs-gpu value that names a .toml or .json file)."""
+    if spec_file or looks_like_spec_file(text):
+        return load_gpu_spec(text), ""
+    return resolve_gpu(text)
+
+
+def serving_dtype(model: ModelInfo, gpu: GpuSpec, dtype: str | None) -> tuple[str | None, str]:
+    """The weight precision to size, and a note when it is not the config's: a float32 checkpoint is served in 16
+    bits (vLLM's --dtype auto downcasts float32 configs to bf16, or fp16 where the GPU has no bf16 rate), so that
+    is the default; an explicit --dtype wins."""
+    if dtype or model.dtype != "fp32":
+        return dtype, ""
+    served = "bf16" if "bf16" in gpu.flops else "fp16"
+    return served, (f"The config's weights are float32, but servers load them in 16 bits (vLLM's --dtype auto "
+                    f"gives {served} on this GPU): sized at {served}; pass --dtype fp32 for 32-bit weights.")
+
+
 def _notes(s: Setup, kv_known: bool, max_seqs: int | None) -> list[str]:
-    notes = []
-    if not fits(s.model, s.gpu, s.dtype, s.tp * s.pp):
-        notes.append(f"The weights do not fit in {DEFAULT_MEM_FRACTION:.0%} of one {s.gpu.name} at tp {s.tp}"
+    notes = list(s.assumptions)
+    if not fits(s.model, s.gpu, s.dtype, s.tp * s.pp, mem_fraction=s.mem_fraction):
+        notes.append(f"The weights do not fit in {s.mem_fraction:.0%} of one {s.gpu.name} at tp {s.tp}"
                      + (f" x pp {s.pp}" if s.pp > 1 else "") + "; the speeds assume they did (try --tp or a "
                      "smaller --dtype).")
     if not kv_known:
@@ -166,32 +190,37 @@ def _pipeline(s: Setup, context: int) -> dict[str, Any] | None:
 def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_ifs: list[WhatIf]) -> dict[str, Any]:
     """Every number the command shows, as plain data (the --json output)."""
     m, gpu = s.model, s.gpu
+    mla = mla_dims(m) is not None
     kv_known = has_kv_shape(m)
     context = s.context if kv_known else 0  # without the shape, decode is computed without KV reads
     kv_per_token = kv_bytes_per_token(m, s.kv_dtype) if kv_known else None
-    max_seqs = max_concurrent_sequences(m, gpu, s.context, tp=s.tp, dtype=s.dtype, kv_dtype=s.kv_dtype, pp=s.pp) \
-        if kv_known and s.context > 0 else None
+    max_seqs = max_concurrent_sequences(m, gpu, s.context, s.mem_fraction, tp=s.tp, dtype=s.dtype,
+                                        kv_dtype=s.kv_dtype, pp=s.pp) if kv_known and s.context > 0 else None
     ceiling = decode_ceiling_tokens_per_s(m, gpu, s.batch, context, s.dtype, s.tp, kv_dtype=s.kv_dtype, link=s.link)
     power = (power_w or gpu.tdp_w) * s.tp
     weights = _weights(s)
     shares = attainable_shares(gpu, s.dtype)
     return {
         "model": {"name": m.name, "params": m.params, "active_params": m.active_params, "layers": m.layers,
-                  "kv_heads": m.kv_heads, "head_dim": m.head_dim, "max_context": m.max_context},
+                  # MLA keeps a latent, not KV heads: its layout is under "attention"
+                  "kv_heads": None if mla else m.kv_heads, "head_dim": None if mla else m.head_dim,
+                  "max_context": m.max_context, "attention": _attention(m)},
         "gpu": {"key": gpu.key, "name": gpu.name, "memory_bytes": gpu.memory_bytes,
                 "hbm_bytes_per_s": gpu.hbm_bytes_per_s, "peak_flops": peak_flops(gpu, s.dtype),
                 "compute_dtype": compute_dtype(gpu, s.dtype), "source": gpu.source},
         "settings": {"dtype": s.dtype, "kv_dtype": s.kv_dtype, "batch": s.batch, "context": s.context, "tp": s.tp,
-                     "pp": s.pp, "mem_fraction": DEFAULT_MEM_FRACTION,
+                     "pp": s.pp, "mem_fraction": s.mem_fraction,
                      "interconnect": {"name": s.link.name, "bytes_per_s": s.link.bytes_per_s,
                                       "latency_s": s.link.latency_s} if s.tp > 1 or s.pp > 1 else None},
         "weight_bytes": weights["bytes"],
         "weight_bytes_per_gpu": weights["bytes_per_gpu"],
         "weights": weights,
-        "usable_bytes_per_gpu": gpu.memory_bytes * DEFAULT_MEM_FRACTION,
-        "fits": fits(m, gpu, s.dtype, s.tp * s.pp),
+        "usable_bytes_per_gpu": gpu.memory_bytes * s.mem_fraction,
+        "fits": fits(m, gpu, s.dtype, s.tp * s.pp, mem_fraction=s.mem_fraction),
         "kv_bytes_per_token": kv_per_token,
         "kv_bytes_per_token_per_gpu": kv_bytes_per_token(m, s.kv_dtype, tp=s.tp) if kv_known else None,
+        # a sliding layer holds at most its window of the context
+        "kv_bytes_per_sequence": kv_bytes_per_sequence(m, s.context, s.kv_dtype) if kv_known else None,
         "max_concurrent_sequences": max_seqs,
         "decode": {
             "floor_s": decode_floor_s(m, gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp),
@@ -226,6 +255,18 @@ def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_
                       "explanation": w.explanation, "assumptions": list(w.assumptions)} for w in what_ifs],
         "notes": _notes(s, kv_known, max_seqs),
     }
+
+
+def _attention(m: ModelInfo) -> dict[str, Any]:
+    """The attention layout behind the KV figures: grouped-query (gqa), MLA or sliding windows."""
+    mla, window = mla_dims(m), sliding(m)
+    out: dict[str, Any] = {"layout": "mla" if mla else "sliding" if window else "gqa",
+                           "description": describe_attention(m)}
+    if mla:
+        out.update(kv_lora_rank=mla[0], qk_rope_head_dim=mla[1])
+    if window:
+        out.update(sliding_window=window[0], sliding_layers=window[1])
+    return out
 
 
 # --- terminal ----------------------------------------------------------------------------------------------
@@ -272,11 +313,19 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("Model", ""), ("parameters", params)]
     if shape:
         rows.append(("shape", shape))
+    if m["attention"]["description"]:
+        rows.append(("attention", m["attention"]["description"]))
     rows += _weight_rows(r)
     kv = r["kv_bytes_per_token"]
-    rows.append(("KV cache per token", f"{kv / 1024:,.0f} KiB at {st['kv_dtype']}" if kv else "unknown"))
+    rows.append(("KV cache per token", f"{kv / 1024:,.1f} KiB at {st['kv_dtype']}" if kv and kv < 10 * 1024
+                 else f"{kv / 1024:,.0f} KiB at {st['kv_dtype']}" if kv else "unknown"))
+    if kv and m["attention"]["layout"] == "sliding" and st["context"]:
+        rows.append(("KV per sequence", f"{_gb(r['kv_bytes_per_sequence'])} at {st['context']:,} tokens (sliding "
+                                        "layers keep their window)"))
     rows += [("Memory", ""), ("fits", ("yes" if r["fits"] else "no") + f": {_gb(r['weight_bytes_per_gpu'])} of "
-                                 f"{_gb(r['usable_bytes_per_gpu'])} usable per GPU")]
+                                 f"{_gb(r['usable_bytes_per_gpu'])} usable per GPU"),
+             ("usable", f"{st['mem_fraction']:.0%} of memory: a server setting (vLLM's default 0.9), not physics; "
+                        "--mem-fraction sets it")]
     if r["max_concurrent_sequences"] is not None:
         seqs = f"<= {r['max_concurrent_sequences']:,} of {st['context']:,} tokens at {st['kv_dtype']} KV"
         rows.append(("max sequences", seqs))
@@ -408,7 +457,7 @@ class Changes:
 
     dtype: list[str]
     kv_dtype: list[str]
-    gpu: list[str]
+    gpu: list[GpuSpec]
     batch: list[int]
     tp: list[int]
 
@@ -421,11 +470,11 @@ def _what_ifs(s: Setup, vs: Changes) -> list[WhatIf]:
         gpu, tp = change.get("new_gpu") or s.gpu, change.get("new_tp") or s.tp
         link = interconnect(gpu, tp, s.interconnect_kind) if tp > 1 else None
         return what_if(s.model, s.gpu, s.dtype, s.batch, context, s.tp, kv_dtype=s.kv_dtype, link=s.link,
-                       new_link=link, efficiency=s.efficiency, **change)
+                       new_link=link, efficiency=s.efficiency, mem_fraction=s.mem_fraction, **change)
 
     out = [compare(new_dtype=normalise_dtype(d)) for d in vs.dtype]
     out += [compare(new_kv_dtype=normalise_dtype(d)) for d in vs.kv_dtype]
-    out += [compare(new_gpu=get_gpu(g)) for g in vs.gpu]
+    out += [compare(new_gpu=g) for g in vs.gpu]
     for b in vs.batch:
         if b < 1:
             raise InputError(f"--vs-batch must be at least 1, not {b}.")
@@ -466,8 +515,16 @@ def register(app: typer.Typer) -> None:
         layers: int = typer.Option(None, "--layers", min=1, help="Layers (with --params, to size the KV cache)."),
         kv_heads: int = typer.Option(None, "--kv-heads", min=1, help="KV heads (with --params)."),
         head_dim: int = typer.Option(None, "--head-dim", min=1, help="Head size (with --params)."),
-        gpu: str = typer.Option("H100", "--gpu", help="GPU, e.g. H100, h100-pcie, A100-80GB, L4, T4."),
-        dtype: str = typer.Option(None, "--dtype", help="Weight precision (default: the model's, else bf16)."),
+        gpu: str = typer.Option(None, "--gpu", help="GPU, e.g. h100-sxm (the default), h100-pcie, a100-80gb-sxm, "
+                                "mi300x, L4, or a spec file (see --gpu-spec)."),
+        gpu_spec: str = typer.Option(None, "--gpu-spec",
+                                     help="Your GPU's figures: a TOML or JSON file, or key=value pairs (name, "
+                                          "memory_gb, hbm_tb_per_s, tdp_w, tflops.bf16, ...; docs/physics.md)."),
+        mem_fraction: float = typer.Option(DEFAULT_MEM_FRACTION, "--mem-fraction",
+                                           help="Share of each GPU's memory the server may use for weights and KV "
+                                                "cache, in (0, 1] (vLLM's --gpu-memory-utilization, default 0.9)."),
+        dtype: str = typer.Option(None, "--dtype", help="Weight precision (default: the model's, 16-bit for a float32 "
+                                                        "config, else bf16)."),
         kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV-cache precision (default: 16-bit)."),
         batch: int = typer.Option(1, "--batch", min=1, help="Sequences decoded together."),
         context: int = typer.Option(2048, "--context", min=0, help="Tokens per sequence (and the prompt size)."),
@@ -486,7 +543,7 @@ def register(app: typer.Typer) -> None:
         usd_per_hour: float = typer.Option(None, "--usd-per-hour", help="Price per GPU hour, USD."),
         vs_dtype: list[str] = typer.Option([], "--vs-dtype", help="What if the weights were this precision?"),
         vs_kv_dtype: list[str] = typer.Option([], "--vs-kv-dtype", help="What if the KV cache were this precision?"),
-        vs_gpu: list[str] = typer.Option([], "--vs-gpu", help="What if it ran on this GPU?"),
+        vs_gpu: list[str] = typer.Option([], "--vs-gpu", help="What if it ran on this GPU (a name or a spec file)?"),
         vs_batch: list[int] = typer.Option([], "--vs-batch", help="What if the batch were this?"),
         vs_tp: list[int] = typer.Option([], "--vs-tp", help="What if tensor parallel were this?"),
         as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
@@ -504,16 +561,24 @@ def register(app: typer.Typer) -> None:
                                  f"not {number:g}.")
         if efficiency is not None and not math.isfinite(efficiency):
             raise InputError(f"--efficiency must be a finite number, not {efficiency:g}.")
+        if not (math.isfinite(mem_fraction) and 0 < mem_fraction <= 1):
+            raise InputError(f"--mem-fraction is a share of each GPU's memory in (0, 1], not {mem_fraction:g}.")
+        if gpu and gpu_spec:
+            raise InputError("give --gpu or --gpu-spec, not both.")
         info = build_model(model, params, layers, kv_heads, head_dim)
         check_layout(info, tp, pp)
         for t in vs_tp:
             check_layout(info, t, pp, flag="--vs-tp")
-        spec = get_gpu(gpu)
-        setup = Setup(info, spec, weight_dtype(info, dtype), kv_cache_dtype(info, kv_dtype, dtype), batch, context,
-                      tp, interconnect(spec, max(tp, 2), link), link, pp, microbatches)
+        spec, gpu_note = choose_gpu(gpu_spec or gpu or "h100-sxm", spec_file=bool(gpu_spec))
+        others = [choose_gpu(g) for g in vs_gpu]
+        served, dtype_note = serving_dtype(info, spec, dtype)
+        assumed = tuple(note for note in (gpu_note, *(n for _, n in others), dtype_note) if note)
+        setup = Setup(info, spec, weight_dtype(info, served), kv_cache_dtype(info, kv_dtype, served), batch, context,
+                      tp, interconnect(spec, max(tp, 2), link), link, pp, microbatches, mem_fraction=mem_fraction,
+                      assumptions=assumed)
         rate, source = _efficiency(info, spec, setup, tokens_per_s, efficiency)
         setup = dataclasses.replace(setup, efficiency=rate, efficiency_source=source)
-        changes = Changes(vs_dtype, vs_kv_dtype, vs_gpu, vs_batch, vs_tp)
+        changes = Changes(vs_dtype, vs_kv_dtype, [g for g, _ in others], vs_batch, vs_tp)
         result = report(setup, power_w=power_w, usd_per_hour=usd_per_hour, what_ifs=_what_ifs(setup, changes))
         if as_json:
             print_json(result)

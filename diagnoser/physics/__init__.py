@@ -3,13 +3,17 @@
 Pure functions over diagnoser.capture.ModelInfo and GpuSpec; see docs/physics.md for formulas and sources.
 """
 
+from diagnoser.physics.attention import AttentionModelInfo
 from diagnoser.physics.gpus import (
     GPUS,
     GpuSpec,
     compute_dtype,
     get_gpu,
+    gpu_spec_from_mapping,
+    load_gpu_spec,
     match_gpu,
     peak_flops,
+    resolve_gpu,
     ridge_point,
     with_measured,
 )
@@ -27,6 +31,7 @@ from diagnoser.physics.llm import (
     fits,
     generation_ceiling_tokens_per_s,
     has_kv_shape,
+    kv_bytes_per_sequence,
     kv_bytes_per_token,
     kv_cache_dtype,
     kv_capacity_tokens,
@@ -85,6 +90,7 @@ from diagnoser.physics.whatif import WhatIf, kv_dtype_what_if, tp_what_if, what_
 __all__ = [
     "check_layout",
     "ATTAINABLE_BANDWIDTH",
+    "AttentionModelInfo",
     "ATTAINABLE_COMPUTE",
     "BUNDLED_SOURCES",
     "DEFAULT_MEM_FRACTION",
@@ -119,8 +125,11 @@ __all__ = [
     "generation_ceiling_tokens_per_s",
     "generation_workload",
     "get_gpu",
+    "gpu_spec_from_mapping",
+    "load_gpu_spec",
     "has_kv_shape",
     "interconnect",
+    "kv_bytes_per_sequence",
     "kv_bytes_per_token",
     "kv_cache_dtype",
     "kv_capacity_tokens",
@@ -141,6 +150,7 @@ __all__ = [
     "quant_scheme",
     "realised_gain",
     "realised_speedup",
+    "resolve_gpu",
     "resolve_model",
     "ridge_batch",
     "ridge_point",

@@ -16,6 +16,12 @@ import math
 
 from diagnoser.capture import ModelInfo
 from diagnoser.errors import InputError
+from diagnoser.physics.attention import (
+    decode_attention_flops,
+    held_tokens,
+    kv_elements_per_layer,
+    prefill_attention_flops,
+)
 from diagnoser.physics.gpus import GpuSpec, peak_flops
 from diagnoser.physics.parallel import Interconnect, interconnect, tp_comm_s
 from diagnoser.physics.precision import (
@@ -62,7 +68,8 @@ def _check(batch: float = 1, context: float = 0, tp: int = 1) -> None:
 
 
 def has_kv_shape(model: ModelInfo) -> bool:
-    """Whether the model's layers, KV heads and head size are known, so its KV cache can be sized."""
+    """Whether the model's layers, KV heads and head size are known, so its KV cache can be sized (an MLA model's
+    base fields are set so, physics.attention)."""
     return bool(model.layers and model.kv_heads and model.head_dim)
 
 
@@ -80,18 +87,29 @@ def weight_bytes(model: ModelInfo, dtype: str | None = None) -> float:
 
 
 def kv_bytes_per_token(model: ModelInfo, kv_dtype: str | None = None, *, tp: int = 1) -> float:
-    """KV-cache bytes one token adds: 2 (K and V) x layers x kv_heads x head_dim x bytes per element.
+    """KV-cache bytes one token adds (to every layer that keeps it): 2 (K and V) x layers x kv_heads x head_dim x
+    bytes per element; for MLA (DeepSeek-V2/V3) layers x (kv_lora_rank + qk_rope_head_dim) x bytes, the latent
+    every head shares (physics.attention).
 
     With tensor parallelism each GPU holds kv_heads / tp heads, or one when there are fewer heads than GPUs (they
-    are replicated then), and this returns the per-GPU figure. An FP8 or INT8 cache halves it.
+    are replicated then), and this returns the per-GPU figure; an MLA latent is whole on every GPU. An FP8 or INT8
+    cache halves it. A sliding-window layer stops adding once it holds its window: kv_bytes_per_sequence.
     Source: the standard KV-cache size formula, e.g. Pope et al., "Efficiently Scaling Transformer Inference" (2022).
     """
     _check(tp=tp)
-    layers, kv_heads, head_dim = model.layers, model.kv_heads, model.head_dim
-    if not (layers and kv_heads and head_dim):
+    if not has_kv_shape(model):
         raise InputError("sizing the KV cache needs the model's layers, KV heads and head size.")
-    heads_per_gpu = max(1, math.ceil(kv_heads / tp))
-    return 2.0 * layers * heads_per_gpu * head_dim * bytes_per_element(kv_cache_dtype(model, kv_dtype))
+    assert model.layers
+    element = bytes_per_element(kv_cache_dtype(model, kv_dtype))
+    return model.layers * kv_elements_per_layer(model, tp) * element
+
+
+def kv_bytes_per_sequence(model: ModelInfo, context: float, kv_dtype: str | None = None, *, tp: int = 1) -> float:
+    """KV-cache bytes a sequence of `context` tokens holds, per GPU: KV bytes per token x context, where a sliding
+    layer holds at most its window: per layer and token x (full layers x context + sliding layers x min(context,
+    window)) (physics.attention.held_tokens)."""
+    _check(context=context, tp=tp)
+    return kv_bytes_per_token(model, kv_dtype, tp=tp) * held_tokens(model, context)
 
 
 def weights_read_bytes(model: ModelInfo, tokens: float = 1, dtype: str | None = None) -> float:
@@ -124,15 +142,15 @@ def decode_step_bytes(
     """Bytes one GPU reads per decode step: weights read / tp + batch x context x KV bytes per token (per GPU).
 
     Each step generates one token for each of `batch` sequences, reading every weight once (the weights are shared by
-    the batch) and each sequence's whole KV cache of `context` tokens. `batch` and `context` may be observed means.
-    When the model's KV shape is unknown (see has_kv_shape) the KV term is left out, which keeps every speed derived
-    from this an upper bound.
+    the batch) and each sequence's whole KV cache of `context` tokens (a sliding layer's window of them). `batch`
+    and `context` may be observed means. When the model's KV shape is unknown (see has_kv_shape) the KV term is left
+    out, which keeps every speed derived from this an upper bound.
     """
     _check(batch, context, tp)
     weights = weights_read_bytes(model, batch, dtype) / tp
     if context == 0 or not has_kv_shape(model):
         return weights
-    return weights + batch * context * kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype), tp=tp)
+    return weights + batch * kv_bytes_per_sequence(model, context, kv_cache_dtype(model, kv_dtype, dtype), tp=tp)
 
 
 # --- FLOPs ---------------------------------------------------------------------------------------------
@@ -144,10 +162,9 @@ def _matmul_params(model: ModelInfo) -> float:
 
 def attention_flops_per_token(model: ModelInfo, context: float) -> float:
     """FLOPs of one new token attending to `context` earlier ones: QK^T and PV each cost 2 x head_dim per key and
-    query head, so 4 x layers x heads x head_dim x context (0 when the shape is unknown)."""
-    if not (model.layers and model.heads and model.head_dim):
-        return 0.0
-    return 4.0 * model.layers * model.heads * model.head_dim * context
+    query head, so 4 x layers x heads x head_dim x context (0 when the shape is unknown). A sliding layer attends to
+    at most its window; MLA decodes against the latent (physics.attention.decode_attention_flops)."""
+    return decode_attention_flops(model, context)
 
 
 def _attention_rate(gpu: GpuSpec, model: ModelInfo, dtype: str | None) -> float:
@@ -260,7 +277,8 @@ def prefill_cost(
 ) -> tuple[float, float, float]:
     """(memory, compute, collectives) seconds of prefilling `tokens` prompt tokens in prompts of `sequence_tokens`
     each (default: one prompt), per GPU. Compute: 2 x active matrix params x tokens at the weights' rate, plus causal
-    attention, 2 x layers x heads x head_dim x s(s+1) per prompt of s tokens, at the activations' rate. Memory: the
+    attention, 2 x layers x heads x head_dim x s(s+1) per prompt of s tokens (physics.attention for sliding windows
+    and MLA), at the activations' rate. Memory: the
     weights read once plus the KV cache written. Collectives: tp_comm_s over the tokens."""
     if tokens < 1:
         raise InputError(f"the prompt must have at least 1 token, not {tokens}.")
@@ -269,7 +287,7 @@ def prefill_cost(
     if per_prompt < 1 or per_prompt > tokens:
         raise InputError(f"a prompt of {per_prompt} tokens does not fit in {tokens} prompt tokens.")
     prompts = tokens / per_prompt
-    attention = prompts * attention_flops_per_token(model, 1) * per_prompt * (per_prompt + 1) / 2
+    attention = prompts * prefill_attention_flops(model, per_prompt)
     compute = (2.0 * _matmul_params(model) * tokens / peak_flops(gpu, weight_dtype(model, dtype))
                + attention / _attention_rate(gpu, model, dtype)) / tp
     written = tokens * kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype)) if has_kv_shape(model) \
@@ -358,10 +376,12 @@ def max_concurrent_sequences(
 ) -> int:
     """Sequences of `context` tokens whose KV cache fits beside the weights, per tensor-parallel group (of `pp`
     pipeline stages): floor(kv_capacity_tokens / context); 0 if the weights do not fit. An FP8 or INT8 KV cache
-    doubles it. Activation workspace and fragmentation are ignored, so this is an upper bound."""
+    doubles it; a sliding layer holds at most its window of each sequence (held_tokens). Activation workspace and
+    fragmentation are ignored, so this is an upper bound."""
     if context < 1:
         raise InputError(f"the context must be at least 1 token, not {context}.")
-    return int(kv_capacity_tokens(model, gpu, mem_fraction, tp, dtype=dtype, kv_dtype=kv_dtype, pp=pp) // context)
+    capacity = kv_capacity_tokens(model, gpu, mem_fraction, tp, dtype=dtype, kv_dtype=kv_dtype, pp=pp)
+    return int(capacity // held_tokens(model, context))
 
 
 def kv_capacity_tokens(
@@ -376,6 +396,7 @@ def kv_capacity_tokens(
 ) -> float:
     """Tokens of KV cache that fit beside the weights: (memory x mem_fraction - weights / (tp x pp)) / (KV bytes per
     token per GPU / pp), each of `pp` pipeline stages holding its share of the layers; 0 if the weights do not fit.
+    Tokens at every layer: a sliding-window model's sequences each hold fewer (max_concurrent_sequences).
     An upper bound on a server's KV pool (it also keeps activations)."""
     _check(tp=tp)
     if pp < 1:
@@ -407,7 +428,8 @@ def ridge_batch(
 
     (for a dense 16-bit model, B* = R). With `context` > 0 each sequence also reads context x kv bytes and does
     attention FLOPs A (at the activations' rate P_a, counted as A x P / P_a), and B* = R x W / (2 x M + A x P / P_a
-    - R x context x kv_per_token x tp) per tensor-parallel group; it is infinite (decode never becomes
+    - R x kv_per_sequence x tp) per tensor-parallel group (kv_per_sequence: context x kv_per_token, a sliding
+    layer's window of it); it is infinite (decode never becomes
     compute-bound) when the denominator is not positive; an unknown KV shape counts as no KV. MoE weights count in
     full: by B* every expert is read in practice.
     """
@@ -415,11 +437,11 @@ def ridge_batch(
     wdtype = weight_dtype(model, dtype)
     peak = peak_flops(gpu, wdtype)
     ridge = peak / gpu.hbm_bytes_per_s
-    kv = kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, wdtype), tp=tp) \
+    kv = kv_bytes_per_sequence(model, context, kv_cache_dtype(model, kv_dtype, wdtype), tp=tp) \
         if context and has_kv_shape(model) else 0.0
     attention = attention_flops_per_token(model, context) * peak / _attention_rate(gpu, model, wdtype) \
         if context and has_kv_shape(model) else 0.0
-    denominator = 2.0 * _matmul_params(model) + attention - ridge * context * kv * tp
+    denominator = 2.0 * _matmul_params(model) + attention - ridge * kv * tp
     if denominator <= 0:
         return math.inf
     parts = weight_breakdown(model, wdtype)

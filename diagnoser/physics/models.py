@@ -18,6 +18,7 @@ import msgspec
 from diagnoser.capture import Capture, ModelInfo, ServingConfig
 from diagnoser.errors import InputError
 from diagnoser.fileio import read_text_bounded
+from diagnoser.physics.attention import AttentionModelInfo
 from diagnoser.physics.precision import bytes_per_element, normalise_dtype
 
 # Bundled configs (diagnoser/data/models/<stem>.json) and the Hugging Face repository each was copied from.
@@ -47,6 +48,26 @@ _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
 _QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
 # GPT-J: attention and MLP in parallel after one LayerNorm (with bias), MLP and lm_head biases, rotary positions.
 _PARALLEL_TYPES = frozenset({"gptj"})
+# Falcon (transformers' FalconConfig; "RefinedWebModel" is the 7B's original name, "RefinedWeb" the 40B's): attention
+# and MLP in parallel after one LayerNorm (with bias; two, ln_attn and ln_mlp, in the new decoder architecture),
+# 4 x hidden GELU MLP, biases only where `bias` says.
+_FALCON_TYPES = frozenset({"falcon", "refinedwebmodel", "refinedweb"})
+# Multi-query attention (one KV head) unless the config says multi_query false: transformers' default for these.
+_MULTI_QUERY_DEFAULT = frozenset({"falcon", "refinedwebmodel", "gpt_bigcode"})
+
+# Sliding-window layouts (physics.attention), as transformers' modelling code reads the config. Every layer slides:
+_ALL_LAYERS_SLIDE = frozenset({"mistral", "mixtral", "phi3", "phimoe", "starcoder2"})
+# Gemma 2 alternates, layer 0 sliding (Gemma2DecoderLayer: is_sliding = not bool(layer_idx % 2)).
+_ALTERNATE_SLIDE = frozenset({"gemma2"})
+# Every sliding_window_pattern-th layer is full, the rest slide ((layer_idx + 1) % sliding_window_pattern != 0).
+_PATTERN_SLIDE = frozenset({"gemma3", "gemma3_text", "cohere2"})
+# Qwen's use_sliding_window with max_window_layers: transformers' docs and code have read it both ways (the bottom
+# layers sliding, or those from max_window_layers up), so it is refused unless layer_types says; off by default.
+_QWEN_SLIDE = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_5_vl"})
+_LAYER_TYPES = {"full_attention": False, "sliding_attention": True}
+# Multi-head latent attention (physics.attention): sized from kv_lora_rank and qk_rope_head_dim, which these need.
+_MLA_TYPES = frozenset({"deepseek_v2", "deepseek_v3"})
+_MLA_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 
 
 def _first(cfg: dict[str, Any], *keys: str) -> Any:
@@ -233,6 +254,58 @@ def _config_dtype(cfg: dict[str, Any]) -> str:
     return _flag_dtype(raw) if isinstance(raw, str) else ""  # "" for e.g. float64: leave it to the user's --dtype
 
 
+def _kv_heads(cfg: dict[str, Any], label: str, model_type: str, heads: int) -> int:
+    """KV heads as transformers reads them: num_key_value_heads (Llama and most), num_kv_heads / n_head_kv
+    (Falcon's new decoder architecture: 40B and 180B have 8), one for multi-query attention (Falcon-7B's and
+    GPT-BigCode's multi_query, true by default there), else the attention heads."""
+    explicit = _positive_int(cfg, label, "num_key_value_heads", "num_kv_heads", "n_head_kv", required=False)
+    if model_type in _FALCON_TYPES:
+        # FalconAttention: num_kv_heads if new_decoder_architecture or not multi_query, else 1
+        new_arch = cfg.get("new_decoder_architecture") is True or model_type == "refinedweb"
+        if new_arch or cfg.get("multi_query", True) is False:
+            return explicit or heads
+        return 1
+    multi_query = cfg.get("multi_query", True if model_type in _MULTI_QUERY_DEFAULT else None)
+    if multi_query is True:
+        return 1
+    return explicit or heads
+
+
+def _sliding_layout(cfg: dict[str, Any], label: str, model_type: str, layers: int) -> tuple[int | None, int]:
+    """(window, sliding layers) from `sliding_window` and the layer pattern: `layer_types` where the config lists
+    it, else the model type's fixed pattern (see _ALL_LAYERS_SLIDE and the sets below it). A window whose layers
+    cannot be told with certainty is refused: guessed, the KV cache would be sized several times wrong."""
+    raw_types = cfg.get("layer_types")
+    if raw_types is not None:
+        if not isinstance(raw_types, list) or len(raw_types) != layers or any(t not in _LAYER_TYPES for t in raw_types):
+            kinds = "', '".join(_LAYER_TYPES)
+            raise InputError(f"{label}: layer_types must list '{kinds}' once for each of the {layers} layers; "
+                             "diagnoser cannot size another layout's KV cache.")
+        slid = sum(_LAYER_TYPES[t] for t in raw_types)
+        if not slid:
+            return None, 0
+        return _positive_int(cfg, label, "sliding_window"), slid
+    if cfg.get("sliding_window") is None:
+        return None, 0
+    enabled = cfg.get("use_sliding_window", model_type not in _QWEN_SLIDE)
+    if enabled is False:
+        return None, 0
+    window = _positive_int(cfg, label, "sliding_window")
+    if model_type in _ALL_LAYERS_SLIDE:
+        return window, layers
+    if model_type in _ALTERNATE_SLIDE:
+        return window, (layers + 1) // 2
+    pattern = cfg.get("sliding_window_pattern")
+    if model_type in _PATTERN_SLIDE and isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        return window, layers - layers // pattern
+    if model_type in _QWEN_SLIDE:
+        raise InputError(f"{label} turns on use_sliding_window, which transformers has read as sliding the layers "
+                         "below max_window_layers and as sliding those above it; add layer_types to say which "
+                         "layers slide.")
+    raise InputError(f"{label} has a sliding_window of {window} but no layer pattern diagnoser can read for "
+                     f"model_type {model_type or 'unset'!r:.40}; add layer_types to say which layers slide.")
+
+
 class _Shape:
     """The numbers of a config the parameter count needs, validated once."""
 
@@ -242,18 +315,25 @@ class _Shape:
         self.layers = _positive_int(cfg, label, "num_hidden_layers", "n_layer", "num_layers") or 0
         self.heads = _positive_int(cfg, label, "num_attention_heads", "n_head") or 0
         self.vocab = _positive_int(cfg, label, "vocab_size") or 0
-        self.kv_heads = _positive_int(cfg, label, "num_key_value_heads", required=False) or self.heads
+        self.kv_heads = _kv_heads(cfg, label, self.model_type, self.heads)
         self.head_dim = _positive_int(cfg, label, "head_dim", required=False) or self.hidden // self.heads
+        self.falcon = self.model_type in _FALCON_TYPES
         # GPT-2's n_inner=null means 4 x hidden
         self.intermediate: int = _positive_int(cfg, label, "intermediate_size", "n_inner", "ffn_dim",
-                                               required=False) or 4 * self.hidden
+                                               "ffn_hidden_size", required=False) or 4 * self.hidden
         self.classic = self.model_type in _CLASSIC_TYPES
-        self.parallel = self.model_type in _PARALLEL_TYPES
+        self.parallel = self.model_type in _PARALLEL_TYPES or self.falcon
+        # Falcon's new decoder architecture normalises attention's and the MLP's inputs apart (ln_attn, ln_mlp)
+        self.parallel_norms = 2 if self.falcon and (cfg.get("new_decoder_architecture") is True
+                                                    or self.model_type == "refinedweb") else 1
         act = str(_first(cfg, "hidden_act", "activation_function", "hidden_activation") or "").lower()
         self.gated = not (self.classic or self.parallel) and (self.model_type in _GATED_TYPES or act in _GATED_ACTS)
-        self.qkv_bias = self.classic or bool(cfg.get("attention_bias")) or self.model_type in _QKV_BIAS_TYPES
-        self.o_bias = self.classic or bool(cfg.get("attention_bias"))
-        self.mlp_bias = self.classic or self.parallel or bool(cfg.get("mlp_bias"))
+        falcon_bias = self.falcon and cfg.get("bias") is True
+        self.qkv_bias = self.classic or bool(cfg.get("attention_bias")) or self.model_type in _QKV_BIAS_TYPES \
+            or falcon_bias
+        self.o_bias = self.classic or bool(cfg.get("attention_bias")) or falcon_bias
+        self.mlp_bias = self.classic or self.model_type in _PARALLEL_TYPES or bool(cfg.get("mlp_bias")) or falcon_bias
+        self.head_bias = self.model_type in _PARALLEL_TYPES  # GPT-J's lm_head has a bias
         self.qk_norm = self.model_type in _QK_NORM_TYPES
         self.tied = bool(cfg.get("tie_word_embeddings", True))  # transformers' default is tied
         self.positions = _positive_int(cfg, label, "max_position_embeddings", "n_positions", required=False)
@@ -268,6 +348,28 @@ class _Shape:
         self.shared_width = shared_width or n_shared * self.expert_width
         self.dense_layers = _positive_int(cfg, label, "first_k_dense_replace", required=False) or 0
         self.dense_layers = min(self.dense_layers, self.layers) if self.experts > 1 else self.layers
+        self._mla(cfg, label)
+        self.sliding_window, self.sliding_layers = _sliding_layout(cfg, label, self.model_type, self.layers)
+
+    def _mla(self, cfg: dict[str, Any], label: str) -> None:
+        """Multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank in the config): its projections and the
+        latent it caches (physics.attention)."""
+        self.kv_lora_rank = _positive_int(cfg, label, "kv_lora_rank", required=False)
+        if self.kv_lora_rank is None:
+            archs = cfg.get("architectures")
+            named = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+            if self.model_type in _MLA_TYPES or any(a in _MLA_ARCHITECTURES for a in named):
+                raise InputError(f"{label} is a DeepSeek-V2/V3 model (multi-head latent attention) without "
+                                 "kv_lora_rank, so its KV cache cannot be sized.")
+            return
+        self.q_lora_rank = _positive_int(cfg, label, "q_lora_rank", required=False)
+        self.qk_rope = _positive_int(cfg, label, "qk_rope_head_dim") or 0
+        self.qk_nope = _positive_int(cfg, label, "qk_nope_head_dim") or 0
+        self.v_head = _positive_int(cfg, label, "v_head_dim") or 0
+        # One latent "head" shared by every query head: 2 x kv_heads x head_dim elements equal the cached latent
+        # and rope key (rounded up to an even count), for code that sees only ModelInfo's fields.
+        self.kv_heads = 1
+        self.head_dim = math.ceil((self.kv_lora_rank + self.qk_rope) / 2)
 
     def mlp(self, width: int) -> int:
         """One feed-forward block: 3 matrices for gated (SwiGLU) MLPs, 2 for GPT-2 style, plus biases."""
@@ -276,12 +378,29 @@ class _Shape:
         return matrices * self.hidden * width + bias
 
     def attention(self) -> int:
+        if self.kv_lora_rank is not None:
+            return self._mla_attention()
         q = self.hidden * self.heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
         o = self.heads * self.head_dim * self.hidden
         bias = (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
         qk_norm = 2 * self.head_dim if self.qk_norm else 0
         return q + kv + o + bias + (self.hidden if self.o_bias else 0) + qk_norm
+
+    def _mla_attention(self) -> int:
+        """DeepSeek-V2/V3 attention (transformers' DeepseekV3Attention): q through a rank-q_lora_rank bottleneck
+        with its RMSNorm (or one hidden x heads x (nope + rope) matrix without q_lora_rank), kv_a_proj_with_mqa to
+        the latent and rope key, the latent's RMSNorm, kv_b_proj to per-head k (nope) and v, and o_proj."""
+        assert self.kv_lora_rank is not None
+        q_head = self.qk_nope + self.qk_rope
+        if self.q_lora_rank:
+            q = self.hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.heads * q_head
+        else:
+            q = self.hidden * self.heads * q_head
+        kv_a = self.hidden * (self.kv_lora_rank + self.qk_rope) + self.kv_lora_rank
+        kv_b = self.kv_lora_rank * self.heads * (self.qk_nope + self.v_head)
+        o = self.heads * self.v_head * self.hidden
+        return q + kv_a + kv_b + o
 
     def norm(self) -> int:
         # LayerNorm has a bias, RMSNorm does not
@@ -290,12 +409,12 @@ class _Shape:
     def embeddings(self) -> int:
         tokens = self.vocab * self.hidden * (1 if self.tied else 2)  # input embedding, and lm_head unless tied
         positions = (self.positions or 0) * self.hidden if self.classic else 0
-        head_bias = self.vocab if self.parallel else 0
+        head_bias = self.vocab if self.head_bias else 0
         return tokens + positions + head_bias + self.norm()  # the final norm rides along
 
     def counts(self) -> tuple[float, float]:
         """(total, active per token) parameters."""
-        per_layer = self.attention() + (1 if self.parallel else 2) * self.norm()
+        per_layer = self.attention() + (self.parallel_norms if self.parallel else 2) * self.norm()
         dense_mlp = self.mlp(self.intermediate)
         total = active = self.embeddings() + self.layers * per_layer + self.dense_layers * dense_mlp
         moe_layers = self.layers - self.dense_layers
@@ -315,7 +434,7 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str = "", label: str = "the co
     shape = _Shape(cfg, label)
     _check_quant(cfg.get("quantization_config"), label)
     params, active = shape.counts()
-    return ModelInfo(
+    fields: dict[str, Any] = dict(
         name=name or str(cfg.get("_name_or_path") or ""),
         params=params,
         active_params=active,
@@ -331,6 +450,14 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str = "", label: str = "the co
         tied_embeddings=shape.tied,
         **{k: v for k, v in _config_quant(cfg).items() if k != "dtype" and v is not None},
     )
+    if shape.kv_lora_rank is None and not shape.sliding_layers:
+        return ModelInfo(**fields)
+    if shape.kv_lora_rank is not None:
+        fields.update(kv_lora_rank=shape.kv_lora_rank, qk_rope_head_dim=shape.qk_rope,
+                      qk_nope_head_dim=shape.qk_nope, v_head_dim=shape.v_head)
+    if shape.sliding_layers:
+        fields.update(sliding_window=shape.sliding_window, sliding_layers=shape.sliding_layers)
+    return AttentionModelInfo(**fields)
 
 
 def _name_from_path(path: Path) -> str:
@@ -345,7 +472,9 @@ def _name_from_path(path: Path) -> str:
 def load_hf_config(path: str | Path) -> ModelInfo:
     """Read a Hugging Face config.json (or a folder holding one) into a ModelInfo with computed parameter counts.
 
-    Missing num_key_value_heads means multi-head attention (= heads); missing head_dim means hidden / heads.
+    Missing num_key_value_heads means multi-head attention (= heads), except where multi_query or Falcon's
+    num_kv_heads say otherwise; missing head_dim means hidden / heads. MLA (kv_lora_rank) and sliding-window
+    (sliding_window with the layer pattern) configs give an AttentionModelInfo (physics.attention).
     MoE configs (num_local_experts or num_experts, with num_experts_per_tok) count every expert in `params` and
     only the routed top-k (plus shared experts and the router) in `active_params`.
     """

@@ -19,6 +19,7 @@ from diagnoser.physics.llm import (
     decode_comm_s,
     decode_step_bytes,
     has_kv_shape,
+    kv_bytes_per_sequence,
     kv_bytes_per_token,
     kv_cache_dtype,
     max_concurrent_sequences,
@@ -80,7 +81,7 @@ def _memory_problem(model: ModelInfo, s: _Setup, context: float, mem_fraction: f
         return (f"{weights / 1e9:.1f} GB of weights per GPU exceed the {usable / 1e9:.1f} GB usable on one "
                 f"{s.gpu.name}")
     if context and has_kv_shape(model):
-        kv = s.batch * context * kv_bytes_per_token(model, s.kv_dtype, tp=s.tp)
+        kv = s.batch * kv_bytes_per_sequence(model, context, s.kv_dtype, tp=s.tp)
         if weights + kv > usable:
             return (f"the KV cache of {s.batch:g} x {context:g} tokens ({kv / 1e9:.1f} GB per GPU) does not fit beside "
                     f"the weights on one {s.gpu.name}")
