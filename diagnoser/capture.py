@@ -546,6 +546,9 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
             raise CaptureError(f"{origin} is not a readable capture: its gzip stream is damaged ({exc}).") from None
     try:
         env = msgspec.json.decode(data, type=_Envelope)
+    except RecursionError:  # arrays or objects nested past the decoder's depth, anywhere (an unknown field too)
+        raise CaptureError(f"{origin} is not a capture diagnoser wrote: its JSON nests arrays or objects more than "
+                           "about 1,000 levels deep.") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         if _looks_like_trace(data):
             raise CaptureError(f"{origin} is a torch.profiler/Chrome trace, not a diagnoser capture: "
@@ -577,7 +580,11 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
             capture = msgspec.convert(_drop_null_points(raw, notes, unpaired), type=Capture)
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise CaptureError(f"{origin} is a damaged capture (version {env.version}): {_sentence(exc)}.") from None
+    except RecursionError:
+        raise CaptureError(f"{origin} is not a capture diagnoser wrote: its JSON nests arrays or objects more than "
+                           "about 1,000 levels deep.") from None
     _check_window(capture, origin)
+    _check_numbers(capture, origin)
     _drop_unpaired(capture, notes, unpaired)
     capture.notes.extend(notes)
     return capture
@@ -593,10 +600,71 @@ def _quote(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+# Bounds on what a capture's numbers can be. A window starts between 1970 and the year 3000 and lasts at most ten
+# years; a series' times are seconds into its window. No reading comes near MAX_ABS_VALUE (a GPU's memory is about
+# 1e11 bytes, a token rate 1e5/s, a counter that wrapped 2e19). Beyond these a file is damaged or forged, and what
+# reads it fails deep inside: math.fsum of two 1.7e308 overflows, a square of 1e200 raises, a date past the year
+# 9999 cannot be shown. Refused here in one sentence instead.
+MAX_STARTED_AT = 32_503_680_000.0  # 3000-01-01 UTC
+MAX_WINDOW_S = 10 * 366 * 86_400.0
+MAX_ABS_VALUE = 1e30
+
+
 def _check_window(capture: Capture, origin: str) -> None:
-    if not (math.isfinite(capture.started_at) and math.isfinite(capture.duration_s) and capture.duration_s >= 0):
-        raise CaptureError(f"{origin} is a damaged capture: its window (start {capture.started_at}, "
-                           f"{capture.duration_s} s) is not a finite, non-negative time.")
+    start, duration = capture.started_at, capture.duration_s
+    if not (math.isfinite(start) and math.isfinite(duration) and duration >= 0):
+        raise CaptureError(f"{origin} is a damaged capture: its window (start {start}, "
+                           f"{duration} s) is not a finite, non-negative time.")
+    if not 0 <= start <= MAX_STARTED_AT:
+        raise CaptureError(f"{origin} is a damaged capture: its window starts at {start:g} s after 1970, not "
+                           "between 1970 and the year 3000.")
+    if duration > MAX_WINDOW_S:
+        raise CaptureError(f"{origin} is a damaged capture: its window lasts {duration:g} s, over ten years.")
+
+
+def _check_numbers(capture: Capture, origin: str) -> None:
+    """Every number within its bound (see MAX_ABS_VALUE): series by their extremes (millions of points, read at C
+    speed), the rest of the capture field by field."""
+    for i, series in enumerate(capture.series):
+        name = _quote(series.name, 60)
+        values, times = series.values, series.times
+        if values and (max(values) > MAX_ABS_VALUE or min(values) < -MAX_ABS_VALUE):
+            raise CaptureError(f"{origin} is a damaged capture: series {name} ($.series[{i}].values) holds "
+                               f"{max(values, key=abs):g}, larger than any measurement (1e30).")
+        if times and (max(times) > MAX_WINDOW_S or min(times) < -MAX_WINDOW_S):
+            raise CaptureError(f"{origin} is a damaged capture: series {name} ($.series[{i}].times) holds a time "
+                               f"of {max(times, key=abs):g} s, more than ten years from its window's start.")
+    found = _huge_number(capture, "$")
+    if found is not None:
+        where, value = found
+        raise CaptureError(f"{origin} is a damaged capture: {where} is {value:g}, larger than any measurement "
+                           "(1e30).")
+
+
+def _huge_number(obj: Any, where: str) -> tuple[str, float] | None:
+    """The first number beyond MAX_ABS_VALUE in a decoded capture (outside its series), with where it is."""
+    if isinstance(obj, (int, float)):
+        return (where, obj) if abs(obj) > MAX_ABS_VALUE else None
+    if isinstance(obj, msgspec.Struct):
+        for name in obj.__struct_fields__:
+            if isinstance(obj, Capture) and name in ("series", "started_at", "duration_s"):
+                continue  # checked above
+            found = _huge_number(getattr(obj, name), f"{where}.{name}")
+            if found is not None:
+                return found
+    elif isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            if isinstance(item, (str, bool)) or item is None:
+                continue
+            found = _huge_number(item, f"{where}[{i}]")
+            if found is not None:
+                return found
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            found = _huge_number(item, f"{where}.{_quote(str(key), 40)}")
+            if found is not None:
+                return found
+    return None
 
 
 def _drop_null_points(raw: Any, notes: list[str], unpaired: list[str]) -> Any:

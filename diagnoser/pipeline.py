@@ -51,11 +51,12 @@ class Pipeline:
 
     def __init__(self, rules: RuleSet | None = None, *, overrides: Overrides | None = None,
                  save_to: Path | None = None, html: Path | None = None,
-                 on_saved: Callable[[Path], None] | None = None) -> None:
+                 on_saved: Callable[[Path], None] | None = None, html_option: str = "--html") -> None:
         base = rules or default_rules()
         self.rules = base.with_overrides(overrides) if overrides else base
-        # An output that cannot be written is found now, before a window is observed, not after it.
-        for option, path in (("--save", save_to), ("--html", html)):
+        # An output that cannot be written is found now, before a window is observed, not after it; the error names
+        # the option the user gave (`html_option`: `report` takes -o/--output).
+        for option, path in (("--save", save_to), (html_option, html)):
             if path is not None:
                 check_writable(path, option)
         self.save_to = save_to

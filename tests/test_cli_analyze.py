@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,30 @@ def test_console_script_on_a_real_gpu_trace(tmp_path: Path) -> None:
     assert doc["verdict"] == "host_launch"
     assert doc["context"]["trace"]["kernels"]["count_by_class"]["comm"] == 21
     assert doc["context"]["trace"]["window_policy"] == "ProfilerSteps (3, last one kept)"
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())  # the terminal report wraps at its width
+
+
+def test_html_report_as_the_docs_say(tmp_path: Path) -> None:
+    # docs/reports.md listed `analyze --html`, which did not exist.
+    out = tmp_path / "trace.html"
+    result = runner.invoke(app, ["analyze", str(_gpu_trace(tmp_path)), "--html", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.is_file() and "<html" in out.read_text()
+    missing = runner.invoke(app, ["analyze", str(_gpu_trace(tmp_path)), "--html", str(tmp_path / "no" / "x.html")])
+    assert missing.exit_code == 2 and "--html" in missing.output and "does not exist" in missing.output
+
+
+def test_numbers_are_printed_as_people_read_them() -> None:
+    # They were "1.57e+03 GFLOP, 4.27e+04 MB" for this trace, and a 46 ms window was a "0.0 s window".
+    big = runner.invoke(app, ["analyze", str(FIXTURES / "recsys-sampled-2of128" / "rank-0.json.gz")])
+    assert big.exit_code == 0, big.output
+    flops = next(line for line in big.output.splitlines() if line.startswith("FLOPs:"))
+    assert "1.6 TFLOP, 39.8 GiB;" in flops
+    assert not re.search(r"\de[+-]\d", big.output), big.output
+    short = runner.invoke(app, ["analyze", str(FIXTURES.parent / "gpu" / "hf" / "hf-eager-b1-50ms.json.gz")])
+    assert short.exit_code == 0, short.output
+    assert "roofs (spec sheet), 46.4 ms window" in _flat(short.output)
+    assert "0.0 s window" not in _flat(short.output)

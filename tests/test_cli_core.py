@@ -159,3 +159,14 @@ def test_every_command_summary_is_its_docstring_and_every_module_registers():
         assert result.exit_code == 0, (name, result.output)
         words = " ".join(result.output.replace("│", " ").split())
         assert " ".join(summary.split()) in words, (name, summary)
+
+
+def test_rules_finds_a_page_by_the_name_it_lists():
+    # `diagnoser rules` lists code and name; the name was refused ("no rule 'kv-cache-full'").
+    by_code = runner.invoke(app, ["rules", "VRAM001"])
+    by_name = runner.invoke(app, ["rules", "kv-cache-full"])
+    assert by_name.exit_code == 0, by_name.output
+    assert by_name.output == by_code.output and by_name.output.startswith("# VRAM001 kv-cache-full")
+    assert json.loads(runner.invoke(app, ["rules", "kv_cache_full", "--json"]).output)["code"] == "VRAM001"
+    unknown = runner.invoke(app, ["rules", "kv-cache-empty"])
+    assert unknown.exit_code == 2 and "no rule with the code or name 'kv-cache-empty'" in unknown.output

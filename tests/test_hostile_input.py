@@ -267,3 +267,78 @@ def test_a_trace_given_for_a_capture_and_a_capture_for_a_trace_name_the_command_
     other = _write(tmp_path / "other.json.gz", {"hello": 1})
     code, _, err = _run("diagnose", str(other))
     assert code == 2 and "is not a diagnoser capture" in one_sentence(err)
+
+
+# --- numbers and nesting no writer produces (they reached arithmetic or the decoder's recursion: exit 70) -------------
+
+def _limited() -> None:
+    """In the child: an address-space limit, so that a regression that grows without end fails, not the machine."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def _cli(*args: str, cwd: Path = REPO) -> tuple[int, str]:
+    """(exit code, stderr) of a diagnoser process with a deadline and a memory limit."""
+    result = subprocess.run([sys.executable, "-m", "diagnoser", *args], cwd=cwd, env=ENV, capture_output=True,
+                            text=True, timeout=120, check=False, preexec_fn=_limited)
+    return result.returncode, result.stderr
+
+
+def _deep(depth: int = 5000) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _all_values(value: float) -> Any:
+    def edit(doc: dict[str, Any]) -> None:
+        for series in doc["capture"]["series"]:
+            series["values"] = [value if i % 2 else -value for i in range(len(series["values"]))]
+    return edit
+
+
+@pytest.mark.parametrize("damage,expect", [
+    (lambda d: d["capture"].__setitem__("x_unknown", json.loads(_deep(500))), None),  # deep but readable: fine
+    ("deep-unknown-field", "nests arrays or objects more than about 1,000 levels deep"),
+    ("deep-envelope", "nests arrays or objects more than about 1,000 levels deep"),
+    (_all_values(1.7e308), "holds -1.7e+308, larger than any measurement (1e30)"),
+    (lambda d: _busy(d)["values"].__setitem__(0, -1.7e308), "series gpu.busy ($.series[0].values) holds -1.7e+308"),
+    (lambda d: d["capture"]["gpus"][0].__setitem__("power_limit_w", 1.7e308),
+     "$.gpus[0].power_limit_w is 1.7e+308, larger than any measurement (1e30)"),
+    (lambda d: _busy(d)["times"].__setitem__(1, 1e300), "more than ten years from its window's start"),
+    (lambda d: d["capture"].__setitem__("started_at", 1e300), "starts at 1e+300 s after 1970"),
+    (lambda d: d["capture"].__setitem__("started_at", -1e15), "not between 1970 and the year 3000"),
+    (lambda d: d["capture"].__setitem__("duration_s", 1e12), "its window lasts 1e+12 s, over ten years"),
+])
+def test_captures_beyond_what_any_writer_makes_are_one_sentence_exit_2(tmp_path: Path, damage: Any,
+                                                                       expect: str | None) -> None:
+    """diagnose, report and compare each refuse in one sentence (they exited 70, "a bug in diagnoser": a RecursionError
+    in the decoder, math.fsum overflowing, `(v - mean) ** 2` overflowing in compare, a date past the year 9999)."""
+    path = tmp_path / "bad.dgc"
+    if damage == "deep-unknown-field":
+        text = json.dumps(_doc()).replace('"duration_s": ', f'"x_unknown": {_deep()}, "duration_s": ', 1)
+        path.write_bytes(gzip.compress(text.encode()))
+    elif damage == "deep-envelope":
+        path.write_bytes(gzip.compress((json.dumps(_doc())[:-1] + f', "x_unknown": {_deep()}}}').encode()))
+    else:
+        doc = _doc()
+        damage(doc)
+        _write(path, doc)
+    out = tmp_path / "out.html"
+    for args in (("diagnose", str(path)), ("report", str(path), "-o", str(out)), ("compare", str(path), str(FIXTURE)),
+                 ("compare", str(FIXTURE), str(path))):
+        code, err = _cli(*args)
+        if expect is None:
+            assert code == 0, err
+            continue
+        line = one_sentence(err)
+        assert code == 2, (args, line)
+        assert line.startswith(f"diagnoser: {path} ") and expect in line, (args, line)
+    assert expect is None or not out.exists()
+
+
+def test_report_of_a_directory_is_one_sentence(tmp_path: Path) -> None:
+    # `report .` took the folder's empty name for the report's (ValueError, exit 70).
+    for target in (".", str(tmp_path)):
+        code, err = _cli("report", target, cwd=tmp_path)
+        assert code == 2 and one_sentence(err) == f"diagnoser: {target} is a directory, not a capture file."
+    assert list(tmp_path.iterdir()) == []

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 
 from diagnoser.reports.redact import MASK, is_secret_name, redact, redact_argv, redact_env, redact_obj
 
+REPO = Path(__file__).resolve().parents[1]
 SK = "sk-proj-4f9Qx8TzLw2Rk7Vn3Hb6"
 HF = "hf_AbCdEfGhIjKlMnOpQrStUvWx"
 
@@ -74,3 +81,33 @@ def test_env_and_nested_objects() -> None:
     obj = redact_obj({"a": [f"--api-key {SK}", 3, None], "b": {"c": f"https://x:{HF}@h"}})
     assert SK not in str(obj) and HF not in str(obj)
     assert obj["a"][1] == 3 and obj["a"][2] is None  # type: ignore[index]
+
+
+# --- linear time ----------------------------------------------------------------------------------------------------
+
+_ADVERSARIAL = ["a." * 100_000, "-" * 200_000, "a=" * 100_000, "http://" + "a:" * 100_000, "?a" * 100_000,
+                ";a" * 100_000, "x.-" * 66_667, "--a " * 50_000, "-a." * 66_667, "a-" * 100_000,
+                "a." * 50_000 + "://" + "a:" * 50_000, "eyJaaaaaaaaa." * 15_385, '"a' * 100_000, "--a '" * 40_000]
+
+
+def test_redaction_is_linear_on_adversarial_text() -> None:
+    """Patterns that scanned a run of name characters from each start inside it took 45 s for 'a.' * 20000 (and
+    minutes at 200 KB). Each 200 KB input must be redacted within seconds, measured in a child process with a
+    deadline so that a regression fails instead of hanging the suite."""
+    assert all(len(s) >= 199_000 for s in _ADVERSARIAL)
+    script = textwrap.dedent("""
+        import json, sys, time
+        from diagnoser.reports.redact import redact
+        for i, text in enumerate(json.load(sys.stdin)):
+            start = time.perf_counter()
+            out = redact(text)
+            print(i, len(text), len(out), round(time.perf_counter() - start, 3), flush=True)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], input=json.dumps(_ADVERSARIAL), capture_output=True,
+                            text=True, timeout=10 * len(_ADVERSARIAL), cwd=REPO, check=False)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert len(rows) == len(_ADVERSARIAL)
+    for i, size, out_size, seconds in rows:
+        assert int(size) == len(_ADVERSARIAL[int(i)]) and int(out_size) > 0
+        assert float(seconds) < 10.0, (i, _ADVERSARIAL[int(i)][:20], seconds)

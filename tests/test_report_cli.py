@@ -86,3 +86,13 @@ def test_unwritable_output_keeps_the_capture(capture_file: Path, tmp_path: Path)
     refused = run("report", str(capture_file), "-o", str(capture_file))
     assert refused.returncode == 2 and "would overwrite the capture" in refused.stderr
     assert capture_file.read_bytes() == before
+
+
+@pytest.mark.parametrize("option", ["-o", "--output"])
+def test_an_unwritable_output_is_named_by_the_option_given(capture_file: Path, tmp_path: Path, option: str) -> None:
+    # The error named --html, an option `report` does not have.
+    out = tmp_path / "missing" / "r.html"
+    result = run("report", str(capture_file), option, str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (f"diagnoser: {option} {out}: the folder {out.parent} does not exist; create it "
+                                     "first or pick another path.")

@@ -360,3 +360,56 @@ def test_fuzzed_traces_never_raise_anything_but_one_sentence(tmp_path: Path) -> 
         assert all(v >= 0.0 for v in s.kernel_share.values())
 
     check()
+
+
+# --- nesting past the decoder's depth (RecursionError escaped as exit 70) -------------------------------------------
+
+_DEEP = "[" * 5000 + "]" * 5000
+
+
+def _analyze_cli(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "diagnoser", "analyze", str(path)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, check=False)
+
+
+@pytest.mark.parametrize("where", ["args-first", "args-middle", "args-last", "event", "metadata-before",
+                                   "metadata-after"])
+def test_json_nested_too_deeply_is_one_skipped_event_or_ignored_metadata(tmp_path: Path, where: str) -> None:
+    trace = _tiny_trace(30)
+    events = trace["traceEvents"]
+    deep = '"DEEP"'
+    if where.startswith("args"):
+        kernels = [e for e in events if e.get("cat") == "kernel"]
+        victim = {"args-first": kernels[0], "args-middle": kernels[len(kernels) // 2], "args-last": kernels[-1]}[where]
+        victim["args"]["x"] = "DEEP"
+        if where == "args-last":
+            events.remove(victim)
+            events.append(victim)
+    elif where == "event":
+        events.insert(len(events) // 2, "DEEP")
+    elif where == "metadata-before":
+        trace = {"deviceProperties": "DEEP", **trace}
+    else:
+        trace["distributedInfo"] = "DEEP"
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(trace).replace(deep, _DEEP))
+    result = _analyze_cli(path)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    s = analyze_trace(path).summary
+    if where.startswith("metadata"):
+        assert s.kernel_count == 30 and s.events_skipped == 0
+        assert any("metadata" in note and "ignored" in note for note in s.skipped), s.skipped
+    else:
+        assert s.kernel_count == (30 if where == "event" else 29)
+        assert s.events_skipped == 1 and s.skip_reasons == {"malformed_json": 1}
+        assert not s.truncated
+
+
+def test_a_trace_that_is_only_nesting_is_one_sentence(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text('{"traceEvents": [' + _DEEP + "]}")
+    result = _analyze_cli(path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("diagnoser: ") and lines[0].endswith("."), lines

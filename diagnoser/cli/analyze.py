@@ -17,6 +17,7 @@ from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
 from diagnoser.textsafe import printable
 from diagnoser.traces.windows import WINDOWS
+from diagnoser.units import fmt
 
 if TYPE_CHECKING:
     from diagnoser.traces import TraceAnalysis
@@ -42,6 +43,8 @@ def register(app: typer.Typer) -> None:
                                      "its context.trace."),
         fail_on: str = typer.Option("", "--fail-on", help=FAIL_ON_HELP),
         save: Path | None = typer.Option(None, "--save", help="Also save the capture built from the trace (.dgc)."),
+        html: Path | None = typer.Option(None, "--html", help="Also write a self-contained HTML report to this file.",
+                                         dir_okay=False),
         gpu: str | None = typer.Option(None, "--gpu", help="The GPU the trace ran on (e.g. H100), when its "
                                        "deviceProperties are missing or wrong."),
         model: str | None = typer.Option(None, "--model", help="The served model: a config.json, a folder with "
@@ -72,7 +75,7 @@ def register(app: typer.Typer) -> None:
         model_info = physics.resolve_model(model) if model else None
         if gpu:
             physics.get_gpu(gpu)  # an unknown name is a bad option, before the (long) analysis
-        pipeline = Pipeline(overrides=overrides, save_to=save)
+        pipeline = Pipeline(overrides=overrides, save_to=save, html=html)  # outputs checked before the analysis
         if quick:
             _quick_look(trace, window, gpu, limit, model_info, pipeline, err=as_json)
         analysis = analyze_trace(trace[0] if len(trace) == 1 else trace, window=window, gpu_name=gpu,
@@ -88,7 +91,7 @@ def register(app: typer.Typer) -> None:
             if save is not None:
                 typer.echo(f"Capture saved to {save}.")
             typer.echo("")
-        show(outcome, as_json=as_json, fail_on=wanted, verbose=verbose)
+        show(pipeline.write(outcome), as_json=as_json, fail_on=wanted, verbose=verbose)
 
 
 def _quick_look(trace: list[Path], window: str, gpu: str | None, limit: int | None, model_info: object,
@@ -120,6 +123,15 @@ def _quick_look(trace: list[Path], window: str, gpu: str | None, limit: int | No
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
+
+
+def _flop(x: float) -> str:
+    """A count of floating-point operations as people read it: 412 GFLOP, 2.1 TFLOP, 38.0 MFLOP (never 2.17e+03)."""
+    for size, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= size:
+            v = x / size
+            return f"{v:.1f} {prefix}FLOP" if v < 100 else f"{v:.0f} {prefix}FLOP"
+    return f"{x:.0f} FLOP"
 
 
 def _us(x: float) -> str:
@@ -204,14 +216,14 @@ def render_analysis(a: TraceAnalysis) -> list[str]:
         intensity = (f"intensity {s.intensity_flop_per_byte:.1f} FLOP/B (time-weighted, {ops.time_basis} time){ridge}"
                      if s.intensity_flop_per_byte is not None else "intensity left out (see skipped)")
         covered = f" launching {s.costed_time_frac:.0%} of the kernel time" if s.costed_time_frac is not None else ""
-        out.append(f"FLOPs: {len(ops.runs)} matmul/conv/attention ops{covered}, {ops.total_flops / 1e9:.3g} GFLOP, "
-                   f"{ops.total_bytes / 1e6:.3g} MB; {intensity}")
+        out.append(f"FLOPs: {len(ops.runs)} matmul/conv/attention ops{covered}, {_flop(ops.total_flops)}, "
+                   f"{fmt(ops.total_bytes, 'bytes')}; {intensity}")
         below = s.extra.get("time_frac_below_ridge")
         if below is not None:
             out.append(f"  {below:.0%} of that time is in ops below the ridge point (memory-bound)")
         for name, agg in sorted(ops.by_op.items(), key=lambda kv: -kv[1]["time_us"])[:4]:
             ai = agg["flops"] / agg["bytes"] if agg["bytes"] else 0.0
-            out.append(f"  {name:<40} {int(agg['count']):>6}x  {agg['flops'] / 1e9:10.3g} GFLOP  {ai:8.1f} FLOP/B  "
+            out.append(f"  {name:<40} {int(agg['count']):>6}x  {_flop(agg['flops']):>11}  {ai:8.1f} FLOP/B  "
                        f"{_us(agg['time_us'])}")
     ph = a.phases
     left_out = s.prefill_frac is None and s.decode_batch is None and ph is not None and ph.prefill_frac is not None

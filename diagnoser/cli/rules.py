@@ -1,4 +1,4 @@
-"""`diagnoser rules [CODE]`: the rule list, or one rule's page (like `ruff rule`).
+"""`diagnoser rules [CODE | NAME]`: the rule list, or one rule's page (like `ruff rule`).
 
 Pages show the thresholds in force: the defaults, or those of `--rules-config`, in the page's prose as in its
 threshold list.
@@ -13,6 +13,11 @@ import typer
 from diagnoser.cli.common import handles_errors, print_json
 from diagnoser.errors import InputError
 from diagnoser.rules import RETIRED, AnyOf, Rule, RuleSet, default_rules, load_overrides
+
+
+def _by_name(rules: RuleSet, name: str) -> Rule | None:
+    wanted = name.strip().lower().replace("_", "-")
+    return next((r for r in rules if r.name == wanted), None)
 
 
 def rule_dict(r: Rule, rules: RuleSet) -> dict[str, object]:
@@ -58,7 +63,8 @@ def register(app: typer.Typer) -> None:
     @app.command("rules")
     @handles_errors
     def rules_cmd(
-        code: str = typer.Argument(None, help="A rule code (e.g. BW001) to print its page."),
+        code: str = typer.Argument(None, help="A rule code (e.g. BW001) or name (e.g. kv-cache-full) to print its "
+                                   "page."),
         as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
         markdown: bool = typer.Option(False, "--markdown", help="Print every rule's page as one Markdown document."),
         prometheus_rules: bool = typer.Option(False, "--prometheus-rules", help="Print a Prometheus rule group (YAML) "
@@ -81,12 +87,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(rules_markdown(rules))
             return
         if code:
-            r = rules.get(code)
+            r = rules.get(code) or _by_name(rules, code)  # `diagnoser rules` lists both: either finds the page
             if r is None:
                 retired = RETIRED.get(code.upper())
                 if retired:
                     raise InputError(f"rule {code.upper()} was retired; it is covered by {retired}")
-                raise InputError(f"no rule {code!r}; `diagnoser rules` lists them.")
+                raise InputError(f"no rule with the code or name {code!r}; `diagnoser rules` lists them.")
             if as_json:
                 print_json(rule_dict(r, rules))
             else:
@@ -99,4 +105,4 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"{'code':<8}{'name':<{width + 2}}limiter")
         for r in rules:
             typer.echo(f"{r.code:<8}{r.name:<{width + 2}}{r.limiter.value}")
-        typer.echo(f"\n{len(rules)} rules. `diagnoser rules CODE` prints one rule's page.")
+        typer.echo(f"\n{len(rules)} rules. `diagnoser rules CODE` (or NAME) prints one rule's page.")

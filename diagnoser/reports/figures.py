@@ -41,6 +41,7 @@ from diagnoser.reports.trace_figures import (
     durations_figure,
     ranks_figure,
     trace_window_figure,
+    window_text,
 )
 from diagnoser.units import fmt
 
@@ -237,7 +238,7 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
         rest = 1.0 - trace.gpu_busy_frac - attributed
         if rest > 0.0005:
             segments.append(Segment("idle: not attributed", rest, UNATTRIBUTED_COLOR))
-        window = f" of the {trace.window_s:.2f} s traced window" if trace.window_s else ""
+        window = f" of the {window_text(trace.window_s)} traced window" if trace.window_s else ""
         chart = StackedBar(title, segments)
         return Figure("timeline", title, chart, f"Share{window}, from the torch.profiler trace"
                       + (f" ({trace.path})" if trace.path else "") + ": idle time split by what the GPU was waiting "

@@ -42,10 +42,18 @@ _TOKEN_SHAPES = re.compile(
       | eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*   # JWTs
     )"""
 )
-# user:password@ (or a lone token@) in a URL: everything between "//" and "@" goes.
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@?#]+@")
-# ?name=value / &name=value in a URL.
-_QUERY_PARAM = re.compile(r"([?&;])([^=&#\s]+)=([^&#\s]*)")
+# Linear time (a report line can be anything a process or endpoint wrote, 'a.' * 100000 included): a pattern that
+# scans a run of name characters from each of its starts is quadratic in the run, so every pattern below starts only
+# where a run starts and consumes the whole run whether or not it is followed by what makes a secret (the optional
+# tail); a run that turns out not to be one is given back unchanged. Where the old patterns began inside a run
+# (after a '.'), every start in the run had the same tail, so they matched where the first start did.
+#
+# user:password@ (or a lone token@) in a URL: everything between "//" and "@" goes. The scheme starts at a word
+# boundary and a letter somewhere in the run before "://" (_SCHEME_START finds where).
+_URL_USERINFO = re.compile(r"(?i)(?<![a-z0-9+.\-])([a-z0-9+.\-]+)://[^/\s@?#]+@")
+_SCHEME_START = re.compile(r"(?i)\b[a-z]")
+# ?name=value / &name=value in a URL; the "=value" is optional so that a name without one is consumed in one go.
+_QUERY_PARAM = re.compile(r"([?&;])([^=&#\s]+)(?:=([^&#\s]*))?")
 # "Authorization: Bearer X", "Authorization: Basic X", a lone "Bearer X". Not a bare "token X": prose says
 # "token generation".
 _AUTH_HEADER = re.compile(r"(?i)(\bauthorization:\s*(?:bearer\s+|basic\s+|token\s+)?|\bbearer\s+)"
@@ -54,9 +62,10 @@ _AUTH_SCHEMES = ("bearer", "basic", "token")
 # "api_key": "value" in JSON or Python reprs.
 _QUOTED_PAIR = re.compile(r"""(["'])([A-Za-z_][\w.\-]*)\1(\s*[:=]\s*)("[^"]*"|'[^']*'|[^\s,}\]]+)""")
 # --flag=value, -flag=value, NAME=value, name: value (in free text; values up to whitespace or a quote).
-_ASSIGNMENT = re.compile(r"""(?<![\w\-])(-{0,2}[A-Za-z_][\w.\-]*)(=|:\s*)("[^"]*"|'[^']*'|[^\s"',;]+)""")
-# --flag value (a separate word), in free text.
-_FLAG_SPACE_VALUE = re.compile(r"""(?<![\w\-])(--?[A-Za-z][\w.\-]*)(\s+)("[^"]*"|'[^']*'|[^\s"'\-][^\s"']*)""")
+# The separator and value are optional (a plain word is consumed whole; see above).
+_ASSIGNMENT = re.compile(r"""(?<![\w\-])(-{0,2}[A-Za-z_][\w.\-]*)(?:(=|:\s*)("[^"]*"|'[^']*'|[^\s"',;]+))?""")
+# --flag value (a separate word), in free text; the value is optional as above.
+_FLAG_SPACE_VALUE = re.compile(r"""(?<![\w\-])(--?[A-Za-z][\w.\-]*)(?:(\s+)("[^"]*"|'[^']*'|[^\s"'\-][^\s"']*))?""")
 
 
 def _name_parts(name: str) -> list[str]:
@@ -87,12 +96,21 @@ _STRONG_WORDS = frozenset({"password", "passwd", "pwd", "secret", "apikey", "pas
 
 def _assignment(m: re.Match[str]) -> str:
     name, sep, value = m.group(1), m.group(2), m.group(3)
-    if not is_secret_name(name) or value == MASK or value.lower() in _AUTH_SCHEMES:
+    if sep is None or not is_secret_name(name) or value == MASK or value.lower() in _AUTH_SCHEMES:
         return m.group(0)
     parts = _name_parts(name)
     if sep.startswith(":") and not name.startswith("-") and len(parts) < 2 and parts[0] not in _STRONG_WORDS:
         return m.group(0)
     return f"{name}{sep}{_mask_value(value)}"
+
+
+def _url_userinfo(m: re.Match[str]) -> str:
+    # The scheme begins at the first letter of the run that starts a word ("x.https" -> "x." and "https"); the run
+    # before "://" may hold none ("_1://"), and then it is no URL.
+    start = _SCHEME_START.search(m.string, m.start(1), m.end(1))
+    if start is None:
+        return m.group(0)
+    return f"{m.string[m.start(1):m.end(1)]}://{MASK}@"
 
 
 def redact(text: str) -> str:
@@ -101,13 +119,14 @@ def redact(text: str) -> str:
     if not text:
         return text
     # Every report line passes here: control characters (terminal escapes) are shown, never sent (textsafe.py).
-    out = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+    out = _URL_USERINFO.sub(_url_userinfo, text)
     out = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{MASK}", out)  # before "name: value" takes "Bearer"
-    out = _QUERY_PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}" if is_secret_name(m.group(2))
-                           and m.group(3) != MASK else m.group(0), out)
+    out = _QUERY_PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}" if m.group(3) is not None
+                           and is_secret_name(m.group(2)) and m.group(3) != MASK else m.group(0), out)
     out = _ASSIGNMENT.sub(_assignment, out)
     out = _FLAG_SPACE_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{_mask_value(m.group(3))}"
-                                if is_secret_name(m.group(1)) and m.group(3) != MASK else m.group(0), out)
+                                if m.group(3) is not None and is_secret_name(m.group(1)) and m.group(3) != MASK
+                                else m.group(0), out)
     out = _QUOTED_PAIR.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{_mask_value(m.group(4))}"
                            if is_secret_name(m.group(2)) else m.group(0), out)
     return printable(_TOKEN_SHAPES.sub(MASK, out))

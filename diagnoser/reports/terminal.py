@@ -21,7 +21,7 @@ from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis
 from diagnoser.reports.figdata import KernelTable
 from diagnoser.reports.model import Report, gain_text
 from diagnoser.reports.redact import redact
-from diagnoser.reports.trace_figures import duration_text
+from diagnoser.reports.trace_figures import duration_text, window_text
 
 MAX_WIDTH = 80
 TOP_FIXES = 3
@@ -143,7 +143,7 @@ class TerminalRenderer:
             text += f", {spec_name} roofs ({d.context.get('roofs', 'spec sheet')})"
         window = d.context.get("window_s")
         if isinstance(window, (int, float)) and window > 0:
-            text += f", {window:.1f} s window"
+            text += f", {window_text(window)} window"
         return redact(text)
 
     def _fixes(self, d: Diagnosis, verbose: bool) -> RenderableType:

@@ -72,6 +72,11 @@ def duration_text(value: float) -> str:
     return f"{value:.1f} µs" if value < 100 else f"{value:.0f} µs"
 
 
+def window_text(seconds: float) -> str:
+    """A window's length in seconds as a reader wants it: 30.0 s, 2.5 s, 32.0 ms (a trace's window), never 0.0 s."""
+    return f"{seconds:.1f} s" if seconds >= 1 else duration_text(seconds * 1e6)
+
+
 # --- the kernels holding the time --------------------------------------------------------------------------------
 
 def _roofs(capture: Capture, ev: Evidence, trace: TraceSummary) -> tuple[GpuSpec | None, str, float | None]:

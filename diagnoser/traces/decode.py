@@ -420,7 +420,7 @@ def parse_head_metadata(head: bytes, tf: TraceFile) -> None:
         return
     try:
         meta = _ANY.decode(text + b"}")
-    except (msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # nested past the decoder's depth too
         tf.stats.notes.append("the metadata before traceEvents is malformed and was ignored")
         return
     if isinstance(meta, dict):
@@ -440,7 +440,21 @@ def _parse_tail(tail: bytes, in_object: bool) -> dict[str, Any] | None:
         meta = _ANY.decode(b"{" + text)
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None
+    except RecursionError:
+        return {_DEEP_TAIL: True}
     return meta if isinstance(meta, dict) else None
+
+
+# The metadata after the events nests past the decoder's depth: the events are read, the metadata is left out.
+_DEEP_TAIL = "\0diagnoser: nested too deeply"
+
+
+def add_tail_metadata(tf: TraceFile, meta: dict[str, Any]) -> None:
+    """The metadata after the events array into tf.metadata; metadata nested too deeply to read is left out, with a
+    note."""
+    if meta.pop(_DEEP_TAIL, None):
+        tf.stats.notes.append("the metadata after traceEvents nests too deeply to read and was ignored")
+    tf.metadata.update(meta)
 
 
 def find_array_end(rest: bytes, in_object: bool) -> tuple[int, dict[str, Any]] | None:
@@ -465,6 +479,8 @@ def find_array_end(rest: bytes, in_object: bool) -> tuple[int, dict[str, Any]] |
             if m is not None:
                 i = m.end()
                 continue
+            if isinstance(exc, RecursionError):  # nested too deeply to follow: the close is among the last ']'
+                return _close_before_end(rest, base + len(text[:i].encode("utf-8", "surrogateescape")), in_object)
             return _close_after(rest, base + len(text[:err].encode("utf-8", "surrogateescape")), in_object)
         i = _skip_ws_str(text, i)
         if i < n and text[i] == ",":  # the next event, or a trailing comma before ']'
@@ -491,6 +507,22 @@ def _close_after(rest: bytes, pos: int, in_object: bool, tries: int = 64) -> tup
     return None
 
 
+def _close_before_end(rest: bytes, pos: int, in_object: bool, tries: int = 64) -> tuple[int, dict[str, Any]] | None:
+    """After an event nested too deeply to follow (its ']' are countless): of the last ']' past `pos`, the first that
+    the file's end follows (a later one may close an array in the metadata after the events)."""
+    found: tuple[int, dict[str, Any]] | None = None
+    hi = len(rest)
+    for _ in range(tries):
+        i = rest.rfind(b"]", pos, hi)
+        if i < 0:
+            break
+        meta = _parse_tail(rest[i + 1:], in_object)
+        if meta is not None:
+            found = (i, meta)
+        hi = i
+    return found
+
+
 def _skip_ws(buf: Buffer, i: int, end: int | None = None) -> int:
     n = len(buf) if end is None else end
     while i < n and buf[i] in _WS:
@@ -513,7 +545,7 @@ def probe_cut(buf: Buffer, cut: int, limit: int) -> int | None:
             return None
         try:
             probed = _PROBE.decode(b"".join((b"[", buf[nxt:k.start() + 1], b"]")))
-        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
             j = k.start()  # that '}' closed an object nested in the event: try the next one
             continue
         p = probed[0] if len(probed) == 1 else None
@@ -570,18 +602,18 @@ def decode_list(data: bytes, stats: DecodeStats, *, at_eof: bool = False) -> lis
         return _EVENTS.decode(data)
     except msgspec.ValidationError:
         pass
-    except (msgspec.DecodeError, UnicodeDecodeError):
-        return _salvage(data[1:-1], stats, at_eof)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # an event nested past the decoder's depth
+        return _salvage(data[1:-1], stats, at_eof)                      # is damage: skipped, counted
     try:
         raws = _RAWS.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
         return _salvage(data[1:-1], stats, at_eof)
     out: list[Event] = []
     decode = _EVENT.decode
     for raw in raws:
         try:
             out.append(decode(raw))
-        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             stats.skips[_reason_of(bytes(raw))] += 1
     return out
 
@@ -685,12 +717,13 @@ def _to_event(obj: object, stats: DecodeStats) -> Event | None:
     try:
         # Through JSON again rather than msgspec.convert: Raw fields can only be filled by the JSON decoder.
         data = msgspec.json.encode(obj)
-    except (msgspec.EncodeError, UnicodeError, OverflowError, TypeError, ValueError):  # text that is not UTF-8
+    except (msgspec.EncodeError, UnicodeError, OverflowError, TypeError, ValueError,  # text that is not UTF-8
+            RecursionError):
         stats.skips[SKIP_MALFORMED] += 1
         return None
     try:
         return _EVENT.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         stats.skips[SKIP_BAD_TYPE] += 1
         return None
 
@@ -825,7 +858,7 @@ def _is_valid_prefix(data: bytes) -> bool:
         _PROBE.decode(b"[" + data)
     except msgspec.DecodeError as exc:
         return "truncated" in str(exc) or "trailing characters" in str(exc)  # (the array ends inside data)
-    except (msgspec.ValidationError, UnicodeDecodeError):
+    except (msgspec.ValidationError, UnicodeDecodeError, RecursionError):
         return False
     return True
 
@@ -840,7 +873,7 @@ def _final_chunk(rest: bytes, in_object: bool, tf: TraceFile) -> Iterator[tuple[
     closed = find_array_end(rest, in_object)
     if closed is not None:
         i, meta = closed
-        tf.metadata.update(meta)
+        add_tail_metadata(tf, meta)
         body = rest[:i].rstrip(_WS)
         if body.endswith(b","):  # a trailing comma after the last event
             body = body[:-1]

@@ -144,7 +144,7 @@ def cost_ops(t: Tables, index: LaunchIndex | None, window: tuple[float, float]) 
             dims = _LIST.decode(op.dims)
             types = _LIST.decode(op.types) if op.types else []
             concrete = _LIST.decode(op.concrete) if op.concrete else []
-        except (msgspec.DecodeError, UnicodeDecodeError):
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             out.uncosted += 1
             continue
         cost = op_cost(op.name, dims, [str(x) for x in types], [str(x) for x in concrete])

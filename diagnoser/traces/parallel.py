@@ -37,6 +37,7 @@ from diagnoser.traces.decode import (
     DecodeStats,
     TraceFile,
     _open_stream,
+    add_tail_metadata,
     decode_chunk,
     find_array_end,
     first_cut,
@@ -206,7 +207,7 @@ def _events_span(mm: Any, size: int, path: Path, tf: TraceFile) -> tuple[int, in
         tf.stats.truncated = True
         return start, size, CUT_SHORT
     i, meta = closed
-    tf.metadata.update(meta)
+    add_tail_metadata(tf, meta)
     return start, tail_from + i, WHOLE
 
 

@@ -50,6 +50,9 @@ def trim_trace(src: Path, dst: Path, *, window_ms: float = 30.0, at: float = 0.5
         raw_events = msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
     except (msgspec.DecodeError, UnicodeDecodeError, msgspec.ValidationError, KeyError) as exc:
         raise TraceError(f"{src} is not a Kineto trace ({exc}).") from None
+    except RecursionError:
+        raise TraceError(f"{src} nests arrays or objects more than about 1,000 levels deep; not a Kineto trace "
+                         "diagnoser can cut.") from None
     decode = msgspec.json.Decoder(_When)
     when = [decode.decode(raw) for raw in raw_events]
     starts = sorted(w.ts for w in when if w.ph == "X" and w.cat in GPU_CATS and w.ts is not None)
