@@ -195,7 +195,10 @@ def _quality(ev: Evidence) -> list[Quality]:
             why = trace.sampled_reason or "its events are a sample"
             out.append(Quality(0.7, f"the trace is sampled ({why}): shares and gaps are estimates"))
         kernels = trace.kernel_count
-        if not has_counters:
+        # A trace with no GPU work at all (a CPU build's, a frontend's) says nothing against verdicts drawn from the
+        # server's own signals: `attach --trace` on a CPU vLLM turned a VRAM verdict inconclusive (x0.40).
+        no_gpu_work = kernels == 0 and (ev.meta.cpu_only or any(_SERVER_SIGNAL(n) for n in ev.signals))
+        if not has_counters and not no_gpu_work:
             if kernels < 20:
                 out.append(Quality(0.4, f"the trace holds only {kernels} GPU kernel{'s' if kernels != 1 else ''}: "
                                         "too few to describe a workload"))

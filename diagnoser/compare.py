@@ -311,7 +311,8 @@ TRAFFIC_SHIFT = 8.0
 
 BATCH_CHANGE = "running batch (measured)"
 # Fixes whose point is a larger running batch: the batch moving with them is their effect, not a second change.
-_RAISE_BATCH = frozenset({FixKind.KV_MEMORY, FixKind.FP8_KV, FixKind.BATCH_MORE})
+# Prefix caching is one: shared prefix blocks are stored once (more sequences fit) and prefill leaves the steps.
+_RAISE_BATCH = frozenset({FixKind.KV_MEMORY, FixKind.FP8_KV, FixKind.BATCH_MORE, FixKind.PREFIX_CACHING})
 
 
 def confounders(before: Outcome, after: Outcome, changes: list[Change] | None = None) -> list[str]:

@@ -79,6 +79,7 @@ class FixKind(str, Enum):
     OFFLOAD_HOST_WORK = "offload_host_work"
     REMOVE_SYNCS = "remove_syncs"
     PIN_MEMORY = "pin_memory"
+    HOST_CPU = "host_cpu"  # give the server the host's cores other processes take
     # links, hardware, provisioning
     REDUCE_TP = "reduce_tp"
     KEEP_DATA_ON_GPU = "keep_data_on_gpu"
@@ -133,6 +134,8 @@ class Citation:
     source: str
     op: str = ""  # ">=", "<", ...; empty for context numbers
     threshold: float | None = None
+    # A histogram quantile: the bucket (low, high) it was interpolated in; `value` is then only where its rank falls.
+    bucket: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         # A signal constant is a str subclass; the diagnosis keeps the plain name (msgspec and pickle see a str).
@@ -140,9 +143,9 @@ class Citation:
             object.__setattr__(self, "signal", str.__str__(self.signal))
 
     def text(self) -> str:
-        from diagnoser.units import fmt
+        from diagnoser.units import fmt, fmt_bucket
 
-        left = f"{self.signal} {self.stat} = {fmt(self.value, self.unit)}"
+        left = f"{self.signal} {self.stat} = {fmt_bucket(self.value, self.unit, self.bucket)}"
         if self.op and self.threshold is not None:
             left += f" ({self.op} {fmt(self.threshold, self.unit)})"
         return f"{left} [{self.source}]"

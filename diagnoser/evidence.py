@@ -41,6 +41,10 @@ class Signal:
     sources: tuple[str, ...]
     values: tuple[float, ...]
     times: tuple[float, ...] = ()
+    # A quantile read from a server's histogram: the bucket it was interpolated in (low, high). Inside a bucket the
+    # value says only where the rank falls (a median step of "0.51 tokens" lies in the bucket (0, 1]): rules compare
+    # with `lowest`/`highest`, and renderers show the bucket, not the interpolated value.
+    bucket: tuple[float, float] | None = None
     # False for a signal known only by statistics an engine computed (from_stats), which has no samples.
     from_samples: ClassVar[bool] = True
 
@@ -101,6 +105,20 @@ class Signal:
     @property
     def source(self) -> str:
         return "+".join(self.sources)
+
+    @property
+    def lowest(self) -> float:
+        """The least the value can be: a quantile's bucket's lower bound (a count is at least 1 where the bucket
+        starts at 0 and the unit counts whole things), else the value."""
+        if self.bucket is None:
+            return self.value
+        low = self.bucket[0]
+        return max(low, 1.0) if low <= 0 and self.unit == "tokens" and self.bucket[1] >= 1 else low
+
+    @property
+    def highest(self) -> float:
+        """The most the value can be: a quantile's bucket's upper bound, else the value."""
+        return self.value if self.bucket is None else self.bucket[1]
 
     @classmethod
     def from_stats(cls, name: str, unit: str, sources: Iterable[str], *, mean: float, p50: float | None = None,
@@ -390,7 +408,9 @@ def _pooled(series: Iterable[Series]) -> Iterator[Signal]:
         if not values:
             continue
         sources = (members[0].source,) if len(members) == 1 else tuple(sorted({s.source for s in members}))
-        yield Signal(name, members[0].unit or spec(name).unit, sources, values, times)
+        buckets = [b for s in members if (b := s.bucket()) is not None]
+        bucket = (min(b[0] for b in buckets), max(b[1] for b in buckets)) if len(buckets) == len(members) else None
+        yield Signal(name, members[0].unit or spec(name).unit, sources, values, times, bucket)
 
 
 def _derive_memory_fraction(capture: Capture, ev: Evidence) -> None:

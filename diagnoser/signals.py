@@ -125,6 +125,14 @@ HOST_TARGET_BUSIEST_THREAD = _sig(
     "host.target_busiest_thread", "ratio",
     "Busiest thread of the target, as a fraction of one core.")
 HOST_CPU_FRAC = _sig("host.cpu_frac", "ratio", "Whole-host CPU use over all cores.")
+HOST_OTHERS_CPU = _sig(
+    "host.others_cpu", "cores",
+    "CPU used by every process outside the target's tree (other tenants, this tool, a load generator), in cores.")
+HOST_CORES = _sig("host.cores", "cores", "Logical CPUs of the host (psutil.cpu_count).")
+HOST_TARGET_CPU_WAIT = _sig(
+    "host.target_cpu_wait", "ratio",
+    "Share of the time the target's busiest thread was ready to run but waited for a CPU (Linux schedstat run-queue "
+    "delay): the server starved of cores.")
 HOST_MEM_USED_FRAC = _sig("host.mem_used_frac", "ratio", "Host memory in use.")
 HOST_TARGET_RSS_BYTES = _sig("host.target_rss_bytes", "bytes", "Resident memory of the target process tree.")
 HOST_TARGET_THREADS = _sig("host.target_threads", "threads", "Threads in the target process tree.")
@@ -143,7 +151,26 @@ SERVER_PROMPT_TOKENS_PER_S = _sig(
     "server.prompt_tokens_per_s", "tokens/s",
     "Prompt (prefill) tokens processed per second.")
 SERVER_GEN_TOKENS_PER_S = _sig("server.gen_tokens_per_s", "tokens/s", "Generated tokens per second.")
-SERVER_REQUESTS_PER_S = _sig("server.requests_per_s", "1/s", "Requests finished per second.")
+SERVER_REQUESTS_PER_S = _sig(
+    "server.requests_per_s", "1/s",
+    "Requests finished per second, served to the end (vLLM: finished for a stop or length; aborts and errors are not "
+    "successes).")
+SERVER_ABORTS_PER_S = _sig(
+    "server.aborts_per_s", "1/s",
+    "Requests aborted per second: the client went away (a timeout, a cancel) before the answer was done (vLLM "
+    "request_success_total{finished_reason=\"abort\"}).")
+SERVER_HTTP_REQUESTS_PER_S = _sig(
+    "server.http_requests_per_s", "1/s",
+    "Inference API requests answered per second by the HTTP layer (vLLM's http_requests_total for /v1/ handlers), "
+    "those whose client had gone counted too: against the engine's finished requests it shows the abandoned ones.")
+SERVER_REQUEST_ERRORS_PER_S = _sig(
+    "server.request_errors_per_s", "1/s", "Requests that ended in an engine error per second (vLLM).")
+SERVER_PROMPT_TOKENS_CACHED_PER_S = _sig(
+    "server.prompt_tokens_cached_per_s", "tokens/s",
+    "Prompt tokens served from the prefix cache per second, not computed (vLLM prompt_tokens_cached).")
+SERVER_ADMISSION_REJECTIONS_PER_S = _sig(
+    "server.admission_rejections_per_s", "1/s",
+    "Requests refused at admission per second because the queue was full (vLLM admission_rejections_total).")
 SERVER_TTFT_P50_S = _sig("server.ttft_p50_s", "s", "Time to first token, median over the window.")
 SERVER_TTFT_P99_S = _sig("server.ttft_p99_s", "s", "Time to first token, p99 over the window.")
 SERVER_ITL_P50_S = _sig("server.itl_p50_s", "s", "Inter-token latency, median over the window.")

@@ -37,6 +37,20 @@ def fmt(value: float | None, unit: str = "") -> str:
     return f"{text} {unit}".strip() if unit else text
 
 
+def fmt_bucket(value: float | None, unit: str, bucket: tuple[float, float] | None) -> str:
+    """A number that may be a histogram quantile: interpolated inside a bucket, it says only which bucket its rank
+    falls in, so the bucket is shown, never the interpolated value as if measured ("<= 1 tokens (first bucket)",
+    "20.00 s to 40.00 s (histogram bucket)"); a value above the last finite bound is "> bound"."""
+    if bucket is None:
+        return fmt(value, unit)
+    low, high = bucket
+    if math.isinf(high):
+        return f"> {fmt(low, unit)} (above the histogram's last bound)"
+    if low <= 0:
+        return f"<= {fmt(high, unit)} (the histogram's first bucket)"
+    return f"{fmt(low, unit)} to {fmt(high, unit)} (histogram bucket)"
+
+
 def gain(multiplier: float | None) -> str:
     if multiplier is None:
         return "gain not predictable"

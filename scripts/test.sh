@@ -12,6 +12,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch pinned: the CPU build is on local disk; an unpinned torch pulls several GB of CUDA wheels.
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
+# A real vLLM (its CPU build) in a venv of its own, for the real-engine tier (tests/test_real_vllm.py).
+bash scripts/install-vllm.sh
 # Lint and types first: they take seconds and name the line; the suite takes minutes.
 .venv/bin/ruff check .
 .venv/bin/mypy

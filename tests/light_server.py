@@ -8,6 +8,12 @@ port on 127.0.0.1 and prints "ready PORT" once it serves. Pages:
 - dcgm: one GPU as dcgm-exporter prints it, with `--model-name` as its modelName label (hostile labels).
 
 GET /stats answers how many /metrics requests were served, so tests poll the window's progress instead of sleeping.
+`--profile-into DIR --on-stop ok|die` adds vLLM's POST /start_profile and /stop_profile: the stop writes a real
+trace (a fixture) into DIR, then answers 200 ("ok") or kills the server before answering ("die", as a vLLM whose
+post-processing ran out of memory). A command line with `vllm` and `--profiler-config.torch_profiler_dir=DIR` in
+its extra words makes it look like a vLLM started with its profiler on.
+`--worker` starts a child that listens on TCP ports that never speak HTTP (as a vLLM worker's ZMQ and gloo ports)
+and prints "worker PID" before "ready PORT": the process nvidia-smi would list, whose parent serves the page.
 Extra argv words are ignored: they let a test put what it wants (escape sequences) into the process's command line.
 """
 
@@ -25,9 +31,11 @@ _OVERSIZE_BYTES = 40 << 20  # above server_metrics.MAX_BODY_BYTES (32 MiB)
 
 
 class _State:
-    def __init__(self, page: str, model_name: str) -> None:
+    def __init__(self, page: str, model_name: str, profile_into: str = "", on_stop: str = "ok") -> None:
         self.page = page
         self.model_name = model_name
+        self.profile_into = profile_into
+        self.on_stop = on_stop
         self.scrapes = 0
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
@@ -88,6 +96,23 @@ def _handler(state: _State) -> type[http.server.BaseHTTPRequestHandler]:
             body = state.dcgm() if state.page == "dcgm" else state.vllm()
             return self._send(body, "text/plain; version=0.0.4")
 
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            if not state.profile_into or self.path not in ("/start_profile", "/stop_profile"):
+                return self._send(b"not found\n", "text/plain", 404)
+            if self.path == "/stop_profile":
+                import os
+                import shutil
+                from pathlib import Path
+                src = Path(__file__).parent / "fixtures" / "gpu" / "traces"
+                trace = sorted(src.glob("*.json*"))[0]
+                shutil.copy(trace, Path(state.profile_into) / f"worker_{os.getpid()}{''.join(trace.suffixes)}")
+                if state.on_stop == "die":
+                    os._exit(137)  # killed in post-processing, before answering
+            return self._send(b"{}", "application/json")
+
         def _send(self, body: bytes, ctype: str, code: int = 200) -> None:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
@@ -107,8 +132,25 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--page", choices=("vllm", "oversize", "dcgm"), default="vllm")
     parser.add_argument("--model-name", default="NVIDIA H100 80GB HBM3")
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--profile-into", default="")
+    parser.add_argument("--on-stop", choices=("ok", "die"), default="ok")
     args, _extra = parser.parse_known_args(argv)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(_State(args.page, args.model_name)))
+    if args.worker:
+        import subprocess
+        # Three listeners: one silent, one that sends a ZMQ-like greeting, one that closes at once.
+        code = ("import socket, threading, time\n"
+                "def serve(mode):\n"
+                "    s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(8)\n"
+                "    while True:\n"
+                "        c, _ = s.accept()\n"
+                "        if mode == 1: c.sendall(bytes([0xff] + [0] * 8 + [0x7f]))\n"
+                "        if mode == 2: c.close()\n"
+                "for m in (0, 1, 2): threading.Thread(target=serve, args=(m,), daemon=True).start()\n"
+                "time.sleep(600)\n")
+        child = subprocess.Popen([sys.executable, "-c", code])
+        print(f"worker {child.pid}", flush=True)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(_State(args.page, args.model_name, args.profile_into, args.on_stop)))
     server.daemon_threads = True
     print(f"ready {server.server_address[1]}", flush=True)
     server.serve_forever()

@@ -54,7 +54,19 @@ def _nobody() -> int | None:
         return None
 
 
-@pytest.mark.skipif(os.geteuid() != 0 and os.stat("/proc/1").st_uid == os.geteuid(),
+def _pid_of_another_user() -> int | None:
+    """A process other than PID 1 (refused before its owner is looked at) that belongs to another user."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != "1":
+            try:
+                if entry.stat().st_uid != os.geteuid():
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and _pid_of_another_user() is None,
                     reason="needs root (to run as nobody) or a process of another user")
 def test_a_pid_owned_by_another_user():
     if os.geteuid() == 0:
@@ -67,9 +79,18 @@ def test_a_pid_owned_by_another_user():
         result = run("attach", str(os.getpid()), "--duration", "1", user=uid)
         line = one_sentence(result, 3, f"process {os.getpid()}", "belongs to root", "diagnoser runs as")
     else:
-        owner = pwd.getpwuid(os.stat("/proc/1").st_uid).pw_name
-        line = one_sentence(run("attach", "1", "--duration", "1"), 3, "process 1", f"belongs to {owner}")
+        pid = _pid_of_another_user()
+        assert pid is not None
+        owner = pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+        line = one_sentence(run("attach", str(pid), "--duration", "1"), 3, f"process {pid}", f"belongs to {owner}")
     assert "as root" in line
+
+
+def test_pid_1_is_refused():
+    # Its tree is every process: attach found some server's /metrics and reported it as PID 1's.
+    line = one_sentence(run("attach", "1", "--duration", "1"), 2)
+    assert line == ("diagnoser: PID 1 is the init process of this machine or container, not a server; give the "
+                    "server's PID or --port.")
 
 
 def _free_port() -> int:
@@ -109,6 +130,29 @@ def garbage_url() -> Iterator[str]:
 def test_an_endpoint_that_returns_garbage(garbage_url):
     one_sentence(run("attach", "--metrics-url", garbage_url, "--duration", "1"), 3,
                  garbage_url, "did not return Prometheus metrics")
+
+
+class _Redirect(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(302)
+        self.send_header("Location", "http://127.0.0.1:9/x")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_endpoint_that_redirects_is_not_followed():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Redirect)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+    try:
+        one_sentence(run("attach", "--metrics-url", url, "--duration", "1"), 3,
+                     f"{url} redirects to http://127.0.0.1:9/x; diagnoser does not follow redirects")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_an_endpoint_that_does_not_answer():

@@ -96,24 +96,78 @@ def test_srv003_must_not_fire(ttft, prefill):
     assert run("SRV003", {"server.ttft_mean_s": [ttft], "server.prefill_time_mean_s": [prefill]}) is None
 
 
+CONCURRENT = {"server.running": [3.0, 4.0, 4.0]}
+
+
 def test_srv004_itl_tail_from_heavy_steps_vllm_and_tgi():
     f = run("SRV004", {"server.itl_p50_s": [0.02], "server.itl_p99_s": [0.12],
-                       "server.iteration_tokens_p50": [40.0], "server.iteration_tokens_p99": [2048.0]})
-    assert f is not None and "6.0x the median" in f.message
-    assert f.fixes[0].gain is None and "120 ms to 20 ms" in f.fixes[0].basis
+                       "server.iteration_tokens_p50": [40.0], "server.iteration_tokens_p99": [2048.0], **CONCURRENT})
+    assert f is not None and "at least 6.0x the median" in f.message
+    assert f.fixes[0].gain is None and "from at least 120.0 ms to at most 20.0 ms" in f.fixes[0].basis
     tgi = run("SRV004", {"server.itl_p50_s": [0.02], "server.itl_p99_s": [0.1], "server.prefill_step_mean_s": [0.4],
-                         "server.decode_step_mean_s": [0.02]}, kind="tgi")
+                         "server.decode_step_mean_s": [0.02], **CONCURRENT}, kind="tgi")
     assert tgi is not None and "20.0x the work" in tgi.message
+
+
+def _quantile(capture: Any, name: str, value: float, low: float, high: float) -> None:
+    """A quantile series as a server's histogram gives it: the value interpolated in the bucket (low, high]."""
+    from diagnoser.capture import Series, bucket_labels
+    capture.series.append(Series(name=name, unit="s" if name.endswith("_s") else "tokens", source="server",
+                                 times=[10.0], values=[value], labels=bucket_labels(low, high)))
+
+
+def _srv004_on(capture: Any) -> Finding | None:
+    capture.server = ServerInfo(kind="vllm")
+    rule = default_rules().get("SRV004")
+    assert rule is not None
+    ev = build_evidence(capture)
+    return None if rule.missing(ev) else rule.predicate(Check(rule, ev, rule.defaults()))
+
+
+def test_srv004_compares_bucketed_quantiles_by_their_buckets_not_their_interpolated_values():
+    """vLLM's first iteration_tokens bucket is (0, 1]: a median step interpolated at 0.51 tokens is one token, and a
+    p99 step of 91.5 interpolated in (64, 128] is at least 64. Both ratios are read from the buckets."""
+    cap = make_capture({"server.running": [2.0, 3.0]})
+    _quantile(cap, "server.itl_p50_s", 0.0488, 0.025, 0.05)
+    _quantile(cap, "server.itl_p99_s", 0.12, 0.1, 0.15)  # 2.5x interpolated, 2.0x at the least: no inflated tail
+    _quantile(cap, "server.iteration_tokens_p50", 0.509, 0.0, 1.0)
+    _quantile(cap, "server.iteration_tokens_p99", 91.5, 64.0, 128.0)
+    assert _srv004_on(cap) is None
+    cap = make_capture({"server.running": [2.0, 3.0]})
+    _quantile(cap, "server.itl_p50_s", 0.0488, 0.025, 0.05)
+    _quantile(cap, "server.itl_p99_s", 1.66, 1.0, 2.5)
+    _quantile(cap, "server.iteration_tokens_p50", 0.509, 0.0, 1.0)
+    _quantile(cap, "server.iteration_tokens_p99", 91.5, 64.0, 128.0)
+    f = _srv004_on(cap)
+    assert f is not None and "at least 20.0x the median" in f.message and "at least 64.0x the work" in f.message
+    shown = {c.signal: c.text() for c in f.citations}
+    assert "<= 1 tokens (the histogram's first bucket)" in shown["server.iteration_tokens_p50"]
+    assert "0.509" not in shown["server.iteration_tokens_p50"] and "91.5" not in shown["server.iteration_tokens_p99"]
 
 
 @pytest.mark.parametrize("signals", [
     {"server.itl_p50_s": [0.02], "server.itl_p99_s": [0.04], "server.iteration_tokens_p50": [40.0],
-     "server.iteration_tokens_p99": [2048.0]},  # tail only 2x
+     "server.iteration_tokens_p99": [2048.0], **CONCURRENT},  # tail only 2x
     {"server.itl_p50_s": [0.02], "server.itl_p99_s": [0.12], "server.iteration_tokens_p50": [40.0],
-     "server.iteration_tokens_p99": [64.0]},  # tail, but every step carries the same work: not prefill
+     "server.iteration_tokens_p99": [64.0], **CONCURRENT},  # tail, but every step carries the same work: not prefill
+    {"server.itl_p50_s": [0.02], "server.itl_p99_s": [0.12], "server.iteration_tokens_p50": [1.0],
+     "server.iteration_tokens_p99": [2048.0], "server.running": [1.0, 1.0, 0.0]},  # one request at a time
 ])
 def test_srv004_must_not_fire(signals):
     assert run("SRV004", signals) is None
+
+
+def test_srv004_is_advisory_a_latency_tail_never_names_the_verdict():
+    """A real vLLM with one client read 'INCONCLUSIVE, leans batching-limited: prefills stall decoding'; with four
+    and no queue, the same. The tail is reported with its fix; the verdict is not taken from it."""
+    cap = make_capture({"server.itl_p50_s": [0.02], "server.itl_p99_s": [0.5], "server.iteration_tokens_p50": [4.0],
+                        "server.iteration_tokens_p99": [512.0], "server.running": [4.0] * 10,
+                        "server.waiting": [0.0] * 10}, gpu=None)
+    cap.server = ServerInfo(kind="vllm")
+    cap.serving = msgspec.structs.replace(cap.serving, max_num_seqs=16)
+    d = diagnose(cap)
+    assert d.verdict == "inconclusive" and "batching" not in d.headline
+    assert "SRV004" in [f.code for f in d.findings] and d.fixes and d.fixes[0].kind is FixKind.SPLIT_PREFILL
 
 
 def test_srv005_speculation_slower_than_none_is_dropped():

@@ -3,6 +3,7 @@ endpoint, and endpoints that fail. Scrapes go over real HTTP to real local serve
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import socket
@@ -368,3 +369,117 @@ def test_trace_cost_says_why_it_could_not_compare(endpoint):
     endpoint.body = vllm_text(prompt=1, gen=1, steps=1, ttft={"+Inf": 1})
     _, idle = measure(lambda: None, endpoint.url, {})
     assert idle.loss("gen_tokens") is None and "served nothing in the window before" in idle.sentence()
+
+
+class _Redirect(BaseHTTPRequestHandler):
+    location = ""
+
+    def do_GET(self) -> None:
+        self.send_response(302)
+        self.send_header("Location", self.location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_a_redirect_is_refused_naming_where_it_points(endpoint, relative):
+    # Followed, it read another host's or port's page and reported it as this server's.
+    endpoint.body = vllm_text(prompt=1, gen=1, steps=1, ttft={"+Inf": 1})
+    handler = type("Handler", (_Redirect,), {"location": "/elsewhere" if relative else endpoint.url})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+    where = f"http://127.0.0.1:{httpd.server_address[1]}/elsewhere" if relative else endpoint.url
+    try:
+        from diagnoser.collectors.server_metrics import Fetcher, fetch_metrics
+
+        for call in (lambda: fetch_metrics(url, timeout=5.0), lambda: Fetcher(url, timeout=5.0).get(),
+                     lambda: probe(url, timeout=5.0)):
+            with pytest.raises(MetricsError) as caught:
+                call()
+            assert str(caught.value) == (f"{url} redirects to {where}; diagnoser does not follow redirects: give "
+                                         "that URL with --metrics-url if it is the server's.")
+        assert endpoint.hits == 0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+class _HeaderTrickle:
+    """A real socket server on 127.0.0.1 that sends its status line and headers one byte at a time, each well inside
+    the client's socket timeout, and never gets to the body."""
+
+    HEAD = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: 1\r\n" * 10_000
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}/metrics"
+        self.stop = threading.Event()
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.recv(65536)
+            for i in range(len(self.HEAD)):
+                if self.stop.wait(0.1):
+                    return
+                conn.sendall(self.HEAD[i:i + 1])
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.close()
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+def test_headers_that_trickle_are_cut_off_by_the_same_deadline():
+    # The body's deadline did not cover the status line and headers: `attach` hung on such a server.
+    import time
+
+    from diagnoser.collectors.server_metrics import Fetcher, fetch_metrics
+
+    server = _HeaderTrickle()
+    pool = ThreadPoolExecutor(1)
+    try:
+        for call in (lambda: fetch_metrics(server.url, timeout=0.5), lambda: Fetcher(server.url, 0.5).get(),
+                     lambda: probe(server.url, timeout=0.5)):
+            start = time.monotonic()
+            # Generous bounds on a hang, not a speed check: without the deadline these ran for minutes.
+            with pytest.raises(MetricsError) as caught:
+                pool.submit(call).result(timeout=60)
+            assert str(caught.value) == f"{server.url} did not finish answering within 2.5 s."
+            assert time.monotonic() - start < 30
+    finally:
+        server.close()  # first: a call still waiting on it (a regression) then ends
+        pool.shutdown(wait=True)
+
+
+def test_a_ratio_given_as_a_percent_is_read_as_one(endpoint):
+    """An SGLang page gave cache_hit_rate 87.75 (a percent) where other releases give 0.8775: the HTML report showed
+    an 8775 % prefix-cache hit rate. A ratio above 1 is a percent, and the capture says so."""
+    page = ('sglang:num_running_reqs{tp_rank="0"} 12\nsglang:num_queue_reqs{tp_rank="0"} 4\n'
+            'sglang:token_usage{tp_rank="0"} 93.0\nsglang:cache_hit_rate{tp_rank="0"} 87.75\n'
+            'sglang:prompt_tokens_total{tp_rank="0"} 10\n')
+    capture, _ = scrapes(endpoint, None, [page, page], [0.0, 2.0])
+    assert values(capture, "server.kv_usage") == [0.93] * 2
+    assert values(capture, "server.prefix_cache_hit_rate") == [pytest.approx(0.8775)] * 2
+    assert any("server.prefix_cache_hit_rate: the page gives a percent" in n for n in capture.notes)
+    ratio = page.replace("93.0", "0.93").replace("87.75", "0.8775")
+    capture, _ = scrapes(endpoint, None, [ratio, ratio], [0.0, 2.0])
+    assert values(capture, "server.kv_usage") == [0.93] * 2 and not any("percent" in n for n in capture.notes)

@@ -50,7 +50,7 @@ class SourceCheck:
 
 def run_checks(port: int | None = None, metrics_url: str | None = None) -> list[SourceCheck]:
     checks = [*_gpu_checks(), counters_permission(), dcgm(), host(), stack_sampling(), server(port, metrics_url),
-              torch_extra()]
+              profiler_settings(), torch_extra()]
     return checks
 
 
@@ -252,6 +252,35 @@ def server(port: int | None, metrics_url: str | None) -> SourceCheck:
         return SourceCheck("server metrics", NOT_CHECKED, "no vLLM, SGLang, TGI, Triton or demo server found "
                            "listening on this machine", "give --port PORT or --metrics-url URL to check one")
     return SourceCheck("server metrics", OK, "; ".join(f"{kind} pid {pid} at {url}" for pid, kind, url in found))
+
+
+def profiler_settings(servers: list[tuple[int, str, str]] | None = None) -> SourceCheck:
+    """Whether each vLLM found here can be traced through its own endpoints, and at what cost: its defaults record
+    stacks and dump a summary table, which grew a CPU build's 769 MB trace to 12.3 GB and killed the engine."""
+    from diagnoser.tracing.endpoints import VLLM_LIGHT_FLAGS, heavy_settings, vllm_profiler_flags
+
+    found = [s for s in (find_servers() if servers is None else servers) if s[1] == "vllm"]
+    if not found:
+        return SourceCheck("vLLM profiler", NOT_CHECKED, "no vLLM found listening on this machine")
+    off, heavy, light = [], [], []
+    for pid, _, _ in found:
+        flags = vllm_profiler_flags(pid)
+        if flags is None:
+            off.append(pid)
+        elif costly := heavy_settings(flags):
+            heavy.append(f"pid {pid} ({', '.join(costly)})")
+        else:
+            light.append(pid)
+    if heavy:
+        return SourceCheck("vLLM profiler", LIMITED, "profiler on with costly settings: " + "; ".join(heavy) + ": a "
+                           "trace can grow to gigabytes after the stop and kill the engine",
+                           f"restart with {VLLM_LIGHT_FLAGS} (a 15 s trace then costs most of the server's tokens/s "
+                           "while it runs, nothing after)")
+    if off:
+        return SourceCheck("vLLM profiler", LIMITED, f"pid {', '.join(map(str, off))}: profiler endpoints off "
+                           "(`diagnoser trace` needs them, or the hook)", f"restart with {VLLM_LIGHT_FLAGS}")
+    return SourceCheck("vLLM profiler", OK, f"light settings on pid {', '.join(map(str, light))}: "
+                       "`diagnoser trace PID` uses its endpoints")
 
 
 def find_servers(limit: int = 5) -> list[tuple[int, str, str]]:

@@ -38,6 +38,12 @@ class HostCollector:
         self._thread_total: dict[tuple[int, int], float] = {}  # CPU each thread used during the window
         self._denied: set[str] = set()
         self._schedstat = True
+        self._cores = psutil.cpu_count() or 1
+        self._host_busy_cores: float | None = None  # cores the whole host used in the last interval
+        self._own_prev: float | None = None  # CPU seconds of this tool's own tree (it and py-spy) so far
+        # (pid, tid) -> seconds spent runnable but not running (schedstat's run-queue wait), as last read
+        self._waits: dict[tuple[int, int], float] = {}
+        self._prev_wait: dict[tuple[int, int], float] = {}
 
     def start(self, capture: Capture) -> None:
         self.book = SeriesBook(capture, "psutil")
@@ -60,10 +66,14 @@ class HostCollector:
         # guest time is already counted in user on Linux; subtracting keeps 'total' the real elapsed CPU time
         total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
         busy = total - idle
+        self._host_busy_cores = None
         if self._prev_host is not None:
             d_total = total - self._prev_host[1]
             if d_total > 0:
-                self.book.add(S.HOST_CPU_FRAC, t, max(0.0, min(1.0, (busy - self._prev_host[0]) / d_total)))
+                frac = max(0.0, min(1.0, (busy - self._prev_host[0]) / d_total))
+                self.book.add(S.HOST_CPU_FRAC, t, frac)
+                self._host_busy_cores = frac * self._cores
+                self.book.add(S.HOST_CORES, t, float(self._cores))
         self._prev_host = (busy, total)
         self.book.add(S.HOST_MEM_USED_FRAC, t, psutil.virtual_memory().percent / 100.0)
 
@@ -72,6 +82,7 @@ class HostCollector:
         cpu_sum = rss_sum = threads_sum = 0.0
         ctx_rate = 0.0
         busiest = 0.0
+        busiest_wait: float | None = None  # the busiest thread's share of the interval spent waiting for a CPU
         seen_threads: set[tuple[int, int]] = set()
         counted = 0
         for proc in self.tree.processes(t):
@@ -105,24 +116,57 @@ class HostCollector:
                 if before is not None and dt:
                     delta = max(0.0, used - before)
                     self._thread_total[key] = self._thread_total.get(key, 0.0) + delta
-                    busiest = max(busiest, delta / dt)
+                    if delta / dt >= busiest:
+                        busiest = delta / dt
+                        waited, was = self._waits.get(key), self._prev_wait.get(key)
+                        busiest_wait = (max(0.0, waited - was) / dt if waited is not None and was is not None
+                                        else None)
                 self._prev_thread[key] = used
+                if key in self._waits:
+                    self._prev_wait[key] = self._waits[key]
         self._prev_thread = {k: v for k, v in self._prev_thread.items() if k in seen_threads}
+        self._waits = {k: v for k, v in self._waits.items() if k in seen_threads}
+        self._prev_wait = {k: v for k, v in self._prev_wait.items() if k in seen_threads}
         if counted == 0:
             return
         self.book.add(S.HOST_TARGET_RSS_BYTES, t, rss_sum)
         self.book.add(S.HOST_TARGET_THREADS, t, threads_sum)
         if dt:
             self.book.add(S.HOST_TARGET_CPU, t, cpu_sum)
+            own = self._own_cpu(dt)
+            if self._host_busy_cores is not None and own is not None:
+                # What the rest of the host took in the same interval, this tool's own sampling left out: other
+                # tenants starve a server of its CPU.
+                self.book.add(S.HOST_OTHERS_CPU, t, max(0.0, self._host_busy_cores - cpu_sum - own))
             self.book.add(S.HOST_TARGET_BUSIEST_THREAD, t, min(busiest, 1.0))
+            if busiest_wait is not None and busiest >= 0.05:
+                self.book.add(S.HOST_TARGET_CPU_WAIT, t, min(busiest_wait, 1.0))
             self.book.add(S.HOST_TARGET_CTX_SWITCHES_PER_S, t, ctx_rate)
+
+    def _own_cpu(self, dt: float) -> float | None:
+        """Cores this process and its children (a stack sampler) used since the last call; None on the first."""
+        try:
+            me = psutil.Process()
+            total = 0.0
+            for proc in (me, *me.children(recursive=True)):
+                try:
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            return None
+        before, self._own_prev = self._own_prev, total
+        return None if before is None else max(0.0, total - before) / dt
 
     def _thread_times(self, proc: psutil.Process) -> dict[int, float]:
         """CPU seconds used so far by each thread of a process (tid -> seconds)."""
         if self._schedstat:
             found = _schedstat_times(proc.pid)
             if found is not None:
-                return found
+                for tid, (_, wait) in found.items():
+                    self._waits[(proc.pid, tid)] = wait
+                return {tid: cpu for tid, (cpu, _) in found.items()}
             if not proc.is_running():
                 raise psutil.NoSuchProcess(proc.pid)
             self._schedstat = False  # this kernel has no schedstat: psutil from now on
@@ -153,14 +197,15 @@ class HostCollector:
         return dict(self.book.newest) if self.book else {}
 
 
-def _schedstat_times(pid: int) -> dict[int, float] | None:
-    """tid -> seconds on CPU, from /proc/<pid>/task/<tid>/schedstat; None when the process has no schedstat files."""
+def _schedstat_times(pid: int) -> dict[int, tuple[float, float]] | None:
+    """tid -> (seconds on CPU, seconds runnable but waiting for a CPU), from /proc/<pid>/task/<tid>/schedstat; None
+    when the process has no schedstat files."""
     base = f"/proc/{pid}/task"
     try:
         tids = os.listdir(base)
     except OSError:
         return None
-    out: dict[int, float] = {}
+    out: dict[int, tuple[float, float]] = {}
     for tid in tids:
         try:
             fd = os.open(f"{base}/{tid}/schedstat", os.O_RDONLY)
@@ -169,7 +214,8 @@ def _schedstat_times(pid: int) -> dict[int, float] | None:
         except OSError:
             return None
         try:
-            out[int(tid)] = int(os.read(fd, 128).split()[0]) / 1e9
+            fields = os.read(fd, 128).split()
+            out[int(tid)] = (int(fields[0]) / 1e9, int(fields[1]) / 1e9)
         except (OSError, ValueError, IndexError):
             return None
         finally:

@@ -33,6 +33,8 @@ class Gauge:
     specs: tuple[str, ...]
     mean: bool = False  # a ratio: averaged over label sets, not summed
     positive: bool = False  # a value <= 0 means "not in use" (SGLang reports spec acceptance 0 without a draft)
+    # A 0..1 ratio that some releases export as a percent (SGLang's cache_hit_rate read 87.75): above 1, it is one.
+    percent_above_one: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,22 @@ def _source_names(src: Source) -> list[str]:
     return [n for num, den in src.pairs for n in (*num, *den)]
 
 
-_SPEC = re.compile(r'^(?P<name>[^{]+)(?:\{(?P<label>[a-zA-Z_]\w*)="(?P<value>[^"]*)"\})?$')
+_SPEC = re.compile(r'^(?P<name>[^{]+)(?:\{(?P<label>[a-zA-Z_]\w*)(?P<op>=|!=|=~|!~)"(?P<value>[^"]*)"\})?$')
+
+
+@dataclass(frozen=True)
+class LabelMatch:
+    """One label matcher of a spec, as PromQL writes them: = and != compare, =~ and !~ match the whole value."""
+
+    label: str
+    op: str
+    value: str
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        got = labels.get(self.label, "")
+        if self.op in ("=", "!="):
+            return (got == self.value) is (self.op == "=")
+        return (re.fullmatch(self.value, got) is not None) is (self.op == "=~")
 
 
 def spec_name(spec: str) -> str:
@@ -153,13 +170,13 @@ def spec_name(spec: str) -> str:
     return m.group("name") if m else spec
 
 
-def parse_spec(spec: str) -> tuple[str, tuple[str, str] | None]:
-    """'family{label="v"}' -> ('family', ('label', 'v')); 'name' -> ('name', None)."""
+def parse_spec(spec: str) -> tuple[str, LabelMatch | None]:
+    """'family{label="v"}' -> ('family', LabelMatch('label', '=', 'v')); 'name' -> ('name', None)."""
     m = _SPEC.match(spec)
     if m is None:
         return spec, None
     if m.group("label"):
-        return m.group("name"), (m.group("label"), m.group("value"))
+        return m.group("name"), LabelMatch(m.group("label"), m.group("op"), m.group("value"))
     return m.group("name"), None
 
 
@@ -176,7 +193,18 @@ _VLLM_SIGNALS: dict[str, tuple[Source, ...]] = {
     S.SERVER_PREEMPTIONS_PER_S: (Rate((_V + "num_preemptions_total",)),),
     S.SERVER_PROMPT_TOKENS_PER_S: (Rate((_V + "prompt_tokens_total",)),),
     S.SERVER_GEN_TOKENS_PER_S: (Rate((_V + "generation_tokens_total",)),),
-    S.SERVER_REQUESTS_PER_S: (Rate((_V + "request_success_total", _V + "e2e_request_latency_seconds_count")),),
+    # finished_reason (vLLM >= 0.10) tells aborts and errors from successes; older pages count successes only.
+    S.SERVER_REQUESTS_PER_S: (Rate((_V + 'request_success_total{finished_reason!~"abort|error"}',
+                                    _V + "request_success_total", _V + "e2e_request_latency_seconds_count")),),
+    S.SERVER_ABORTS_PER_S: (Rate((_V + 'request_success_total{finished_reason="abort"}',)),),
+    S.SERVER_REQUEST_ERRORS_PER_S: (Rate((_V + 'request_success_total{finished_reason="error"}',)),),
+    # The API server's HTTP counter (prometheus-fastapi-instrumentator): a request whose client went away is
+    # answered there but, when the front end cancels it before the engine finishes it (vLLM 0.32), counted in no
+    # finished_reason.
+    S.SERVER_HTTP_REQUESTS_PER_S: (Rate(('http_requests_total{handler=~"/v1/.*"}',)),),
+    S.SERVER_PROMPT_TOKENS_CACHED_PER_S: (Rate((_V + "prompt_tokens_cached_total",
+                                                _V + 'prompt_tokens_by_source_total{source="local_cache_hit"}')),),
+    S.SERVER_ADMISSION_REJECTIONS_PER_S: (Rate((_V + "admission_rejections_total",)),),
     # generated tokens per engine step = sequences decoding together
     S.SERVER_BATCH_SIZE: (StepRatio((_V + "generation_tokens_total",), (_V + "iteration_tokens_total_count",)),),
     S.SERVER_PREFIX_CACHE_HIT_RATE: (
@@ -233,7 +261,7 @@ SGLANG_MAP = ServerMap(
     signals={
         S.SERVER_RUNNING: (Gauge((_S + "num_running_reqs",)),),
         S.SERVER_WAITING: (Gauge((_S + "num_queue_reqs",)),),
-        S.SERVER_KV_USAGE: (Gauge((_S + "token_usage",), mean=True),),
+        S.SERVER_KV_USAGE: (Gauge((_S + "token_usage",), mean=True, percent_above_one=True),),
         S.SERVER_KV_USED_TOKENS: (Gauge((_S + "num_used_tokens",)),),
         S.SERVER_RETRACTED: (Gauge((_S + "num_retracted_reqs",)),),
         S.SERVER_RETRACTIONS_PER_S: (Rate((_S + "num_retracted_requests_total",)),),
@@ -246,7 +274,7 @@ SGLANG_MAP = ServerMap(
                          ((_S + 'realtime_tokens_total{mode="prefill_cache"}',),
                           (_S + 'realtime_tokens_total{mode="prefill_cache"}',
                            _S + 'realtime_tokens_total{mode="prefill_compute"}')))),
-            Gauge((_S + "cache_hit_rate",), mean=True),
+            Gauge((_S + "cache_hit_rate",), mean=True, percent_above_one=True),
         ),
         S.SERVER_SPEC_ACCEPTANCE_RATE: (Gauge((_S + "spec_accept_rate",), mean=True, positive=True),),
         S.SERVER_SPEC_MEAN_ACCEPT_LEN: (Gauge((_S + "spec_accept_length",), mean=True, positive=True),),

@@ -17,13 +17,14 @@ are parsed, which is what keeps a 1 Hz scrape cheap.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import http.client
 import math
 import socket
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -78,8 +79,10 @@ class MetricsError(SourceUnavailable):
 # --- fetching and parsing -----------------------------------------------------------------------------------
 
 # The whole answer may take this many times the socket timeout: a loaded server that streams a big page slowly still
-# gets read, one that trickles bytes forever (never tripping a socket timeout) is cut off.
+# gets read, one that trickles bytes forever (never tripping a socket timeout) is cut off. The deadline covers the
+# status line and headers too: a watchdog shuts the socket down when it passes, whatever read is waiting then.
 ANSWER_DEADLINE_FACTOR = 5
+_REQUEST_HEADERS = {"Accept": "text/plain;version=0.0.4", "User-Agent": "diagnoser"}
 
 
 class _Deadline(Exception):
@@ -101,29 +104,109 @@ def _read_body(response: Any, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+    """A connection (not yet opened) to `url`'s host, the request target and the headers to send; ValueError for a
+    URL that is not http(s)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL")
+    port = parts.port  # ValueError for a port that is not a number in range
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    headers = dict(_REQUEST_HEADERS)
+    if parts.username is not None:
+        userinfo = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(userinfo.encode()).decode()
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.hostname, port, timeout=timeout), target, headers
+
+
+def _exchange(conn: http.client.HTTPConnection, target: str, headers: dict[str, str],
+              timeout: float) -> tuple[http.client.HTTPResponse, bytes]:
+    """GET `target` on `conn` and read the whole answer, status line and headers included, within
+    ANSWER_DEADLINE_FACTOR x `timeout` (_Deadline past it); `timeout` bounds each wait on the socket."""
+    whole = timeout * ANSWER_DEADLINE_FACTOR
+    deadline = time.monotonic() + whole
+    fired = threading.Event()
+
+    def watchdog() -> None:  # a read in http.client (the status line, a header) cannot be interrupted otherwise
+        fired.set()
+        sock = conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(whole, watchdog)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.request("GET", target, headers=headers)
+        if fired.is_set():  # it fired while connecting, before there was a socket to shut
+            raise _Deadline
+        response = conn.getresponse()
+        body = _read_body(response, deadline)
+    except (OSError, http.client.HTTPException):
+        if fired.is_set():
+            raise _Deadline from None
+        raise
+    finally:
+        timer.cancel()
+    if fired.is_set():  # the shut socket read as the end of the answer
+        raise _Deadline
+    return response, body
+
+
+def _status_error(url: str, response: http.client.HTTPResponse) -> MetricsError:
+    """One sentence for an answer other than 2xx; a redirect names where it pointed and is not followed (another
+    host's or port's page would be reported as this one's)."""
+    code, reason = response.status, safe_excerpt(response.reason or "", 60)
+    if 300 <= code < 400:
+        location = response.getheader("Location")
+        if location:
+            where = safe_excerpt(urllib.parse.urljoin(url, location.strip()), 200)
+            return MetricsError(f"{url} redirects to {where}; diagnoser does not follow redirects: give that URL "
+                                "with --metrics-url if it is the server's.")
+        return MetricsError(f"{url} answered HTTP {code} ({reason}), a redirect without saying where to.")
+    return MetricsError(f"{url} answered HTTP {code} ({reason}).")
+
+
+def _answer_error(url: str, exc: http.client.HTTPException | OSError) -> MetricsError:
+    if isinstance(exc, http.client.RemoteDisconnected):
+        return MetricsError(f"cannot read {url}: the server closed the connection without answering.")
+    if isinstance(exc, http.client.HTTPException):
+        return MetricsError(f"cannot read {url}: not an HTTP answer ({type(exc).__name__}).")
+    return MetricsError(f"cannot read {url}: {exc.strerror or exc}.")
+
+
 def fetch_metrics(url: str, timeout: float = FETCH_TIMEOUT_S) -> str:
     """GET a /metrics page: `timeout` bounds each wait on the socket, ANSWER_DEADLINE_FACTOR x `timeout` the whole
-    answer; every failure becomes one sentence."""
-    request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4", "User-Agent": "diagnoser"})
-    deadline = time.monotonic() + timeout * ANSWER_DEADLINE_FACTOR
+    answer (headers included); a redirect is refused, not followed; every failure becomes one sentence."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = _read_body(response, deadline)
-    except _Deadline:
-        raise MetricsError(f"{url} did not finish answering within {timeout * ANSWER_DEADLINE_FACTOR:g} s.") from None
-    except urllib.error.HTTPError as exc:
-        raise MetricsError(f"{url} answered HTTP {exc.code} ({exc.reason}).") from None
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, ConnectionRefusedError):
-            raise MetricsError(f"nothing answers at {url} (connection refused).") from None
-        if isinstance(reason, (TimeoutError, socket.timeout)):
-            raise MetricsError(f"{url} did not answer within {timeout:g} s.") from None
-        raise MetricsError(f"cannot reach {url}: {getattr(reason, 'strerror', None) or reason}.") from None
-    except TimeoutError:
-        raise MetricsError(f"{url} did not answer within {timeout:g} s.") from None
-    except (OSError, ValueError) as exc:
+        conn, target, headers = _connection(url, timeout)
+    except ValueError as exc:
         raise MetricsError(f"cannot read {url}: {exc}.") from None
+    headers["Connection"] = "close"
+    try:
+        try:
+            conn.connect()
+        except ConnectionRefusedError:
+            raise MetricsError(f"nothing answers at {url} (connection refused).") from None
+        except TimeoutError:
+            raise MetricsError(f"{url} did not answer within {timeout:g} s.") from None
+        except OSError as exc:
+            raise MetricsError(f"cannot reach {url}: {getattr(exc, 'strerror', None) or exc}.") from None
+        try:
+            response, body = _exchange(conn, target, headers, timeout)
+        except _Deadline:
+            raise MetricsError(f"{url} did not finish answering within {timeout * ANSWER_DEADLINE_FACTOR:g} s.") \
+                from None
+        except TimeoutError:
+            raise MetricsError(f"{url} did not answer within {timeout:g} s.") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise _answer_error(url, exc) from None
+    finally:
+        conn.close()
+    if not 200 <= response.status < 300:
+        raise _status_error(url, response)
     if len(body) > MAX_BODY_BYTES:
         raise MetricsError(f"{url} returned more than {MAX_BODY_BYTES >> 20} MiB; that is not a metrics page.")
     return body.decode("utf-8", errors="replace")
@@ -134,12 +217,8 @@ class Fetcher:
 
     def __init__(self, url: str, timeout: float = FETCH_TIMEOUT_S) -> None:
         self.url, self.timeout = url, timeout
-        parsed = urllib.parse.urlsplit(url)
-        self._https = parsed.scheme == "https"
-        self._host = parsed.hostname or "127.0.0.1"
-        self._port = parsed.port
-        self._path = (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
         self._conn: http.client.HTTPConnection | None = None
+        self._target, self._headers = "/", dict(_REQUEST_HEADERS)
 
     def get(self) -> str:
         for _ in range(2):  # a server may close an idle keep-alive connection: retry once on a fresh one
@@ -152,19 +231,14 @@ class Fetcher:
             except TimeoutError:
                 self.close()
                 raise MetricsError(f"{self.url} did not answer within {self.timeout:g} s.") from None
-            except (http.client.HTTPException, OSError):
+            except (http.client.HTTPException, OSError, ValueError):  # a bad URL too: the plain path words it
                 self.close()
         return fetch_metrics(self.url, self.timeout)  # still failing: the plain path words the error
 
     def _get(self) -> str:
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=self.timeout)
-        self._conn.request("GET", self._path, headers={"Accept": "text/plain;version=0.0.4",
-                                                       "User-Agent": "diagnoser"})
-        deadline = time.monotonic() + self.timeout * ANSWER_DEADLINE_FACTOR
-        response = self._conn.getresponse()
-        body = _read_body(response, deadline)
+            self._conn, self._target, self._headers = _connection(self.url, self.timeout)
+        response, body = _exchange(self._conn, self._target, self._headers, self.timeout)
         if response.status != 200 or len(body) > MAX_BODY_BYTES or response.will_close:
             self.close()
         if response.status != 200 or len(body) > MAX_BODY_BYTES:
@@ -267,8 +341,9 @@ def _select(samples: Samples, spec: str) -> list[float] | None:
         return None
     if where is None:
         return [v for _, v in found]
-    key, want = where
-    picked = [v for labels, v in found if labels.get(key) == want]
+    if where.label not in {k for labels, _ in found for k in labels}:
+        return None  # a page without the label (an older engine) does not have this spec: the next one is tried
+    picked = [v for labels, v in found if where.matches(labels)]
     return picked or None
 
 
@@ -318,7 +393,7 @@ def histogram_series(samples: Samples, spec: str) -> dict[LabelKey, HistSeries]:
     base, where = parse_spec(spec)
 
     def keep(labels: dict[str, str]) -> bool:
-        return where is None or labels.get(where[0]) == where[1]
+        return where is None or where.matches(labels)
 
     out: dict[LabelKey, HistSeries] = {}
 
@@ -476,6 +551,7 @@ class ServerConfig:
     kv_cache_dtype: str = ""  # vLLM cache_dtype, when not "auto"
     gpu_memory_utilization: float | None = None  # share of GPU memory the engine may fill (vLLM)
     num_gpu_blocks: int | None = None
+    num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override in force: it, not memory, sizes KV
     num_cpu_blocks: int | None = None
     kv_cache_tokens: int | None = None  # KV capacity in tokens, per engine
     enable_prefix_caching: bool | None = None
@@ -545,6 +621,7 @@ def read_config(samples: Samples, kind: str, config: ServerConfig | None = None)
                 c.kv_cache_dtype = safe_excerpt(dtype, 24)
             c.gpu_memory_utilization = _float(labels.get("gpu_memory_utilization"))
             c.num_gpu_blocks = _int(labels.get("num_gpu_blocks"))
+            c.num_gpu_blocks_override = _int(labels.get("num_gpu_blocks_override"))
             c.num_cpu_blocks = _int(labels.get("num_cpu_blocks"))
             c.swap_space_bytes = _int(labels.get("swap_space_bytes"))
             c.cpu_offload_gb = _float(labels.get("cpu_offload_gb"))
@@ -652,6 +729,7 @@ class ServerMetricsCollector:
         self._given_up = False
         self._last_sample_t: float | None = None
         self._skipped_lines = 0
+        self._percent_noted: set[str] = set()  # ratio gauges found given as percents
         self._first_bad = ""
         self._unmapped_pages = 0
         self.scrapes = 0  # scrapes whose mapped values were read
@@ -769,6 +847,11 @@ class ServerMetricsCollector:
             if not any(_select(samples, s) is not None for s in src.specs):
                 return False
             value = _total(samples, src.specs, mean=src.mean, positive=src.positive)
+            if value is not None and src.percent_above_one and 1.0 < value <= 100.0:
+                value /= 100.0  # a percent where the engine's other releases give a ratio
+                if signal not in self._percent_noted:
+                    self._percent_noted.add(signal)
+                    self.book.capture.notes.append(f"{signal}: the page gives a percent (above 1), read as one.")
             if value is not None:
                 self.book.add(signal, t, value)
             return True

@@ -11,6 +11,8 @@ import getpass
 import os
 import re
 import shlex
+import socket
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,12 @@ _CMDLINE_KINDS = (
 TRITON_METRICS_PORT = 8002
 METRICS_PATHS = ("/metrics", "/v1/metrics")
 MAX_PROBED_PORTS = 8
+# Discovery by PID, all ports and ancestors together, ends within this (a worker's tree listens on ZMQ and gloo
+# ports that never answer HTTP: probing each at the fetch timeout took 37.7 s for a 5 s window).
+DISCOVERY_DEADLINE_S = 8.0
+SNIFF_TIMEOUT_S = 0.5
+# Ancestors tried when the named process serves no /metrics itself (a worker -> engine core -> API server).
+MAX_ANCESTORS = 3
 
 # Serving flags worth knowing for the diagnosis: flag -> key in Capture.serving.
 _SERVING_FLAGS = {
@@ -56,6 +64,10 @@ _SERVING_FLAGS = {
     "--quantization": "quantization",
     "-q": "quantization",
     "--quantize": "quantization",  # TGI
+    # What sizes vLLM's KV pool when set, before --gpu-memory-utilization: a fix must name the knob in force.
+    "--num-gpu-blocks-override": "num_gpu_blocks_override",
+    "--kv-cache-memory-bytes": "kv_cache_memory_bytes",
+    "--kv-cache-memory": "kv_cache_memory_bytes",
 }
 _BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--disable-cuda-graph": "disable_cuda_graph",
                "--enable-prefix-caching": "prefix_caching", "--enable-chunked-prefill": "chunked_prefill"}
@@ -77,6 +89,8 @@ class AttachTarget:
     model_config: Path | None = None
     serving: ServingConfig = field(default_factory=ServingConfig)
     cmdline: list[str] = field(default_factory=list)
+    # The PID the user named when the page was found on an ancestor's tree (a worker's API server), else None.
+    rerooted_from: int | None = None
 
 
 def resolve_target(pid: int | None = None, port: int | None = None, metrics_url: str | None = None,
@@ -85,6 +99,9 @@ def resolve_target(pid: int | None = None, port: int | None = None, metrics_url:
         raise InputError("say what to attach to: a PID, --port PORT or --metrics-url URL.")
     if pid is not None and pid <= 0:
         raise InputError(f"{pid} is not a process ID.")
+    if pid == 1:  # its tree is every process: some server's /metrics would be reported as PID 1's
+        raise InputError("PID 1 is the init process of this machine or container, not a server; give the server's "
+                         "PID or --port.")
     if port is not None and not 0 < port < 65536:
         raise InputError(f"{port} is not a TCP port (1-65535).")
     if metrics_url is not None:
@@ -227,12 +244,12 @@ def _reach_host(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
 
 
-def listening_ports(pid: int) -> list[tuple[int, str]]:
-    """(port, host) of every TCP socket the process tree listens on."""
+def listening_ports(pid: int, *, tree: bool = True) -> list[tuple[int, str]]:
+    """(port, host) of every TCP socket the process (and, with `tree`, its children) listens on."""
     found: dict[int, str] = {}
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        procs = [root, *root.children(recursive=True)] if tree else [root]
     except psutil.Error:
         return []
     for proc in procs:
@@ -254,13 +271,83 @@ def _discover_metrics(target: AttachTarget, host: str, timeout: float) -> None:
         if target.server_kind == "triton" and target.port != TRITON_METRICS_PORT:
             candidates += _paths(host, TRITON_METRICS_PORT)
     elif target.pid is not None:
-        ports = listening_ports(target.pid)[:MAX_PROBED_PORTS]
-        for p, h in ports:
-            candidates += _paths(h, p)
-        if not ports:
-            target.metrics_problem = (f"process {target.pid} listens on no TCP port, so no server metrics were found "
-                                      "(give --port or --metrics-url)")
+        _discover_from_pid(target, timeout)
+        return
+    _probe_candidates(target, candidates, timeout)
+
+
+def _discover_from_pid(target: AttachTarget, timeout: float) -> None:
+    """The /metrics of the named process's tree; else of its nearest ancestor that serves one (a GPU worker or an
+    engine core, as nvidia-smi lists them, is a child of the API server that serves the page). Only ports that
+    answer HTTP are probed, and the whole search ends within DISCOVERY_DEADLINE_S."""
+    assert target.pid is not None
+    deadline = time.monotonic() + DISCOVERY_DEADLINE_S
+    named = target.pid
+    for pid in [named, *_ancestors(named)]:
+        # The named tree's ports; an ancestor's own ports only (its tree holds unrelated processes too).
+        own = pid != named
+        ports = [(p, h) for p, h in listening_ports(pid, tree=not own)[:MAX_PROBED_PORTS]
+                 if time.monotonic() < deadline and _speaks_http(h, p)]
+        candidates = [url for p, h in ports for url in _paths(h, p)]
+        if candidates and _probe_candidates(target, candidates, min(timeout, max(0.5, deadline - time.monotonic()))):
+            if pid != named:
+                _reroot(target, pid, named)
             return
+        if time.monotonic() >= deadline:
+            break
+    target.metrics_problem = (f"process {named} (nor its parents) serves no server metrics on a port that answers "
+                              "HTTP (give --port or --metrics-url)")
+
+
+def _ancestors(pid: int) -> list[int]:
+    """Parents up to MAX_ANCESTORS whose command line names a serving engine (vLLM's API server above its engine
+    core and workers), of the same user, stopping at the first that names none and before PID 1: a shell, a test
+    runner or init above the named process is not its server."""
+    out: list[int] = []
+    try:
+        proc = psutil.Process(pid)
+        user = proc.uids().real if hasattr(proc, "uids") else None
+        for _ in range(MAX_ANCESTORS):
+            parent = proc.parent()
+            if parent is None or parent.pid <= 1:
+                break
+            if user is not None and parent.uids().real != user:
+                break
+            if kind_from_cmdline(_cmdline(parent)) is None:
+                break
+            out.append(parent.pid)
+            proc = parent
+    except psutil.Error:
+        pass
+    return out
+
+
+def _reroot(target: AttachTarget, pid: int, named: int) -> None:
+    """Observe the ancestor that serves the page (its tree holds the named process), and say so."""
+    proc = check_process(pid)
+    target.pid = pid
+    target.cmdline = _cmdline(proc)
+    target.server_kind = kind_from_cmdline(target.cmdline) or target.server_kind
+    target.serving = serving_from_cmdline(target.cmdline)
+    target.model_config = target.model_config or model_config_from_cmdline(target.cmdline, _cwd(proc))
+    target.rerooted_from = named
+
+
+def _speaks_http(host: str, port: int) -> bool:
+    """Whether the port answers an HTTP request with an HTTP status line, read within SNIFF_TIMEOUT_S (a ZMQ or
+    gloo port answers with its own greeting, or not at all)."""
+    addr = host.strip("[]")
+    try:
+        with socket.create_connection((addr, port), timeout=SNIFF_TIMEOUT_S) as s:
+            s.settimeout(SNIFF_TIMEOUT_S)
+            s.sendall(b"HEAD /metrics HTTP/1.0\r\nHost: diagnoser\r\n\r\n")
+            return s.recv(5) == b"HTTP/"
+    except OSError:
+        return False
+
+
+def _probe_candidates(target: AttachTarget, candidates: list[str], timeout: float) -> bool:
+    """Probe each URL in turn; the first engine's page becomes the target's metrics URL."""
     problems: list[str] = []
     for url in candidates:
         try:
@@ -275,8 +362,9 @@ def _discover_metrics(target: AttachTarget, host: str, timeout: float) -> None:
             continue
         target.metrics_url = url
         target.server_kind = _better_kind(kind, target.server_kind)
-        return
+        return True
     target.metrics_problem = "no server metrics: " + "; ".join(problems[:3]) if problems else "no server metrics found"
+    return False
 
 
 def _paths(host: str, port: int) -> list[str]:
@@ -410,6 +498,8 @@ def describe(target: AttachTarget) -> str:
     if target.pid is not None:
         short = shown_command(target.cmdline)
         parts.append(f"pid {target.pid} ({short})" if short else f"pid {target.pid}")
+        if target.rerooted_from is not None:
+            parts.append(f"the server of pid {target.rerooted_from}, which serves no metrics itself")
     if target.metrics_url:
         parts.append(f"{target.server_kind} metrics at {target.metrics_url}")
     elif target.port is not None:

@@ -24,7 +24,7 @@ from diagnoser.reports.redact import MASK, redact_argv
 from diagnoser.reports.trace_figures import kernel_table
 from diagnoser.rules.ruleset import RuleSet, default_rules
 from diagnoser.signals import spec
-from diagnoser.units import fmt
+from diagnoser.units import fmt, fmt_bucket
 
 VERDICT_COLORS = {
     "vram": "#8250df", "memory_bandwidth": "#0969da", "compute": "#bf3989", "latency": "#116329",
@@ -160,7 +160,8 @@ def finding_views(d: Diagnosis, rules: RuleSet) -> list[FindingView]:
     for i, f in enumerate(d.findings):
         rule = rules.get(f.code)
         citations = [CitationView(
-            signal=c.signal, description=spec(c.signal).description, stat=c.stat, value=fmt(c.value, c.unit),
+            signal=c.signal, description=spec(c.signal).description, stat=c.stat,
+            value=fmt_bucket(c.value, c.unit, c.bucket),
             test=f"{op_symbol(c.op)} {fmt(c.threshold, c.unit)}" if c.op and c.threshold is not None else "context",
             source=source_name(c.source)) for c in f.citations]
         detects = rule.page_for(rules.thresholds(rule.code)).detects if rule is not None else ""
@@ -185,7 +186,8 @@ def _signal_rows(ev: Evidence) -> list[dict[str, str]]:
         one = sig.n == 1
         rows.append({
             "name": sig.name, "description": spec(sig.name).description, "source": source_name(sig.source),
-            "n": str(sig.n), "mean": fmt(sig.mean, sig.unit), "p50": "" if one else fmt(sig.p50, sig.unit),
+            "n": str(sig.n), "mean": fmt_bucket(sig.mean, sig.unit, sig.bucket),
+            "p50": "" if one else fmt(sig.p50, sig.unit),
             "p90": "" if one else fmt(sig.p90, sig.unit), "max": "" if one else fmt(sig.max, sig.unit),
         })
     return rows

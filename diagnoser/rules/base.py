@@ -139,7 +139,8 @@ class Check:
             value, shown = signal.values[0], "value"  # a one-number signal (trace, physics) has no statistics
         else:
             value, shown = signal.stat("mean" if stat == "value" else stat), stat
-        self.citations.append(Citation(signal.name, shown, value, signal.unit, signal.source, op, threshold))
+        bucket = signal.bucket if stat in ("value", "mean") or signal.n == 1 else None
+        self.citations.append(Citation(signal.name, shown, value, signal.unit, signal.source, op, threshold, bucket))
         return value
 
     def fix(self, kind: FixKind, title: str, action: str, gain: Gain | None = None) -> None:
@@ -182,6 +183,9 @@ class Rule:
     # Whether a finding of this rule can name the verdict on its own (False: it says where the time goes but not
     # which roof, and the verdict stays inconclusive).
     decisive: bool = True
+    # An advisory rule reports a latency tail or a client-side effect: its finding and fixes are listed, but it never
+    # names the verdict (a server with a slow p99 and nothing waiting is not "batching-limited").
+    advisory: bool = False
 
     # Cached (the fields are frozen): a fleet asks each rule for these about ten times per GPU.
     @functools.cached_property
@@ -241,6 +245,7 @@ def rule(
     thresholds: Mapping[str, Threshold],
     page: Page,
     decisive: bool = True,
+    advisory: bool = False,
 ) -> Callable[[Predicate], Rule]:
     """Make a Rule of a predicate, after checking its declaration (see the module docstring)."""
     if not _CODE.match(code):
@@ -259,7 +264,7 @@ def rule(
 
     def make(predicate: Predicate) -> Rule:
         return Rule(code, name, limiter, summary, tuple(requires), tuple(uses), dict(thresholds), page, predicate,
-                    decisive)
+                    decisive, advisory)
 
     return make
 

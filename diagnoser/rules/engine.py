@@ -157,7 +157,9 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
     rules = rules or default_rules()
     results = rules.run(ev)
     findings, skipped, passed = results.findings, results.skipped, results.passed
-    primary = choose_primary(findings, ev)
+    # Advisory findings (a latency tail, clients giving up) are reported with their fixes but never name the verdict.
+    advisory = {r.code for r in rules if r.advisory}
+    primary = choose_primary([f for f in findings if f.code not in advisory], ev)
     notes = list(ev.meta.notes) + ev.notes
     if ev.meta.cpu_only:
         notes.insert(0, "CPU run: not a GPU verdict. Host and server signals are real; GPU roofs are not measured.")
@@ -169,8 +171,9 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
     common = dict(target=ev.meta.target, skipped=skipped, passed=passed, unavailable=unavailable, notes=notes,
                   context=_context(ev), workload=ev.workload)
     if primary is None:
-        return Diagnosis(verdict=INCONCLUSIVE, confidence=0.0, findings=findings, to_collect=_to_collect(ev),
-                         headline=_inconclusive_headline(ev, skipped, len(rules)),
+        fixes, withheld = judge_fixes(findings, ev)
+        return Diagnosis(verdict=INCONCLUSIVE, confidence=0.0, findings=findings, fixes=fixes, withheld=withheld,
+                         to_collect=_to_collect(ev), headline=_inconclusive_headline(ev, skipped, len(rules), findings),
                          regime=ev.regime, **common)  # type: ignore[arg-type]
     confidence, reasons = _confidence(primary, findings, ev)
     secondary = []
@@ -203,7 +206,11 @@ def _capitalised(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _inconclusive_headline(ev: Evidence, skipped: list[Skipped], rule_count: int) -> str:
+def _inconclusive_headline(ev: Evidence, skipped: list[Skipped], rule_count: int,
+                           advisories: list[Finding] | None = None) -> str:
+    if advisories:
+        return (f"No limiter found in the signals captured; noted: {advisories[0].message}"
+                + (f" (and {len(advisories) - 1} more)" if len(advisories) > 1 else ""))
     if not ev.signals:
         return "Inconclusive: the capture holds no signals to diagnose."
     if len(skipped) == rule_count:

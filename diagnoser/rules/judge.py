@@ -25,7 +25,8 @@ from diagnoser.diagnosis import SERVING_ONLY, TRAINING_ONLY, Benefit, Finding, F
 from diagnoser.evidence import Evidence
 from diagnoser.rules.gains import MAX_GAIN, floor_bound, host_bound
 
-_HOST_SIDE = {FixKind.CUDA_GRAPHS, FixKind.OFFLOAD_HOST_WORK, FixKind.REMOVE_SYNCS, FixKind.PIN_MEMORY}
+_HOST_SIDE = {FixKind.CUDA_GRAPHS, FixKind.OFFLOAD_HOST_WORK, FixKind.REMOVE_SYNCS, FixKind.PIN_MEMORY,
+              FixKind.HOST_CPU}
 _KERNEL_SIDE = {FixKind.FUSE_KERNELS, FixKind.TUNED_ENGINE}
 
 

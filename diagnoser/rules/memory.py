@@ -8,6 +8,27 @@ from diagnoser.rules import gains
 from diagnoser.rules.base import Check, Gain, Page, Threshold, rule
 
 
+def _kv_knob(c: Check, mem_used: float | None) -> str:
+    """The action that gives the KV cache more room, naming the knob that sizes it on this server: a block count
+    forced on the command line or the page, a byte budget, the CPU build's KV space, else the memory share."""
+    serving = c.ev.serving
+    override = serving.extra.get("num_gpu_blocks_override")
+    if override not in (None, "", "None", "0"):
+        size = f" ({override} blocks of {serving.block_size} tokens)" if serving.block_size else f" ({override} blocks)"
+        return (f"The KV pool is forced to a fixed size{size} by vLLM --num-gpu-blocks-override: raise it, or drop "
+                "it so the engine sizes the pool from the free memory, so the waiting requests can run.")
+    if serving.extra.get("kv_cache_memory_bytes"):
+        return (f"The KV pool is sized by vLLM --kv-cache-memory-bytes ({serving.extra['kv_cache_memory_bytes']}): "
+                "raise it so the waiting requests can run.")
+    if c.ev.meta.cpu_only and (serving.engine or c.ev.meta.server_kind) == "vllm":
+        return ("vLLM's CPU build sizes the KV pool from VLLM_CPU_KVCACHE_SPACE (GiB) or --kv-cache-memory-bytes: "
+                "raise it while the host has memory free, so the waiting requests can run.")
+    where = (f"Only {mem_used:.0%} of the device memory is in use: raise" if mem_used is not None else
+             "If the device has memory free (its use was not read), raise")
+    return (f"{where} the KV cache's share (vLLM --gpu-memory-utilization, SGLang --mem-fraction-static, a larger KV "
+            "pool) so the waiting requests can run.")
+
+
 def _kv_fixes(c: Check) -> None:
     """More room for the KV cache: the free memory, fewer bytes per token, fewer weight bytes, more GPUs."""
     mem = c.opt(S.GPU_MEM_USED_FRAC)
@@ -21,12 +42,8 @@ def _kv_fixes(c: Check) -> None:
                      GainKind.UPPER_BOUND)
         if mem is not None:
             c.cite(mem, "p90", "<", c.t["mem_free_for_kv"])
-            where = f"Only {mem.p90:.0%} of the device memory is in use: raise"
-        else:
-            where = "If the device has memory free (its use was not read), raise"
-        c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory", f"{where} the KV cache's share (vLLM "
-              "--gpu-memory-utilization, SGLang --mem-fraction-static, a larger KV pool) so the waiting requests "
-              "can run.", g)
+        c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory", _kv_knob(c, mem.p90 if mem is not None else None),
+              g)
     c.fix(FixKind.FP8_KV, "Store the KV cache in FP8", "Start the server with an FP8 KV cache (vLLM: "
           "--kv-cache-dtype fp8); each token's KV then takes half the bytes, so twice the sequences fit and each "
           "decode step reads half the KV bytes.", gains.kv_dtype_gain(c.ev, "fp8"))

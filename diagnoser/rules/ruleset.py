@@ -159,6 +159,7 @@ def load_overrides(path: str | Path, rules: RuleSet) -> dict[str, dict[str, floa
 def default_rules() -> RuleSet:
     """The shipped rules, VRAM first (if it does not fit nothing else helps), then the roofs and latency, load,
     host, hardware and serving."""
-    from diagnoser.rules import hardware, host, load, memory, roofs, serving
+    from diagnoser.rules import hardware, host, load, memory, roofs, server_load, serving
 
-    return RuleSet((*memory.RULES, *roofs.RULES, *load.RULES, *host.RULES, *hardware.RULES, *serving.RULES))
+    return RuleSet((*memory.RULES, *roofs.RULES, *load.RULES, *host.RULES, *hardware.RULES, *serving.RULES,
+                    *server_load.RULES))

@@ -14,6 +14,7 @@ from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Signal
 from diagnoser.rules import gains
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.units import fmt
 
 # Engines whose scheduler admits a request only with room for its prompt plus max_tokens (TGI's token budget,
 # SGLang's admission estimate, TensorRT-LLM's GUARANTEED_NO_EVICT policy); vLLM allocates KV blocks as tokens come.
@@ -37,6 +38,28 @@ def _prefill_share(c: Check) -> tuple[float, str] | None:
     return None
 
 
+def _token_bound(c: Check, hit: float, shared: float | None) -> tuple[float, Gain] | None:
+    """The most prefix caching can give, from the tokens the engine processed: a prompt token costs at most a
+    generated token's time, so prompt tokens' share of all tokens bounds prefill's share of the work; caching the
+    shared prompt tokens (all of them where the operator gave no share) removes at most that much."""
+    prompt, gen = c.opt(S.SERVER_PROMPT_TOKENS_PER_S), c.opt(S.SERVER_GEN_TOKENS_PER_S)
+    if prompt is None or gen is None or prompt.mean <= 0 or gen.mean <= 0:
+        return None
+    share = prompt.mean / (prompt.mean + gen.mean)
+    cacheable = 1.0 if shared is None or not 0 < shared < 1 else shared
+    saved = share * max(0.0, cacheable - hit) / (1.0 - hit) if hit < 1 else 0.0
+    if saved <= 0:
+        return None
+    c.cite(prompt, "mean")
+    c.cite(gen, "mean")
+    which = ("every prompt token but the first block" if cacheable == 1.0 else
+             f"the capture's shared share ({cacheable:.0%}) of prompt tokens")
+    return share, Gain(1.0 / max(0.05, 1.0 - saved), f"prompt tokens are {share:.0%} of the tokens processed "
+                f"({prompt.mean:.0f}/s against {gen.mean:.0f}/s generated) and cost at most a generated token's time "
+                f"each; served from the cache ({which}, from a {hit:.0%} hit rate), the work falls by at most "
+                f"{saved:.0%}: 1 / (1 - {saved:.2f})", GainKind.UPPER_BOUND)
+
+
 def _value(s: Signal) -> float:
     return s.value
 
@@ -55,8 +78,8 @@ def _number(text: str | None) -> float | None:
     limiter=Limiter.COMPUTE,
     summary="Long prompts are prefilled again and again: the prefix cache is off or rarely hits.",
     requires=(S.SERVER_PROMPT_LEN_MEAN,),
-    uses=(S.SERVER_PREFIX_CACHE_HIT_RATE, S.SERVER_PROMPT_TOKENS_PER_S, S.THEORY_DECODE_SHARE,
-          S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
+    uses=(S.SERVER_PREFIX_CACHE_HIT_RATE, S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_GEN_TOKENS_PER_S,
+          S.THEORY_DECODE_SHARE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
     thresholds={
         "hit_rate_max": Threshold(0.20, "prefix-cache hit rate below which the cache saves little prefill", "ratio"),
         "target_hit_rate": Threshold(0.50, "hit rate a workload with shared prompts reaches (system prompt, "
@@ -70,7 +93,11 @@ def _number(text: str | None) -> float | None:
         "and the prefix cache either switched off (vLLM cache_config_info enable_prefix_caching=False) or hitting "
         "under {hit_rate_max} of "
         "the prompt tokens it is asked for over the window. It does not fire when the capture says the prompts "
-        "share nothing (serving key shared_prefix_frac = 0).",
+        "share nothing (serving key shared_prefix_frac = 0). The gain is bounded from the tokens the engine "
+        "processed: a prompt token costs at most a generated token's time (prefill runs many tokens per weight "
+        "read), so prompt tokens' share of all tokens bounds prefill's share of the work; with every shared "
+        "prompt token served from the cache (all of them unless shared_prefix_frac says), the work falls by "
+        "that share.",
         why="A prompt whose prefix (system prompt, few-shot examples, earlier turns) was prefilled before can reuse "
         "its KV blocks; every miss recomputes those tokens, which is compute-bound prefill work that also delays "
         "first tokens and decode steps.",
@@ -94,16 +121,24 @@ def prefix_cache_missing(c: Check) -> Finding | None:
     off = serving.prefix_caching is False
     if _value(prompt) < c.t["prompt_len_min"] or not (off or (hit is not None and _value(hit) < c.t["hit_rate_max"])):
         return None
-    share = _prefill_share(c)
+    h = 0.0 if off or hit is None else _value(hit)
+    # The tokens the engine processed bound prefill's share of its work; a request's own prefill / (prefill +
+    # decode) time reads low under concurrency (its decode steps carry other requests' prefills), so it only gates
+    # when the token counters are absent.
+    tokens = _token_bound(c, h, shared)
+    share = _prefill_share(c) if tokens is None else None
     if share is not None and share[0] < c.t["prefill_share_min"]:
         return None
+    if tokens is not None and tokens[0] < c.t["prefill_share_min"]:
+        return None
     c.cite(prompt, "value", ">=", c.t["prompt_len_min"])
-    h = 0.0 if off or hit is None else _value(hit)
     if hit is not None and not off:
         c.cite(hit, "value", "<", c.t["hit_rate_max"])
     target = shared if shared is not None and 0 < shared < 1 else c.t["target_hit_rate"]
     gain = Gain.unknown("no prefill share measured (needs the model and GPU, or vLLM's prefill/decode histograms)")
-    if share is not None and target > h:
+    if tokens is not None:
+        gain = tokens[1]
+    elif share is not None and target > h:
         saved = share[0] * (target - h) / (1.0 - h)  # prefill work that the extra hits would not recompute
         assumed = "the capture's shared_prefix_frac" if target != c.t["target_hit_rate"] else "an assumed"
         gain = Gain(1.0 / max(0.05, 1.0 - saved), f"{share[1]} {share[0]:.0%}, hits from {h:.0%} to {target:.0%} "
@@ -216,17 +251,23 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
     limiter=Limiter.BATCHING,
     summary="Some decode steps are much slower than the median: prefill work shares them.",
     requires=(S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S,
-              AnyOf(S.SERVER_ITERATION_TOKENS_P99, S.SERVER_PREFILL_STEP_MEAN_S)),
+              AnyOf(S.SERVER_ITERATION_TOKENS_P99, S.SERVER_PREFILL_STEP_MEAN_S),
+              AnyOf(S.SERVER_RUNNING, S.SERVER_BATCH_SIZE)),
     uses=(S.SERVER_ITERATION_TOKENS_P50, S.SERVER_DECODE_STEP_MEAN_S, S.SERVER_PROMPT_TOKENS_PER_S),
+    advisory=True,
     thresholds={
         "itl_ratio": Threshold(3.0, "p99 / p50 inter-token latency at which the tail counts as inflated"),
         "step_ratio": Threshold(4.0, "tokens of the p99 step over the median step (vLLM), or prefill over decode "
                                 "step time (TGI), that shows prefill riding along"),
+        "running_min": Threshold(2.0, "requests in flight at once (most seen) without which no prefill can share a "
+                                 "step with another request's decode", "requests"),
     },
     page=Page(
         detects="p99 inter-token latency at least {itl_ratio}x the median while the engine's steps show prefill work: "
         "vLLM's tokens per step at p99 at least {step_ratio}x the median step, or TGI's prefill forward pass at "
-        "least {step_ratio}x its decode pass.",
+        "least {step_ratio}x its decode pass; and at least {running_min} requests in flight at once. Quantiles "
+        "interpolated inside a histogram bucket are compared by their buckets (the least p99 over the most p50), "
+        "never as exact values. Advisory: it names a latency tail and its cause, never the verdict.",
         why="A decode token comes out once per step; a step that also prefills a prompt chunk takes as long as that "
         "chunk's compute, so every running sequence's next token waits for someone else's prompt.",
         fixes="Cap the prefill per step: a smaller chunk (vLLM --max-num-batched-tokens, SGLang "
@@ -240,28 +281,36 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
 def itl_inflated_by_prefill(c: Check) -> Finding | None:
     p50, p99 = c.opt(S.SERVER_ITL_P50_S), c.opt(S.SERVER_ITL_P99_S)
     assert p50 is not None and p99 is not None
-    if _value(p50) <= 0 or _value(p99) / _value(p50) < c.t["itl_ratio"]:
+    # One request at a time: a long step is that request's own prefill, which stalls nobody's decode.
+    flight = c.first(S.SERVER_RUNNING, S.SERVER_BATCH_SIZE)
+    if flight.max < c.t["running_min"]:
+        return None
+    # Quantiles interpolated inside a bucket are only known to lie in it: the tail must be inflated even at the
+    # least p99 and the most p50 their buckets allow.
+    if p50.highest <= 0 or p99.lowest / p50.highest < c.t["itl_ratio"]:
         return None
     steps_hi, steps_lo = c.opt(S.SERVER_ITERATION_TOKENS_P99), c.opt(S.SERVER_ITERATION_TOKENS_P50)
     pre, dec = c.opt(S.SERVER_PREFILL_STEP_MEAN_S), c.opt(S.SERVER_DECODE_STEP_MEAN_S)
-    if steps_hi is not None and steps_lo is not None and _value(steps_lo) > 0:
-        ratio, cite = _value(steps_hi) / _value(steps_lo), (steps_hi, steps_lo)
-    elif pre is not None and dec is not None and _value(dec) > 0:
-        ratio, cite = _value(pre) / _value(dec), (pre, dec)
+    if steps_hi is not None and steps_lo is not None and steps_lo.highest > 0:
+        ratio, cite = steps_hi.lowest / steps_lo.highest, (steps_hi, steps_lo)
+    elif pre is not None and dec is not None and dec.highest > 0:
+        ratio, cite = pre.lowest / dec.highest, (pre, dec)
     else:
         return None
     if ratio < c.t["step_ratio"]:
         return None
-    c.cite(p99, "value", ">=", round(c.t["itl_ratio"] * _value(p50), 6))
+    c.cite(flight, "max", ">=", c.t["running_min"])
+    c.cite(p99, "value", ">=", round(c.t["itl_ratio"] * p50.highest, 6))
     c.cite(p50, "value")
-    c.cite(cite[0], "value", ">=", round(c.t["step_ratio"] * _value(cite[1]), 6))
+    c.cite(cite[0], "value", ">=", round(c.t["step_ratio"] * cite[1].highest, 6))
     c.cite(cite[1], "value")
     c.fix(FixKind.SPLIT_PREFILL, "Cap the prefill that rides in decode steps", "Lower vLLM --max-num-batched-tokens "
           "(SGLang --chunked-prefill-size) so a step carries a smaller prompt chunk, or disaggregate prefill and "
           "decode.", Gain.unknown(f"latency, not throughput: p99 inter-token latency falls at most to the median, "
-                                  f"{_value(p99) * 1e3:.0f} ms to {_value(p50) * 1e3:.0f} ms"))
-    return c.finding(0.45, f"p99 inter-token latency is {_value(p99) / _value(p50):.1f}x the median while the "
-                     f"heaviest steps carry {ratio:.1f}x the work of a typical one: prefills stall decoding.")
+                                  f"from at least {fmt(p99.lowest, 's')} to at most {fmt(p50.highest, 's')}"))
+    return c.finding(0.45, f"p99 inter-token latency is at least {p99.lowest / p50.highest:.1f}x the median while "
+                     f"the heaviest steps carry at least {ratio:.1f}x the work of a typical one: prefills stall "
+                     "decoding.")
 
 
 def _spec_speedup(alpha: float, k: int, cost: float) -> float:

@@ -48,10 +48,15 @@ def acquire_trace_detailed(pid: int, seconds: float, out_dir: Path, server_url: 
     out_dir = Path(out_dir)
     hook_client.process_tree(pid)  # SourceUnavailable("no process N.") early
     notes: list[str] = []
+    if not server_url:
+        # A vLLM started with its profiler on (or an SGLang): its endpoints, found from the command line and the page.
+        server_url = endpoints.profiler_url(pid)
     if server_url:
         try:
             files = endpoints.trace_via_endpoint(server_url, pid, seconds, out_dir)
             return Acquired(_as_path(files), "endpoint", files)
+        except endpoints.ServerGone:
+            raise  # the server died or stopped answering: nothing else to try, and that comes first
         except SourceUnavailable as exc:
             notes.append(str(exc))
     hooked = hook_client.find_hooked(pid)

@@ -14,11 +14,23 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from diagnoser.collectors.process import pid_alive
 from diagnoser.errors import SourceUnavailable
 from diagnoser.tracing.hook_client import process_tree
 
-VLLM_HOWTO = ("restart vLLM with `--profiler-config.profiler=torch --profiler-config.torch_profiler_dir=/abs/dir` "
-              "(older releases: set VLLM_TORCH_PROFILER_DIR=/abs/dir)")
+# vLLM's defaults record Python stacks and dump a key-averages table after each trace: on a CPU build a 40 MB trace
+# (769 MB of JSON) grew to 12.3 GB in that post-processing and the kernel killed the engine. The light settings
+# below cost the server most of its throughput while tracing (83 % of its tokens/s for a 15 s trace, on a CPU build)
+# and nothing after.
+VLLM_LIGHT_FLAGS = ("--profiler-config.profiler=torch --profiler-config.torch_profiler_dir=/abs/dir "
+                    "--profiler-config.torch_profiler_with_stack=false "
+                    "--profiler-config.torch_profiler_dump_cuda_time_total=false "
+                    "--profiler-config.ignore_frontend=true")
+VLLM_HOWTO = (f"restart vLLM with the light profiler settings `{VLLM_LIGHT_FLAGS}` (its defaults record stacks and "
+              "dump a summary table that can grow a trace to gigabytes and kill the engine; older releases: set "
+              "VLLM_TORCH_PROFILER_DIR=/abs/dir)")
+VLLM_HEAVY = (("torch_profiler_with_stack", "true"), ("torch_profiler_dump_cuda_time_total", "true"),
+              ("torch_profiler_with_memory", "true"), ("torch_profiler_record_shapes", "true"))
 SGLANG_HOWTO = "SGLang mounts /start_profile by default; check the URL and that the server is SGLang"
 TRACE_GLOBS = ("*.json", "*.json.gz")
 SETTLE_S = 1.0  # a file whose size has not changed for this long is complete
@@ -72,6 +84,68 @@ def vllm_profiler_dir(pid: int) -> Path | None:
         if env_dir:
             return Path(env_dir)
     return None
+
+
+def vllm_profiler_flags(pid: int) -> dict[str, str] | None:
+    """The --profiler-config.* settings on the command lines of the tree (key -> value as given), or None when no
+    process of it enables vLLM's profiler."""
+    for p in process_tree(pid):
+        args = _cmdline(p)
+        found: dict[str, str] = {}
+        for i, a in enumerate(args):
+            if a.startswith("--profiler-config."):
+                key, _, value = a[len("--profiler-config."):].partition("=")
+                if not value and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                    value = args[i + 1]
+                found[key] = value
+            elif a.startswith("--profiler-config=") or (a == "--profiler-config" and i + 1 < len(args)):
+                raw = a.split("=", 1)[1] if "=" in a else args[i + 1]
+                try:
+                    cfg = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(cfg, dict):
+                    found.update({str(k): str(v).lower() for k, v in cfg.items()})
+        if found.get("profiler") or found.get("torch_profiler_dir"):
+            return found
+    if vllm_profiler_dir(pid) is not None:
+        return {}
+    return None
+
+
+class ServerGone(SourceUnavailable):
+    """The server died or stopped answering while it traced: nothing else is worth trying on it."""
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has died (a zombie waiting to be reaped has)."""
+    if not pid_alive(pid):
+        return True
+    try:
+        import psutil
+
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except Exception:
+        return True
+
+
+def heavy_settings(flags: dict[str, str]) -> list[str]:
+    """The costly profiler settings in force: those set to true, and the defaults that are on unless turned off."""
+    out = []
+    for key, heavy in VLLM_HEAVY:
+        default_on = key in ("torch_profiler_with_stack", "torch_profiler_dump_cuda_time_total")
+        value = flags.get(key, "true" if default_on else "false").lower()
+        if value == heavy:
+            out.append(key)
+    return out
+
+
+def _healthy(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=5.0) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 def _post(url: str, body: dict | None, timeout: float) -> int:
@@ -136,9 +210,15 @@ def trace_via_endpoint(url: str, pid: int, seconds: float, out_dir: Path, kind: 
     if status >= 400:
         raise SourceUnavailable(f"{base}/start_profile answered HTTP {status}.")
     time.sleep(seconds)
-    status = _post(f"{base}/stop_profile", None, timeout=600.0)
-    if status >= 400:
-        raise SourceUnavailable(f"{base}/stop_profile answered HTTP {status}; the trace may be incomplete.")
+    try:
+        status = _post(f"{base}/stop_profile", None, timeout=600.0)
+        failed = f"{base}/stop_profile answered HTTP {status}" if status >= 400 else ""
+    except SourceUnavailable as exc:
+        failed = str(exc).rstrip(".")
+    if failed:
+        gone = _gone(pid) or not _healthy(base)
+        message = _stop_failed(failed, base, pid, kind, source_dir, since)
+        raise ServerGone(message) if gone else SourceUnavailable(message)
     if source_dir is None:
         raise SourceUnavailable("the server profiled, but its torch_profiler_dir is not on its command line or in "
                                 "its environment, so the trace cannot be found; pass the folder to "
@@ -152,8 +232,43 @@ def trace_via_endpoint(url: str, pid: int, seconds: float, out_dir: Path, kind: 
     return files
 
 
+def _stop_failed(failed: str, base: str, pid: int, kind: str, source_dir: Path | None, since: float) -> str:
+    """One sentence for a stop that failed: the server's death first, a complete trace it wrote if there is one,
+    and the settings that make tracing cost what it did."""
+    alive_now, healthy = not _gone(pid), _healthy(base)
+    written = _new_traces(source_dir, since) if source_dir is not None else []
+    kept = f"; a trace it wrote is in {written[0].parent} ({len(written)} file(s)): `diagnoser analyze` reads it" \
+        if written else ""
+    heavy = heavy_settings(vllm_profiler_flags(pid) or {}) if kind == "vllm" else []
+    why = (f" with {', '.join(heavy)} on, which can grow a trace to gigabytes after the stop; use the light "
+           f"settings: `{VLLM_LIGHT_FLAGS}`") if heavy else ""
+    if not alive_now:
+        return f"the server (process {pid}) died while its trace was being written{why}{kept} ({failed})."
+    if not healthy:
+        return f"the server (process {pid}) no longer answers {base}/health after the trace{why}{kept} ({failed})."
+    return f"{failed}; the trace may be incomplete{why}{kept}."
+
+
+def profiler_url(pid: int) -> str | None:
+    """The base URL of a vLLM whose command line enables its profiler, or of an SGLang (which always mounts it):
+    the port of the tree that answers HTTP with the engine's /metrics page."""
+    kind = server_kind(pid)
+    if kind is None or (kind == "vllm" and vllm_profiler_flags(pid) is None):
+        return None
+    from diagnoser.collectors.target import resolve_target
+
+    try:
+        target = resolve_target(pid=pid)
+    except Exception:
+        return None
+    if not target.metrics_url:
+        return None
+    return target.metrics_url.rsplit("/", 1)[0].removesuffix("/v1")
+
+
 def environ_of(pid: int) -> dict[str, str]:
     return _environ(pid)
 
 
-__all__ = ["environ_of", "server_kind", "trace_via_endpoint", "vllm_profiler_dir", "wait_for_traces"]
+__all__ = ["VLLM_LIGHT_FLAGS", "ServerGone", "environ_of", "heavy_settings", "profiler_url", "server_kind",
+           "trace_via_endpoint", "vllm_profiler_dir", "vllm_profiler_flags", "wait_for_traces"]

@@ -1,0 +1,210 @@
+"""Load rules decided from the server's own signals and the host, with no GPU counter needed: a batch pinned at the
+scheduler's cap while requests queue, a server under-loaded by its clients, clients giving up, and other processes
+taking the host's CPU. They hold on a CPU build and on a GPU node without NVML access alike; on a GPU node the GPU
+rules (load.py, host.py) add to them.
+"""
+
+from __future__ import annotations
+
+from diagnoser import signals as S
+from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
+from diagnoser.rules import gains
+from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+
+
+@rule(
+    code="BAT005",
+    name="batch-pinned-at-limit",
+    limiter=Limiter.BATCHING,
+    summary="The running batch sits at the server's configured limit while requests queue and the KV cache has room.",
+    requires=(S.SERVER_RUNNING, S.SERVER_WAITING),
+    uses=(S.SERVER_KV_USAGE, S.SERVER_GEN_TOKENS_PER_S),
+    thresholds={
+        "at_cap": Threshold(0.9, "running batch (median) over the configured limit that counts as pinned", "ratio"),
+        "waiting_mean": Threshold(1.0, "mean queued requests that show demand beyond the limit", "requests"),
+        "kv_usage_max": Threshold(0.90, "KV use (p90) above which the KV cache, not the limit, holds the queue "
+                                  "(VRAM001)", "ratio"),
+    },
+    page=Page(
+        detects="A running batch whose median is at least {at_cap} of the server's concurrent-sequence limit (vLLM "
+        "--max-num-seqs, SGLang --max-running-requests, as read from its command line) while on average "
+        "{waiting_mean} or more requests wait and the KV cache is under {kv_usage_max} used.",
+        why="A decode step reads every weight once whatever the batch; below the ridge its time grows slowly with "
+        "the batch, so each sequence added is nearly free throughput. A limit the queue keeps full is the only "
+        "thing holding the batch down.",
+        fixes="Raise the limit toward the batch the queue would fill (running + waiting), as far as the KV cache "
+        "has room. Predicted gain: the physics at the new batch when the model and GPU are known; otherwise the "
+        "batch ratio itself, an upper bound (a step's time grows with the batch too).",
+        sources="Seed physics (batching raises intensity until the ridge); vLLM scheduler docs (max_num_seqs caps "
+        "the running batch); Orca (Yu et al., OSDI 2022) on iteration-level batching.",
+    ),
+)
+def batch_pinned_at_limit(c: Check) -> Finding | None:
+    cap = c.ev.serving.max_num_seqs
+    running, waiting = c.req(S.SERVER_RUNNING), c.req(S.SERVER_WAITING)
+    if not cap or running.p50 < c.t["at_cap"] * cap or waiting.mean < c.t["waiting_mean"]:
+        return None
+    kv = c.opt(S.SERVER_KV_USAGE)
+    if kv is not None and kv.p90 >= c.t["kv_usage_max"]:
+        return None
+    c.cite(running, "p50", ">=", round(c.t["at_cap"] * cap, 3))
+    c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
+    want = running.mean + waiting.mean
+    note = ""
+    if kv is not None:
+        c.cite(kv, "p90", "<", c.t["kv_usage_max"])
+        # KV use grows with the sequences held: the cache has room for about running / usage of them.
+        room = running.mean * c.t["kv_usage_max"] / kv.p90 if kv.p90 > 0 else want
+        if room < want:
+            want, note = room, f", as many as the KV cache has room for ({kv.p90:.0%} used at {running.mean:.1f})"
+    target = max(cap + 1, round(want))
+    g = gains.batch_gain(c.ev, target=float(target))
+    if g.value is None and running.mean > 0:
+        g = Gain(target / running.mean, f"tokens per step from {running.mean:.1f} to {target} sequences{note}; a "
+                 "step's time grows with the batch too (no model and device roofs to price it), so at most that",
+                 GainKind.UPPER_BOUND)
+    c.fix(FixKind.BATCH_MORE, "Raise the batch limit", f"Raise the concurrent-sequence limit from {cap} to about "
+          f"{target} (vLLM --max-num-seqs {target}; SGLang --max-running-requests {target}): the queue keeps it "
+          "full.", g)
+    return c.finding(0.85, f"The batch is pinned at the server's limit of {cap} sequences while {waiting.mean:.1f} "
+                     "requests wait and the KV cache has room: the limit, not the hardware, caps throughput.")
+
+
+@rule(
+    code="IDLE002",
+    name="server-under-loaded",
+    limiter=Limiter.IDLE,
+    summary="Requests come one at a time or fewer and nothing waits: the offered load, not the server, sets the pace.",
+    requires=(S.SERVER_RUNNING, S.SERVER_WAITING),
+    uses=(S.SERVER_REQUESTS_PER_S,),
+    thresholds={
+        "running_mean": Threshold(1.5, "requests in flight (mean) at or below which the server serves them about one "
+                                  "at a time", "requests"),
+        "cap_share": Threshold(0.1, "share of the configured batch limit at or below which the batch counts as "
+                               "nearly empty, when the limit is known", "ratio"),
+        "waiting_mean": Threshold(0.5, "mean queued requests below which nothing waits", "requests"),
+    },
+    page=Page(
+        detects="On average {running_mean} or fewer requests in flight (or at most {cap_share} of the configured "
+        "batch limit) and under {waiting_mean} waiting, from the server's own metrics; no GPU counter needed.",
+        why="A server that runs one request at a time decodes at batch 1, the least efficient point of the roofline, "
+        "and nothing it changes makes the clients send more. Its throughput is the offered load.",
+        fixes="Nothing to speed up on the server: send requests concurrently (clients, a load balancer that does not "
+        "serialise), or consolidate: fewer replicas, a smaller GPU, several models on one GPU.",
+        sources="Seed 004 (the utilisation trap); Little's law (in flight = arrival rate x latency).",
+    ),
+)
+def server_under_loaded(c: Check) -> Finding | None:
+    running, waiting = c.req(S.SERVER_RUNNING), c.req(S.SERVER_WAITING)
+    cap = c.ev.serving.max_num_seqs
+    limit = max(c.t["running_mean"], c.t["cap_share"] * cap) if cap else c.t["running_mean"]
+    if running.mean > limit or waiting.mean >= c.t["waiting_mean"]:
+        return None
+    c.cite(running, "mean", "<=", round(limit, 3))
+    c.cite(waiting, "mean", "<", c.t["waiting_mean"])
+    room = f" of a limit of {cap}" if cap else ""
+    c.fix(FixKind.RIGHT_SIZE, "Send more load, or consolidate", "Nothing on the server limits it: send requests "
+          "concurrently, or serve this load with fewer replicas or a smaller GPU.",
+          Gain(None, f"the server could run many more sequences at once ({running.mean:.1f} running{room}); more "
+               "throughput only if more load is offered", benefit=Benefit.CAPACITY))
+    return c.finding(0.7, f"About {running.mean:.1f} requests are in flight{room} and nothing waits: the clients' "
+                     "load, not the server, sets the throughput.")
+
+
+@rule(
+    code="SRV009",
+    name="clients-give-up",
+    limiter=Limiter.BATCHING,
+    summary="Many requests end because the client went away: the server's latency exceeds what clients wait.",
+    requires=(AnyOf(S.SERVER_ABORTS_PER_S, S.SERVER_HTTP_REQUESTS_PER_S),),
+    uses=(S.SERVER_REQUESTS_PER_S, S.SERVER_REQUEST_ERRORS_PER_S, S.SERVER_WAITING),
+    advisory=True,
+    thresholds={
+        "abort_share": Threshold(0.10, "aborted share of the requests that ended in the window that counts", "ratio"),
+    },
+    page=Page(
+        detects="At least {abort_share} of the requests that ended in the window were aborted by their client (vLLM "
+        "request_success_total with finished_reason abort: a timeout or a cancel), or answered by the HTTP layer "
+        "(http_requests_total for /v1/ handlers) without the engine finishing them. Advisory: it qualifies the "
+        "verdict, never names it.",
+        why="A request the client gave up on used queue space and often compute, and nobody got the answer; the "
+        "served throughput counts only the rest. Clients that time out and retry add load while the server is "
+        "already behind.",
+        fixes="Fix what makes the server slow (the verdict's fixes); meanwhile give clients a timeout above the "
+        "server's latency at this load, limit retries, and shed load at admission (a bounded queue) rather than "
+        "after the work.",
+        sources="vLLM finished_reason labels (stop, length, abort, error); the retry-storm pattern (Google SRE book, "
+        "'Handling Overload').",
+    ),
+)
+def clients_give_up(c: Check) -> Finding | None:
+    served, errors = c.opt(S.SERVER_REQUESTS_PER_S), c.opt(S.SERVER_REQUEST_ERRORS_PER_S)
+    done = served.mean if served is not None else 0.0
+    aborts, http = c.opt(S.SERVER_ABORTS_PER_S), c.opt(S.SERVER_HTTP_REQUESTS_PER_S)
+    # The engine's abort count where it keeps one; else the requests the HTTP layer answered that the engine never
+    # finished (a front end that cancels a request whose client left counts it nowhere else).
+    gone, cited = (aborts.mean, aborts) if aborts is not None and aborts.mean > 0 else (0.0, None)
+    if cited is None and http is not None and served is not None:
+        gone, cited = max(0.0, http.mean - done - (errors.mean if errors is not None else 0.0)), http
+    ended = gone + done
+    if cited is None or ended <= 0 or gone / ended < c.t["abort_share"]:
+        return None
+    c.cite(cited, "mean")
+    if served is not None:
+        c.cite(served, "mean")
+    return c.finding(0.6, f"{gone / ended:.0%} of the requests that ended were abandoned by their clients "
+                     f"({gone:.2f}/s against {done:.2f}/s served): clients give up before the answer; the throughput "
+                     "counts only the requests served.")
+
+
+@rule(
+    code="HOST004",
+    name="host-cpu-taken",
+    limiter=Limiter.HOST_LAUNCH,
+    summary="The host's CPU is saturated and other processes take a large share of it: the server is starved of CPU.",
+    requires=(S.HOST_CPU_FRAC, S.HOST_OTHERS_CPU, S.HOST_CORES),
+    uses=(S.HOST_TARGET_CPU, S.HOST_TARGET_CPU_WAIT),
+    thresholds={
+        "host_busy": Threshold(0.90, "whole-host CPU use (mean) at which the host is saturated", "ratio"),
+        "others_share": Threshold(0.40, "share of the host's cores used by other processes (mean) that counts as "
+                                  "taken from the server", "ratio"),
+    },
+    page=Page(
+        detects="The whole host's CPU at least {host_busy} busy on average while processes outside the server's tree "
+        "use at least {others_share} of its cores.",
+        why="A serving engine's scheduler, tokenizer and kernel launches run on the CPU, and a CPU build runs the "
+        "model there too. When other tenants keep every core busy, the server waits for a core between steps: "
+        "each step and each launch takes longer whatever the GPU could do.",
+        fixes="Give the server its cores: move the other work off this host, or pin the server to cores nobody else "
+        "uses (cpusets, Kubernetes CPU requests with the static CPU manager, taskset), and size its thread pools "
+        "to them. Predicted gain: the CPU the others take given to the server, an upper bound.",
+        sources="Linux CFS sharing; Kubernetes CPU manager static policy; vLLM CPU backend docs (dedicated cores via "
+        "VLLM_CPU_OMP_THREADS_BIND).",
+    ),
+)
+def host_cpu_taken(c: Check) -> Finding | None:
+    host, others, cores = c.req(S.HOST_CPU_FRAC), c.req(S.HOST_OTHERS_CPU), c.req(S.HOST_CORES)
+    n = cores.max
+    if n <= 0 or host.mean < c.t["host_busy"] or others.mean < c.t["others_share"] * n:
+        return None
+    c.cite(host, "mean", ">=", c.t["host_busy"])
+    c.cite(others, "mean", ">=", round(c.t["others_share"] * n, 3))
+    c.cite(cores, "max")
+    mine = c.opt(S.HOST_TARGET_CPU)
+    wait = c.opt(S.HOST_TARGET_CPU_WAIT)
+    if wait is not None:
+        c.cite(wait, "mean")
+    gain = Gain.unknown("the server's own CPU use was not read")
+    if mine is not None and mine.mean > 0.05:
+        c.cite(mine, "mean")
+        gain = Gain((mine.mean + others.mean) / mine.mean, f"the server used {mine.mean:.2f} cores and the others "
+                    f"{others.mean:.2f} of {n:.0f}; given all of them, at most {(mine.mean + others.mean):.2f} cores",
+                    GainKind.UPPER_BOUND)
+    c.fix(FixKind.HOST_CPU, "Give the server its CPU cores", "Move the other work off this host, or pin the server "
+          "to cores nobody else uses (cpuset, Kubernetes static CPU manager, taskset) and size its threads to them "
+          "(vLLM CPU: VLLM_CPU_OMP_THREADS_BIND).", gain)
+    return c.finding(0.75, f"The host's CPU is {host.mean:.0%} busy and other processes use {others.mean:.1f} of its "
+                     f"{n:.0f} cores: the server waits for CPU.")
+
+
+RULES = (batch_pinned_at_limit, server_under_loaded, clients_give_up, host_cpu_taken)

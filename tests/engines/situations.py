@@ -1,0 +1,181 @@
+"""The real-vLLM situations: each a server set-up and a load, with the verdict and first fix an expert expects,
+written from the set-up before the tool was run on it (as tests/expectations does for recordings).
+
+`record_all` starts each server once and runs every situation that shares its flags, attaching `diagnoser attach
+--port` to it for a window while the load runs; a fix is then applied (the server restarted with the fixed flags,
+the same load) and re-measured, and `diagnoser compare` checks the realised gain against the predicted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.engines.load import Load
+from tests.engines.vllm_server import MODEL_NAME, VllmServer
+
+REPO = Path(__file__).resolve().parents[2]
+WINDOW_S = float(os.environ.get("VLLM_WINDOW_S", "12"))
+WARM_S = 8.0  # load runs this long before the window: the batch and queue reach their steady state
+# Server set-ups, by name: the flags that differ from vLLM's defaults (prefix caching on, chunked prefill on).
+SERVERS: dict[str, tuple[str, ...]] = {
+    # 12 blocks of 32 tokens (one is vLLM's null block; the CPU build's attention needs multiples of 32): under three
+    # sequences of 64 + 64 tokens at a time
+    "kv12": ("--max-num-seqs", "16", "--num-gpu-blocks-override", "12", "--block-size", "32", "--max-model-len",
+             "256"),
+    "default": ("--max-num-seqs", "16"),
+    "seqs2": ("--max-num-seqs", "2"),
+    "noprefix": ("--max-num-seqs", "16", "--no-enable-prefix-caching"),
+}
+
+
+@dataclass(frozen=True)
+class Situation:
+    name: str
+    server: str  # a key of SERVERS
+    load: dict[str, Any]  # Load's fields
+    why: str  # the expert's reading of the set-up, before running the tool
+    verdicts: tuple[str, ...]  # verdicts that count as right
+    first_fix: tuple[str, ...] = ()  # FixKind values, one of which must rank first ("" = none offered)
+    fix_text: str = ""  # words the first fix's action must hold (the knob that caps this server)
+    forbidden: tuple[str, ...] = ()  # rule codes that must not be among the findings
+    must_find: tuple[str, ...] = ()  # rule codes that must be among the findings
+    applied: str = ""  # the server set-up with the first fix applied; "" = no fix to re-measure
+    busy_host: bool = False  # other processes keep every core busy during the window
+
+
+SITUATIONS: tuple[Situation, ...] = (
+    Situation(
+        "one-client", "default", {"clients": 1, "prompt_words": 64, "max_tokens": 64},
+        "One client in sequence: one request in flight at any time, nothing waits, 15 of 16 batch slots empty. The "
+        "offered load limits throughput; no prefill can share a step with another request's decode (SRV004 "
+        "impossible). Expected: under-loaded (idle), no speed fix.",
+        verdicts=("idle",), forbidden=("SRV004",), first_fix=("right_size", "")),
+    Situation(
+        "moderate", "default", {"clients": 4, "prompt_words": 64, "max_tokens": 64},
+        "Four closed-loop clients on a 16-sequence server: 4 running, nothing waits, KV nearly empty. Healthy: no "
+        "limiter the server could remove (the load is what it is).",
+        verdicts=("inconclusive", "idle"), first_fix=("right_size", "split_prefill", "")),
+    Situation(
+        "batch-capped", "seqs2", {"clients": 12, "prompt_words": 64, "max_tokens": 64},
+        "--max-num-seqs 2 with 12 clients: the batch is pinned at 2, about 10 wait, the KV cache has room. The "
+        "scheduler's cap is the limiter (batching); raising it is a throughput fix until the device saturates, "
+        "bounded by the batch the queue can fill (12 / 2 = 6x when the step time does not grow).",
+        verdicts=("batching",), first_fix=("batch_more",), fix_text="--max-num-seqs", applied="default"),
+    Situation(
+        "clients-time-out", "seqs2", {"clients": 12, "prompt_words": 64, "max_tokens": 64, "timeout_s": 3.0},
+        "The same capped server, clients giving up after 3 s: most requests are aborted while queued. The server is "
+        "batching-limited and most clients leave: both must be said.",
+        verdicts=("batching",), must_find=("SRV009",)),
+    Situation(
+        "kv-capped", "kv12", {"clients": 12, "prompt_words": 64, "max_tokens": 64},
+        "--num-gpu-blocks-override 12 (352 usable tokens of KV) with 12 clients of 128 tokens each: the KV cache is full, "
+        "requests wait and are preempted. VRAM-limited; the fix names the flag that caps it (not "
+        "--gpu-memory-utilization).",
+        verdicts=("vram",), first_fix=("kv_memory",), fix_text="--num-gpu-blocks-override", applied="default"),
+    Situation(
+        "prefix-off", "noprefix", {"clients": 8, "prompt_words": 1536, "shared_prefix": 1504, "max_tokens": 4},
+        "Prompts of 1536 words, 1504 of them the same for every request, 4 generated tokens, prefix caching off: "
+        "prefill is nearly all the work and 98 % of it is recomputed. The prefix cache is the fix, bounded by the "
+        "prompt tokens it would save.",
+        verdicts=("compute", "inconclusive"), first_fix=("prefix_caching",), must_find=("SRV001",),
+        applied="default"),
+    Situation(
+        "host-busy", "default", {"clients": 4, "prompt_words": 64, "max_tokens": 64},
+        "Four clients while other processes keep both cores busy: the engine gets a fraction of the CPU it would "
+        "have. On a CPU build that is the limit: host-limited must be said.",
+        verdicts=("host_launch",), must_find=("HOST004",), busy_host=True),
+)
+
+
+@dataclass
+class Recording:
+    situation: Situation
+    capture: Path
+    diagnosis: dict[str, Any]
+    stderr: str
+    client: dict[str, float]  # what the load generator saw in the window
+    load_avg: float
+    applied: Recording | None = None  # the same load on the fixed server
+    compare: dict[str, Any] = field(default_factory=dict)
+
+
+def attach(port: int, out: Path, seconds: float = WINDOW_S) -> tuple[dict[str, Any], str]:
+    """`diagnoser attach --port` for a window, capture saved; the JSON diagnosis and stderr."""
+    proc = subprocess.run([sys.executable, "-m", "diagnoser", "attach", "--port", str(port), "--duration",
+                           str(seconds), "--json", "--save", str(out)], capture_output=True, text=True,
+                          timeout=seconds + 240, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"attach exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout), proc.stderr
+
+
+@contextmanager
+def busy_cores() -> Iterator[None]:
+    """Other tenants: two spinning processes per core, for the window only (the engine's own threads spin too, so
+    one per core would take only about half of what it asks)."""
+    spin = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 300\nwhile time.time() < end: "
+                              "pass"]) for _ in range(2 * (os.cpu_count() or 2))]
+    try:
+        yield
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+
+
+def run_window(server: VllmServer, situation: Situation, out: Path) -> Recording:
+    load = Load(port=server.port, model=MODEL_NAME, seconds=WARM_S + WINDOW_S + 200, **situation.load)
+    with load:
+        time.sleep(WARM_S)
+        with busy_cores() if situation.busy_host else _nothing():
+            before = (load.done, load.tokens, load.gave_up, time.monotonic())
+            diagnosis, stderr = attach(server.port, out)
+            after = (load.done, load.tokens, load.gave_up, time.monotonic())
+            load_avg = os.getloadavg()[0]
+    dt = after[3] - before[3]
+    client = {"done": after[0] - before[0], "tokens_per_s": (after[1] - before[1]) / dt,
+              "gave_up": after[2] - before[2], "errors": len(load.errors)}
+    return Recording(situation, out, diagnosis, stderr, client, load_avg)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def compare(before: Path, after: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "diagnoser", "compare", str(before), str(after), "--json"],
+                          capture_output=True, text=True, timeout=240, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    if proc.returncode != 0:
+        raise RuntimeError(f"compare exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def record_all(model_dir: Path, out: Path, names: tuple[str, ...] = ()) -> dict[str, Recording]:
+    """Every situation (or those named), each server started once; fixes applied on the default server."""
+    chosen = [s for s in SITUATIONS if not names or s.name in names]
+    recordings: dict[str, Recording] = {}
+    order = [k for k in SERVERS if k != "default"] + ["default"]  # the fixed runs share the default server
+    for key in order:
+        on_it = [s for s in chosen if s.server == key]
+        fixed = [s for s in chosen if s.applied == key] if key == "default" else []
+        if not on_it and not fixed:
+            continue
+        with VllmServer(model_dir, SERVERS[key], log=out / f"vllm-{key}.log") as server:
+            for s in on_it:
+                recordings[s.name] = run_window(server, s, out / f"{s.name}.dgc")
+            for s in fixed:
+                rec = recordings[s.name]
+                rec.applied = run_window(server, s, out / f"{s.name}-fixed.dgc")
+                rec.compare = compare(rec.capture, rec.applied.capture)
+    return recordings

@@ -1,0 +1,179 @@
+"""Load rules from the server's own signals and the host (BAT005, IDLE002, SRV009, HOST004), the KV fix naming the
+knob in force, the prefix-cache bound from tokens, and the label matchers the engine tables use. Each case is one a
+real vLLM (CPU build) got wrong: see tests/test_real_vllm.py for the same situations on the real engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from diagnoser.capture import ServerInfo, ServingConfig
+from diagnoser.collectors.server_maps import parse_spec
+from diagnoser.collectors.server_metrics import _select
+from diagnoser.diagnosis import Benefit, FixKind, GainKind
+from diagnoser.rules import diagnose
+from diagnoser.units import fmt_bucket
+from tests.factories import make_capture
+
+
+def capture(signals: dict[str, Any], *, serving: dict | None = None, gpu: bool = False, cpu_only: bool = True) -> Any:
+    cap = make_capture(signals, gpu="NVIDIA H100 80GB HBM3" if gpu else None)
+    cap.server = ServerInfo(kind="vllm")
+    typed = {k: v for k, v in (serving or {}).items() if k in ServingConfig.__struct_fields__}
+    extra = {k: str(v) for k, v in (serving or {}).items() if k not in typed}
+    cap.serving = msgspec.structs.replace(cap.serving, engine="vllm", **typed, extra=extra)
+    cap.cpu_only = cpu_only
+    return cap
+
+
+# --- BAT005: the batch pinned at --max-num-seqs while requests queue --------------------------------------------
+
+def test_batch_pinned_at_the_limit_is_batching_limited_with_a_throughput_bound():
+    """--max-num-seqs 2, 12 clients: 2 running in every sample, about 10 waiting, KV 10 % used. The tool said
+    'capacity, not speed, gain not predictable' and ranked it behind SRV004; re-measured x2.36 at 16."""
+    d = diagnose(capture({"server.running": 2.0, "server.waiting": 10.0, "server.kv_usage": 0.1},
+                         serving={"max_num_seqs": 2}))
+    assert d.verdict == "batching" and "limit of 2" in d.headline
+    fix = d.fixes[0]
+    assert fix.kind is FixKind.BATCH_MORE and fix.benefit is Benefit.SPEED
+    assert "--max-num-seqs 12" in fix.action
+    assert fix.gain == pytest.approx(6.0) and fix.gain_kind is GainKind.UPPER_BOUND
+
+
+def test_batch_pinned_bound_is_cut_by_the_kv_room():
+    d = diagnose(capture({"server.running": 4.0, "server.waiting": 20.0, "server.kv_usage": 0.45},
+                         serving={"max_num_seqs": 4}))
+    fix = d.fixes[0]
+    assert fix.kind is FixKind.BATCH_MORE and "--max-num-seqs 8" in fix.action  # 4 x 0.9 / 0.45 = 8 fit
+    assert fix.gain == pytest.approx(2.0) and "KV cache has room" in fix.basis
+
+
+@pytest.mark.parametrize("signals, seqs", [
+    ({"server.running": 2.0, "server.waiting": 10.0, "server.kv_usage": 0.1}, None),  # limit not known
+    ({"server.running": 5.0, "server.waiting": 10.0, "server.kv_usage": 0.1}, 16),  # below the limit
+    ({"server.running": 2.0, "server.waiting": 0.0, "server.kv_usage": 0.1}, 2),  # nothing waits
+    ({"server.running": 2.0, "server.waiting": 10.0, "server.kv_usage": 0.97}, 2),  # the KV cache holds the queue
+])
+def test_batch_pinned_must_not_fire(signals, seqs):
+    d = diagnose(capture(signals, serving={"max_num_seqs": seqs} if seqs else None))
+    assert "BAT005" not in [f.code for f in d.findings]
+
+
+# --- IDLE002: under-loaded, from the server's signals alone -------------------------------------------------------
+
+def test_one_client_in_sequence_is_under_loaded_not_batching():
+    d = diagnose(capture({"server.running": [1.0, 1.0, 0.0, 1.0] * 5, "server.waiting": 0.0},
+                         serving={"max_num_seqs": 16}))
+    assert d.verdict == "idle" and "of a limit of 16" in d.headline
+    assert d.fixes[0].kind is FixKind.RIGHT_SIZE and d.fixes[0].gain is None
+    assert d.fixes[0].benefit is Benefit.CAPACITY
+
+
+def test_moderate_load_is_not_under_loaded():
+    d = diagnose(capture({"server.running": 4.0, "server.waiting": 0.0}, serving={"max_num_seqs": 16}))
+    assert "IDLE002" not in [f.code for f in d.findings]
+
+
+# --- SRV009: clients giving up --------------------------------------------------------------------------------
+
+def test_aborts_counted_by_the_engine_are_said():
+    d = diagnose(capture({"server.running": 2.0, "server.waiting": 10.0, "server.kv_usage": 0.1,
+                          "server.aborts_per_s": 3.0, "server.requests_per_s": 1.0}, serving={"max_num_seqs": 2}))
+    assert d.verdict == "batching"  # SRV009 qualifies the verdict, never names it
+    (f,) = [f for f in d.findings if f.code == "SRV009"]
+    assert "75% of the requests that ended were abandoned" in f.message
+
+
+def test_requests_answered_by_http_but_never_finished_by_the_engine_are_abandoned():
+    """vLLM 0.32 cancels a request whose client left in its front end: no finished_reason counts it, the HTTP
+    counter does."""
+    d = diagnose(capture({"server.running": 2.0, "server.waiting": 10.0, "server.kv_usage": 0.1,
+                          "server.aborts_per_s": 0.0, "server.http_requests_per_s": 4.0,
+                          "server.requests_per_s": 1.0}, serving={"max_num_seqs": 2}))
+    (f,) = [f for f in d.findings if f.code == "SRV009"]
+    assert "75%" in f.message and "3.00/s against 1.00/s served" in f.message
+    quiet = diagnose(capture({"server.running": 2.0, "server.waiting": 10.0, "server.http_requests_per_s": 1.02,
+                              "server.requests_per_s": 1.0}, serving={"max_num_seqs": 2}))
+    assert "SRV009" not in [f.code for f in quiet.findings]
+
+
+# --- HOST004: other processes take the host's CPU ----------------------------------------------------------------
+
+def test_host_taken_by_other_processes_is_host_limited():
+    d = diagnose(capture({"host.cpu_frac": 1.0, "host.others_cpu": 1.4, "host.cores": 2.0, "host.target_cpu": 0.6,
+                          "server.running": 4.0, "server.waiting": 0.0}, serving={"max_num_seqs": 16}))
+    assert d.verdict == "host_launch"
+    fix = d.fixes[0]
+    assert fix.kind is FixKind.HOST_CPU and fix.gain == pytest.approx(2.0 / 0.6)
+    assert fix.gain_kind is GainKind.UPPER_BOUND
+    calm = diagnose(capture({"host.cpu_frac": 0.6, "host.others_cpu": 0.2, "host.cores": 2.0,
+                             "host.target_cpu": 1.0}))
+    assert "HOST004" not in [f.code for f in calm.findings]
+
+
+# --- the KV fix names the knob that caps this server -------------------------------------------------------------
+
+KV_FULL = {"server.kv_usage": 0.98, "server.waiting": 9.0, "server.running": 2.0, "server.preemptions_per_s": 0.5}
+
+
+def test_kv_fix_names_the_block_override_in_force():
+    d = diagnose(capture(KV_FULL, serving={"num_gpu_blocks_override": 24, "block_size": 16}))
+    assert d.verdict == "vram"
+    fix = next(f for f in d.fixes if f.kind is FixKind.KV_MEMORY)
+    assert "--num-gpu-blocks-override" in fix.action and "24 blocks of 16 tokens" in fix.action
+    assert "--gpu-memory-utilization" not in fix.action
+
+
+def test_kv_fix_on_the_cpu_build_names_its_kv_space():
+    fix = next(f for f in diagnose(capture(KV_FULL)).fixes if f.kind is FixKind.KV_MEMORY)
+    assert "VLLM_CPU_KVCACHE_SPACE" in fix.action
+    gpu = next(f for f in diagnose(capture(KV_FULL, gpu=True, cpu_only=False)).fixes if f.kind is FixKind.KV_MEMORY)
+    assert "--gpu-memory-utilization" in gpu.action
+
+
+# --- SRV001: the prefix cache's bound from the tokens processed ---------------------------------------------------
+
+def test_prefix_cache_bound_from_tokens_holds_the_realised_gain():
+    """Prompt tokens 67x the generated ones, 97 % of each prompt shared: the old basis said 'up to +14 %' from
+    request times and an assumed 50 % shared; the real engine gave x5.09 with the cache on."""
+    d = diagnose(capture({"server.prompt_len_mean": [1000.0], "server.prompt_tokens_per_s": 670.0,
+                          "server.gen_tokens_per_s": 10.0, "server.prefill_time_mean_s": [0.1],
+                          "server.decode_time_mean_s": [0.6]}, serving={"prefix_caching": False}))
+    fix = next(f for f in d.fixes if f.kind is FixKind.PREFIX_CACHING)
+    assert fix.gain_kind is GainKind.UPPER_BOUND and fix.gain >= 5.09
+    assert "prompt tokens are 99% of the tokens processed" in fix.basis
+
+
+# --- formatting and label matchers ------------------------------------------------------------------------------
+
+def test_bucketed_quantiles_are_shown_as_their_bucket():
+    assert fmt_bucket(0.509, "tokens", (0.0, 1.0)) == "<= 1 tokens (the histogram's first bucket)"
+    assert fmt_bucket(39.5, "s", (20.0, 40.0)) == "20.00 s to 40.00 s (histogram bucket)"
+    assert fmt_bucket(12.0, "s", (10.0, float("inf"))).startswith("> 10.00 s")
+    assert fmt_bucket(0.25, "s", None) == "250.0 ms"
+
+
+def test_label_matchers_select_as_promql_does():
+    samples = {"vllm:request_success_total": [({"finished_reason": r}, v) for r, v in
+                                              (("stop", 1.0), ("length", 5.0), ("abort", 7.0), ("error", 2.0))]}
+    assert sum(_select(samples, 'vllm:request_success_total{finished_reason!~"abort|error"}') or []) == 6.0
+    assert _select(samples, 'vllm:request_success_total{finished_reason="abort"}') == [7.0]
+    assert sum(_select(samples, 'vllm:request_success_total{finished_reason!="abort"}') or []) == 8.0
+    old = {"vllm:request_success_total": [({}, 9.0)]}  # a page without the label: the spec is not there
+    assert _select(old, 'vllm:request_success_total{finished_reason!~"abort|error"}') is None
+    assert parse_spec('x{a=~"b.*"}')[1] is not None
+
+
+def test_a_trace_without_gpu_work_does_not_lower_a_server_verdict():
+    """`attach --trace` on a CPU vLLM: the trace holds CPU ops only; the KV verdict from the server's signals stands
+    (it read INCONCLUSIVE: 'the trace holds only 0 GPU kernels ... x0.40')."""
+    from diagnoser.capture import TraceSummary
+    cap = capture(KV_FULL, serving={"num_gpu_blocks_override": 24, "block_size": 16})
+    plain = diagnose(cap)
+    cap.trace = TraceSummary(kernel_count=0, window_s=5.0)
+    traced = diagnose(cap)
+    assert traced.verdict == plain.verdict == "vram"
+    assert traced.confidence == pytest.approx(plain.confidence)
+    assert not any("GPU kernel" in r for r in traced.confidence_reasons)
