@@ -513,6 +513,7 @@ def _derive_theory(capture: Capture, ev: Evidence) -> None:
     if S.GPU_POWER_DEFAULT_LIMIT_W not in ev and gspec.tdp_w:
         ev.add(Signal(S.GPU_POWER_DEFAULT_LIMIT_W, "W", ("physics",), (float(gspec.tdp_w),)))
     _trace_roofs(capture, ev, gspec, dtype)
+    engine = _engine_roofs(ev, gspec, dtype)
     if model is None or not model.params:
         return
     tp = max(1, model.tensor_parallel)
@@ -526,8 +527,9 @@ def _derive_theory(capture: Capture, ev: Evidence) -> None:
     if rate > 0:
         active = model.active_params or model.params
         flops = 2.0 * active * rate / tp
-        ev.add(Signal(S.THEORY_COMPUTE_ROOF_FRAC, "ratio", ("server", "physics"),
-                      (flops / physics.peak_flops(gspec, dtype),)))
+        if S.THEORY_COMPUTE_ROOF_FRAC not in engine:
+            ev.add(Signal(S.THEORY_COMPUTE_ROOF_FRAC, "ratio", ("server", "physics"),
+                          (flops / physics.peak_flops(gspec, dtype),)))
     if batch is None:
         return
     step_batch = max(1.0, batch)
@@ -539,8 +541,9 @@ def _derive_theory(capture: Capture, ev: Evidence) -> None:
     if gen is not None and ceiling > 0:
         ev.add(Signal(S.THEORY_EFFICIENCY, "ratio", ("server", "physics"), (gen.mean / ceiling,)))
         # Bytes the decode steps read per second over the bandwidth: how close decode runs to the HBM roof.
-        ev.add(Signal(S.THEORY_HBM_ROOF_FRAC, "ratio", ("server", "physics"),
-                      (gen.mean / step_batch * step_bytes / gspec.hbm_bytes_per_s,)))
+        if S.THEORY_HBM_ROOF_FRAC not in engine:
+            ev.add(Signal(S.THEORY_HBM_ROOF_FRAC, "ratio", ("server", "physics"),
+                          (gen.mean / step_batch * step_bytes / gspec.hbm_bytes_per_s,)))
         # Which phase the GPU's time must go to: a second's generated tokens at the decode ceiling against a second's
         # prompt tokens at the prefill bound (compute, or one weight read for a short prompt).
         decode_s = gen.mean / ceiling
@@ -548,6 +551,26 @@ def _derive_theory(capture: Capture, ev: Evidence) -> None:
                      if prompt is not None and prompt.mean > 0 else 0.0)
         if decode_s + prefill_s > 0:
             ev.add(Signal(S.THEORY_DECODE_SHARE, "ratio", ("server", "physics"), (decode_s / (decode_s + prefill_s),)))
+
+
+def _engine_roofs(ev: Evidence, gspec: GpuSpec, dtype: str) -> set[str]:
+    """How close the engine's own accounting puts its work to each roof (vLLM's estimated FLOPs and bytes per GPU):
+    it counts what the model-based figures leave out (KV reads, attention), so it takes precedence over them. The
+    names set."""
+    from diagnoser import physics
+
+    out: set[str] = set()
+    read, write = ev.get(S.SERVER_EST_READ_BYTES_PER_S), ev.get(S.SERVER_EST_WRITE_BYTES_PER_S)
+    moved = (read.mean if read is not None else 0.0) + (write.mean if write is not None else 0.0)
+    if moved > 0:
+        ev.add(Signal(S.THEORY_HBM_ROOF_FRAC, "ratio", ("server", "physics"), (moved / gspec.hbm_bytes_per_s,)))
+        out.add(S.THEORY_HBM_ROOF_FRAC)
+    flops = ev.get(S.SERVER_EST_FLOPS_PER_S)
+    if flops is not None and flops.mean > 0:
+        ev.add(Signal(S.THEORY_COMPUTE_ROOF_FRAC, "ratio", ("server", "physics"),
+                      (flops.mean / physics.peak_flops(gspec, dtype),)))
+        out.add(S.THEORY_COMPUTE_ROOF_FRAC)
+    return out
 
 
 def _trace_roofs(capture: Capture, ev: Evidence, gspec: GpuSpec, dtype: str) -> None:

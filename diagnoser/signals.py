@@ -168,6 +168,16 @@ SERVER_REQUEST_ERRORS_PER_S = _sig(
 SERVER_PROMPT_TOKENS_CACHED_PER_S = _sig(
     "server.prompt_tokens_cached_per_s", "tokens/s",
     "Prompt tokens served from the prefix cache per second, not computed (vLLM prompt_tokens_cached).")
+SERVER_EST_FLOPS_PER_S = _sig(
+    "server.est_flops_per_s", "FLOP/s",
+    "FLOP/s per GPU the engine estimates its work performs (vLLM estimated_flops_per_gpu_total; zero on its CPU "
+    "build, so then absent).")
+SERVER_EST_READ_BYTES_PER_S = _sig(
+    "server.est_read_bytes_per_s", "B/s",
+    "Bytes per second per GPU the engine estimates it reads from memory (vLLM estimated_read_bytes_per_gpu_total).")
+SERVER_EST_WRITE_BYTES_PER_S = _sig(
+    "server.est_write_bytes_per_s", "B/s",
+    "Bytes per second per GPU the engine estimates it writes to memory (vLLM estimated_write_bytes_per_gpu_total).")
 SERVER_ADMISSION_REJECTIONS_PER_S = _sig(
     "server.admission_rejections_per_s", "1/s",
     "Requests refused at admission per second because the queue was full (vLLM admission_rejections_total).")

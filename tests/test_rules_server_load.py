@@ -177,3 +177,46 @@ def test_a_trace_without_gpu_work_does_not_lower_a_server_verdict():
     assert traced.verdict == plain.verdict == "vram"
     assert traced.confidence == pytest.approx(plain.confidence)
     assert not any("GPU kernel" in r for r in traced.confidence_reasons)
+
+
+def test_the_engines_own_flop_and_byte_estimates_place_the_work_against_the_roofs():
+    """vLLM's estimated_{flops,read_bytes,write_bytes}_per_gpu_total give achieved FLOP/s and bytes/s where GPM and
+    DCGM's profiling fields are absent: they set how close the work runs to each roof."""
+    from diagnoser.evidence import build_evidence
+    from diagnoser.physics import match_gpu, peak_flops
+
+    cap = capture({"server.est_read_bytes_per_s": 2.2e12, "server.est_write_bytes_per_s": 0.2e12,
+                   "server.est_flops_per_s": 1.0e14, "server.running": 8.0, "server.waiting": 0.0},
+                  gpu=True, cpu_only=False)
+    ev = build_evidence(cap)
+    spec = match_gpu("NVIDIA H100 80GB HBM3", None)
+    assert spec is not None
+    hbm, flops = ev.get("theory.hbm_roof_frac"), ev.get("theory.compute_roof_frac")
+    assert hbm is not None and hbm.value == pytest.approx(2.4e12 / spec.hbm_bytes_per_s)
+    assert flops is not None and flops.value == pytest.approx(1.0e14 / peak_flops(spec, "bf16"))
+
+
+def test_an_estimate_counter_that_never_moved_is_not_a_measurement_of_zero():
+    """On vLLM's CPU build the estimate counters stay at 0: no server.est_* signal, rather than '0 B/s'."""
+    from diagnoser.capture import new_capture
+    from diagnoser.collectors.server_metrics import ServerMetricsCollector
+    from tests.test_server_metrics import Endpoint
+
+    ep = Endpoint()
+    try:
+        base = ('vllm:num_requests_running{{engine="0"}} 2\nvllm:estimated_flops_per_gpu_total{{engine="0"}} {f}\n'
+                'vllm:generation_tokens_total{{engine="0"}} {g}\n')
+        for flops, expect in ((0.0, False), (None, True)):
+            cap = new_capture("t")
+            collector = ServerMetricsCollector(ep.url, None)
+            collector.start(cap)
+            for i, t in enumerate((0.0, 1.0, 2.0)):
+                ep.body = base.format(f=flops if flops is not None else 1e12 * i, g=10 * i)
+                collector.sample(t)
+            collector.stop(2.0)
+            found = cap.series_named("server.est_flops_per_s")
+            assert bool(found and found[0].values) is expect
+            if expect:
+                assert found[0].values == [pytest.approx(1e12)] * 2
+    finally:
+        ep.close()

@@ -40,6 +40,7 @@ class Gauge:
 @dataclass(frozen=True)
 class Rate:
     specs: tuple[str, ...]
+    moving: bool = False  # a counter that never moved is "not measured" (vLLM's FLOP estimates on its CPU build)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,11 @@ _VLLM_SIGNALS: dict[str, tuple[Source, ...]] = {
     S.SERVER_PROMPT_TOKENS_CACHED_PER_S: (Rate((_V + "prompt_tokens_cached_total",
                                                 _V + 'prompt_tokens_by_source_total{source="local_cache_hit"}')),),
     S.SERVER_ADMISSION_REJECTIONS_PER_S: (Rate((_V + "admission_rejections_total",)),),
+    # The engine's own roofline accounting (vLLM >= 0.11): achieved FLOP/s and bytes/s where GPM and DCGM's
+    # profiling fields are absent.
+    S.SERVER_EST_FLOPS_PER_S: (Rate((_V + "estimated_flops_per_gpu_total",), moving=True),),
+    S.SERVER_EST_READ_BYTES_PER_S: (Rate((_V + "estimated_read_bytes_per_gpu_total",), moving=True),),
+    S.SERVER_EST_WRITE_BYTES_PER_S: (Rate((_V + "estimated_write_bytes_per_gpu_total",), moving=True),),
     # generated tokens per engine step = sequences decoding together
     S.SERVER_BATCH_SIZE: (StepRatio((_V + "generation_tokens_total",), (_V + "iteration_tokens_total_count",)),),
     S.SERVER_PREFIX_CACHE_HIT_RATE: (

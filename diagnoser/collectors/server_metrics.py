@@ -868,6 +868,8 @@ class ServerMetricsCollector:
                 return False
             current[signal] = value
             before = self._prev.get(signal)
+            if src.moving and value <= 0:
+                return True  # the page has it, but nothing was ever counted: not a measurement of zero
             if before is not None and dt:
                 if value < before:
                     self.resets.add(signal)  # the server restarted its counters: this interval has no rate
