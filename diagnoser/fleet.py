@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import math
 import multiprocessing
 import re
 import threading
@@ -30,6 +31,7 @@ import msgspec
 from diagnoser import __version__
 from diagnoser.capture import Capture
 from diagnoser.collectors.dcgm import (
+    FIELDS_BY_KEY,
     GpuIdentity,
     GpuSelector,
     add_gpu_window,
@@ -38,7 +40,7 @@ from diagnoser.collectors.dcgm import (
     select_gpus,
 )
 from diagnoser.collectors.prom_client import PromClient
-from diagnoser.collectors.prom_stats import StatsQuery, WindowStats
+from diagnoser.collectors.prom_stats import FALLBACK, STATS, STATS_BY_KEY, StatsQuery, WindowStats
 from diagnoser.collectors.prometheus_source import Window, WindowData, WindowQuery, matchers_for
 from diagnoser.cores import default_jobs
 from diagnoser.diagnosis import INCONCLUSIVE, SCHEMA_VERSION, Diagnosis, Limiter
@@ -141,13 +143,40 @@ def _row(data: WindowData, ident: GpuIdentity, usd_per_gpu_hour: float | None,
                       basis="points")
 
 
+# The basis of a row whose GPU reports no field the fleet reads (only its temperature, say, or free memory without
+# the memory used): listed, with what it reports, but not diagnosed.
+NOT_DIAGNOSED = "not diagnosed"
+NO_RULE_FIELD = "no field a rule reads"
+
+
+def reported_names(stats: WindowStats, i: int) -> list[str]:
+    """The DCGM metric names a GPU reports: those read by UUID when the anchor missed it, else the fields whose
+    statistics have a value of its own."""
+    key = stats.keys[i]
+    seen = stats.names_seen.get(key)
+    if seen:
+        return sorted(seen)
+    names: set[str] = set()
+    for stat_key, column in stats.values.items():
+        if column[i] == column[i]:
+            stat = STATS_BY_KEY[stat_key]
+            fields = ("fb_used", "fb_free") if stat.field == "fb_total" else (stat.field,)
+            names.update(FIELDS_BY_KEY[f].name for f in fields)
+    return sorted(names)
+
+
 def _stats_row(triage: Triage, usd_per_gpu_hour: float | None, item: tuple[int, GpuIdentity]) -> FleetRow:
-    """One GPU diagnosed from its window statistics, and what is at stake."""
+    """One GPU diagnosed from its window statistics, and what is at stake; or, when it reports no field a rule
+    reads, listed as not diagnosed, with what it does report."""
     i, ident = item
     stats = triage.stats
-    diagnosis, busy, has_counters = triage.diagnose(i, ident)
+    diagnosis, busy, has_counters, has_signals = triage.diagnose(i, ident)
     notes: list[str] = []
     most = triage.most_samples
+    if not has_signals and not any(column[i] == column[i] for column in stats.values.values()):
+        names = reported_names(stats, i)
+        notes.append(f"{NOT_DIAGNOSED}: {NO_RULE_FIELD} (only {', '.join(names) if names else 'no DCGM field'})")
+        return _fleet_row(ident, diagnosis, busy, usd_per_gpu_hour, notes=notes, partial=True, basis=NOT_DIAGNOSED)
     if not has_counters:
         notes.append("no activity counters: none of GR_ENGINE_ACTIVE/GPU_UTIL, SM_ACTIVE, DRAM_ACTIVE, "
                       "PIPE_TENSOR_ACTIVE has a value for this GPU in the window")
@@ -349,7 +378,7 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
     select = functools.partial(_select, selector) if selector is not None and not selector.is_empty() else None
     stats = StatsQuery(client, window, workers=workers).run(use_recorded=use_recorded, select=select)
     t1 = time.perf_counter()
-    if not stats.values or not stats.fields_present:
+    if not stats.fields_present and (stats.failed or not stats.values):
         reason = next(iter(stats.failed.values()), "no counters in the window")
         raise SourceUnavailable(f"Prometheus listed {len(stats.gpus)} GPUs but no counter could be read: {reason}")
     redact_identities(stats.gpus.values())
@@ -358,15 +387,17 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
     rows, triage = triage_rows(stats, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds,
                                processes=processes)
     t2 = time.perf_counter()
-    wanted = rows[:detail] if selector is None or selector.is_empty() or len(rows) > detail else rows
+    account = _account(stats, rows, report)
+    diagnosable = [r for r in rows if r.basis != NOT_DIAGNOSED]
+    wanted = diagnosable[:detail] if selector is None or selector.is_empty() or len(rows) > detail else diagnosable
     detailed = _detail(client, window, stats, wanted, points=points, usd_per_gpu_hour=usd_per_gpu_hour,
                        thresholds=thresholds, workers=workers, report=report) if wanted else {}
     if detailed:
         rows = _sorted([detailed.get((r.uuid, r.gpu), r) for r in rows])
     report.rows = rows
     t3 = time.perf_counter()
-    said = list(stats.notes)
-    said.append(f"{len(rows):,} GPUs diagnosed from window statistics computed by the time-series engine"
+    said = [account, *stats.notes]
+    said.append(f"{len(diagnosable):,} GPUs diagnosed from window statistics computed by the time-series engine"
                 + (f" ({triage.processes} processes)" if triage.processes > 1 else "")
                 + (f"; the {len(detailed)} with the most at stake read again as points over the window (--detail)"
                    if detailed else "") + ".")
@@ -390,6 +421,57 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
                        queries=client.queries, scrape_interval_s=stats.scrape_interval_s, gpus=len(rows),
                        detailed=len(detailed), recorded=stats.recorded, triage_processes=triage.processes)
     return report
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
+def field_coverage(stats: WindowStats) -> dict[str, int]:
+    """How many GPUs (or MIG instances; boards left out) each DCGM field the fleet reads shows, most first."""
+    targets = {stats.index[g.key] for g in drop_mig_parents(stats.gpus.values())}
+    others = [i for i in range(len(stats.keys)) if i not in targets]
+    out: dict[str, int] = {}
+    for stat in (*STATS, FALLBACK):
+        column = stats.values.get(stat.key)
+        name = FIELDS_BY_KEY["fb_used" if stat.field == "fb_total" else stat.field].name
+        if stat.field == "fb_total" or column is None or name in out:
+            continue
+        count = len(column) - sum(map(math.isnan, column)) - sum(1 for i in others if column[i] == column[i])
+        if count:
+            out[name] = count
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _account(stats: WindowStats, rows: list[FleetRow], report: FleetReport) -> str:
+    """The header's account of the GPUs: how many the window holds, how many each field shows, which could not be
+    diagnosed and why. Kept in the report too (gpus_seen, gpus_diagnosed, gpus_per_field)."""
+    blind = [r for r in rows if r.basis == NOT_DIAGNOSED]
+    nodes = len({r.node for r in rows})
+    coverage = field_coverage(stats)
+    report.gpus_seen = len(rows)
+    report.gpus_diagnosed = len(rows) - len(blind)
+    report.gpus_per_field = coverage
+    text = (f"{_plural(len(rows), 'GPU or MIG instance', 'GPUs or MIG instances')} seen in the window on "
+            f"{_plural(nodes, 'node', 'nodes')}, {len(rows) - len(blind):,} diagnosed")
+    if stats.found_by_union:
+        found = sum(1 for r in rows if (r.uuid, r.gpu.partition("/")[2]) in stats.found_by_union)
+        if found:
+            text += (f" ({found:,} of them found on DCGM series other than the discovery's {stats.anchor or 'field'}"
+                     ")")
+    if blind:
+        kinds = Counter(r.notes[0].partition("(only ")[2].rstrip(")") for r in blind)
+        detail = "; ".join(f"{n:,} only {names}" if len(kinds) > 1 else f"only {names}"
+                           for names, n in kinds.most_common())
+        said = (f"{_plural(len(blind), 'GPU has', 'GPUs have')} {NO_RULE_FIELD} ({detail}): listed as "
+                f"{NOT_DIAGNOSED} (docs/dcgm.md says which counters to export).")
+        report.errors.append(said)
+        text += f"; {said}"
+    else:
+        text += "."
+    if coverage:
+        text += " GPUs per field read: " + ", ".join(f"{name} {n:,}" for name, n in coverage.items()) + "."
+    return text
 
 
 # What can make redact() change a string: its patterns need one of these characters or token prefixes. A label
@@ -465,7 +547,8 @@ def report_dict(report: FleetReport, limit: int | None = None) -> dict[str, Any]
     """`FleetReport.to_dict()` with the fast diagnosis dicts; `limit` keeps the first rows only."""
     doc = {"source": report.source, "window_start": report.window_start, "window_end": report.window_end,
            "usd_per_gpu_hour": report.usd_per_gpu_hour, "errors": report.errors,
-           "query_seconds": report.query_seconds}
+           "query_seconds": report.query_seconds, "gpus_seen": report.gpus_seen,
+           "gpus_diagnosed": report.gpus_diagnosed, "gpus_per_field": report.gpus_per_field}
     rows = report.rows if limit is None else report.rows[:limit]
     doc["rows"] = [{**{k: v for k, v in r.__dict__.items() if k != "diagnosis"},
                     "diagnosis": diagnosis_dict(r.diagnosis)} for r in rows]

@@ -32,7 +32,8 @@ class FleetRow:
     partial: bool = False  # some series had gaps or were missing
     notes: list[str] = field(default_factory=list)
     # What the diagnosis was made from: "statistics" (the engine's window statistics), "recorded statistics" (the
-    # rule group's), or "points" (the GPU's series over the window, for the top of the list).
+    # rule group's), or "points" (the GPU's series over the window, for the top of the list); "not diagnosed" when
+    # the GPU reports no field a rule reads (notes[0] says what it reports; its diagnosis is inconclusive).
     basis: str = "points"
 
 
@@ -45,11 +46,18 @@ class FleetReport:
     usd_per_gpu_hour: float | None = None
     errors: list[str] = field(default_factory=list)  # partial data, timeouts: shown, never fatal
     query_seconds: float | None = None
+    # The account of the GPUs: every GPU or MIG instance any DCGM series names in the window (the rows), those
+    # diagnosed (the others report no field a rule reads: rows with basis "not diagnosed"), and how many GPUs each
+    # DCGM field the fleet reads shows (metric name -> GPUs).
+    gpus_seen: int | None = None
+    gpus_diagnosed: int | None = None
+    gpus_per_field: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source, "window_start": self.window_start, "window_end": self.window_end,
             "usd_per_gpu_hour": self.usd_per_gpu_hour, "errors": self.errors, "query_seconds": self.query_seconds,
+            "gpus_seen": self.gpus_seen, "gpus_diagnosed": self.gpus_diagnosed, "gpus_per_field": self.gpus_per_field,
             "rows": [{**{k: v for k, v in r.__dict__.items() if k != "diagnosis"},
                       "diagnosis": r.diagnosis.to_dict()} for r in self.rows],
         }

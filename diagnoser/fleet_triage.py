@@ -136,9 +136,9 @@ class Triage:
             add("gpu.ecc_dbe", max(0.0, ecc), high=max(0.0, ecc))
         return out, notes, max_clock or None
 
-    def diagnose(self, i: int, ident: GpuIdentity) -> tuple[Diagnosis, float | None, bool]:
+    def diagnose(self, i: int, ident: GpuIdentity) -> tuple[Diagnosis, float | None, bool, bool]:
         """The engine's diagnosis of one GPU from its statistics; its busy fraction; whether it has an activity
-        counter."""
+        counter; whether it has any signal a rule reads (a GPU that reports only its temperature has none)."""
         window = self.stats.window
         signals, notes, max_clock = self.signals(i, ident)
         info = gpu_info(ident)
@@ -159,7 +159,7 @@ class Triage:
         characterise(ev)  # the regime, from the counters, as for any capture
         busy = signals.get("gpu.busy") or signals.get("gpu.sm_active")
         return diagnose_evidence(ev, self.rules), busy.mean if busy is not None else None, \
-            bool(produced & _ACTIVITY)
+            bool(produced & _ACTIVITY), bool(produced)
 
 
 _ACTIVITY = frozenset({"gpu.busy", "gpu.sm_active", "gpu.dram_active", "gpu.tensor_active"})

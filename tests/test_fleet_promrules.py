@@ -145,12 +145,18 @@ def test_fleet_reads_the_recorded_statistics_by_name(ruled) -> None:  # type: ig
     assert len(report.rows) == len(gpus) and report.errors == []
     # The metric names, the recorded identities, and each recorded statistic read by its name: no pass over samples,
     # no function evaluated (one query for all of them made the engine write one answer of 168 MB at 100,000 GPUs).
+    # Besides: the recorded series' freshness (their newest sample's time at the window's end beside the newest
+    # scrape's, and the sample before it) and the UUIDs any DCGM series carries (label values, from the index), which
+    # every GPU listed already has.
     recorded = {record_name(s, 15) for s in (*STATS, FALLBACK)}
     assert sent[0] == "label/__name__/values" and identity_record_name(15) in sent
-    reads = [q for q in sent[1:] if q != identity_record_name(15)]
+    fresh = [q for q in sent if f"max(timestamp({identity_record_name(15)}))" in q]
+    census = [q for q in sent[1:] if q.startswith("label/")]
+    assert len(fresh) == 2 and sorted(census) == ["label/UUID/values", "label/uuid/values"], sent
+    reads = [q for q in sent[1:] if q != identity_record_name(15) and q not in fresh and q not in census]
     assert reads and set(reads) <= recorded and len(reads) == len(set(reads)), sent
     assert {"gpu:dcgm_sm_active:avg_15s", "gpu:dcgm_reasons_power:max_15s"} <= set(reads)
-    assert client.queries == len(sent) == len(reads) + 2 and timings["recorded"]
+    assert client.queries == len(sent) == len(reads) + 2 + len(fresh) + len(census) and timings["recorded"]
     # A window of another length has no recorded series: the statistics are computed, and the answer is the same.
     other = run_fleet(PromClient(prom.url), Window(time.time() - 14, time.time()), detail=0)
     assert all(r.basis == "statistics" for r in other.rows)

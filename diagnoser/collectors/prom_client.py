@@ -119,9 +119,10 @@ def _decode_json(content: bytes, keyed: bool = False) -> object:
         raise ValueError(f"not JSON: {exc}") from None
 
 
-def vector_values(result: Sequence[KeyedSeries], index: Mapping[GpuKey, int], n: int) -> array:
+def vector_values(result: Sequence[KeyedSeries], index: Mapping[GpuKey, int], n: int,
+                  unlisted: list[KeyedSeries] | None = None) -> array:
     """An instant vector as one float per GPU, in `index` order (NaN: no value). Several series of one GPU (pods
-    sharing it) are averaged; series of GPUs not in the index are dropped."""
+    sharing it) are averaged; series of GPUs not in the index are dropped (and put in `unlisted` when given)."""
     out = array("d", [math.nan]) * n
     seen = bytearray(n)  # answers grouped by key have one series per GPU; a count only for the odd duplicate
     get = index.get
@@ -129,6 +130,8 @@ def vector_values(result: Sequence[KeyedSeries], index: Mapping[GpuKey, int], n:
         m, point = series.metric, series.value
         i = get((m.UUID or m.uuid, m.GPU_I_ID))
         if i is None or point is None:
+            if i is None and point is not None and unlisted is not None:
+                unlisted.append(series)
             continue
         v = point[1]
         if v - v != 0.0:  # NaN or an infinity: no reading
@@ -197,9 +200,13 @@ class PromClient:
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:.3f}"}
         return self._result(self._call("query_range", params), keyed=True)
 
-    def label_values(self, label: str, start: float, end: float) -> list[str]:
-        body = self._call(f"label/{urllib.parse.quote(label, safe='')}/values",
-                          {"start": f"{start:.3f}", "end": f"{end:.3f}"}, method="GET")
+    def label_values(self, label: str, start: float, end: float, match: str | None = None) -> list[str]:
+        """The values a label takes in [start, end], among the series `match` selects when given (read from the
+        index alone: no sample is decoded; an engine may answer for a somewhat longer span, a block or a day)."""
+        params = {"start": f"{start:.3f}", "end": f"{end:.3f}"}
+        if match is not None:
+            params["match[]"] = match
+        body = self._call(f"label/{urllib.parse.quote(label, safe='')}/values", params, method="GET")
         data = self._envelope(body).get("data")
         if not isinstance(data, list):
             raise PromError(f"{self.url} does not answer like a Prometheus server (no label values).",

@@ -33,11 +33,21 @@ from diagnoser.collectors.dcgm import (
     parent_key,
 )
 from diagnoser.collectors.prom_client import KeyedSeries, PromClient, PromError, vector_values
-from diagnoser.collectors.prometheus_source import ANCHORS, Window, index_identities, matchers_for
+from diagnoser.collectors.prometheus_source import (
+    ANCHORS,
+    UNION_UNLISTED,
+    Window,
+    census_uuids,
+    identify,
+    index_identities,
+    matchers_for,
+    no_dcgm_series,
+)
 from diagnoser.errors import SourceUnavailable
 
 KEY_LABELS = "UUID, uuid, GPU_I_ID"
 Select = Callable[[list[GpuIdentity]], list[GpuIdentity]]
+Census = tuple[dict[str, str], str | None]  # UUID -> its label, and why the listing failed
 # Beyond this many selected GPUs the queries are not narrowed by a UUID regex (its matching costs more than it saves).
 MAX_MATCHED_GPUS = 2000
 # A constant (the maximum clock, free memory) needs only its latest value.
@@ -188,7 +198,16 @@ class WindowStats:
     notes: list[str] = field(default_factory=list)
     scrape_interval_s: float | None = None
     recorded: bool = False  # read from the rule group's recorded series
+    recorded_stale: str = ""  # why the recorded series were not read although they exist (a note), else ""
     query_seconds: float = 0.0
+    # The union (StatsQuery._complete): GPU keys answers held that the anchor had not listed (-> their UUID label),
+    # the GPUs found that way, the DCGM names each of those reports, and the UUIDs a selection left out.
+    unlisted: dict[GpuKey, str] = field(default_factory=dict)
+    found_by_union: set[GpuKey] = field(default_factory=set)
+    names_seen: dict[GpuKey, set[str]] = field(default_factory=dict)
+    deselected: set[str] = field(default_factory=set)
+    no_uuid: int = 0  # series without a UUID label, left out
+    anchor: str = ""  # the metric name that listed the GPUs before the union
 
     def get(self, stat_key: str, i: int) -> float:
         """One GPU's statistic; a MIG instance without its own takes its board's (power, clocks, throttling)."""
@@ -207,13 +226,18 @@ class WindowStats:
 
 class StatsQuery:
     """Runs the statistics for one window: discovery and statistics in parallel, then the GPU_UTIL fallback where
-    GR_ENGINE_ACTIVE is missing."""
+    GR_ENGINE_ACTIVE is missing.
+
+    The GPUs are the union over every DCGM series of the window (prometheus_source.py, "the union"): the anchor's
+    identities, every GPU key a statistic's answer holds (a GPU with activity but no memory field, say), and the UUIDs
+    the label index shows on any other DCGM series; those the anchor did not list are then read by UUID."""
 
     def __init__(self, client: PromClient, window: Window, *, workers: int = 4, matchers: str = "") -> None:
         self.client = client
         self.window = window
         self.workers = max(1, workers)
         self.matchers = matchers
+        self.anchor = FIELDS_BY_KEY["fb_used"].name  # the field whose series list the GPUs first (_discover)
 
     def run(self, *, use_recorded: bool = True, select: Select | None = None) -> WindowStats:
         """The statistics of every GPU, or of those `select` keeps from the discovered ones (then the discovery
@@ -227,15 +251,29 @@ class StatsQuery:
                 raise
             existing = None  # a proxy without the label API: ask for every name
         data = WindowStats(w)
-        if use_recorded and existing is not None and self._recorded_present(existing):
-            self._read_recorded(data, existing, select)
+        recorded = use_recorded and existing is not None and self._recorded_present(existing)
+        if recorded:
+            stale = self._recorded_staleness()
+            if stale is not None:
+                data.notes.append(stale)
+                data.recorded_stale = stale
+                recorded = False
+        if recorded:
+            assert existing is not None
+            self._read_recorded(data, existing)
         elif select is not None:
-            self._index(data, self._discover(existing), select)
+            self._discover_all(data, existing)
+            self.check_found(data)
+            self._prune(data, select, layout=True)
             if len(data.gpus) <= MAX_MATCHED_GPUS:
                 self.matchers = matchers_for(list(data.gpus.values()))
             self._query(data, existing, indexed=True)
         else:
             self._query(data, existing)
+        self.check_found(data)
+        if select is not None:
+            self._prune(data, select)
+        data.anchor = self.anchor
         data.query_seconds = time.perf_counter() - t0
         return data
 
@@ -262,14 +300,32 @@ class StatsQuery:
         return jobs
 
     def _discover(self, existing: set[str] | None) -> list[dict]:
+        """The anchor's identities: the first of FB_USED, GR_ENGINE_ACTIVE, GPU_UTIL with any series."""
         for anchor in ANCHORS:
             names = self._names(anchor, existing)
             if not names:
                 continue
             result = self.client.instant(identity_expr(names, self.window.length_s, self.matchers), self.window.end)
             if result:
+                self.anchor = FIELDS_BY_KEY[anchor].name
                 return result
         return []
+
+    def _census(self, existing: set[str] | None = None, shown: Sequence[str] = ()) -> Census:
+        """The UUIDs on DCGM series other than the `shown` names (those a statistic reads, whose answers show each
+        GPU key they have), asked of the label index."""
+        names = None if existing is None else sorted(n for n in existing if n[:5].lower() == "dcgm_" and
+                                                     n not in set(shown))
+        return census_uuids(self.client, self.window, self.matchers, names)
+
+    def _discover_all(self, data: WindowStats, existing: set[str] | None) -> None:
+        """Every GPU of the window before any statistic (to select some): the anchor's, and those other DCGM series
+        name, read by UUID."""
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            # Without the label API (a proxy) the index cannot be asked either: the anchor's GPUs and the answers'.
+            census = pool.submit(self._census, existing) if existing is not None else None
+            self._index(data, self._discover(existing))
+            self._complete(data, census.result() if census is not None else ({}, None))
 
     def _query(self, data: WindowStats, existing: set[str] | None, *, indexed: bool = False) -> None:
         jobs = self._plan(existing)
@@ -278,11 +334,17 @@ class StatsQuery:
             found = None if indexed else pool.submit(self._discover, existing)
             answers: list[tuple[Stat, Future[list[KeyedSeries]]]] = [
                 (stat, pool.submit(self.client.instant_points, expr, end)) for stat, expr in jobs]
+            # Last in the queue: the statistics that matter most are asked first.
+            shown = [n for stat, _ in jobs if stat.field != "fb_total" for n in self._names(stat.field, existing)]
+            census = None if indexed or existing is None else pool.submit(self._census, existing, shown)
             if found is not None:
                 self._index(data, found.result())
             for stat, answer in answers:
                 self._take(data, stat, answer.result)
-            self._fallback(data, existing)
+            got = census.result() if census is not None else ({}, None)
+            known = self._known_uuids(data)
+            self._fallback(data, existing, more=any(u not in known for u in got[0]))
+            self._complete(data, got)
         self._report_failures(data)
 
     def _take(self, data: WindowStats, stat: Stat, answer: Callable[[], list[KeyedSeries]]) -> None:
@@ -291,20 +353,25 @@ class StatsQuery:
         except PromError as exc:
             data.failed.setdefault("fb_used" if stat.field == "fb_total" else stat.field, str(exc))
             return
-        column = vector_values(result, data.index, len(data.keys))
+        unlisted: list[KeyedSeries] = []
+        column = vector_values(result, data.index, len(data.keys), unlisted)
+        if unlisted and self._add_unlisted(data, unlisted):
+            column = vector_values(result, data.index, len(data.keys))
         data.values[stat.key] = column
         if result:
             data.fields_present.add(stat.field)
             if stat.field == "fb_total":
                 data.fields_present |= {"fb_used", "fb_free"}
 
-    def _fallback(self, data: WindowStats, existing: set[str] | None) -> None:
-        """GPU_UTIL (percent) for the GPUs without GR_ENGINE_ACTIVE: one more query, made only when some lack it."""
+    def _fallback(self, data: WindowStats, existing: set[str] | None, *, more: bool = False) -> None:
+        """GPU_UTIL (percent) for the GPUs without GR_ENGINE_ACTIVE: one more query, made only when some lack it
+        (or, `more`, when GPUs the statistics did not show are still to be read: they may report GPU_UTIL alone)."""
         busy = data.values.get("gr_engine_active.avg")
         # A MIG board's own slot has no activity of its own: only GPUs and instances count as lacking it.
-        lacking = [i for i, key in enumerate(data.keys) if key in data.gpus and (busy is None or math.isnan(busy[i]))]
+        lacking = [i for i, key in enumerate(data.keys) if (key in data.gpus or key in data.unlisted)
+                   and (busy is None or math.isnan(busy[i]))]
         names = self._names("gpu_util", existing)
-        if not lacking or not names:
+        if not (lacking or more) or not names:
             return
         better = self._names("gr_engine_active", existing)
         expr = stat_expr(FALLBACK, names, self.window.length_s, matchers=self.matchers, unless_names=better)
@@ -316,7 +383,55 @@ class StatsQuery:
         return identity_record_name(self.window.length_s) in existing and \
             record_name(STATS[0], self.window.length_s) in existing
 
-    def _read_recorded(self, data: WindowStats, existing: set[str], select: Select | None) -> None:
+    def _newest(self, query: str, at: float) -> dict[str, float]:
+        """A small answer's values by its `what` label ("" when it has none)."""
+        out: dict[str, float] = {}
+        for series in self.client.instant(query, at):
+            try:
+                value = float(series["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            if not math.isnan(value):
+                out[series.get("metric", {}).get("what", "")] = value
+        return out
+
+    def _recorded_staleness(self) -> str | None:
+        """None when the rule group's recorded statistics are fresh at the window's end: their newest sample is
+        at most one and a half evaluation intervals (measured between the last two samples) older than the newest
+        scrape the engine shows (`up`: an engine that shows data late, as VictoriaMetrics' 30 s latency offset,
+        shows both late). Otherwise why not, as a note: they stopped (the group removed, its ruler down, its
+        evaluations failing) or lag, and statistics recorded for a window that ended earlier are not the window's."""
+        w = self.window
+        name = identity_record_name(w.length_s)
+        what = f"The recorded statistics ({RECORD_PREFIX}*_{duration(w.length_s)}, the diagnoser rule group's)"
+        newest_of = (f'label_replace(max(timestamp({name})), "what", "recorded", "", "") or '
+                     f'label_replace(max(timestamp(up)), "what", "scraped", "", "")')
+        try:
+            found = self._newest(newest_of, w.end)
+            newest = found.get("recorded")
+            if newest is None:
+                step = max(1.0, w.length_s / 60)
+                last = self._newest(f"max(max_over_time(timestamp({name})[{duration(w.length_s)}:"
+                                    f"{duration(step)}]))", w.end).get("")
+                old = (f"their newest sample is {_age(w.end - last)} old" if last is not None else
+                       "they have no sample")
+                return (f"{what} have none at the window's end ({old}): the rule group has stopped; statistics "
+                        "computed from the samples instead.")
+            previous = self._newest(f"max(timestamp({name}))", newest - 0.001).get("")
+        except PromError as exc:
+            return f"{what} could not be checked for freshness ({exc}): statistics computed from the samples instead."
+        interval = newest - previous if previous is not None and newest > previous else None
+        age = max(0.0, w.end - newest)
+        lag = max(0.0, w.end - found.get("scraped", w.end))
+        # A second or two of slack: an evaluation takes time, and so does this query.
+        allowed = 1.5 * interval + 2.0 if interval else 0.05 * w.length_s + 2.0
+        if age - lag <= allowed:
+            return None
+        every = f", and the group records every {_age(interval)}" if interval else ""
+        return (f"{what} are stale: the newest is {_age(age)} old at the window's end{every}; statistics computed "
+                "from the samples instead.")
+
+    def _read_recorded(self, data: WindowStats, existing: set[str]) -> None:
         """The recorded identities, and each recorded statistic of this window length by its name: plain reads, no
         computing, `workers` at a time, each answer decoded while the engine writes the next. (All statistics in
         one query came back as one 168 MB answer at 100,000 GPUs, decoded only once the engine had written all of
@@ -327,9 +442,13 @@ class StatsQuery:
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             found = pool.submit(self.client.instant, identity_record_name(length), end)
             answers = [(stat, pool.submit(self.client.instant_points, name, end)) for stat, name in recorded]
-            self._index(data, found.result(), select)
+            # Each recorded answer shows every GPU key its field has (GPU_UTIL's, those without GR_ENGINE_ACTIVE).
+            shown = [n for stat, _ in recorded if stat.field != "fb_total" for n in self._names(stat.field, existing)]
+            census = pool.submit(self._census, existing, shown)
+            self._index(data, found.result())
             for stat, answer in answers:
                 self._take(data, stat, answer.result)
+            self._complete(data, census.result())
         data.recorded = True
         data.notes.append(f"Statistics read from the series the diagnoser rule group records ({duration(length)} "
                           "windows, evaluated up to the window's end).")
@@ -337,38 +456,125 @@ class StatsQuery:
 
     # --- shared ----------------------------------------------------------------------------------------------------
 
-    def _index(self, data: WindowStats, result: list[dict], select: Select | None = None) -> None:
-        if not result:
-            raise SourceUnavailable(
-                f"Prometheus at {self.client.url} has no DCGM series from {self.window.describe()} "
-                "(no DCGM_FI_DEV_FB_USED, GR_ENGINE_ACTIVE or GPU_UTIL samples): is dcgm-exporter scraped, and is "
-                "the window right?")
+    def _index(self, data: WindowStats, result: list[dict]) -> None:
+        """The anchor's identities (possibly none: the union may still find GPUs) as the GPUs' slots."""
         counts: dict[GpuKey, float] = {}
-        no_uuid = index_identities(result, data.gpus, counts)
-        if no_uuid:
-            data.errors.append(f"{no_uuid} series without a UUID label were ignored.")
-        if not data.gpus:
-            raise SourceUnavailable(f"Prometheus at {self.client.url} has DCGM series but none with a GPU UUID label.")
-        if select is not None:
-            kept = {g.key for g in select(list(data.gpus.values()))}
-            # A MIG instance's board stays: it carries the instance's device fields.
-            kept |= {parent_key(k) for k in kept if k[1] and parent_key(k) in data.gpus}
-            data.gpus = {k: g for k, g in data.gpus.items() if k in kept}
-            counts = {k: c for k, c in counts.items() if k in kept}
+        data.no_uuid += index_identities(result, data.gpus, counts)
         # A MIG board's own series carry its device fields (clocks, power, throttling) for its instances: its key
         # gets a slot although it is no target.
         boards = {parent_key(k) for k in data.gpus if k[1]} - set(data.gpus)
         data.keys = [*data.gpus, *sorted(boards)]
         data.index = {k: i for i, k in enumerate(data.keys)}
         data.samples = array("d", (counts.get(k, 0.0) for k in data.keys))
+        self._interval(data)
+
+    def _interval(self, data: WindowStats) -> None:
         most = max(data.samples, default=0.0)
         data.scrape_interval_s = self.window.length_s / most if most >= 2 else None
+
+    @staticmethod
+    def _slot(data: WindowStats, key: GpuKey) -> int:
+        """A new GPU key's place in every array."""
+        i = data.index[key] = len(data.keys)
+        data.keys.append(key)
+        data.samples.append(0.0)
+        for column in data.values.values():
+            column.append(math.nan)
+        return i
+
+    @staticmethod
+    def _known_uuids(data: WindowStats) -> set[str]:
+        return {k[0] for k in data.keys} | data.deselected
+
+    def _add_unlisted(self, data: WindowStats, series: list[KeyedSeries]) -> bool:
+        """Slots for the GPU keys an answer holds that the anchor did not list (read by UUID later, _complete)."""
+        added = False
+        for s in series:
+            m = s.metric
+            key = (m.UUID or m.uuid, m.GPU_I_ID)
+            if not key[0] or key in data.index or key[0] in data.deselected:
+                continue
+            self._slot(data, key)
+            data.unlisted[key] = "UUID" if m.UUID else "uuid"
+            added = True
+        return added
+
+    def _complete(self, data: WindowStats, census: Census) -> None:
+        """The union: the GPUs the statistics' answers hold and those the label index shows on other DCGM series,
+        that the anchor did not list, read by UUID (identities, samples, which DCGM names each reports)."""
+        uuids, failed = census
+        known = self._known_uuids(data)
+        wanted = {u: label for u, label in uuids.items() if u not in known}
+        for key, label in data.unlisted.items():
+            if key not in data.gpus:
+                wanted.setdefault(key[0], label)
+        if failed:
+            data.errors.append(f"{UNION_UNLISTED[0].upper()}{UNION_UNLISTED[1:]} could not be listed: {failed}")
+        if not wanted:
+            return
+        found = identify(self.client, self.window, wanted, matchers=self.matchers, workers=self.workers)
+        data.errors.extend(f"some of {UNION_UNLISTED} could not be read: {e}" for e in found.errors)
+        new: dict[GpuKey, GpuIdentity] = {}
+        counts: dict[GpuKey, float] = {}
+        data.no_uuid += index_identities(found.result, new, counts)
+        for key, ident in new.items():
+            known_ident = data.gpus.get(key)
+            if known_ident is not None:
+                known_ident.merge(ident)
+                continue
+            i = data.index.get(key)
+            if i is None:
+                i = self._slot(data, key)
+            data.gpus[key] = ident
+            data.samples[i] = max(data.samples[i], counts.get(key, 0.0))
+            data.found_by_union.add(key)
+        for key, names in found.names.items():
+            if key in data.found_by_union:
+                data.names_seen.setdefault(key, set()).update(names)
+        self._interval(data)
+
+    def _prune(self, data: WindowStats, select: Select, *, layout: bool = False) -> None:
+        """Only the GPUs `select` keeps (it raises when none matches); with `layout`, the arrays are laid out again
+        for them and their boards only (before the statistics are asked for them)."""
+        if not data.gpus:
+            return
+        kept = {g.key for g in select(list(data.gpus.values()))}
+        # A MIG instance's board stays: it carries the instance's device fields.
+        kept |= {parent_key(k) for k in kept if k[1] and parent_key(k) in data.gpus}
+        data.deselected |= {k[0] for k in data.gpus if k not in kept} - {k[0] for k in kept}
+        data.gpus = {k: g for k, g in data.gpus.items() if k in kept}
+        if layout:
+            samples = {k: data.samples[i] for k, i in data.index.items()}
+            boards = {parent_key(k) for k in data.gpus if k[1]} - set(data.gpus)
+            data.keys = [*data.gpus, *sorted(boards)]
+            data.index = {k: i for i, k in enumerate(data.keys)}
+            data.samples = array("d", (samples.get(k, 0.0) for k in data.keys))
+            data.unlisted = {}
 
     def _report_failures(self, data: WindowStats) -> None:
         if data.failed:
             names = ", ".join(FIELDS_BY_KEY[k].name for k in data.failed if k in FIELDS_BY_KEY)
             first = next(iter(data.failed.values()))
             data.errors.append(f"{len(data.failed)} statistic queries failed ({names}): {first}")
+
+    def check_found(self, data: WindowStats) -> None:
+        """Raise when the window holds no GPU at all."""
+        said = f"{data.no_uuid} series without a UUID label were ignored."
+        if data.no_uuid and said not in data.errors:
+            data.errors.append(said)
+        if not data.gpus:
+            if data.no_uuid:
+                raise SourceUnavailable(f"Prometheus at {self.client.url} has DCGM series but none with a GPU UUID "
+                                        "label.")
+            raise SourceUnavailable(no_dcgm_series(self.client.url, self.window))
+
+
+def _age(seconds: float) -> str:
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 __all__ = [

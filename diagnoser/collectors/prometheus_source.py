@@ -32,6 +32,7 @@ from diagnoser.collectors.dcgm import (
     FIELDS,
     FIELDS_BY_KEY,
     IDENTITY_LABELS,
+    UUID_LABELS,
     DcgmField,
     GpuIdentity,
     GpuKey,
@@ -132,6 +133,12 @@ def resolve_window(*, since: str | None = None, start: str | None = None, end: s
 # --- the query plan ---------------------------------------------------------------------------------------------------
 
 BY = "UUID, uuid, GPU_I_ID"
+UNION_UNLISTED = "the GPUs the discovery's field does not show (found on their other DCGM series)"
+
+
+def no_dcgm_series(url: str, window: Window) -> str:
+    return (f"Prometheus at {url} has no DCGM series from {window.describe()}: is dcgm-exporter scraped, and is the "
+            "window right?")
 # The discovery anchor: a field every dcgm-exporter configuration exports, MIG instances included.
 ANCHORS = ("fb_used", "gr_engine_active", "gpu_util")
 
@@ -183,6 +190,143 @@ def discovery_query(f: DcgmField, window_s: float, matchers: str = "") -> str:
                        for name in f.query_names)
 
 
+# --- the union: every GPU any DCGM series names -------------------------------------------------------------------
+#
+# The anchor above lists the GPUs cheaply, but a GPU (or MIG instance) without the anchor field is still a GPU: a T4
+# without DCP fields, a MIG instance that reports activity but no memory, an exporter with a custom counter list. So
+# the GPUs of the window are the union over every DCGM series: the UUIDs any DCGM series carries come from the label
+# index (no sample decoded), and the GPUs among them the anchor did not list are then read by UUID (a cost in
+# proportion to them: usually none).
+
+DCGM_NAMES = "DCGM_.+|dcgm_.+"
+# UUIDs per identity query when the GPUs the anchor missed are read by UUID.
+IDENTIFY_BATCH = 400
+
+
+def census_selector(matchers: str = "", names: Sequence[str] | None = None) -> str:
+    """Every DCGM series (any field, known to the diagnoser or not), or those of `names`, narrowed by `matchers`."""
+    which = f'__name__=~"{"|".join(_regex_escape(n) for n in names)}"' if names else f'__name__=~"{DCGM_NAMES}"'
+    return "{" + ", ".join(x for x in (which, matchers) if x) + "}"
+
+
+def census_uuids(client: PromClient, window: Window, matchers: str = "",
+                 names: Sequence[str] | None = None) -> tuple[dict[str, str], str | None]:
+    """UUID -> the label that names it (UUID or, under --use-old-namespace, uuid), for every GPU any DCGM series
+    (or any series of `names`: an empty list asks nothing) names in the window: label-values calls answered from
+    the index alone. The engine may answer for a somewhat longer span (a block, a day): the GPUs are then read over
+    the window itself, and those without a sample in it dropped. Returns the UUIDs and, when a call failed, why."""
+    out: dict[str, str] = {}
+    if names is not None and not names:
+        return out, None
+    for label in UUID_LABELS:
+        try:
+            values = client.label_values(label, window.start, window.end, match=census_selector(matchers, names))
+        except PromError as exc:
+            return out, str(exc)
+        for value in values:
+            if value:
+                out.setdefault(value, label)
+    return out, None
+
+
+def _by_uuid(label: str, uuids: Sequence[str], matchers: str, name: str | None = None) -> str:
+    pattern = "|".join(_regex_escape(u) for u in uuids)
+    names = f'__name__="{name}"' if name else f'__name__=~"{DCGM_NAMES}"'
+    return "{" + ", ".join(x for x in (names, f'{label}=~"{pattern}"', matchers) if x) + "}"
+
+
+def identify_expr(label: str, uuids: Sequence[str], window_s: float, matchers: str = "") -> str:
+    """These GPUs' (by UUID) identity labels with each DCGM metric name they have in the window (the names kept:
+    `last_over_time` keeps them, where counting samples across names would make series of one label set collide)."""
+    return (f"count by (__name__, {', '.join(IDENTITY_LABELS)}) "
+            f"(last_over_time({_by_uuid(label, uuids, matchers)}[{_duration(window_s)}]))")
+
+
+def samples_expr(name: str, label: str, uuids: Sequence[str], window_s: float, matchers: str = "") -> str:
+    """The samples of one metric name per GPU key of these GPUs over the window (as discovery counts the anchor's)."""
+    return (f"max by ({BY}) (count_over_time({_by_uuid(label, uuids, matchers, name)}"
+            f"[{_duration(window_s)}]))")
+
+
+@dataclass
+class Identified:
+    """GPUs read by UUID: the identity answer (as discovery's, each series valued at its GPU key's samples), the
+    DCGM names of each GPU key, what failed."""
+
+    result: list[dict] = field(default_factory=list)
+    names: dict[GpuKey, set[str]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def _sample_name(names: set[str]) -> str:
+    """The name whose samples count a GPU's: a field the fleet reads first (the anchors first), any other else."""
+    for f in (*(FIELDS_BY_KEY[k] for k in ANCHORS), *FIELDS):
+        for name in f.query_names:
+            if name in names:
+                return name
+    return min(names)
+
+
+def identify(client: PromClient, window: Window, uuids: dict[str, str], *, matchers: str = "",
+             workers: int = 4) -> Identified:
+    """The identities, DCGM names and samples of these GPUs over the window, IDENTIFY_BATCH UUIDs a query: first
+    which names each GPU key has (with its labels), then the samples of one of its names."""
+    out = Identified()
+    batches = [(label, chosen[lo:lo + IDENTIFY_BATCH])
+               for label in UUID_LABELS
+               for chosen in [sorted(u for u, lab in uuids.items() if lab == label)]
+               for lo in range(0, len(chosen), IDENTIFY_BATCH)]
+    if not batches:
+        return out
+
+    def ask(query: str) -> list[dict] | str:
+        try:
+            return client.instant(query, window.end)
+        except PromError as exc:
+            return str(exc)
+
+    label_of: dict[GpuKey, str] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(batches)))) as pool:
+        answers = list(pool.map(ask, [identify_expr(label, chosen, window.length_s, matchers)
+                                      for label, chosen in batches]))
+        for (label, _), answer in zip(batches, answers, strict=True):
+            if isinstance(answer, str):
+                out.errors.append(answer)
+                continue
+            for series in answer:
+                metric = dict(series.get("metric", {}))
+                name = metric.pop("__name__", "")
+                key = _key_of(metric)
+                if name:
+                    out.names.setdefault(key, set()).add(name)
+                label_of[key] = label
+                out.result.append({"metric": metric, "value": [window.end, "0"]})
+        # The samples of one name per GPU key, the keys grouped by that name.
+        groups: dict[tuple[str, str], list[str]] = {}
+        for key, names in out.names.items():
+            uuids_of = groups.setdefault((_sample_name(names), label_of[key]), [])
+            if key[0] not in uuids_of:
+                uuids_of.append(key[0])
+        jobs = [samples_expr(name, label, chosen[lo:lo + IDENTIFY_BATCH], window.length_s, matchers)
+                for (name, label), chosen in groups.items() for lo in range(0, len(chosen), IDENTIFY_BATCH)]
+        samples: dict[GpuKey, float] = {}
+        for answer in pool.map(ask, jobs):
+            if isinstance(answer, str):
+                out.errors.append(answer)
+                continue
+            for series in answer:
+                try:
+                    count = float(series["value"][1])
+                except (KeyError, IndexError, TypeError, ValueError):
+                    continue
+                key = _key_of(series.get("metric", {}))
+                samples[key] = max(count, samples.get(key, 0.0))
+    for series in out.result:
+        series["value"] = [window.end, str(samples.get(_key_of(series["metric"]), 0.0))]
+    out.errors = list(dict.fromkeys(out.errors))
+    return out
+
+
 def _key_of(metric: dict[str, str]) -> GpuKey:
     return (metric.get("UUID") or metric.get("uuid") or "", metric.get("GPU_I_ID", ""))
 
@@ -232,6 +376,8 @@ class WindowData:
     errors: list[str] = field(default_factory=list)  # failures: shown as errors, results partial
     notes: list[str] = field(default_factory=list)  # how the data was read
     query_seconds: float = 0.0
+    # The DCGM metric names of the GPUs the anchor field missed (read by UUID): what they report.
+    names_seen: dict[GpuKey, set[str]] = field(default_factory=dict)
 
     def step_time(self, i: int) -> float:
         return self.grid_start + i * self.step_s
@@ -378,18 +524,27 @@ class WindowQuery:
                                          self.window.end)
             if result:
                 break
-        if not result:
-            raise SourceUnavailable(
-                f"Prometheus at {self.client.url} has no DCGM series from {self.window.describe()} "
-                "(no DCGM_FI_DEV_FB_USED, GR_ENGINE_ACTIVE or GPU_UTIL samples): is dcgm-exporter scraped, and is "
-                "the window right?")
         step = self.window.length_s / self.points
         data = WindowData(self.window, step, step, self.window.start + step, self.points)
         no_uuid = index_identities(result, data.gpus, data.samples)
+        # The union: the GPUs other DCGM series name that the anchor field does not.
+        census, failed = census_uuids(self.client, self.window, matchers)
+        known = {k[0] for k in data.gpus}
+        missing = {u: label for u, label in census.items() if u not in known}
+        if missing:
+            found = identify(self.client, self.window, missing, matchers=matchers, workers=self.workers)
+            no_uuid += index_identities(found.result, data.gpus, data.samples)
+            data.names_seen.update(found.names)
+            data.errors.extend(f"some of {UNION_UNLISTED} could not be read: {e}" for e in found.errors)
+        if failed:
+            data.errors.append(f"{UNION_UNLISTED[0].upper()}{UNION_UNLISTED[1:]} could not be listed: {failed}")
         if no_uuid:
             data.errors.append(f"{no_uuid} series without a UUID label were ignored.")
         if not data.gpus:
-            raise SourceUnavailable(f"Prometheus at {self.client.url} has DCGM series but none with a GPU UUID label.")
+            if result or census:
+                raise SourceUnavailable(f"Prometheus at {self.client.url} has DCGM series but none with a GPU UUID "
+                                        "label.")
+            raise SourceUnavailable(no_dcgm_series(self.client.url, self.window))
         most = max(data.samples.values(), default=0.0)
         # The GPUs that reported all along had the most samples: their spacing is the scrape interval.
         data.scrape_interval_s = self.window.length_s / most if most >= 2 else None
@@ -527,5 +682,6 @@ def fill_capture(capture: Capture, data: WindowData, targets: Sequence[GpuIdenti
     capture.notes.extend(e for e in data.errors + data.notes if e not in capture.notes)
 
 
-__all__ = ["PromClient", "PromError", "Window", "WindowData", "WindowQuery", "collect_target", "fill_capture",
-           "field_query", "parse_duration", "parse_time", "resolve_window", "matchers_for"]
+__all__ = ["PromClient", "PromError", "Identified", "Window", "WindowData", "WindowQuery", "census_uuids",
+           "collect_target", "fill_capture", "field_query", "identify", "matchers_for", "no_dcgm_series",
+           "parse_duration", "parse_time", "resolve_window"]
