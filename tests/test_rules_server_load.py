@@ -102,15 +102,20 @@ def test_requests_answered_by_http_but_never_finished_by_the_engine_are_abandone
 # --- HOST004: other processes take the host's CPU ----------------------------------------------------------------
 
 def test_host_taken_by_other_processes_is_host_limited():
-    d = diagnose(capture({"host.cpu_frac": 1.0, "host.others_cpu": 1.4, "host.cores": 2.0, "host.target_cpu": 0.6,
-                          "server.running": 4.0, "server.waiting": 0.0}, serving={"max_num_seqs": 16}))
+    """Numbers from the real vLLM (CPU build) in CI: 8 spinning processes took 0.6 of 2 cores, its busiest thread
+    waited 46 % of the time for a CPU, tokens/s fell 4.3x against the same load alone (others 0.1, wait 22 %)."""
+    busy = {"host.cpu_frac": 1.0, "host.others_cpu": 0.6, "host.cores": 2.0, "host.target_cpu": 1.32,
+            "host.target_cpu_wait": 0.46, "server.running": 4.0, "server.waiting": 0.0}
+    d = diagnose(capture(busy, serving={"max_num_seqs": 16}))
     assert d.verdict == "host_launch"
     fix = d.fixes[0]
-    assert fix.kind is FixKind.HOST_CPU and fix.gain == pytest.approx(2.0 / 0.6)
-    assert fix.gain_kind is GainKind.UPPER_BOUND
-    calm = diagnose(capture({"host.cpu_frac": 0.6, "host.others_cpu": 0.2, "host.cores": 2.0,
-                             "host.target_cpu": 1.0}))
-    assert "HOST004" not in [f.code for f in calm.findings]
+    # The share of CPU taken (x1.45) did not bound the 4.3x loss: no gain is promised.
+    assert fix.kind is FixKind.HOST_CPU and fix.gain is None and "no bound" in fix.basis
+    alone = {**busy, "host.others_cpu": 0.1, "host.target_cpu": 1.81, "host.target_cpu_wait": 0.22}
+    assert "HOST004" not in [f.code for f in diagnose(capture(alone)).findings]
+    unseen = {k: v for k, v in busy.items() if k != "host.target_cpu_wait"}  # no schedstat: others alone decide
+    assert "HOST004" not in [f.code for f in diagnose(capture(unseen)).findings]
+    assert "HOST004" in [f.code for f in diagnose(capture({**unseen, "host.others_cpu": 0.9})).findings]
 
 
 # --- the KV fix names the knob that caps this server -------------------------------------------------------------

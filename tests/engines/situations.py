@@ -120,10 +120,10 @@ def attach(port: int, out: Path, seconds: float = WINDOW_S) -> tuple[dict[str, A
 
 @contextmanager
 def busy_cores() -> Iterator[None]:
-    """Other tenants: two spinning processes per core, for the window only (the engine's own threads spin too, so
-    one per core would take only about half of what it asks)."""
+    """Other tenants: four spinning processes per core, for the window only (the engine's own threads spin too: two
+    per core took 0.6 of 2 cores)."""
     spin = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 300\nwhile time.time() < end: "
-                              "pass"]) for _ in range(2 * (os.cpu_count() or 2))]
+                              "pass"]) for _ in range(4 * (os.cpu_count() or 2))]
     try:
         yield
     finally:
