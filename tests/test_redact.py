@@ -111,3 +111,10 @@ def test_redaction_is_linear_on_adversarial_text() -> None:
     for i, size, out_size, seconds in rows:
         assert int(size) == len(_ADVERSARIAL[int(i)]) and int(out_size) > 0
         assert float(seconds) < 10.0, (i, _ADVERSARIAL[int(i)][:20], seconds)
+
+
+def test_a_script_named_hf_something_is_not_a_hugging_face_token():
+    """The H200 recordings showed their workload as "python3 '[redacted].py'": hf_generate.py matched the token
+    shape hf_ + 8 characters. Hugging Face tokens are hf_ and 34 characters."""
+    assert redact("/opt/scripts/hf_generate.py --size 2.4b") == "/opt/scripts/hf_generate.py --size 2.4b"
+    assert HF not in redact(f"HF_HUB_TOKEN is {HF}")
