@@ -32,7 +32,7 @@ _TOKEN_SHAPES = re.compile(
     r"""(?x)
     \b(?:
         sk-(?:proj-|ant-)?[A-Za-z0-9_\-]{8,}       # OpenAI / Anthropic style keys
-      | hf_[A-Za-z0-9]{20,}                        # Hugging Face tokens (34 characters; a script hf_generate.py is none)
+      | hf_[A-Za-z0-9]{20,}                        # Hugging Face tokens (34 characters; not hf_generate.py)
       | gh[pousr]_[A-Za-z0-9]{16,}                 # GitHub tokens
       | github_pat_[A-Za-z0-9_]{16,}
       | glpat-[A-Za-z0-9_\-]{16,}                  # GitLab
