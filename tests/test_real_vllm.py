@@ -78,6 +78,10 @@ def test_applied_fix_realises_a_gain_inside_its_bound(recorded: dict[str, sit.Re
     (p,) = [p for p in r.compare["predictions"] if p["kind"] == kind]
     assert p["applied"], (r.compare["changes"], _explain(r))
     assert p["realised"] is not None and p["realised"] > 1.0, (p, r.compare["rates"])
+    if p["predicted"] is None:
+        # Nothing promised (a larger batch on a device with no roofs to price its step): the fix must still help.
+        assert p["verdict"] == "no prediction to check", p
+        return
     assert p["verdict"] in ("within the bound", "held"), (p, r.compare["notes"], r.compare["confounders"])
     if p["predicted_kind"] == "upper_bound":
         assert p["realised"] <= p["predicted"] * 1.25

@@ -39,7 +39,8 @@ def test_batch_pinned_at_the_limit_is_batching_limited_with_a_throughput_bound()
     fix = d.fixes[0]
     assert fix.kind is FixKind.BATCH_MORE and fix.benefit is Benefit.SPEED
     assert "--max-num-seqs 12" in fix.action
-    assert fix.gain == pytest.approx(6.0) and fix.gain_kind is GainKind.UPPER_BOUND
+    # No roofs to price the step: the batch ratio is in the basis, not promised (a real vLLM gave x4.1 and x8.7).
+    assert fix.gain is None and "x6.0 at an unchanged step time" in fix.basis
 
 
 def test_batch_pinned_bound_is_cut_by_the_kv_room():
@@ -47,7 +48,7 @@ def test_batch_pinned_bound_is_cut_by_the_kv_room():
                          serving={"max_num_seqs": 4}))
     fix = d.fixes[0]
     assert fix.kind is FixKind.BATCH_MORE and "--max-num-seqs 8" in fix.action  # 4 x 0.9 / 0.45 = 8 fit
-    assert fix.gain == pytest.approx(2.0) and "KV cache has room" in fix.basis
+    assert "x2.0 at an unchanged step time" in fix.basis and "KV cache has room" in fix.basis
 
 
 @pytest.mark.parametrize("signals, seqs", [

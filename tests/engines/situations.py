@@ -67,8 +67,8 @@ SITUATIONS: tuple[Situation, ...] = (
     Situation(
         "batch-capped", "seqs2", {"clients": 12, "prompt_words": 64, "max_tokens": 64},
         "--max-num-seqs 2 with 12 clients: the batch is pinned at 2, about 10 wait, the KV cache has room. The "
-        "scheduler's cap is the limiter (batching); raising it is a throughput fix until the device saturates, "
-        "bounded by the batch the queue can fill (12 / 2 = 6x when the step time does not grow).",
+        "scheduler's cap is the limiter (batching); raising it is a throughput fix until the device saturates "
+        "(12 / 2 = 6x at an unchanged step time; with no device roofs on a CPU build, nothing bounds it).",
         verdicts=("batching",), first_fix=("batch_more",), fix_text="--max-num-seqs", applied="default"),
     Situation(
         "clients-time-out", "seqs2", {"clients": 12, "prompt_words": 64, "max_tokens": 64, "timeout_s": 3.0},
