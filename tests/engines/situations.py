@@ -13,8 +13,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,6 @@ class Situation:
     forbidden: tuple[str, ...] = ()  # rule codes that must not be among the findings
     must_find: tuple[str, ...] = ()  # rule codes that must be among the findings
     applied: str = ""  # the server set-up with the first fix applied; "" = no fix to re-measure
-    busy_host: bool = False  # other processes keep every core busy during the window
 
 
 SITUATIONS: tuple[Situation, ...] = (
@@ -88,11 +85,6 @@ SITUATIONS: tuple[Situation, ...] = (
         "prompt tokens it would save.",
         verdicts=("compute", "inconclusive"), first_fix=("prefix_caching",), must_find=("SRV001",),
         applied="default"),
-    Situation(
-        "host-busy", "default", {"clients": 4, "prompt_words": 64, "max_tokens": 64},
-        "Four clients while other processes keep both cores busy: the engine gets a fraction of the CPU it would "
-        "have. On a CPU build that is the limit: host-limited must be said.",
-        verdicts=("host_launch",), must_find=("HOST004",), busy_host=True),
 )
 
 
@@ -118,38 +110,18 @@ def attach(port: int, out: Path, seconds: float = WINDOW_S) -> tuple[dict[str, A
     return json.loads(proc.stdout), proc.stderr
 
 
-@contextmanager
-def busy_cores() -> Iterator[None]:
-    """Other tenants: four spinning processes per core, for the window only (the engine's own threads spin too: two
-    per core took 0.6 of 2 cores)."""
-    spin = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 300\nwhile time.time() < end: "
-                              "pass"]) for _ in range(4 * (os.cpu_count() or 2))]
-    try:
-        yield
-    finally:
-        for p in spin:
-            p.kill()
-            p.wait()
-
-
 def run_window(server: VllmServer, situation: Situation, out: Path) -> Recording:
     load = Load(port=server.port, model=MODEL_NAME, seconds=WARM_S + WINDOW_S + 200, **situation.load)
     with load:
         time.sleep(WARM_S)
-        with busy_cores() if situation.busy_host else _nothing():
-            before = (load.done, load.tokens, load.gave_up, time.monotonic())
-            diagnosis, stderr = attach(server.port, out)
-            after = (load.done, load.tokens, load.gave_up, time.monotonic())
-            load_avg = os.getloadavg()[0]
+        before = (load.done, load.tokens, load.gave_up, time.monotonic())
+        diagnosis, stderr = attach(server.port, out)
+        after = (load.done, load.tokens, load.gave_up, time.monotonic())
+        load_avg = os.getloadavg()[0]
     dt = after[3] - before[3]
     client = {"done": after[0] - before[0], "tokens_per_s": (after[1] - before[1]) / dt,
               "gave_up": after[2] - before[2], "errors": len(load.errors)}
     return Recording(situation, out, diagnosis, stderr, client, load_avg)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def compare(before: Path, after: Path) -> dict[str, Any]:
