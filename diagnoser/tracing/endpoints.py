@@ -62,50 +62,42 @@ def server_kind(pid: int) -> str | None:
     return None
 
 
+def _profiler_config(args: list[str]) -> dict[str, str]:
+    """vLLM's profiler settings on one command line: --profiler-config.KEY=VALUE (or KEY VALUE) and the JSON
+    --profiler-config, key -> value as given."""
+    found: dict[str, str] = {}
+    for i, a in enumerate(args):
+        if a.startswith("--profiler-config."):
+            key, _, value = a[len("--profiler-config."):].partition("=")
+            if not value and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value = args[i + 1]
+            found[key] = value
+        elif a.startswith("--profiler-config=") or (a == "--profiler-config" and i + 1 < len(args)):
+            raw = a.split("=", 1)[1] if "=" in a else args[i + 1]
+            try:
+                cfg = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(cfg, dict):
+                found.update({str(k): str(v) for k, v in cfg.items()})
+    return found
+
+
 def vllm_profiler_dir(pid: int) -> Path | None:
     """Where vLLM writes its traces: --profiler-config.torch_profiler_dir, the JSON --profiler-config, or
     VLLM_TORCH_PROFILER_DIR in its environment."""
     for p in process_tree(pid):
-        args = _cmdline(p)
-        for i, a in enumerate(args):
-            if a.startswith("--profiler-config.torch_profiler_dir"):
-                value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
-                if value:
-                    return Path(value)
-            if a == "--profiler-config" and i + 1 < len(args) or a.startswith("--profiler-config="):
-                raw = a.split("=", 1)[1] if "=" in a else args[i + 1]
-                try:
-                    cfg = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(cfg, dict) and cfg.get("torch_profiler_dir"):
-                    return Path(str(cfg["torch_profiler_dir"]))
-        env_dir = _environ(p).get("VLLM_TORCH_PROFILER_DIR")
-        if env_dir:
-            return Path(env_dir)
+        folder = _profiler_config(_cmdline(p)).get("torch_profiler_dir") or _environ(p).get("VLLM_TORCH_PROFILER_DIR")
+        if folder:
+            return Path(folder)
     return None
 
 
 def vllm_profiler_flags(pid: int) -> dict[str, str] | None:
-    """The --profiler-config.* settings on the command lines of the tree (key -> value as given), or None when no
-    process of it enables vLLM's profiler."""
+    """The profiler settings on the command lines of the tree (key -> value as given), or None when no process of
+    it enables vLLM's profiler ({} when only its environment does)."""
     for p in process_tree(pid):
-        args = _cmdline(p)
-        found: dict[str, str] = {}
-        for i, a in enumerate(args):
-            if a.startswith("--profiler-config."):
-                key, _, value = a[len("--profiler-config."):].partition("=")
-                if not value and i + 1 < len(args) and not args[i + 1].startswith("--"):
-                    value = args[i + 1]
-                found[key] = value
-            elif a.startswith("--profiler-config=") or (a == "--profiler-config" and i + 1 < len(args)):
-                raw = a.split("=", 1)[1] if "=" in a else args[i + 1]
-                try:
-                    cfg = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(cfg, dict):
-                    found.update({str(k): str(v).lower() for k, v in cfg.items()})
+        found = _profiler_config(_cmdline(p))
         if found.get("profiler") or found.get("torch_profiler_dir"):
             return found
     if vllm_profiler_dir(pid) is not None:
