@@ -131,8 +131,8 @@ HOST_OTHERS_CPU = _sig(
 HOST_CORES = _sig("host.cores", "cores", "Logical CPUs of the host (psutil.cpu_count).")
 HOST_TARGET_CPU_WAIT = _sig(
     "host.target_cpu_wait", "ratio",
-    "Share of the time the target's busiest thread was ready to run but waited for a CPU (Linux schedstat run-queue "
-    "delay): the server starved of cores.")
+    "Largest share of the time any working thread of the target (5 % of a core or more) was ready to run but "
+    "waited for a CPU (Linux schedstat run-queue delay): the server starved of cores.")
 HOST_MEM_USED_FRAC = _sig("host.mem_used_frac", "ratio", "Host memory in use.")
 HOST_TARGET_RSS_BYTES = _sig("host.target_rss_bytes", "bytes", "Resident memory of the target process tree.")
 HOST_TARGET_THREADS = _sig("host.target_threads", "threads", "Threads in the target process tree.")
@@ -202,6 +202,9 @@ SERVER_RETRACTIONS_PER_S = _sig(
 SERVER_PAUSED = _sig(
     "server.paused", "requests",
     "Requests paused for lack of KV blocks (TensorRT-LLM in-flight batcher).")
+SERVER_PAUSED_WEIGHT_SYNC = _sig(
+    "server.paused_weight_sync", "requests",
+    "Requests paused while the engine takes new weights (SGLang num_paused_reqs: async weight sync), not for KV.")
 SERVER_PREFILL_REQUESTS = _sig(
     "server.prefill_requests", "requests",
     "Requests in their context (prefill) phase in the current step (TensorRT-LLM).")

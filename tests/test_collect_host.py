@@ -128,3 +128,35 @@ def test_stop_event_ends_the_window_early_with_a_note(tree_target):
     assert any("ended early on request" in n for n in capture.notes)
     assert capture.process.exited_at_s is None
     assert sampler.cpu_s > 0.0
+
+
+# One spinner alone on the first CPU, two sharing the second: the busiest thread runs without waiting while its
+# partners wait half the time, as a spinning OpenMP thread runs while the thread it waits for at the barrier does not.
+PINNED = textwrap.dedent("""
+    import os, subprocess, sys, time
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    spin = "import os, sys\\nos.sched_setaffinity(0, {int(sys.argv[1])})\\nwhile True: pass"
+    kids = [subprocess.Popen([sys.executable, "-c", spin, str(cpu)]) for cpu in (cpus[0], cpus[1], cpus[1])]
+    print("ready", flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.mark.skipif(len(psutil.Process().cpu_affinity() or []) < 2, reason="needs two CPUs to pin to")
+def test_cpu_wait_is_the_working_thread_that_waited_most_not_the_busiest():
+    parent = subprocess.Popen([sys.executable, "-c", PINNED], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        capture = host_window(parent.pid, duration=3.0)
+    finally:
+        for p in [*psutil.Process(parent.pid).children(recursive=True), psutil.Process(parent.pid)]:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        parent.wait()
+    waits = series(capture, "host.target_cpu_wait")
+    assert waits, "no run-queue wait recorded (kernel without schedstat?)"
+    # The two sharing a CPU wait at least half the time (more on a loaded host); the lone spinner, the busiest, may
+    # wait not at all: the signal must carry the sharers' wait.
+    assert _median(waits) >= 0.35

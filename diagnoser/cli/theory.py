@@ -34,6 +34,7 @@ from diagnoser.physics import (
     decode_floor_s,
     decode_step_bytes,
     fits,
+    generation_what_if,
     has_kv_shape,
     interconnect,
     kv_bytes_per_sequence,
@@ -84,6 +85,7 @@ class Setup:
     efficiency_source: str = ""
     mem_fraction: float = DEFAULT_MEM_FRACTION  # --mem-fraction: a server setting, not physics
     assumptions: tuple[str, ...] = ()  # what was taken for the user (the part a family name means, 16-bit weights)
+    gen_tokens: int = 128  # tokens each request generates, for batch what-ifs (each request also prefills --context)
 
 
 def build_model(
@@ -208,7 +210,8 @@ def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_
         "gpu": {"key": gpu.key, "name": gpu.name, "memory_bytes": gpu.memory_bytes,
                 "hbm_bytes_per_s": gpu.hbm_bytes_per_s, "peak_flops": peak_flops(gpu, s.dtype),
                 "compute_dtype": compute_dtype(gpu, s.dtype), "source": gpu.source},
-        "settings": {"dtype": s.dtype, "kv_dtype": s.kv_dtype, "batch": s.batch, "context": s.context, "tp": s.tp,
+        "settings": {"dtype": s.dtype, "kv_dtype": s.kv_dtype, "batch": s.batch, "context": s.context,
+                     "gen_tokens": s.gen_tokens, "tp": s.tp,
                      "pp": s.pp, "mem_fraction": s.mem_fraction,
                      "interconnect": {"name": s.link.name, "bytes_per_s": s.link.bytes_per_s,
                                       "latency_s": s.link.latency_s} if s.tp > 1 or s.pp > 1 else None},
@@ -478,7 +481,13 @@ def _what_ifs(s: Setup, vs: Changes) -> list[WhatIf]:
     for b in vs.batch:
         if b < 1:
             raise InputError(f"--vs-batch must be at least 1, not {b}.")
-        out.append(compare(new_batch=b))
+        if s.context < 1:
+            out.append(compare(new_batch=b))  # no prompt, nothing to prefill
+            continue
+        # A larger batch shares the decode's weight reads, not the prefill's FLOPs: count each request's prefill.
+        out.append(generation_what_if(s.model, s.gpu, s.dtype, s.batch, s.context, s.gen_tokens, b, s.tp,
+                                      context=context, kv_dtype=s.kv_dtype, efficiency=s.efficiency, link=s.link,
+                                      mem_fraction=s.mem_fraction))
     for t in vs.tp:
         if t < 1:
             raise InputError(f"--vs-tp must be at least 1, not {t}.")
@@ -528,6 +537,10 @@ def register(app: typer.Typer) -> None:
         kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV-cache precision (default: 16-bit)."),
         batch: int = typer.Option(1, "--batch", min=1, help="Sequences decoded together."),
         context: int = typer.Option(2048, "--context", min=0, help="Tokens per sequence (and the prompt size)."),
+        gen_tokens: int = typer.Option(128, "--gen-tokens", min=1,
+                                       help="Tokens each request generates after its --context prompt, for --vs-batch "
+                                            "(each request's prefill is counted; default 128, vLLM's benchmark "
+                                            "default output length)."),
         tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs."),
         pp: int = typer.Option(1, "--pp", min=1, help="Pipeline-parallel stages (each a --tp group)."),
         microbatches: int = typer.Option(None, "--microbatches", min=1,
@@ -575,7 +588,7 @@ def register(app: typer.Typer) -> None:
         assumed = tuple(note for note in (gpu_note, *(n for _, n in others), dtype_note) if note)
         setup = Setup(info, spec, weight_dtype(info, served), kv_cache_dtype(info, kv_dtype, served), batch, context,
                       tp, interconnect(spec, max(tp, 2), link), link, pp, microbatches, mem_fraction=mem_fraction,
-                      assumptions=assumed)
+                      assumptions=assumed, gen_tokens=gen_tokens)
         rate, source = _efficiency(info, spec, setup, tokens_per_s, efficiency)
         setup = dataclasses.replace(setup, efficiency=rate, efficiency_source=source)
         changes = Changes(vs_dtype, vs_kv_dtype, [g for g, _ in others], vs_batch, vs_tp)

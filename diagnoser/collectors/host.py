@@ -22,6 +22,7 @@ from diagnoser.collectors.base import SeriesBook
 from diagnoser.collectors.process import ProcessTree
 
 DEFAULT_PERIOD_S = 0.5
+WORKING_THREAD = 0.05  # share of a core a thread must use in an interval for its run-queue wait to count
 
 
 class HostCollector:
@@ -82,7 +83,10 @@ class HostCollector:
         cpu_sum = rss_sum = threads_sum = 0.0
         ctx_rate = 0.0
         busiest = 0.0
-        busiest_wait: float | None = None  # the busiest thread's share of the interval spent waiting for a CPU
+        # The largest share of the interval any working thread of the target spent runnable but waiting for a CPU.
+        # Not the busiest thread's alone: a spinning OpenMP thread is the busiest and never waits, while its partner
+        # at the barrier waits for a core and holds every step back.
+        worst_wait: float | None = None
         seen_threads: set[tuple[int, int]] = set()
         counted = 0
         for proc in self.tree.processes(t):
@@ -116,11 +120,10 @@ class HostCollector:
                 if before is not None and dt:
                     delta = max(0.0, used - before)
                     self._thread_total[key] = self._thread_total.get(key, 0.0) + delta
-                    if delta / dt >= busiest:
-                        busiest = delta / dt
-                        waited, was = self._waits.get(key), self._prev_wait.get(key)
-                        busiest_wait = (max(0.0, waited - was) / dt if waited is not None and was is not None
-                                        else None)
+                    busiest = max(busiest, delta / dt)
+                    waited, was = self._waits.get(key), self._prev_wait.get(key)
+                    if delta / dt >= WORKING_THREAD and waited is not None and was is not None:
+                        worst_wait = max(worst_wait or 0.0, max(0.0, waited - was) / dt)
                 self._prev_thread[key] = used
                 if key in self._waits:
                     self._prev_wait[key] = self._waits[key]
@@ -139,8 +142,8 @@ class HostCollector:
                 # tenants starve a server of its CPU.
                 self.book.add(S.HOST_OTHERS_CPU, t, max(0.0, self._host_busy_cores - cpu_sum - own))
             self.book.add(S.HOST_TARGET_BUSIEST_THREAD, t, min(busiest, 1.0))
-            if busiest_wait is not None and busiest >= 0.05:
-                self.book.add(S.HOST_TARGET_CPU_WAIT, t, min(busiest_wait, 1.0))
+            if worst_wait is not None:
+                self.book.add(S.HOST_TARGET_CPU_WAIT, t, min(worst_wait, 1.0))
             self.book.add(S.HOST_TARGET_CTX_SWITCHES_PER_S, t, ctx_rate)
 
     def _own_cpu(self, dt: float) -> float | None:

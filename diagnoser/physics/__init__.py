@@ -7,14 +7,18 @@ from diagnoser.physics.attention import AttentionModelInfo
 from diagnoser.physics.gpus import (
     GPUS,
     GpuSpec,
+    MigSlice,
     compute_dtype,
+    fp32_matmul_dtype,
     get_gpu,
     gpu_spec_from_mapping,
     load_gpu_spec,
     match_gpu,
+    mig_slice,
     peak_flops,
     resolve_gpu,
     ridge_point,
+    sixteen_bit_dtype,
     with_measured,
 )
 from diagnoser.physics.llm import (
@@ -85,7 +89,7 @@ from diagnoser.physics.realised import (
     realised_gain,
     realised_speedup,
 )
-from diagnoser.physics.whatif import WhatIf, kv_dtype_what_if, tp_what_if, what_if
+from diagnoser.physics.whatif import WhatIf, generation_what_if, kv_dtype_what_if, tp_what_if, what_if
 
 __all__ = [
     "check_layout",
@@ -97,6 +101,7 @@ __all__ = [
     "DTYPES",
     "GPUS",
     "GpuSpec",
+    "MigSlice",
     "Interconnect",
     "Pipeline",
     "QuantScheme",
@@ -122,9 +127,13 @@ __all__ = [
     "decode_step_s",
     "decode_workload",
     "fits",
+    "fp32_matmul_dtype",
     "generation_ceiling_tokens_per_s",
+    "generation_what_if",
     "generation_workload",
     "get_gpu",
+    "mig_slice",
+    "sixteen_bit_dtype",
     "gpu_spec_from_mapping",
     "load_gpu_spec",
     "has_kv_shape",

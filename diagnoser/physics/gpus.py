@@ -575,3 +575,54 @@ def load_gpu_spec(source: str) -> GpuSpec:
 def looks_like_spec_file(text: str) -> bool:
     """Whether a --gpu value names a spec file (an existing file, or a .toml/.json name) rather than a table row."""
     return text.lower().endswith((".toml", ".json")) or Path(text).expanduser().is_file()
+
+
+# --- MIG slices ---------------------------------------------------------------------------------------------------
+
+# A MIG profile as NVML and dcgm-exporter name it: "1g.10gb", "3g.40gb", "1g.10gb+me", or a compute instance inside
+# a GPU instance, "1c.3g.40gb" (one of the instance's three compute slices).
+_MIG_PROFILE = re.compile(r"(?<![\w.])(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+me)?(?![\w.])", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class MigSlice:
+    """One MIG instance's profile: its compute slices (GPCs; a compute instance's own, when it names one) and its
+    memory in GB as the profile names it."""
+
+    profile: str
+    compute_slices: int
+    memory_gb: int
+
+    @property
+    def smallest(self) -> bool:
+        """One compute slice, the least any profile has (A100 1g.5gb, A30 1g.6gb, H100 1g.10gb, H100 NVL 1g.12gb,
+        H200 1g.18gb): no profile splits this GPU's compute finer."""
+        return self.compute_slices <= 1
+
+
+def mig_slice(name: str) -> MigSlice | None:
+    """The MIG profile a device or instance name carries ("NVIDIA A30 MIG 1g.6gb", "1c.3g.40gb"), or None."""
+    found = _MIG_PROFILE.search(name)
+    if found is None:
+        return None
+    compute, gpcs, memory = found.group(1), int(found.group(2)), int(found.group(3))
+    if gpcs < 1 or memory < 1:
+        return None
+    return MigSlice(found.group(0).lower(), int(compute) if compute else gpcs, memory)
+
+
+# --- 16-bit math -----------------------------------------------------------------------------------------------
+
+def sixteen_bit_dtype(gpu: GpuSpec) -> str | None:
+    """The 16-bit float a GPU has tensor-core units for, bf16 first (it needs no loss scaling): "bf16" from Ampere
+    and CDNA2 on, "fp16" on Volta and Turing (V100, T4), None on a GPU with neither."""
+    for dtype in ("bf16", "fp16"):
+        if dtype in gpu.flops:
+            return dtype
+    return None
+
+
+def fp32_matmul_dtype(gpu: GpuSpec, tf32: bool) -> str:
+    """The rate FP32 matmuls run at: TF32 tensor cores where the kernels use them and the GPU has them, else the
+    FP32 pipes (V100 and T4 have no TF32)."""
+    return "tf32" if tf32 and "tf32" in gpu.flops else "fp32"

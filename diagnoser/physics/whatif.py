@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diagnoser.capture import ModelInfo
+from diagnoser.errors import InputError
 from diagnoser.physics.gpus import GpuSpec, peak_flops
 from diagnoser.physics.llm import (
     DEFAULT_MEM_FRACTION,
@@ -31,8 +32,10 @@ from diagnoser.physics.parallel import Interconnect, has_tp_shape, interconnect
 from diagnoser.physics.quant import quant_scheme
 from diagnoser.physics.realised import (
     ATTAINABLE_BANDWIDTH,
+    Workload,
     attainable_shares,
     decode_workload,
+    generation_workload,
     realised_speedup,
 )
 
@@ -295,3 +298,83 @@ def tp_what_if(
     and the collective time per step."""
     return what_if(model, gpu, dtype, batch, context, tp, new_tp=new_tp, kv_dtype=kv_dtype, efficiency=efficiency,
                    link=link, new_link=new_link, demand=demand, mem_fraction=mem_fraction)
+
+
+def _generation_realised(model: ModelInfo, s: _Setup, context: float, before: Workload, after: Workload,
+                         efficiency: float) -> float:
+    """Realised gain between two generation workloads when `efficiency` was measured against the steady decode
+    ceiling at `context`: the time beyond the roofline is that decode step's, kept per decode step; the prefill runs
+    at its attained roof."""
+    step = decode_workload(model, s.gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp, link=s.link)
+    measured, attained = step.ceiling_s / efficiency, step.attained_s
+    # A measurement faster than the attained estimate: nothing beyond the roofline, the attained times scaled to it.
+    scale, overhead = (measured / attained, 0.0) if attained >= measured else (1.0, measured - attained)
+    times = [w.attained_s * scale + w.steps * overhead for w in (before, after)]
+    return (after.tokens / times[1]) / (before.tokens / times[0])
+
+
+def generation_what_if(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    dtype: str | None,
+    batch: float,
+    prompt_tokens: int,
+    generated_tokens: int,
+    new_batch: float,
+    tp: int = 1,
+    *,
+    context: float | None = None,
+    kv_dtype: str | None = None,
+    efficiency: float | None = None,
+    link: Interconnect | None = None,
+    mem_fraction: float = DEFAULT_MEM_FRACTION,
+) -> WhatIf:
+    """A batch change counted over whole requests: each of `prompt_tokens` prefilled and `generated_tokens`
+    generated, so every request costs its prefill besides its decode steps (physics.generation_workload: the prompts
+    prefilled together, the decode steps at the mean context). A larger batch amortises the decode's weight reads
+    but not the prefill's FLOPs, so the gain is below the decode-only ratio, the more so the longer the prompts.
+    `context`: the context `efficiency` was measured at (default: the prompt's)."""
+    if prompt_tokens < 1 or generated_tokens < 1:
+        raise InputError("a request needs at least one prompt token and one generated token.")
+    wdtype = weight_dtype(model, dtype)
+    kv = kv_cache_dtype(model, kv_dtype, wdtype)
+    ln = link or interconnect(gpu, tp)
+    before = _Setup(gpu, wdtype, kv, batch, tp, ln)
+    after = _Setup(gpu, wdtype, kv, new_batch, tp, ln)
+    _check(before.batch, prompt_tokens, tp)
+    _check(after.batch, prompt_tokens, tp)
+    held = float(prompt_tokens + generated_tokens) if has_kv_shape(model) else 0.0  # a finished sequence's KV
+    works = [generation_workload(model, gpu, s.batch, prompt_tokens, generated_tokens, dtype=wdtype, kv_dtype=kv,
+                                 tp=tp, link=ln) for s in (before, after)]
+    problems = [_memory_problem(model, s, held, mem_fraction) for s in (before, after)]
+    rates = [0.0 if p else w.ceiling_tokens_per_s for w, p in zip(works, problems, strict=True)]
+    change = _describe_change(before, after)
+    speedup = rates[1] / rates[0] if rates[0] > 0 else None
+    mean_context = prompt_tokens + generated_tokens / 2 if has_kv_shape(model) else 0.0
+    decode_only = [decode_ceiling_tokens_per_s(model, gpu, s.batch, mean_context, wdtype, tp, kv_dtype=kv, link=ln)
+                   for s in (before, after)]
+    prefill_share = [w.prefill.ceiling_s / w.ceiling_s if w.prefill else 0.0 for w in works]
+    realised = None
+    if efficiency is not None and speedup is not None and rates[1] > 0:
+        realised = _generation_realised(model, before, context if context is not None else prompt_tokens,
+                                        works[0], works[1], efficiency)
+    if problems[1]:
+        why = problems[1]
+    elif problems[0]:
+        why = f"it fits, whereas now {problems[0]}"
+    else:
+        why = (f"each request's prefill of {prompt_tokens:,} tokens is counted beside its {generated_tokens:,} "
+               f"generated tokens: the prefill is {prefill_share[0]:.0%} -> {prefill_share[1]:.0%} of the time at the "
+               f"ceiling, and a larger batch shares only the decode's weight reads (decode alone: "
+               f"x{decode_only[1] / decode_only[0]:.2f})")
+    tail = ""
+    if speedup is not None and not problems[1]:
+        tail = f", so tokens/s x{speedup:.2f} at the ceiling"
+        if realised is not None:
+            tail += (f"; x{realised:.2f} realised at {efficiency:.0%} of the decode ceiling (the time beyond the "
+                     "roofline stays per decode step)")
+    notes = [f"requests of {prompt_tokens:,} prompt tokens and {generated_tokens:,} generated, the prompts "
+             f"prefilled together, the decode steps at the mean context {prompt_tokens + generated_tokens / 2:,.0f}"]
+    notes += _assumptions(model, before, after, held, efficiency if realised is not None else None, mem_fraction)
+    return WhatIf(change, rates[0], rates[1], speedup, f"{change}: {why}{tail}.", realised, efficiency, tuple(notes),
+                  before.batch, after.batch)

@@ -6,12 +6,15 @@ A gain is a promise to a user, so each one here is bounded by what was measured 
 - an *upper bound* is the most a fix could give, e.g. all of a measured idle share removed: 1 / (1 - share)
   (Amdahl's law: a fix that speeds up a share s of the time by k gives 1 / (1 - s + s / k));
 - a gain that only helps if more load is offered is a *capacity* gain, not a speed-up of this traffic.
+- a larger batch stops at the server's configured sequence limit (--max-num-seqs, TGI's token budget) unless the
+  fix is to raise it; the basis then names the limit as the next fix.
 Rules call these; none reads NVML or the capture.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from diagnoser import physics
 from diagnoser import signals as S
@@ -138,9 +141,48 @@ def _from_what_if(w: physics.WhatIf, basis: str, *, bytes_only: bool) -> Gain:
 
 # --- batching -------------------------------------------------------------------------------------------------
 
-def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | None = None) -> Gain:
+@dataclass(frozen=True)
+class SequenceLimit:
+    """The most sequences the server's configuration lets run at once, and the setting that says so."""
+
+    sequences: int
+    setting: str  # e.g. "--max-num-seqs 16"
+
+    def describe(self) -> str:
+        return f"the server's limit of {self.sequences} running sequences ({self.setting})"
+
+
+def sequence_limit(ev: Evidence) -> SequenceLimit | None:
+    """The server's configured cap on the running batch, the tightest known: vLLM --max-num-seqs (SGLang
+    --max-running-requests), or TGI's --max-batch-total-tokens over the tokens a sequence holds. None when the
+    configuration names neither."""
+    found: list[SequenceLimit] = []
+    serving = ev.serving
+    if serving.max_num_seqs and serving.max_num_seqs > 0:
+        flag = "--max-running-requests" if serving.engine == "sglang" else "--max-num-seqs"
+        found.append(SequenceLimit(int(serving.max_num_seqs), f"{flag} {serving.max_num_seqs}"))
+    total = serving.max_batch_total_tokens
+    if total and total > 0:
+        ctx, ctx_text = _context(ev)
+        found.append(SequenceLimit(max(1, total // ctx), f"--max-batch-total-tokens {total} at {ctx_text}"))
+    return min(found, key=lambda lim: lim.sequences) if found else None
+
+
+def next_limit_text(ev: Evidence, want: float | None) -> str:
+    """A sentence naming the configured limit a larger batch would meet next, when it caps below the demand (or any
+    growth when the demand is unknown); "" when no limit is configured or it is not in the way."""
+    limit = sequence_limit(ev)
+    if limit is None or (want is not None and want <= limit.sequences):
+        return ""
+    toward = f" toward {want:.0f}" if want is not None else ""
+    return (f" The batch then stops at {limit.describe()}: raising it{toward} is the next fix.")
+
+
+def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | None = None,
+               raises_limit: bool = False) -> Gain:
     """Throughput multiplier of decoding at a larger batch (factor x the observed one, or a target), capped by the
-    sequences whose KV cache fits; realised at the measured efficiency (physics.what_if). A speed gain only when
+    sequences whose KV cache fits and, unless the fix is to raise it (`raises_limit`), by the server's configured
+    sequence limit (sequence_limit); realised at the measured efficiency (physics.what_if). A speed gain only when
     requests wait (and then bounded by running + waiting); else capacity."""
     mg = _model_and_gpu(ev)
     batch = ev.observed_batch()
@@ -160,6 +202,12 @@ def batch_gain(ev: Evidence, *, factor: float | None = None, target: float | Non
     speed = want is not None and want > batch + 0.5
     if speed and want is not None and want < new:
         new, notes = want, notes + f", capped by the demand ({batch:.0f} running + {want - batch:.0f} waiting)"
+    limit = None if raises_limit else sequence_limit(ev)
+    if limit is not None and limit.sequences < new:
+        # The fix leaves the scheduler's cap as it is, so the batch stops there; raising it is another fix.
+        if limit.sequences <= batch:
+            return Gain.unknown(f"the batch ({batch:.1f}) is already at {limit.describe()}: raise it first")
+        new, notes = float(limit.sequences), notes + f", capped by {limit.describe()}: raising it is the next fix"
     new = max(new, batch)
     if new <= batch:
         return Gain.unknown(f"no larger batch fits in memory at {ctx_text}")
@@ -225,13 +273,20 @@ def kv_dtype_gain(ev: Evidence, new_kv: str = "fp8") -> Gain:
         # bytes-ratio times the sequences in it, whatever else the GPU's memory holds.
         ratio = physics.bytes_per_element(old_kv) / physics.bytes_per_element(new_kv)
         want = min(want, max(1.0, batch) * ratio)
+    limit, held = sequence_limit(ev), ""
+    if grows and want is not None and limit is not None and want > limit.sequences:
+        # The freed memory admits more sequences, but no more than the scheduler's cap lets run.
+        held = f"; {limit.describe()} caps the batch: raising it is the next fix"
+        want = float(limit.sequences)
+        grows = want > batch + 0.5
     w = physics.kv_dtype_what_if(model, gpu, max(1.0, batch), ctx, new_kv_dtype=new_kv, dtype=dtype, tp=tp,
                                  demand=want if grows else None, efficiency=efficiency(ev), mem_fraction=fraction)
     kv_share = 1.0 - physics.decode_floor_s(model, gpu, max(1.0, batch), 0, dtype=dtype, tp=tp) / \
         physics.decode_floor_s(model, gpu, max(1.0, batch), ctx, dtype=dtype, tp=tp)
     grew = f"; the batch grows {w.before_batch:.0f} -> {w.after_batch:.0f}" if w.after_batch != w.before_batch else ""
     return capped(_from_what_if(w, f"KV is {kv_share:.0%} of the bytes a step reads at batch {batch:.0f}, {ctx_text}; "
-                                   f"{new_kv} KV halves them and twice the sequences fit{grew}", bytes_only=not grows))
+                                   f"{new_kv} KV halves them and twice the sequences fit{grew}{held}",
+                                bytes_only=not grows))
 
 
 def tp_gain(ev: Evidence, new_tp: int) -> Gain:

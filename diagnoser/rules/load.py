@@ -5,6 +5,7 @@ from __future__ import annotations
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
 from diagnoser.evidence import Signal
+from diagnoser.physics import MigSlice, mig_slice
 from diagnoser.rules import gains
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
 
@@ -19,7 +20,7 @@ def busy_signal(c: Check) -> Signal:
 
 
 def _batching_fixes(c: Check, busy: float | None) -> None:
-    g = gains.batch_gain(c.ev, factor=4.0)
+    g = gains.batch_gain(c.ev, factor=4.0, raises_limit=True)
     if g.value is None and busy:
         g = gains.kept_busy(busy)
         want, batch = gains.demand(c.ev), c.ev.observed_batch()
@@ -110,7 +111,7 @@ def batch_below_ridge(c: Check) -> Finding | None:
         c.cite(kv, "p90", "<", c.t["kv_usage_max"])
     c.fix(FixKind.BATCH_MORE, "Raise the batch limit", f"Let the running batch grow toward {rb.value / 2:.0f} "
           "sequences (vLLM --max-num-seqs); the queue shows the demand is there.",
-          gains.batch_gain(c.ev, target=min(rb.value / 2, running.mean + waiting.mean)))
+          gains.batch_gain(c.ev, target=min(rb.value / 2, running.mean + waiting.mean), raises_limit=True))
     return c.finding(0.75, f"Only {running.mean:.1f} sequences run per step while {waiting.mean:.1f} wait; the "
                      f"ridge batch is {rb.value:.0f}.")
 
@@ -152,6 +153,37 @@ def gpu_busy_under_half(c: Check) -> Finding | None:
     return c.finding(0.5, f"The GPU is busy only {busy.mean:.0%} of the time: it waits for work more than it does it.")
 
 
+def _mig(c: Check) -> tuple[bool, MigSlice | None]:
+    """Whether the target runs in a MIG instance, and its profile when a name carries it (NVML names the instance,
+    dcgm-exporter's profile label is appended to the GPU's name)."""
+    for gpu in c.ev.meta.gpus:
+        for name in (gpu.mig_instance, gpu.name):
+            found = mig_slice(name) if name else None
+            if found is not None:
+                return True, found
+        if gpu.mig_mode:
+            return True, None
+    return False, None
+
+
+def _right_size_action(c: Check) -> str:
+    """Where the idle capacity can go: a MIG split only where a smaller slice exists (a one-slice profile such as
+    1g.10gb is already the least a GPU splits into)."""
+    in_mig, found = _mig(c)
+    if found is not None and found.smallest:
+        return (f"This is already the smallest MIG slice ({found.profile}): no profile splits it further. Pack more "
+                "models or replicas into it (several models in one server, time-slicing), or move this load onto a "
+                "slice or GPU it shares with other work; scale replicas on queue depth.")
+    if found is not None:
+        return (f"Move this model to a smaller MIG profile than {found.profile} (down to one compute slice, 1g) or "
+                "pack more models or replicas into this one (time-slicing); scale replicas on queue depth.")
+    if in_mig:
+        return ("Pack more models or replicas into this MIG instance (time-slicing), or give it a smaller profile if "
+                "it has more than one compute slice (its profile was not read); scale replicas on queue depth.")
+    return ("Pack more models or replicas per GPU (MIG, time-slicing) or move this model to a smaller, cheaper GPU; "
+            "scale replicas on queue depth.")
+
+
 @rule(
     code="IDLE001",
     name="gpu-mostly-idle",
@@ -168,7 +200,9 @@ def gpu_busy_under_half(c: Check) -> Finding | None:
         why="Nothing limits this server: it has little to do. The GPU is paid for and mostly idle; the question "
         "is right-sizing, not speed.",
         fixes="Consolidate models onto fewer GPUs, split the GPU with MIG or time-slicing, or move the model to a "
-        "smaller GPU; scale replicas on queue depth rather than keeping them warm.",
+        "smaller GPU; scale replicas on queue depth rather than keeping them warm. On a MIG instance a smaller "
+        "profile is offered only where one exists: a one-compute-slice profile (1g.5gb, 1g.6gb, 1g.10gb, ...) is "
+        "the least its GPU splits into, so there the fix is to share the slice.",
         sources="Seed 004 (the utilisation trap); nvitop/DCGM practice of flagging idle allocations.",
     ),
 )
@@ -181,8 +215,7 @@ def gpu_mostly_idle(c: Check) -> Finding | None:
     c.cite(busy, "mean", "<", c.t["busy_mean"])
     if waiting is not None:
         c.cite(waiting, "mean", "<", c.t["waiting_mean"])
-    c.fix(FixKind.RIGHT_SIZE, "Right-size the GPU", "Pack more models or replicas per GPU (MIG, time-slicing) or "
-          "move this model to a smaller, cheaper GPU; scale replicas on queue depth.",
+    c.fix(FixKind.RIGHT_SIZE, "Right-size the GPU", _right_size_action(c),
           Gain(None, "frees GPU time rather than speeding anything up", benefit=Benefit.COST))
     batch = c.ev.observed_batch()
     return c.finding(0.8 if waiting is not None else 0.65, f"The GPU is busy {busy.mean:.0%} of the time"

@@ -36,14 +36,20 @@ def _kv_fixes(c: Check) -> None:
         want, batch = gains.demand(c.ev), c.ev.observed_batch()
         g = gains.batch_gain(c.ev, target=want) if want is not None else Gain.unknown(
             "needs the queue length to bound the gain by the demand")
+        limit = gains.sequence_limit(c.ev)
         if g.value is None and want is not None and batch:
-            g = Gain(want / batch, f"the waiting requests running too: {want:.0f} sequences for {batch:.0f} "
-                                   "(the model's shape or the GPU is unknown, so the step is assumed not to slow)",
-                     GainKind.UPPER_BOUND)
+            runs, held = want, ""
+            if limit is not None and limit.sequences < want:
+                runs, held = float(limit.sequences), f", no more than {limit.describe()}"
+            if runs > batch:
+                g = Gain(runs / batch, f"the waiting requests running too: {runs:.0f} sequences for {batch:.0f}{held} "
+                                       "(the model's shape or the GPU is unknown, so the step is assumed not to slow)",
+                         GainKind.UPPER_BOUND)
         if mem is not None:
             c.cite(mem, "p90", "<", c.t["mem_free_for_kv"])
-        c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory", _kv_knob(c, mem.p90 if mem is not None else None),
-              g)
+        # More KV room lets the batch grow only up to the scheduler's cap: when that is below the demand, say so.
+        c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory", _kv_knob(c, mem.p90 if mem is not None else None)
+              + gains.next_limit_text(c.ev, want), g)
     c.fix(FixKind.FP8_KV, "Store the KV cache in FP8", "Start the server with an FP8 KV cache (vLLM: "
           "--kv-cache-dtype fp8); each token's KV then takes half the bytes, so twice the sequences fit and each "
           "decode step reads half the KV bytes.", gains.kv_dtype_gain(c.ev, "fp8"))
@@ -79,7 +85,9 @@ def _kv_fixes(c: Check) -> None:
         why="Decode throughput grows with the batch until the ridge point; when the KV cache caps the batch, the "
         "GPU streams all the weights every step for only a few sequences. Preemptions also recompute or swap "
         "work already done.",
-        fixes="Give the KV cache the free memory when there is some. Store the KV cache in FP8 (vLLM "
+        fixes="Give the KV cache the free memory when there is some; the batch then grows only up to the server's "
+        "sequence limit (vLLM --max-num-seqs), so its gain is capped there and, when the queue wants more, raising "
+        "the limit is named as the next fix. Store the KV cache in FP8 (vLLM "
         "`--kv-cache-dtype fp8`): half the bytes per token, twice the sequences, half the KV bytes each step reads. "
         "Quantise the weights (FP8/INT4) to free memory for the cache. Shard with tensor parallelism or move to a "
         "GPU with more memory. Lower `--max-model-len` if long contexts are rare.",

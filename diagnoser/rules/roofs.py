@@ -11,9 +11,10 @@ reaches 50 %.
 from __future__ import annotations
 
 from diagnoser import signals as S
+from diagnoser.characterise import _LOW_PRECISION_MARKS as LOW_PRECISION_GEMM_MARKS
 from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence
-from diagnoser.physics import bytes_per_element
+from diagnoser.physics import bytes_per_element, fp32_matmul_dtype, peak_flops, sixteen_bit_dtype
 from diagnoser.rules import gains
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
 
@@ -56,7 +57,7 @@ def _memory_regime_fixes(c: Check) -> None:
     if rb is not None and batch is not None and batch < rb / 2:
         c.fix(FixKind.BATCH_MORE, "Batch more sequences per step", f"Raise the running batch toward {rb / 2:.0f} (half "
               f"the ridge batch {rb:.0f}): vLLM --max-num-seqs, more concurrent clients; each weight read then "
-              "serves more tokens.", gains.batch_gain(c.ev, target=rb / 2))
+              "serves more tokens.", gains.batch_gain(c.ev, target=rb / 2, raises_limit=True))
 
 
 def _kernel_fixes(c: Check, regime: Regime) -> None:
@@ -394,24 +395,77 @@ def busy_gpu_roof_unknown(c: Check) -> Finding | None:
     return c.finding(0.45, message, regime=c.ev.regime)
 
 
+# FP32-input GEMMs on tensor cores (cuBLAS/CUTLASS s1688/s16816 tensor-op kernels, names with tf32) run at the TF32
+# rate; the others (sgemm, scudnn) on the FP32 pipes, slower still.
+_TF32_MARKS = ("tf32", "s1688gemm", "s16816gemm")
+
+
+def _tf32_share(ev: Evidence) -> float:
+    """Share of GPU busy time in the top kernels that are TF32 tensor-op GEMMs by name."""
+    if ev.trace is None:
+        return 0.0
+    names = [(k, (k.full_name or k.name).lower()) for k in ev.trace.top_kernels if k.kind == "gemm"]
+    # The same low-precision marks that keep a kernel out of the FP32 share (a bf16 s16816 GEMM is no TF32 one).
+    return sum(k.share for k, name in names if any(m in name for m in _TF32_MARKS)
+               and not any(m in name for m in LOW_PRECISION_GEMM_MARKS))
+
+
+def _unlisted_gemm_share(ev: Evidence, gemm: float | None) -> float:
+    """GEMM time (`gemm`: the share of all kernels) outside the trace's top kernels: FP32 or not, the kernel names
+    read do not say."""
+    if gemm is None or ev.trace is None:
+        return 0.0
+    return max(0.0, gemm - sum(k.share for k in ev.trace.top_kernels if k.kind == "gemm"))
+
+
+def _precision_fix(c: Check, half: str | None, gain: Gain) -> None:
+    """Mixed precision in the 16-bit float this GPU has tensor cores for: BF16, or FP16 (with loss scaling when
+    training) on Volta and Turing, which have no BF16 units (BF16 math there runs at the FP32 rate)."""
+    gpu = c.ev.gpu_spec
+    if half == "fp16" and gpu is not None:
+        why = f"the {gpu.name} has FP16 tensor cores but no BF16 ones, where BF16 math runs at the FP32 rate"
+        if c.ev.workload == "training":
+            c.fix(FixKind.MIXED_PRECISION, "Train in mixed precision (FP16)", "Wrap the forward pass and loss in "
+                  "torch.autocast(device_type='cuda', dtype=torch.float16) and scale the loss with "
+                  f"torch.amp.GradScaler (FP16 gradients underflow without it); not BF16: {why}.", gain)
+        else:
+            c.fix(FixKind.MIXED_PRECISION, "Serve the model in FP16", "Load the weights and run the model in fp16 "
+                  f"(model.half(), or the engine's --dtype float16); not BF16: {why}.", gain)
+        return
+    if c.ev.workload == "training":
+        c.fix(FixKind.MIXED_PRECISION, "Train in mixed precision", "Wrap the forward pass and loss in "
+              "torch.autocast(device_type='cuda', dtype=torch.bfloat16) (or fp16 with torch.amp.GradScaler on a GPU "
+              "without BF16 units: V100, T4): matmuls at the 16-bit tensor rate, activations at half the bytes.",
+              gain)
+    else:
+        c.fix(FixKind.MIXED_PRECISION, "Serve the model in 16-bit", "Load the weights and run the model in bf16 "
+              "(model.to(torch.bfloat16), or the engine's --dtype bfloat16; fp16 on a GPU without BF16 units: V100, "
+              "T4).", gain)
+
+
 @rule(
     code="CMP003",
     name="fp32-matmuls",
     limiter=Limiter.COMPUTE,
     summary="The GPU's matmuls run on FP32 data (FP32 or TF32 GEMMs) where 16-bit data would double their rate.",
     requires=(S.TRACE_FP32_SHARE, AnyOf(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC)),
-    uses=(S.TRACE_SHARE_ELEMENTWISE,),
+    uses=(S.TRACE_SHARE_ELEMENTWISE, S.TRACE_SHARE_GEMM),
     thresholds={"fp32_share": Threshold(0.10, "share of GPU busy time in FP32/TF32 GEMMs (by kernel name)",
                                         "ratio")},
     page=Page(
         detects="At least {fp32_share} of GPU busy time in GEMM kernels whose names say FP32 or TF32 data (cuBLAS "
         "sgemm, CUTLASS s1688/s16816 tensor-op GEMMs, cuDNN scudnn), among the trace's top kernels.",
-        why="FP32 matmuls run at the FP32 or TF32 rate, a half or less of the BF16 rate, and move twice the bytes; "
-        "norms and elementwise kernels on FP32 activations read and write twice the bytes as well.",
-        fixes="Training: automatic mixed precision (torch.autocast(dtype=torch.bfloat16), or fp16 with a "
-        "GradScaler). Serving: the model in bf16. The gain is at most that of the matmuls at the 16-bit rate and "
-        "the elementwise kernels at half the bytes, over the time the GPU is busy.",
-        sources="NVIDIA's mixed-precision training guide; PyTorch AMP documentation; datasheet TF32/BF16 rates.",
+        why="FP32 matmuls run at the TF32 rate (tensor-op kernels) or the FP32 rate (sgemm), a half to a sixteenth "
+        "of the 16-bit rate, and move twice the bytes; norms and elementwise kernels on FP32 activations read and "
+        "write twice the bytes as well.",
+        fixes="Training: automatic mixed precision in the 16-bit float the GPU has tensor cores for: "
+        "torch.autocast(dtype=torch.bfloat16), or on V100 and T4 (FP16 tensor cores, no BF16) dtype=torch.float16 "
+        "with a GradScaler. Serving: the model in bf16 (fp16 on V100/T4). The gain is at most that of the matmuls "
+        "at the GPU's 16-bit rate over their TF32 or FP32 rate (its datasheet ratio: 2x TF32 -> BF16 on an A100, "
+        "8x FP32 -> FP16 on a V100) and the elementwise kernels at half the bytes, over the time the GPU is busy; "
+        "the FP32 share is read from the top kernels, so the bound also counts the GEMM time outside them.",
+        sources="NVIDIA's mixed-precision training guide; PyTorch AMP documentation; datasheet FP32/TF32/BF16/FP16 "
+        "rates.",
     ),
 )
 def fp32_matmuls(c: Check) -> Finding | None:
@@ -423,22 +477,37 @@ def fp32_matmuls(c: Check) -> Finding | None:
     c.cite(share, "value", ">=", c.t["fp32_share"])
     c.cite(busy_sig, "mean" if busy_sig.name == S.GPU_BUSY else "value")
     gpu = c.ev.gpu_spec
-    rate = gpu.flops["bf16"] / gpu.flops.get("tf32", gpu.flops["fp32"]) if gpu is not None and "bf16" in gpu.flops \
-        else 2.0
+    half = sixteen_bit_dtype(gpu) if gpu is not None else None
+    # The share is read from the top kernels only: GEMMs outside them may be FP32 too, so an upper bound counts
+    # them (at the FP32 pipes' rate, the largest gain).
+    gemm = c.opt(S.TRACE_SHARE_GEMM)
+    unlisted = _unlisted_gemm_share(c.ev, gemm.value if gemm is not None else None)
+    seen = f"{share.value:.0%}" + (f" (up to {share.value + unlisted:.0%} counting the {unlisted:.0%} of GEMM time "
+                                   "outside the top kernels)" if unlisted >= 0.005 else "")
     small = c.opt(S.TRACE_SHARE_ELEMENTWISE)
-    w_gemm, w_small = busy * share.value, busy * (small.value if small is not None else 0.0)
-    after = 1.0 - w_gemm - w_small + w_gemm / rate + w_small / 2.0
-    gain = Gain(1.0 / after, f"FP32/TF32 GEMMs ({w_gemm:.0%} of the window) at the BF16 rate (x{rate:.1f}) and "
-                             f"elementwise kernels ({w_small:.0%}) at half the bytes", GainKind.UPPER_BOUND)
-    if c.ev.workload == "training":
-        c.fix(FixKind.MIXED_PRECISION, "Train in mixed precision", "Wrap the forward pass and loss in "
-              "torch.autocast(device_type='cuda', dtype=torch.bfloat16) (or fp16 with torch.amp.GradScaler): "
-              "matmuls at the 16-bit tensor rate, activations at half the bytes.", gain)
+    w_small = busy * (small.value if small is not None else 0.0)
+    if gpu is None or half is None:
+        gain = Gain.unknown("needs a recognised GPU: the gain is its 16-bit tensor rate over its TF32 or FP32 rate")
     else:
-        c.fix(FixKind.MIXED_PRECISION, "Serve the model in 16-bit", "Load the weights and run the model in bf16 "
-              "(model.to(torch.bfloat16), or the engine's --dtype bfloat16).", gain)
-    return c.finding(0.45, f"{share.value:.0%} of the GPU's busy time is in FP32/TF32 matmuls, at half or less of "
-                     "the 16-bit tensor rate.", regime=Regime.COMPUTE)
+        tf32 = min(share.value, _tf32_share(c.ev))
+        # Of the window: idle and the other kernels stay, each FP32 part runs at its 16-bit rate, the elementwise
+        # kernels move half the bytes (Amdahl).
+        after = 1.0 - busy * (share.value + unlisted) - w_small + w_small / 2.0
+        rates: list[str] = []
+        for part, dtype in ((tf32, fp32_matmul_dtype(gpu, tf32=True)), (share.value - tf32 + unlisted, "fp32")):
+            if part <= 0:
+                continue
+            rate = peak_flops(gpu, half) / peak_flops(gpu, dtype)
+            after += busy * part / rate
+            what = f"{dtype.upper()} GEMMs" + (" and the GEMMs outside the top kernels" if dtype == "fp32" and
+                                               unlisted >= 0.005 else "")
+            rates.append(f"{what} ({busy * part:.0%} of the window) at the {half.upper()} rate (x{rate:.1f})")
+        gain = Gain(1.0 / after, f"{' and '.join(rates)} and elementwise kernels ({w_small:.0%}) at half the bytes, "
+                                 f"on the {gpu.name}", GainKind.UPPER_BOUND)
+    _precision_fix(c, half, gain)
+    rate_text = f"a half or less of the {half.upper()} tensor rate" if half else "a half or less of the 16-bit rate"
+    return c.finding(0.45, f"At least {seen} of the GPU's busy time is in FP32/TF32 matmuls (by the names of the "
+                     f"trace's top kernels), at {rate_text}.", regime=Regime.COMPUTE)
 
 
 RULES = (dram_bandwidth_saturated, decode_at_bandwidth_floor, compute_saturated, fp32_matmuls, kernel_bound,

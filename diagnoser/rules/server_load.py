@@ -58,7 +58,7 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
         if room < want:
             want, note = room, f", as many as the KV cache has room for ({kv.p90:.0%} used at {running.mean:.1f})"
     target = max(cap + 1, round(want))
-    g = gains.batch_gain(c.ev, target=float(target))
+    g = gains.batch_gain(c.ev, target=float(target), raises_limit=True)
     if g.value is None and running.mean > 0:
         # Without the device's roofs nothing bounds it: on vLLM's CPU build, 2 -> 11 sequences gave x4.1 in one run
         # and x8.7 in another (its steps got shorter at the larger batch), against the batch ratio's x5.6-6.
@@ -170,17 +170,17 @@ def clients_give_up(c: Check) -> Finding | None:
     thresholds={
         "host_busy": Threshold(0.90, "whole-host CPU use (mean) at which the host is saturated", "ratio"),
         "others_share": Threshold(0.25, "share of the host's cores used by other processes (mean) that counts as "
-                                  "taken from the server, with its busiest thread seen waiting for a CPU", "ratio"),
-        "cpu_wait": Threshold(0.30, "share of the time the server's busiest thread waited, runnable, for a CPU (Linux "
-                              "schedstat)", "ratio"),
+                                  "taken from the server, with a working thread of it seen waiting for a CPU", "ratio"),
+        "cpu_wait": Threshold(0.30, "share of the time a working thread of the server waited, runnable, for a CPU "
+                              "(Linux schedstat; the thread that waited most)", "ratio"),
         "others_share_unseen": Threshold(0.40, "share of the host's cores used by other processes that counts on its "
                                          "own where the run-queue wait cannot be read", "ratio"),
     },
     page=Page(
         detects="The whole host's CPU at least {host_busy} busy on average while processes outside the server's tree "
-        "(this tool's own sampling left out) use at least {others_share} of its cores and the server's busiest "
-        "thread waits, runnable, for a CPU at least {cpu_wait} of the time; where that wait cannot be read, others "
-        "using {others_share_unseen} of the cores.",
+        "(this tool's own sampling left out) use at least {others_share} of its cores and a working thread of the "
+        "server (5 % of a core or more) waits, runnable, for a CPU at least {cpu_wait} of the time; where that wait "
+        "cannot be read, others using {others_share_unseen} of the cores.",
         why="A serving engine's scheduler, tokenizer and kernel launches run on the CPU, and a CPU build runs the "
         "model there too. When other tenants keep every core busy, the server waits for a core between steps: "
         "each step and each launch takes longer whatever the GPU could do.",

@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ class Situation:
     forbidden: tuple[str, ...] = ()  # rule codes that must not be among the findings
     must_find: tuple[str, ...] = ()  # rule codes that must be among the findings
     applied: str = ""  # the server set-up with the first fix applied; "" = no fix to re-measure
+    busy_host: bool = False  # other tenants keep every core busy during the window
 
 
 SITUATIONS: tuple[Situation, ...] = (
@@ -85,6 +88,12 @@ SITUATIONS: tuple[Situation, ...] = (
         "prompt tokens it would save.",
         verdicts=("compute", "inconclusive"), first_fix=("prefix_caching",), must_find=("SRV001",),
         applied="default"),
+    Situation(
+        "host-busy", "default", {"clients": 4, "prompt_words": 64, "max_tokens": 64},
+        "Four clients while other tenants (each a session of its own, as other services and containers are) keep "
+        "every core busy: the engine gets a fraction of the CPU it would have. On a CPU build that is the limit: "
+        "host-limited must be said, and no gain promised for the cores given back.",
+        verdicts=("host_launch",), first_fix=("host_cpu",), must_find=("HOST004",), busy_host=True),
 )
 
 
@@ -110,14 +119,37 @@ def attach(port: int, out: Path, seconds: float = WINDOW_S) -> tuple[dict[str, A
     return json.loads(proc.stdout), proc.stderr
 
 
+@contextmanager
+def busy_cores() -> Iterator[None]:
+    """Other tenants, for the window only: four spinning processes per core, each in a session of its own. Spinners
+    sharing the test's session shared one scheduler group (Linux autogroup) and took 0.3-0.6 of 2 cores against the
+    engine's own spinning threads, a different amount each run; tenants of their own take what other services
+    would."""
+    spin = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 300\nwhile time.time() < end: "
+                              "pass"], start_new_session=True) for _ in range(4 * (os.cpu_count() or 2))]
+    try:
+        time.sleep(1.0)  # every tenant running before the window opens
+        yield
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
 def run_window(server: VllmServer, situation: Situation, out: Path) -> Recording:
     load = Load(port=server.port, model=MODEL_NAME, seconds=WARM_S + WINDOW_S + 200, **situation.load)
     with load:
         time.sleep(WARM_S)
-        before = (load.done, load.tokens, load.gave_up, time.monotonic())
-        diagnosis, stderr = attach(server.port, out)
-        after = (load.done, load.tokens, load.gave_up, time.monotonic())
-        load_avg = os.getloadavg()[0]
+        with busy_cores() if situation.busy_host else _nothing():
+            before = (load.done, load.tokens, load.gave_up, time.monotonic())
+            diagnosis, stderr = attach(server.port, out)
+            after = (load.done, load.tokens, load.gave_up, time.monotonic())
+            load_avg = os.getloadavg()[0]
     dt = after[3] - before[3]
     client = {"done": after[0] - before[0], "tokens_per_s": (after[1] - before[1]) / dt,
               "gave_up": after[2] - before[2], "errors": len(load.errors)}
