@@ -11,8 +11,10 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import re
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +320,15 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     # Multi-rank input (a folder or several files of one job): one entry per rank, and a sentence naming a straggler.
     ranks: list[RankStat] = msgspec.field(default_factory=list)
     straggler: str = ""
+    # Temporal breakdown (HolisticTraceAnalysis'): shares of the window with a compute kernel running (anything but
+    # communication, memcpy and memset), with only communication or memory ops running, and with nothing running
+    # (the union over all streams of a device; mean over devices, then ranks). They add up to 1. None: no GPU events.
+    compute_time_frac: float | None = None
+    non_compute_time_frac: float | None = None
+    idle_time_frac: float | None = None
+    # Files beside the ranks that are not ranks (a serving frontend: vLLM's AsyncLLM process, CPU only, no model ops),
+    # left out of every rank statistic: "file: why".
+    frontends: list[str] = msgspec.field(default_factory=list)
 
 
 class StackFrame(msgspec.Struct, kw_only=True):
@@ -566,14 +577,20 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
                            f"read (it reads {FORMAT_VERSION}).")
     notes: list[str] = []
     unpaired: list[str] = []
+    shape = _shape(env.capture, origin)
     try:
         capture: Capture | None = None
-        if env.version == FORMAT_VERSION:
+        if shape is not None and shape.over and env.version == FORMAT_VERSION:
+            capture = _decode_bounded(env.capture, shape, origin, notes)
+        elif env.version == FORMAT_VERSION:
             try:
                 capture = msgspec.json.decode(env.capture, type=Capture)
             except msgspec.ValidationError:
                 pass  # retried below, on the generic path that can repair what earlier writers got wrong
         if capture is None:
+            if shape is None or shape.over:
+                # The generic path decodes every point into Python objects: only for what is within the bounds.
+                _refuse_unbounded(env.capture, origin, env.version)
             raw = msgspec.json.decode(env.capture)
             for v in range(env.version, FORMAT_VERSION):
                 raw = _MIGRATIONS[v](raw)
@@ -586,6 +603,9 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
     _check_window(capture, origin)
     _check_numbers(capture, origin)
     _drop_unpaired(capture, notes, unpaired)
+    _bound_series(capture, notes)
+    _cut_lists(capture)
+    _cut_text(capture, notes)
     capture.notes.extend(notes)
     return capture
 
@@ -710,6 +730,280 @@ def _drop_unpaired(capture: Capture, notes: list[str], unpaired: list[str]) -> N
         shown = ", ".join(unpaired[:3]) + (f" and {len(unpaired) - 3} more" if len(unpaired) > 3 else "")
         notes.append(f"The capture file is damaged: {len(unpaired)} series whose times and values do not pair up "
                      f"were left out: {shown}.")
+
+
+# Bounds on what a capture holds, beside its bytes: 256 MiB of JSON can be a hundred million points, millions of series
+# or notes, or one name of 200 million characters, and each costs tens of bytes in memory and time in every step after
+# (a 226 KB file of compressible points took `report` 61 s and 854 MB; a million notes were all printed). What a
+# capture diagnoser writes stays far inside them: a 10 s window of one GPU is about 45 series of 100 points and a few
+# notes. Past a bound the rest is cut, and a note says what was cut; never silently.
+MAX_SERIES = 4096  # series read; about 90 GPUs' worth
+MAX_POINTS = 1_000_000  # points over all series: past it each long series is thinned (every k-th point, the last kept)
+MAX_SERIES_READ = 250_000  # points of one series decoded (7 hours at 10 Hz); a longer series is cut to its first
+MAX_NOTES = 200
+# JSON values outside the series' points (labels, notes, command-line arguments, trace tables) and objects anywhere:
+# past these the file is refused before it is decoded, as no writer comes near them and decoding is what costs.
+MAX_VALUES = 2_000_000
+MAX_OBJECTS = 250_000
+# Text: names and labels (a model, a GPU, a metric label, a series' name) and any other text (a note, a command-line
+# argument, the target). A longer string is cut and marked; the marker says how long it was.
+MAX_NAME_CHARS = 256
+MAX_TEXT_CHARS = 4096
+_NAME_FIELDS = frozenset({"name", "unit", "source", "uuid", "driver", "user", "spec_name", "kind", "dtype",
+                          "kv_dtype", "version", "host", "tool_version", "mig_instance", "engine"})
+
+
+def cut_text(text: str, limit: int) -> str:
+    """`text` within `limit` characters, with a visible marker of what it held when it was longer."""
+    return text if len(text) <= limit else f"{text[:limit]}... (cut, {len(text)} chars)"
+
+
+class _SeriesShape(msgspec.Struct, gc=False):
+    times: msgspec.Raw = msgspec.Raw(b"[]")
+    values: msgspec.Raw = msgspec.Raw(b"[]")
+
+
+class _Shape(msgspec.Struct, gc=False):
+    series: list[_SeriesShape] = msgspec.field(default_factory=list)
+
+
+@dataclass
+class _Counts:
+    """A capture's size in series and points, read from its JSON without decoding a point."""
+
+    shape: _Shape
+    points: list[int]  # per series, from its values' separators (an upper bound where the JSON holds odd text)
+    over: bool  # some bound is passed: the capture is decoded series by series (_decode_bounded)
+
+
+_CHUNK_SCAN = 1 << 20
+
+
+def _count(buf: Any, byte: bytes) -> int:
+    """Occurrences of `byte` in a buffer (a Raw, a bytearray), a megabyte at a time: no copy of the whole."""
+    view = memoryview(buf)
+    return sum(bytes(view[i:i + _CHUNK_SCAN]).count(byte) for i in range(0, len(view), _CHUNK_SCAN))
+
+
+def _points_in(raw: msgspec.Raw) -> int:
+    n = len(memoryview(raw))
+    if n <= 2:  # [] (no whitespace: what msgspec writes)
+        return 0
+    return _count(raw, b",") + 1
+
+
+def _shape(body: msgspec.Raw, origin: str) -> _Counts | None:
+    """Count series and points before decoding them; refuse in one sentence what no writer makes (too many objects,
+    too many values outside the series). None when the series are not shaped like series: the typed decode then says
+    where, in its own sentence."""
+    objects = _count(body, b"{")
+    if objects > MAX_OBJECTS:
+        raise CaptureError(f"{origin} is not a capture diagnoser wrote: it holds {objects:,} JSON objects, more than "
+                           f"{MAX_OBJECTS:,} (a capture holds one per series, GPU and note-taking part, thousands at "
+                           "most).")
+    try:
+        shape = msgspec.json.decode(body, type=_Shape)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    points = [_points_in(s.values) for s in shape.series]
+    separators = sum(_count(s.times, b",") + _count(s.values, b",") for s in shape.series)
+    others = _count(body, b",") - separators
+    if others > MAX_VALUES:
+        raise CaptureError(f"{origin} is not a capture diagnoser wrote: it holds {others:,} values besides its "
+                           f"series' points, more than {MAX_VALUES:,}.")
+    kept = points[:MAX_SERIES]
+    over = len(points) > MAX_SERIES or sum(kept) > MAX_POINTS or any(
+        _points_in(s.times) > MAX_SERIES_READ for s in shape.series[:MAX_SERIES])
+    return _Counts(shape, points, over)
+
+
+def _refuse_unbounded(body: msgspec.Raw, origin: str, version: int) -> None:
+    """The generic path (a repair of nulls, an older version) decodes everything at once: refused past the bounds."""
+    values = _count(body, b",")
+    if values > MAX_VALUES + 2 * MAX_POINTS:
+        raise CaptureError(f"{origin} is a capture (version {version}) of {values:,} values, more than this "
+                           f"diagnoser repairs or migrates ({MAX_VALUES + 2 * MAX_POINTS:,}); it reads that many only "
+                           f"in a well-formed capture of version {FORMAT_VERSION}.")
+
+
+def _lite_type(struct: type[msgspec.Struct], name: str, swap: dict[str, Any]) -> type[msgspec.Struct]:
+    """A copy of `struct` with some fields' types swapped (points left as raw JSON), decoded the same way."""
+    fields: list[Any] = []
+    for f in msgspec.structs.fields(struct):
+        kind = swap.get(f.name, f.type)
+        if f.default is not msgspec.NODEFAULT:
+            fields.append((f.name, kind, f.default))
+        elif f.default_factory is not msgspec.NODEFAULT:
+            fields.append((f.name, kind, msgspec.field(default_factory=f.default_factory)))
+        else:
+            fields.append((f.name, kind))
+    return msgspec.defstruct(name, fields, kw_only=True)
+
+
+_LiteSeries = _lite_type(Series, "_LiteSeries", {"times": msgspec.Raw, "values": msgspec.Raw})
+_LiteCapture = _lite_type(Capture, "_LiteCapture", {"series": list[_LiteSeries]})  # type: ignore[valid-type]
+
+
+def _first_points(raw: msgspec.Raw, n: int) -> bytes | msgspec.Raw:
+    """The JSON array `raw` cut to its first `n` elements (at the n-th separator), or `raw` when it holds fewer."""
+    view = memoryview(raw)
+    if len(view) <= 2 or view[0] != ord("["):
+        return raw
+    found = re.match(rb"\[(?:[^,]*,){%d}" % n, view)
+    return raw if found is None else bytes(view[:found.end() - 1]) + b"]"
+
+
+def _decode_bounded(body: msgspec.Raw, counts: _Counts, origin: str, notes: list[str]) -> Capture:
+    """A capture past a bound, decoded series by series: the first MAX_SERIES series, each cut to its first
+    MAX_SERIES_READ points (then thinned by _bound_series). Each cut is one note."""
+    lite: Any = msgspec.json.decode(body, type=_LiteCapture)
+    n_series = len(lite.series)
+    chosen = lite.series[:MAX_SERIES]
+    lite.series = []
+    if n_series > MAX_SERIES:
+        notes.append(_series_left_out(n_series))
+    read = [min(n, MAX_SERIES_READ) for n in counts.points[:MAX_SERIES]]
+    total, budget = sum(read), _budget(read, MAX_POINTS)
+    series: list[Series] = []
+    cut = thinned = 0
+    for i, s in enumerate(chosen):
+        lists = []
+        for part in ("times", "values"):
+            raw = getattr(s, part)
+            bounded = _first_points(raw, MAX_SERIES_READ)
+            cut += part == "values" and bounded is not raw
+            try:
+                lists.append(msgspec.json.decode(bounded, type=list[float]))
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                where = str(exc).replace("`$", f"`$.series[{i}].{part}")
+                raise CaptureError(f"{origin} is a damaged capture (version {FORMAT_VERSION}): "
+                                   f"{_quote(where).rstrip('.')}.") from None
+        chosen[i] = None  # its raw points are not needed any more
+        one = Series(name=s.name, unit=s.unit, source=s.source, times=lists[0], values=lists[1], labels=s.labels)
+        del lists
+        thinned += _thin(one, budget)  # now, so that no more than one long series is held whole
+        series.append(one)
+    if cut:
+        notes.append(f"{cut} series held more than {MAX_SERIES_READ:,} points, more than any window diagnoser "
+                     f"records: each was read to its first {MAX_SERIES_READ:,} and the rest of it left out.")
+    if thinned:
+        notes.append(_thinned(total, thinned, budget))
+    fields = {f: getattr(lite, f) for f in Capture.__struct_fields__ if f != "series"}
+    return Capture(**fields, series=series)
+
+
+def _series_left_out(n_series: int) -> str:
+    return (f"The capture holds {n_series:,} series, more than any capture diagnoser writes: the first "
+            f"{MAX_SERIES:,} were read and {n_series - MAX_SERIES:,} left out.")
+
+
+def _bound_series(capture: Capture, notes: list[str]) -> None:
+    """At most MAX_SERIES series and MAX_POINTS points (a capture the generic path decoded whole is cut here too):
+    long series are thinned to evenly spaced points, the last kept, so the statistics still span the window."""
+    if len(capture.series) > MAX_SERIES:
+        notes.append(_series_left_out(len(capture.series)))
+        del capture.series[MAX_SERIES:]
+    points = [len(s.values) for s in capture.series]
+    total = sum(points)
+    if total <= MAX_POINTS + len(points):  # thinning keeps each series' last point
+        return
+    budget = _budget(points, MAX_POINTS)
+    thinned = sum(_thin(s, budget) for s in capture.series)
+    notes.append(_thinned(total, thinned, budget))
+
+
+def _thin(s: Series, budget: int) -> bool:
+    """Keep at most about `budget` evenly spaced points of `s`, the last among them; whether any was dropped."""
+    n = len(s.values)
+    if n <= budget or len(s.times) != n:
+        return False
+    keep = list(range(0, n, math.ceil(n / budget)))
+    if keep[-1] != n - 1:
+        keep.append(n - 1)  # the window's end: counters and rates read their last point
+    s.times, s.values = [s.times[k] for k in keep], [s.values[k] for k in keep]
+    return True
+
+
+def _thinned(total: int, thinned: int, budget: int) -> str:
+    return (f"The capture's series hold {total:,} points, over the {MAX_POINTS:,} read at once: {thinned} long "
+            f"series {'were' if thinned != 1 else 'was'} thinned to about {budget:,} points each (evenly spaced, "
+            "the last kept); the statistics are of the points kept.")
+
+
+def _budget(points: list[int], total: int) -> int:
+    """The largest per-series cap b with sum(min(n, b)) <= total: short series whole, long ones share the rest."""
+    if sum(points) <= total:
+        return max(points, default=0) or 1
+    left, remaining = total, len(points)
+    for n in sorted(points):
+        share = left // remaining
+        if n > share:
+            return max(share, 2)
+        left -= n
+        remaining -= 1
+    return max(left, 2)
+
+
+MAX_ARGS = 1000  # command-line arguments kept
+
+
+def _cut_lists(capture: Capture) -> None:
+    """Notes and command-line arguments within their counts, the cut said in the list itself."""
+    if len(capture.notes) > MAX_NOTES:
+        extra = len(capture.notes) - MAX_NOTES
+        del capture.notes[MAX_NOTES:]
+        capture.notes.append(f"The capture holds {MAX_NOTES + extra:,} notes: the first {MAX_NOTES} were read and "
+                             f"{extra:,} left out.")
+    if capture.process is not None and len(capture.process.cmdline) > MAX_ARGS:
+        extra = len(capture.process.cmdline) - MAX_ARGS
+        del capture.process.cmdline[MAX_ARGS:]
+        capture.process.cmdline.append(f"... (cut, {extra} more arguments)")
+        capture.notes.append(f"The target's command line holds {MAX_ARGS + extra:,} arguments: the first {MAX_ARGS} "
+                             "were read.")
+
+
+def _cut_text(capture: Capture, notes: list[str]) -> None:
+    """Every string of the capture within its bound (MAX_NAME_CHARS for names and labels, MAX_TEXT_CHARS else),
+    cut with a marker; one note says how many were cut and the longest."""
+    found: list[tuple[int, str]] = []  # (length, where)
+
+    def cut(text: str, limit: int, where: str) -> str:
+        if len(text) <= limit:
+            return text
+        found.append((len(text), where))
+        return cut_text(text, limit)
+
+    def walk(obj: Any, where: str) -> None:
+        for name in obj.__struct_fields__:
+            value = getattr(obj, name)
+            here = f"{where}.{name}"
+            limit = MAX_NAME_CHARS if name in _NAME_FIELDS else MAX_TEXT_CHARS
+            if isinstance(value, str):
+                if len(value) > limit:
+                    setattr(obj, name, cut(value, limit, here))
+            elif isinstance(value, msgspec.Struct):
+                walk(value, here)
+            elif isinstance(value, list) and value and not isinstance(value[0], (int, float)):
+                for i, item in enumerate(value):
+                    if isinstance(item, str):
+                        if len(item) > limit:
+                            value[i] = cut(item, limit, f"{here}[{i}]")
+                    elif isinstance(item, msgspec.Struct):
+                        walk(item, f"{here}[{i}]")
+            elif isinstance(value, dict) and value:
+                key_limit = MAX_NAME_CHARS if name == "labels" else MAX_TEXT_CHARS
+                if any(len(k) > key_limit or isinstance(v, str) and len(v) > key_limit for k, v in value.items()):
+                    setattr(obj, name, {cut(k, key_limit, f"{here} (a key)"):
+                                        cut(v, key_limit, f"{here}.{_quote(k, 40)}") if isinstance(v, str) else v
+                                        for k, v in value.items()})
+
+    walk(capture, "$")
+    if found:
+        length, where = max(found)
+        notes.append(f"{len(found)} text field{'s' if len(found) != 1 else ''} of the capture longer than "
+                     f"{MAX_NAME_CHARS} characters (names, labels) or {MAX_TEXT_CHARS} (other text) "
+                     f"{'were' if len(found) != 1 else 'was'} cut, each marked '... (cut, N chars)'; the longest, "
+                     f"{where}, held {length:,}.")
 
 
 def _gunzip_bounded(data: bytes | bytearray, limit: int) -> bytearray:

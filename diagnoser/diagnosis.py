@@ -219,6 +219,9 @@ class Diagnosis:
     saturation: float | None = None
     withheld: list[Withheld] = field(default_factory=list)
     workload: str = ""  # inference, training, or "" when not told
+    # Set when the verdict's finding beat a finding of another limiter by a hair (engine.NEAR_TIE): both named, with
+    # their strengths, so a reader knows the window supports either about as well.
+    near_tie: str = ""
 
     @property
     def limiter(self) -> Limiter | None:

@@ -172,7 +172,7 @@ def _stats_row(triage: Triage, usd_per_gpu_hour: float | None, item: tuple[int, 
     stats = triage.stats
     diagnosis, busy, has_counters, has_signals = triage.diagnose(i, ident)
     notes: list[str] = []
-    most = triage.most_samples
+    expected = stats.expected_samples()
     if not has_signals and not any(column[i] == column[i] for column in stats.values.values()):
         names = reported_names(stats, i)
         notes.append(f"{NOT_DIAGNOSED}: {NO_RULE_FIELD} (only {', '.join(names) if names else 'no DCGM field'})")
@@ -180,8 +180,12 @@ def _stats_row(triage: Triage, usd_per_gpu_hour: float | None, item: tuple[int, 
     if not has_counters:
         notes.append("no activity counters: none of GR_ENGINE_ACTIVE/GPU_UTIL, SM_ACTIVE, DRAM_ACTIVE, "
                       "PIPE_TENSOR_ACTIVE has a value for this GPU in the window")
-    elif most and stats.samples[i] < 0.9 * most:
-        notes.append(f"series partial: {int(stats.samples[i])} of {int(most)} samples in the window")
+    elif stats.keys[i] in stats.silent:
+        # Silent at the end, whether or not every other GPU fell silent too (a fleet-wide outage).
+        notes.append(f"series partial: no sample in the window's last {stats.quiet_s:.0f} s (exporter or GPU "
+                     f"gone); {int(stats.samples[i])} of {int(expected)} samples in the window")
+    elif expected and stats.samples[i] < 0.9 * expected:
+        notes.append(f"series partial: {int(stats.samples[i])} of {int(expected)} samples in the window")
     if stats.failed:
         notes.append("some statistic queries failed: " + ", ".join(sorted(stats.failed)))
     return _fleet_row(ident, diagnosis, busy, usd_per_gpu_hour, notes=notes, partial=bool(notes),

@@ -112,7 +112,8 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_file_sets_everything(tmp_path: Path) -> None:
     cfg = build_config(_write(tmp_path, CONFIG))
     assert (cfg.every_s, cfg.jitter, cfg.window_s, cfg.max_parallel) == (300.0, pytest.approx(0.2), 20.0, 2)
-    assert cfg.db_path == tmp_path / "h.db" and cfg.reports_dir == tmp_path / "reports"
+    # Beside a history not named history.db, its reports get a folder of their own (keyed by its name).
+    assert cfg.db_path == tmp_path / "h.db" and cfg.reports_dir == tmp_path / "reports-h.db"
     assert (cfg.retention_s, cfg.max_db_bytes, cfg.keep_reports) == (7 * 86400, 64 << 20, 5)
     assert cfg.textfile == tmp_path / "diagnoser.prom" and cfg.metrics_port is None  # the textfile instead
     assert cfg.webhook == "http://127.0.0.1:9/hook" and cfg.notify_inconclusive

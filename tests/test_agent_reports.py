@@ -32,7 +32,7 @@ def test_finalize_names_runs_by_utc_start(tmp_path: Path) -> None:
     second = _run(reports, "llama", t + 0.5)  # the same second: a suffix, not an overwrite
     assert first.name == time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t)) and second.name == first.name + "-2"
     assert (first / "capture.dgc").read_bytes() == b"x" and (second / "diagnosis.json").is_file()
-    assert oct(first.stat().st_mode & 0o777) == "0o755"
+    assert oct(first.stat().st_mode & 0o777) == "0o700"  # private, as the history (0755 before)
     assert reports.runs("llama") == [first, second]
 
 

@@ -70,6 +70,7 @@ def _run_folder(tmp_path: Path, stamp: str) -> Path:
 
 
 def test_report_folders_without_a_history_row_are_swept_at_start(tmp_path: Path) -> None:
+    _agent(tmp_path, io.StringIO()).close()  # an earlier start made the reports folder this history's
     kept = _run_folder(tmp_path, "20260101T000000Z")
     orphan = _run_folder(tmp_path, "20260101T000100Z")  # renamed into place, then the agent was killed
     partial = tmp_path / "reports" / "demo" / "notes"  # not a run folder: never touched

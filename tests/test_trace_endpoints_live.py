@@ -83,3 +83,18 @@ def test_doctor_names_the_costly_profiler_settings_and_the_light_ones(tmp_path: 
     finally:
         _stop(heavy)
         _stop(light)
+
+
+def test_endpoint_url_from_the_servers_own_port_flag_without_a_probe() -> None:
+    """A real vLLM under load missed the port probe's 0.5 s deadline and `trace PID` was refused as if it had no
+    endpoints: the server's own --host/--port name the URL."""
+    from diagnoser.tracing.endpoints import profiler_url
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "vllm", "serve", "m", "--host",
+                             "0.0.0.0", "--port", "45678", "--profiler-config.profiler=torch",
+                             "--profiler-config.torch_profiler_dir=/tmp/x"], start_new_session=True)
+    try:
+        assert profiler_url(proc.pid) == "http://127.0.0.1:45678"  # nothing listens there: no probe was made
+    finally:
+        proc.kill()
+        proc.wait()

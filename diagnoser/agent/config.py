@@ -99,6 +99,7 @@ class AgentConfig:
     reports_dir: Path | None = field(default_factory=lambda: state_dir() / "reports")
     keep_reports: int = 20
     html_reports: bool = True
+    reports_mode: int = 0o600  # files; folders get an execute bit per read bit (0700)
     metrics_port: int | None = 9464
     metrics_addr: str = "127.0.0.1"
     textfile: Path | None = None
@@ -120,6 +121,30 @@ def state_dir() -> Path:
         return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "diagnoser"
+
+
+def default_reports_dir(db_path: Path) -> Path:
+    """The reports folder of a history: `reports/` beside the default `history.db`, `reports-<name>/` beside any
+    other, so two histories in one folder never share (and sweep or rotate) each other's run folders."""
+    if db_path.name == "history.db":
+        return db_path.parent / "reports"
+    return db_path.parent / ("reports-" + (re.sub(r"[^A-Za-z0-9_.@-]+", "-", db_path.name).strip("-.") or "history"))
+
+
+def parse_mode(value: Any, what: str) -> int:
+    """A file mode in octal ("0640", "640" or the TOML integer 0o640): read and write for the owner at least, no
+    execute, setuid or sticky bits (folders get their execute bits from the read bits)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        mode = value
+    else:
+        text = str(value).strip().lower().removeprefix("0o")
+        if not re.fullmatch(r"[0-7]{3,4}", text):
+            raise InputError(f"{what} must be an octal file mode such as \"0600\" or \"0640\", not '{value}'.")
+        mode = int(text, 8)
+    if mode & ~0o666 or mode & 0o600 != 0o600:
+        raise InputError(f"{what} must give the owner read and write and nobody execute (e.g. \"0600\", \"0640\", "
+                         f"\"0644\"), not {oct(mode)[2:].zfill(4)}.")
+    return mode
 
 
 # --- targets --------------------------------------------------------------------------------------------------
@@ -214,7 +239,7 @@ def _int(value: Any, what: str, low: int, high: int | None = None) -> int:
 _SECTIONS: dict[str, set[str]] = {
     "agent": {"every", "jitter", "window", "sample_interval", "grace", "max_parallel", "discover", "rules_config"},
     "history": {"db", "retention", "max_db_mb"},
-    "reports": {"dir", "keep", "html"},
+    "reports": {"dir", "keep", "html", "mode"},
     "metrics": {"port", "addr", "textfile"},
     "notify": {"webhook", "webhook_timeout", "notify_inconclusive"},
     "sources": {"nvml", "server_metrics", "dcgm_exporter", "prometheus"},
@@ -311,8 +336,10 @@ def _apply(cfg: AgentConfig, merged: dict[str, Any], where: str) -> None:
         value = str(merged["reports.dir"])
         cfg.reports_dir = Path(value).expanduser() if value else None
     elif "history.db" in merged:
-        # Reports live beside the history unless told otherwise.
-        cfg.reports_dir = cfg.db_path.parent / "reports"
+        # Reports live beside the history unless told otherwise, in a folder of this history's own.
+        cfg.reports_dir = default_reports_dir(cfg.db_path)
+    if "reports.mode" in merged:
+        cfg.reports_mode = parse_mode(merged["reports.mode"], f"{where}: reports.mode")
     if "reports.keep" in merged:
         cfg.keep_reports = _int(merged["reports.keep"], f"{where}: reports.keep", 0)
     if "reports.html" in merged:

@@ -6,6 +6,13 @@ history. The loop never waits on a target: each worker has a deadline (its windo
 process group is killed and the run is recorded as a timeout. `stop()` (wired to SIGTERM/SIGINT by the CLI) wakes
 the sleeping loop at once; running workers get SIGTERM, which ends their windows early so they still store what
 they captured, and SIGKILL if they are not done within STOP_GRACE_S.
+
+Each worker also gets a pipe (DIAGNOSER_STATUS_FD) for short JSON lines: its stages ("observing 10 s window of PID
+..."), logged as `progress` events when asked for (`agent --once`), and its one-sentence error, which reaches the
+loop even when a full disk keeps the worker from writing its result file or its stderr.
+
+The scratch folders (run markers) beside the history are named after it (`.agent-work-<history>-<pid>-...`), so a
+second history in the same folder neither removes the first's scratch nor holds back or runs the first's sweep.
 """
 
 from __future__ import annotations
@@ -29,8 +36,8 @@ from diagnoser.agent.config import AgentConfig, TargetSpec
 from diagnoser.agent.history import ERROR, OK, TIMEOUT, HistoryStore, RunRecord
 from diagnoser.agent.metrics import AgentMetrics, MetricsServer, write_textfile
 from diagnoser.agent.notify import EventLog, Webhook, is_change
-from diagnoser.agent.reports import RunReports
-from diagnoser.agent.worker import build_job
+from diagnoser.agent.reports import RunReports, write_error
+from diagnoser.agent.worker import STATUS_FD_ENV, build_job
 from diagnoser.collectors.process import pid_alive
 from diagnoser.errors import DiagnoserError, InputError
 
@@ -39,6 +46,45 @@ DISCOVERY_TIMEOUT_S = 30.0
 _POLL_S = 0.1
 _WORK_PREFIX = ".agent-work-"
 _TAIL_BYTES = 64 << 10
+_STATUS_LINE = 4096  # a status line longer than this is cut (a worker's sentence is far shorter)
+
+
+class _StatusPipe:
+    """The read end of a worker's status pipe: complete JSON lines as they arrive, never blocking."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffer = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        chunks = []
+        while self.fd >= 0:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.close()  # the worker's end is closed: it has exited
+                break
+            chunks.append(chunk)
+        *lines, self._buffer = (self._buffer + b"".join(chunks)).split(b"\n")
+        self._buffer = self._buffer[-_STATUS_LINE:]
+        messages = []
+        for line in lines:
+            try:
+                message = json.loads(line[:_STATUS_LINE])
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                messages.append(message)
+        return messages
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 @dataclass
@@ -48,6 +94,8 @@ class _Job:
     started_at: float
     deadline: float  # monotonic
     job_dir: Path
+    status: _StatusPipe | None = None
+    error: str = ""  # the worker's one-sentence error, from its status pipe
     terminated: bool = False
 
 
@@ -68,21 +116,30 @@ class CycleReport:
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig, *, log: EventLog | None = None, rng: random.Random | None = None) -> None:
+    def __init__(self, cfg: AgentConfig, *, log: EventLog | None = None, rng: random.Random | None = None,
+                 progress: bool = False) -> None:
         self.cfg = cfg
         self.log = log or EventLog()
+        self.progress = progress  # log each worker's stages as `progress` events (agent --once)
         self.rng = rng or random.Random()
         self.stop_event = threading.Event()
         self.store = HistoryStore(cfg.db_path)
         self.metrics = AgentMetrics()
-        self.reports = RunReports(cfg.reports_dir, cfg.keep_reports) \
+        self.reports = RunReports(cfg.reports_dir, cfg.keep_reports, cfg.reports_mode) \
             if cfg.reports_dir is not None and cfg.keep_reports > 0 else None
+        self._marker = _WORK_PREFIX + cfg.db_path.name + "-"  # this history's scratch folders start so
         self.webhook = Webhook(cfg.webhook, cfg.webhook_timeout_s, self.log, self.metrics.count_webhook_error) \
             if cfg.webhook else None
         self.server: MetricsServer | None = None
         self.cycles = 0
         self._workdir = self._make_workdir()
-        self._sweep_reports()
+        try:
+            claimed = self.reports.claim(cfg.db_path) if self.reports is not None else False
+        except DiagnoserError:
+            self.close()
+            raise
+        if claimed:
+            self._sweep_reports()  # a folder claimed only now may hold another history's runs of an older version
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -110,15 +167,28 @@ class Agent:
         # Scratch for job and result files, beside the history (the one place the agent must be able to write,
         # also under a read-only root file system). Leftovers of an agent that was killed are removed first.
         parent = self.cfg.db_path.parent
-        for old in parent.glob(_WORK_PREFIX + "*"):
-            pid = old.name[len(_WORK_PREFIX):].split("-")[0]
-            if pid.isdigit() and not pid_alive(int(pid)):
+        for old, pid in self._markers():
+            if not pid_alive(pid):
                 shutil.rmtree(old, ignore_errors=True)
         try:
-            return Path(tempfile.mkdtemp(prefix=f"{_WORK_PREFIX}{os.getpid()}-", dir=parent))
+            return Path(tempfile.mkdtemp(prefix=f"{self._marker}{os.getpid()}-", dir=parent))
         except OSError as exc:
             self.store.close()
-            raise InputError(f"cannot write to the agent's state folder {parent}: {exc.strerror or exc}.") from None
+            raise InputError(write_error(f"write to the agent's state folder {parent}", exc)) from None
+
+    def _markers(self) -> list[tuple[Path, int]]:
+        """This history's scratch folders with the PID of the agent that made each; those of older versions
+        (`.agent-work-<pid>-...`, no history in the name) count as anyone's."""
+        found = []
+        for path in self.cfg.db_path.parent.glob(_WORK_PREFIX + "*"):
+            rest = path.name[len(self._marker):] if path.name.startswith(self._marker) else ""
+            legacy = path.name[len(_WORK_PREFIX):]
+            for candidate in (rest, legacy):
+                pid = candidate.split("-")[0]
+                if pid.isdigit() and len(candidate.split("-")) == 2:
+                    found.append((path, int(pid)))
+                    break
+        return found
 
     def _sweep_reports(self) -> None:
         """Remove report folders no history row names (left by an agent killed between a worker's rename and the
@@ -126,9 +196,8 @@ class Agent:
         if self.reports is None:
             return
         mine = self._workdir.name
-        for other in self.cfg.db_path.parent.glob(_WORK_PREFIX + "*"):
-            pid = other.name[len(_WORK_PREFIX):].split("-")[0]
-            if other.name != mine and pid.isdigit() and pid_alive(int(pid)):
+        for other, pid in self._markers():
+            if other.name != mine and pid_alive(pid):
                 return
         try:
             removed = self.reports.sweep(self.store.report_dirs())
@@ -169,6 +238,7 @@ class Agent:
         t0 = time.monotonic()
         targets = list(self.cfg.targets)
         if self.cfg.discovering:
+            self._progress("", "discovering the serving processes on this node's GPUs")
             found, error = self._discover()
             report.discovery_error = error
             taken = {t.name for t in targets} | {t.pid for t in targets if t.pid is not None}
@@ -235,13 +305,20 @@ class Agent:
 
     # --- running targets -----------------------------------------------------------------------------------
 
-    def _spawn(self, args: list[str], stderr_path: Path) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], stderr_path: Path, status_fd: int | None = None) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "DIAGNOSER_AGENT_PID": str(os.getpid())}
+        if status_fd is not None:
+            env[STATUS_FD_ENV] = str(status_fd)
         with open(stderr_path, "wb") as err:
             # A new session: the worker and anything it starts can be killed as one group.
             return subprocess.Popen([sys.executable, "-m", "diagnoser.agent.worker", *args],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     start_new_session=True, close_fds=True,
-                                    env={**os.environ, "DIAGNOSER_AGENT_PID": str(os.getpid())})
+                                    pass_fds=() if status_fd is None else (status_fd,), env=env)
+
+    def _progress(self, target: str, stage: str) -> None:
+        if self.progress:
+            self.log.emit("progress", **({"target": target} if target else {}), stage=stage)
 
     def _launch(self, target: TargetSpec) -> _Job:
         job_dir = Path(tempfile.mkdtemp(prefix="run-", dir=self._workdir))
@@ -250,10 +327,34 @@ class Agent:
                         sources=self.cfg.sources, thresholds_path=self.cfg.thresholds_path,
                         reports_root=self.reports.root if self.reports else None,
                         keep_reports=self.cfg.keep_reports, html=self.cfg.html_reports,
-                        result_path=job_dir / "result.json")
-        (job_dir / "job.json").write_text(json.dumps(job))
-        proc = self._spawn(["run", str(job_dir / "job.json")], job_dir / "stderr")
-        return _Job(target, proc, time.time(), time.monotonic() + self.cfg.timeout_for(target), job_dir)
+                        result_path=job_dir / "result.json", reports_mode=self.cfg.reports_mode)
+        try:
+            (job_dir / "job.json").write_text(json.dumps(job))
+            read_end, write_end = os.pipe()
+        except OSError:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            raise
+        try:
+            proc = self._spawn(["run", str(job_dir / "job.json")], job_dir / "stderr", write_end)
+        except OSError:
+            os.close(read_end)
+            shutil.rmtree(job_dir, ignore_errors=True)
+            raise
+        finally:
+            os.close(write_end)  # the worker holds the only write end: EOF when it exits
+        os.set_blocking(read_end, False)
+        self._progress(target.name, "starting a worker")
+        return _Job(target, proc, time.time(), time.monotonic() + self.cfg.timeout_for(target), job_dir,
+                    status=_StatusPipe(read_end))
+
+    def _read_status(self, job: _Job) -> None:
+        if job.status is None:
+            return
+        for message in job.status.read():
+            if isinstance(message.get("stage"), str):
+                self._progress(job.target.name, message["stage"][:300])
+            if isinstance(message.get("error"), str):
+                job.error = message["error"][:1000]
 
     def _run_targets(self, targets: list[TargetSpec], report: CycleReport) -> None:
         pending = deque(targets)
@@ -270,9 +371,11 @@ class Agent:
                 except OSError as exc:  # no disk space, no processes left: this run fails, the loop goes on
                     now_s = time.time()
                     self._store(RunRecord(target=target.name, started_at=now_s, finished_at=now_s, status=ERROR,
-                                          error=f"cannot start a worker: {exc.strerror or exc}."), target, report)
+                                          error=write_error(f"start a worker in {self._workdir}", exc)),
+                                target, report)
             now = time.monotonic()
             for job in list(running):
+                self._read_status(job)
                 if job.proc.poll() is not None:
                     running.remove(job)
                     self._finish(job, report, timed_out=False)
@@ -292,6 +395,9 @@ class Agent:
     def _finish(self, job: _Job, report: CycleReport, *, timed_out: bool) -> None:
         finished = time.time()
         result: dict[str, Any] = {}
+        self._read_status(job)  # what the worker said last, up to its exit
+        if job.status is not None:
+            job.status.close()
         if job.terminated and (timed_out or not (job.job_dir / "result.json").exists()):
             # Stopped by our own shutdown before it had a result: a cancelled run, not the target's error.
             shutil.rmtree(job.job_dir, ignore_errors=True)
@@ -304,8 +410,9 @@ class Agent:
             try:
                 result = json.loads((job.job_dir / "result.json").read_text())
             except (OSError, ValueError):
-                tail = _tail(job.job_dir / "stderr")
-                result = {"status": ERROR, "error": tail or f"the worker exited with code {job.proc.returncode} "
+                # Its own sentence first: on a full disk neither the result nor its stderr could be written.
+                said = job.error or _tail(job.job_dir / "stderr")
+                result = {"status": ERROR, "error": said or f"the worker exited with code {job.proc.returncode} "
                                                             "without a result"}
         else:
             result = {"status": TIMEOUT, "error": f"no result within {self.cfg.timeout_for(job.target):.0f} s "

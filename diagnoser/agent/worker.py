@@ -9,6 +9,11 @@ The worker finds the target, collects one window, saves the capture (before anyt
 writes the run's report folder and then its result as JSON to the job's result path. On SIGTERM it ends the window
 early and still diagnoses what it has. `python -m diagnoser.agent.worker discover OUT.json` lists the serving
 processes NVML sees on the node's GPUs instead.
+
+With DIAGNOSER_STATUS_FD set (the agent's pipe), the worker writes one JSON line per stage to it ({"stage":
+"observing 10 s window of PID 4242"}, "diagnosing", "writing the report") and, when it cannot write its result,
+the run's one-sentence error ({"error": ...}): a pipe needs no disk, so a full disk is still told in the worker's own
+words.
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ if __name__ == "__main__":
 
 from diagnoser import signals as S  # noqa: E402
 from diagnoser.agent.config import SourcesConfig, TargetSpec  # noqa: E402
-from diagnoser.agent.reports import RunReports  # noqa: E402
+from diagnoser.agent.reports import DEFAULT_MODE, RunReports, write_error  # noqa: E402
 from diagnoser.capture import Capture  # noqa: E402
-from diagnoser.errors import EXIT_INPUT, EXIT_UNAVAILABLE, DiagnoserError, SourceUnavailable  # noqa: E402
+from diagnoser.errors import EXIT_INPUT, EXIT_UNAVAILABLE, DiagnoserError, InputError, SourceUnavailable  # noqa: E402
 from diagnoser.fileio import write_atomic  # noqa: E402
 
+STATUS_FD_ENV = "DIAGNOSER_STATUS_FD"
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 # Where a climb from a GPU process towards its server stops: init systems, shells, container runtimes.
 _BOUNDARY_NAMES = {"systemd", "init", "bash", "sh", "dash", "zsh", "fish", "sudo", "su", "sshd", "tmux", "screen",
@@ -47,13 +53,55 @@ _BOUNDARY_NAMES = {"systemd", "init", "bash", "sh", "dash", "zsh", "fish", "sudo
 
 def build_job(target: TargetSpec, *, window_s: float, interval_s: float, sources: SourcesConfig,
               thresholds_path: Path | None, reports_root: Path | None, keep_reports: int, html: bool,
-              result_path: Path) -> dict[str, Any]:
+              result_path: Path, reports_mode: int = DEFAULT_MODE) -> dict[str, Any]:
     return {
         "target": target.to_dict(), "window_s": window_s, "interval_s": interval_s,
         "sources": sources.__dict__, "thresholds_path": str(thresholds_path) if thresholds_path else None,
         "reports_root": str(reports_root) if reports_root else None, "keep_reports": keep_reports, "html": html,
-        "result_path": str(result_path),
+        "reports_mode": reports_mode, "result_path": str(result_path),
     }
+
+
+class Status:
+    """The agent's status pipe (DIAGNOSER_STATUS_FD), or nothing when the worker runs without one."""
+
+    def __init__(self, fd: int | None = None) -> None:
+        self.fd = fd
+
+    @classmethod
+    def from_env(cls) -> Status:
+        value = os.environ.get(STATUS_FD_ENV, "")
+        return cls(int(value) if value.isdigit() else None)
+
+    def stage(self, text: str) -> None:
+        self._send({"stage": text})
+
+    def error(self, sentence: str) -> None:
+        self._send({"error": sentence[:1000]})
+
+    def _send(self, message: dict[str, str]) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, (json.dumps(message) + "\n").encode())  # far under PIPE_BUF: one write, whole
+        except OSError:
+            self.fd = None  # the agent is gone (EPIPE) or the fd is not a pipe: nothing more to tell
+
+
+def _say(text: str) -> None:
+    """A line on stderr, which may be a file on a full disk: its failure must not turn into a traceback."""
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _print_traceback() -> None:
+    try:
+        traceback.print_exc(file=sys.stderr)
+    except (OSError, ValueError):
+        pass
 
 
 # --- finding the process ----------------------------------------------------------------------------------------
@@ -191,26 +239,37 @@ def attach_model(capture: Capture, spec: TargetSpec, target: Any) -> None:
     apply_serving_flags(capture)
 
 
-def run_job(job: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
+def _observing(job: dict[str, Any], target: Any) -> str:
+    what = f"PID {target.pid}" if target.pid is not None else (target.metrics_url or "the target")
+    return f"observing {job['window_s']:g} s window of {what}"
+
+
+def run_job(job: dict[str, Any], stop: threading.Event, status: Status | None = None) -> dict[str, Any]:
     """Everything one run does; returns the result the agent stores. Raises DiagnoserError before a capture exists."""
     from diagnoser.pipeline import Pipeline
     from diagnoser.rules import load_thresholds
 
+    status = status or Status()
     spec = TargetSpec.from_dict(job["target"])
     sources = SourcesConfig(**job["sources"])
     started = time.time()
     thresholds = load_thresholds(job["thresholds_path"]) if job.get("thresholds_path") else None
     target, notes = resolve(spec, sources)
+    status.stage(_observing(job, target))
     capture, dcgm_pods = collect_window(target, job, stop)
     capture.origin = "agent"
     capture.notes.extend(notes)
     attach_model(capture, spec, target)
 
-    reports = RunReports(job["reports_root"], job["keep_reports"]) if job.get("reports_root") else None
+    reports = RunReports(job["reports_root"], job["keep_reports"], int(job.get("reports_mode", DEFAULT_MODE))) \
+        if job.get("reports_root") else None
     staging = reports.staging(spec.name) if reports is not None else None
     pipeline = Pipeline(overrides=thresholds, save_to=staging / "capture.dgc" if staging is not None else None,
                         html=staging / "report.html" if staging is not None and job.get("html") else None)
-    pipeline.checkpoint(capture)  # the ground truth first: whatever fails next, this stays
+    try:
+        pipeline.checkpoint(capture)  # the ground truth first: whatever fails next, this stays
+    except DiagnoserError as exc:
+        raise InputError(write_error(f"save the capture to {pipeline.save_to}", exc)) from None
     result: dict[str, Any] = {
         "started_at": started, "gpu": ",".join(str(g.index) for g in capture.gpus),
         "pod": spec.labels.get("pod") or ",".join(sorted(set(dcgm_pods))) or pod_of(target.pid),
@@ -221,15 +280,22 @@ def run_job(job: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
         result["problems"].append(f"target: the process exited {capture.process.exited_at_s:.1f} s into the "
                                   "window; diagnosed what was captured until then")
     try:
+        status.stage("diagnosing")
         outcome = pipeline.diagnose(capture)
         result.update(verdict_fields(outcome.evidence, outcome.diagnosis))
-        if staging is not None:
-            write_atomic(staging / "diagnosis.json", json.dumps(outcome.diagnosis.to_dict(), indent=2).encode())
-            _write_html(pipeline, outcome, result)
+        if staging is not None and reports is not None:
+            status.stage("writing the report")
+            path = staging / "diagnosis.json"
+            try:
+                write_atomic(path, json.dumps(outcome.diagnosis.to_dict(), indent=2).encode(), mode=reports.mode)
+            except OSError as exc:  # the verdict stands; the folder keeps the capture
+                result["problems"].append("report: " + write_error(f"write {path}", exc))
+            else:
+                _write_html(pipeline, outcome, result)
     except DiagnoserError as exc:
         result.update(status="error", error=str(exc))
     except Exception as exc:  # a bug in diagnosis: the capture is kept for a bug report
-        traceback.print_exc(file=sys.stderr)
+        _print_traceback()
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.update(status="error", error=f"internal error while diagnosing: {last}")
     finally:
@@ -258,7 +324,7 @@ def _write_html(pipeline: Any, outcome: Any, result: dict[str, Any]) -> None:
     except ImportError:
         return
     except DiagnoserError as exc:
-        result["problems"].append(f"report: {exc}")
+        result["problems"].append("report: " + write_error(f"write {pipeline.html}", exc))
 
 
 def _discover(out: Path) -> int:
@@ -347,27 +413,33 @@ def _die_with_agent() -> None:
 
 def main(argv: list[str]) -> int:
     _die_with_agent()
+    signal.signal(signal.SIGTERM, lambda *_: _STOP.set())  # also when main() is called from elsewhere
+    return run_main(argv, _STOP, Status.from_env())
+
+
+def run_main(argv: list[str], stop: threading.Event, status: Status) -> int:
+    """The worker's command line, with its stop event and status pipe given (in-process callers: the tests)."""
     if len(argv) != 2 or argv[0] not in ("run", "discover"):
-        sys.stderr.write("usage: python -m diagnoser.agent.worker run JOB.json | discover OUT.json\n")
+        _say("usage: python -m diagnoser.agent.worker run JOB.json | discover OUT.json")
         return EXIT_INPUT
     if argv[0] == "discover":
         return _discover(Path(argv[1]))
     try:
         job = json.loads(Path(argv[1]).read_text())
     except (OSError, ValueError) as exc:
-        sys.stderr.write(f"diagnoser worker: cannot read the job {argv[1]}: {exc}\n")
+        sentence = f"the worker cannot read its job {argv[1]}: {exc}"
+        status.error(sentence)
+        _say(f"diagnoser worker: {sentence}")
         return EXIT_INPUT
-    stop = _STOP
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # also when main() is called from elsewhere
     result_path = Path(job["result_path"])
     code = 0
     try:
-        result = run_job(job, stop)
+        result = run_job(job, stop, status)
     except DiagnoserError as exc:
         result, code = {"status": "error", "error": str(exc)}, exc.exit_code
     except Exception as exc:  # a bug: report it as this run's error, the agent goes on
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        traceback.print_exc(file=sys.stderr)
+        _print_traceback()
         result, code = {"status": "error", "error": f"internal error: {last}"}, EXIT_UNAVAILABLE + 1
     result["finished_at"] = time.time()
     if result.get("status") != "ok" and code == 0:
@@ -375,7 +447,10 @@ def main(argv: list[str]) -> int:
     try:
         write_atomic(result_path, json.dumps(result, default=str).encode())
     except OSError as exc:
-        sys.stderr.write(f"diagnoser worker: cannot write the result {result_path}: {exc}\n")
+        # The run's own error if it had one (a full disk usually failed an earlier write), else this one.
+        sentence = str(result.get("error") or "") or write_error(f"write the run's result to {result_path}", exc)
+        status.error(sentence)
+        _say(f"diagnoser worker: {sentence}")
         return EXIT_INPUT
     return code
 

@@ -45,7 +45,8 @@ def register(app: typer.Typer) -> None:
         retention: str = typer.Option(None, "--retention", help="Keep history this long, e.g. 30d (default 30d)."),
         max_db_mb: int = typer.Option(None, "--max-db-mb", help="Keep the history under this size (default 256)."),
         reports_dir: Path = typer.Option(None, "--reports-dir", help="Where run reports go (default: beside the "
-                                                                      "history, reports/)."),
+                                                                      "history, reports/; reports-NAME/ for a history "
+                                                                      "not named history.db)."),
         keep_reports: int = typer.Option(None, "--keep-reports",
                                          help="Run reports kept per target (default 20; 0 keeps none)."),
         no_html: bool = typer.Option(False, "--no-html", help="Keep the capture and diagnosis.json, not HTML."),
@@ -84,7 +85,7 @@ def register(app: typer.Typer) -> None:
         validate(cfg)
         if once:
             cfg.metrics_port = None  # nothing would be there to scrape once the run ends; use --textfile
-        agent = Agent(cfg)
+        agent = Agent(cfg, progress=once)  # --once: each target's stages on stderr as it goes
         previous = catch((signal.SIGTERM, signal.SIGINT), lambda *_: agent.stop())  # an ignored SIGINT stays so
         try:
             if once:

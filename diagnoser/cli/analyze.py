@@ -150,6 +150,8 @@ def render_analysis(a: TraceAnalysis) -> list[str]:
     out = [f"Trace {a.path}"]
     if a.ranks:
         out.append(f"  {len(a.ranks)} rank files: " + ", ".join(r.path.name for r in a.ranks))
+    for front in s.frontends:
+        out.append(f"  frontend, not a rank (left out of the numbers): {front}")
     gpus = ", ".join(sorted({d.name for d in a.devices})) or "no deviceProperties"
     out.append(f"  window {s.window_s * 1e3:.1f} ms ({a.window_policy}); GPUs: {gpus}")
     ran = []
@@ -166,6 +168,9 @@ def render_analysis(a: TraceAnalysis) -> list[str]:
     if s.gpu_busy_frac is not None:
         out.append(f"GPU busy {_pct(s.gpu_busy_frac)}, idle {_pct(1 - s.gpu_busy_frac)} of the window"
                    + (f" (mean over devices {', '.join(map(str, s.devices))})" if len(s.devices) > 1 else ""))
+        if s.compute_time_frac is not None:
+            out.append(f"  temporal breakdown: compute {_pct(s.compute_time_frac)}, non-compute (communication, "
+                       f"copies) {_pct(s.non_compute_time_frac)}, idle {_pct(s.idle_time_frac)}")
         for cause in IDLE_CAUSES:
             frac = s.idle_frac_by_cause.get(cause, 0.0)
             if frac >= 0.0005:

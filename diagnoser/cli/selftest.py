@@ -1,17 +1,26 @@
-"""`diagnoser selftest`: run workloads with known limiters here, diagnose each, compare (docs/calibrate.md)."""
+"""`diagnoser selftest`: run workloads with known limiters here, diagnose each, compare (docs/calibrate.md).
+
+Each stage is one line on stderr as it starts (stdout keeps the table or the JSON). Without --out the captures,
+workload logs and traces go to a temporary folder that is removed on every way out: success, failure, Ctrl-C and
+SIGTERM (a CPU run's traces alone are hundreds of MB).
+"""
 
 from __future__ import annotations
 
+import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
+from types import FrameType
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from diagnoser.cli.common import handles_errors, print_json
-from diagnoser.errors import EXIT_FAIL_ON, InputError
+from diagnoser.errors import EXIT_FAIL_ON, EXIT_TERMINATED, InputError
+from diagnoser.interrupts import catch
 from diagnoser.selftest.harness import SelftestReport, resolve_device, run_selftest, scenario_names
 from diagnoser.selftest.record import record_fixtures
 from diagnoser.selftest.scenarios import DEFAULT_ORDER
@@ -59,8 +68,12 @@ def render(report: SelftestReport, console: Console) -> None:
                      for v in (c.predicted, c.measured)]
             checks.add_row(c.name, *shown, "" if c.ok is None else ("ok" if c.ok else "OFF"), c.note)
         console.print(checks)
-    console.print(f"Captures and workload logs in {report.out_dir} (diagnoser diagnose FILE.dgc shows each verdict).",
-                  markup=False, style="dim")
+    if report.out_dir:
+        console.print(f"Captures and workload logs in {report.out_dir} (diagnoser diagnose FILE.dgc shows each "
+                      "verdict).", markup=False, style="dim")
+    else:
+        console.print("Captures, workload logs and traces were in a temporary folder, now removed (--out DIR keeps "
+                      "them).", markup=False, style="dim")
     if report.failed and not report.cpu_run:
         console.print(f"Self-test FAILED: {'; '.join(report.failed)}", style="bold red", markup=False)
     elif report.failed:
@@ -97,19 +110,48 @@ def register(app: typer.Typer) -> None:
         """Run workloads whose limiter is known (bandwidth, compute, batching/launch, VRAM, host) under attach, and
         check each verdict and the physics on this machine. Exit 1 if any verdict or physics check is off."""
         names = scenario_names(scenarios)
+        err = Console(file=sys.stderr, no_color=True, highlight=False, soft_wrap=True)
+
+        def say(message: str) -> None:  # progress on stderr, also with --json: stdout stays the JSON alone
+            err.print(message, markup=False)
+
+        if device.strip().lower() == "auto":
+            say("looking for a GPU (loading PyTorch)")
         resolved = resolve_device(device.strip().lower())
         if record is not None and compiled:
             raise InputError("--record keeps the eager scenarios the fixtures describe; run --compile without it.")
         if record is not None and resolved == "cpu":
             raise InputError("--record keeps GPU recordings only; a CPU run is not a GPU fixture.")
+        temporary = out is None
         out_dir = out or Path(tempfile.mkdtemp(prefix="diagnoser-selftest-"))
-        err = Console(file=sys.stderr, no_color=True, highlight=False)
-        report, captures = run_selftest(names, device=resolved, size=size.strip().lower(), window_s=window,
-                                        trace_s=trace, out_dir=out_dir, force=force, compiled=compiled,
-                                        progress=None if as_json else (lambda m: err.print(m, markup=False)))
-        if record is not None:
-            written = record_fixtures(report, captures, record, command=" ".join(["diagnoser", *sys.argv[1:]]))
-            report.notes.append(f"Recorded {len(written)} capture(s) in {record}.")
+        terminated: list[int] = []
+
+        def on_sigterm(signum: int, _frame: FrameType | None) -> None:
+            terminated.append(signum)
+            raise KeyboardInterrupt  # unwinds like Ctrl-C: the workload is stopped, the folder removed
+
+        previous = catch((signal.SIGTERM,), on_sigterm)
+        try:
+            report, captures = run_selftest(names, device=resolved, size=size.strip().lower(), window_s=window,
+                                            trace_s=trace, out_dir=out_dir, force=force, compiled=compiled,
+                                            progress=say)
+            if record is not None:
+                written = record_fixtures(report, captures, record, command=" ".join(["diagnoser", *sys.argv[1:]]))
+                report.notes.append(f"Recorded {len(written)} capture(s) in {record}.")
+        except KeyboardInterrupt:
+            if terminated:
+                typer.echo("diagnoser: stopped by SIGTERM.", err=True)
+                raise typer.Exit(EXIT_TERMINATED) from None
+            raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if temporary:
+                shutil.rmtree(out_dir, ignore_errors=True)
+        if temporary:  # what the report would point to is gone
+            report.out_dir = ""
+            for r in report.results:
+                r.capture_path = r.trace_path = ""
         if as_json:
             print_json(report.to_dict())
         else:

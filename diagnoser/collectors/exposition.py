@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 Labels = dict[str, str]
@@ -29,12 +30,25 @@ class ParseError(ValueError):
     """The text holds no readable sample; the message says what the first bad line was."""
 
 
+# Series read from one page. A vLLM page holds hundreds to a few thousand samples (tens of thousands with many LoRA
+# adapters or label sets); 600,000 drove `attach` to 420 MB, past the agent unit's 512 MB. The rest of a longer page is
+# not read, and the capture says so (ParseReport.unread).
+MAX_PAGE_SERIES = 50_000
+
+
 @dataclass
 class ParseReport:
-    """What reading one page skipped: how many sample lines were malformed, and the first of them."""
+    """What reading one page skipped: how many sample lines were malformed, and the first of them; how many lines
+    were left unread past MAX_PAGE_SERIES."""
 
     skipped: int = 0
     first_bad: str = ""  # "line N: why (excerpt)", with control characters escaped
+    unread: int = 0  # lines after the MAX_PAGE_SERIES-th series, not read
+
+    def cut_note(self, origin: str) -> str:
+        """One sentence for the capture's notes when the page was cut."""
+        return (f"{origin} had more than {MAX_PAGE_SERIES:,} series on one page: reading stopped there and "
+                f"{self.unread:,} more lines were not read, so the server signals cover the first series only.")
 
     def note(self, origin: str) -> str:
         """One sentence for the capture's notes."""
@@ -98,7 +112,11 @@ def parse_text(text: str, names: tuple[str, ...] | None = None) -> tuple[Samples
     Raises ParseError when the text has sample lines but none readable (an HTML page, a JSON answer)."""
     out: Samples = defaultdict(list)
     report = ParseReport()
-    for number, raw in enumerate(text.split("\n"), 1):
+    read = 0
+    for number, start, raw in _lines(text):
+        if read >= MAX_PAGE_SERIES:
+            report.unread = text.count("\n", start) + (not text.endswith("\n"))
+            break
         line = raw.rstrip("\r")
         if not line or line[0] == "#" or (names is not None and not line.startswith(names)):
             continue
@@ -112,9 +130,21 @@ def parse_text(text: str, names: tuple[str, ...] | None = None) -> tuple[Samples
             continue
         name, labels, value = parsed
         out[name].append((labels, value))
+        read += 1
     if not out and report.skipped:
         raise ParseError(report.first_bad)
     return dict(out), report
+
+
+def _lines(text: str) -> Iterator[tuple[int, int, str]]:
+    """(number, offset, line) of each line, one at a time: a page is not split into a list of all its lines."""
+    start, number = 0, 1
+    while start < len(text):
+        end = text.find("\n", start)
+        if end < 0:
+            end = len(text)
+        yield number, start, text[start:end]
+        start, number = end + 1, number + 1
 
 
 def finite(values: list[float]) -> list[float]:

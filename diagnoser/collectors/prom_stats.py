@@ -42,6 +42,8 @@ from diagnoser.collectors.prometheus_source import (
     index_identities,
     matchers_for,
     no_dcgm_series,
+    reporting_at_end,
+    typical_interval,
 )
 from diagnoser.errors import SourceUnavailable
 
@@ -208,6 +210,17 @@ class WindowStats:
     deselected: set[str] = field(default_factory=set)
     no_uuid: int = 0  # series without a UUID label, left out
     anchor: str = ""  # the metric name that listed the GPUs before the union
+    # The GPUs with no sample of the anchor field in the window's last `quiet_s` (a few scrape intervals): they
+    # stopped reporting, every one of them marked whether or not the others stopped too.
+    silent: set[GpuKey] = field(default_factory=set)
+    quiet_s: float = 0.0
+
+    def expected_samples(self) -> float:
+        """The samples a GPU scraped all window long has: the window over the scrape interval (the most any GPU has
+        when the interval is unknown)."""
+        if self.scrape_interval_s:
+            return self.window.length_s / self.scrape_interval_s
+        return max(self.samples, default=0.0)
 
     def get(self, stat_key: str, i: int) -> float:
         """One GPU's statistic; a MIG instance without its own takes its board's (power, clocks, throttling)."""
@@ -273,6 +286,7 @@ class StatsQuery:
         self.check_found(data)
         if select is not None:
             self._prune(data, select)
+        self._reporting(data, existing)
         data.anchor = self.anchor
         data.query_seconds = time.perf_counter() - t0
         return data
@@ -469,8 +483,28 @@ class StatsQuery:
         self._interval(data)
 
     def _interval(self, data: WindowStats) -> None:
+        """A first estimate (the window over the most samples); `_reporting` replaces it by the spacing of points."""
         most = max(data.samples, default=0.0)
         data.scrape_interval_s = self.window.length_s / most if most >= 2 else None
+
+    def _reporting(self, data: WindowStats, existing: set[str] | None) -> None:
+        """The scrape interval from the spacing of the points of the GPU with the most samples, and the GPUs that
+        stopped reporting before the window's end (two small queries, and one series' points)."""
+        anchor = next((k for k in ANCHORS if FIELDS_BY_KEY[k].name == self.anchor), ANCHORS[0])
+        names = self._names(anchor, existing)
+        listed = [k for k in data.gpus if k not in data.found_by_union and data.samples[data.index[k]] > 0]
+        if not names or not listed:
+            return
+        best = max(listed, key=lambda k: data.samples[data.index[k]])
+        if data.samples[data.index[best]] >= 2:
+            found = typical_interval(self.client, self.window, names, data.gpus[best], self.matchers)
+            data.scrape_interval_s = found or data.scrape_interval_s
+        if not data.scrape_interval_s:
+            return
+        reporting = reporting_at_end(self.client, self.window, names, data.scrape_interval_s, self.matchers)
+        if reporting is not None:
+            keys, data.quiet_s = reporting
+            data.silent = {k for k in listed if k not in keys}
 
     @staticmethod
     def _slot(data: WindowStats, key: GpuKey) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import statistics
 import time
 from array import array
 from collections.abc import Sequence
@@ -331,6 +332,72 @@ def _key_of(metric: dict[str, str]) -> GpuKey:
     return (metric.get("UUID") or metric.get("uuid") or "", metric.get("GPU_I_ID", ""))
 
 
+# --- how often the GPUs were scraped, and which stopped reporting ---------------------------------------------------
+#
+# The scrape interval is the typical spacing of one series' points (the median gap of the GPU with the most samples),
+# not the window over the most samples any GPU has: that mean grows with an outage every GPU shares (all silent for
+# the window's last 110 s read 11 s for a 5 s scrape) or a GPU that appeared mid-window. A GPU with no sample in the
+# window's last SILENT_INTERVALS scrape intervals (SILENT_MIN_S at least: a loaded engine scrapes a second or two
+# late) stopped reporting, whether or not every other GPU stopped too.
+
+SILENT_INTERVALS = 3
+SILENT_MIN_S = 10.0
+# An engine may show data this much later than it scrapes (VictoriaMetrics' default latency offset is 30 s).
+LATE_ENGINE_S = 120.0
+
+
+def _anchor_selector(names: Sequence[str], matchers: str = "", extra: str = "") -> str:
+    which = f'__name__="{names[0]}"' if len(names) == 1 else f'__name__=~"{"|".join(names)}"'
+    return "{" + ", ".join(x for x in (which, extra, matchers) if x) + "}"
+
+
+def typical_interval(client: PromClient, window: Window, names: Sequence[str], gpu: GpuIdentity,
+                     matchers: str = "") -> float | None:
+    """The median gap between one GPU's samples of the anchor field (`names`) over the window; None when it has
+    fewer than two or the query fails (the caller keeps its estimate)."""
+    value = gpu.uuid.replace("\\", "\\\\").replace('"', '\\"')
+    one = f'{gpu.uuid_label}="{value}"'
+    if gpu.mig_id:
+        one += f', GPU_I_ID="{gpu.key[1]}"'
+    try:
+        result = client.instant(f"{_anchor_selector(names, matchers, one)}[{_duration(window.length_s)}]",
+                                window.end)
+    except PromError:
+        return None
+    gaps: list[float] = []
+    for series in result:
+        try:
+            times = sorted(float(point[0]) for point in series.get("values", []))
+        except (TypeError, ValueError, IndexError):
+            continue
+        gaps += [b - a for a, b in itertools.pairwise(times) if b > a]
+    return statistics.median(gaps) if gaps else None
+
+
+def reporting_at_end(client: PromClient, window: Window, names: Sequence[str], interval_s: float,
+                     matchers: str = "") -> tuple[set[GpuKey], float] | None:
+    """The GPU keys with a sample of the anchor field in the window's last SILENT_INTERVALS scrape intervals (at
+    least SILENT_MIN_S), and that stretch in seconds; None when the window is too short to tell or the query fails.
+    The stretch ends at the newest scrape the engine shows (`up`) when that is a little earlier than the window's
+    end (an engine that shows data late), so the engine's own delay is not read as every GPU falling silent."""
+    quiet = max(SILENT_INTERVALS * interval_s, SILENT_MIN_S)
+    if not interval_s > 0 or quiet >= window.length_s:
+        return None
+    at = window.end
+    try:
+        newest = client.instant("max(timestamp(up))", window.end)
+        if newest:
+            scraped = float(newest[0]["value"][1])
+            if window.end - LATE_ENGINE_S <= scraped < window.end:
+                at = scraped
+        result = client.instant(f"max by ({BY}) (count_over_time({_anchor_selector(names, matchers)}"
+                                f"[{_duration(quiet)}]))", at)
+    except (PromError, KeyError, IndexError, TypeError, ValueError):
+        return None
+    return {_key_of(series.get("metric", {})) for series in result}, quiet
+
+
+
 def index_identities(result: list[dict], gpus: dict[GpuKey, GpuIdentity],
                      samples: dict[GpuKey, float]) -> int:
     """A discovery answer (one series per GPU and label set, its value the samples counted) into `gpus`, the label
@@ -412,19 +479,29 @@ class WindowData:
         return gw
 
     def present_steps(self, key: GpuKey) -> list[int]:
-        """Steps at which any per-step field had a sample for this GPU (or, for device fields, its MIG parent)."""
+        """Steps at which any per-step field had a sample for this GPU (or, for device fields, its MIG parent).
+
+        The clock-event fields count only when nothing else is there: their subquery reads instant values, which the
+        engine carries up to its lookback delta (5 min) past the last sample where no staleness marker ends them
+        (data written with its own times, a restarted Prometheus), so they showed a GPU silent for 110 s as whole."""
         present: set[int] = set()
-        for f_key, per_gpu in self.values.items():
-            if FIELDS_BY_KEY[f_key].reduce in WHOLE_WINDOW:
-                continue  # one value for the whole window, placed at the last step: says nothing of gaps
-            steps = per_gpu.get(key)
-            if steps is None and key[1] and f_key in DEVICE_LEVEL_FIELDS:
-                steps = per_gpu.get(parent_key(key))
-            if steps is None:
-                continue
-            if not math.isnan(math.fsum(steps)):
-                return list(range(self.n_steps))
-            present.update(i for i, v in enumerate(steps) if not math.isnan(v))
+        for bits in (False, True):
+            found = False
+            for f_key, per_gpu in self.values.items():
+                f = FIELDS_BY_KEY[f_key]
+                if f.reduce in WHOLE_WINDOW or bool(f.bits) is not bits:
+                    continue  # one value for the whole window, placed at the last step: says nothing of gaps
+                steps = per_gpu.get(key)
+                if steps is None and key[1] and f_key in DEVICE_LEVEL_FIELDS:
+                    steps = per_gpu.get(parent_key(key))
+                if steps is None:
+                    continue
+                found = True
+                if not math.isnan(math.fsum(steps)):
+                    return list(range(self.n_steps))
+                present.update(i for i, v in enumerate(steps) if not math.isnan(v))
+            if found:
+                break
         return sorted(present)
 
     def gaps(self, key: GpuKey) -> str | None:
@@ -519,9 +596,10 @@ class WindowQuery:
     def discover(self, matchers: str = "") -> WindowData:
         """The GPUs with samples in the window, their labels, and the scrape interval (from the samples counted)."""
         result: list[dict] = []
+        anchor = FIELDS_BY_KEY[ANCHORS[0]]
         for key in ANCHORS:
-            result = self.client.instant(discovery_query(FIELDS_BY_KEY[key], self.window.length_s, matchers),
-                                         self.window.end)
+            anchor = FIELDS_BY_KEY[key]
+            result = self.client.instant(discovery_query(anchor, self.window.length_s, matchers), self.window.end)
             if result:
                 break
         step = self.window.length_s / self.points
@@ -546,8 +624,13 @@ class WindowQuery:
                                         "label.")
             raise SourceUnavailable(no_dcgm_series(self.client.url, self.window))
         most = max(data.samples.values(), default=0.0)
-        # The GPUs that reported all along had the most samples: their spacing is the scrape interval.
+        # A first estimate; the spacing of the points of the GPU with the most samples replaces it (an outage all
+        # GPUs share, or a GPU that started late, stretches this one).
         data.scrape_interval_s = self.window.length_s / most if most >= 2 else None
+        best = max(data.samples, key=lambda k: data.samples[k], default=None)
+        if best is not None and most >= 2 and best in data.gpus:
+            data.scrape_interval_s = typical_interval(self.client, self.window, anchor.query_names,
+                                                      data.gpus[best], matchers) or data.scrape_interval_s
         return data
 
     def read_fields(self, data: WindowData, matchers: str = "", keys: set[GpuKey] | None = None) -> WindowData:

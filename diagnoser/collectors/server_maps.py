@@ -114,10 +114,15 @@ class ServerMap:
     prefixes: tuple[str, ...]  # a page whose names start so is this engine's
     signals: dict[str, tuple[Source, ...]] = field(default_factory=dict)
     histograms: dict[str, Hist] = field(default_factory=dict)
-    # spelling -> canonical prefix (SGLang behind some routers and exporters writes sglang_ for sglang:)
+    # spelling -> canonical prefix (SGLang behind some routers and exporters writes sglang_ for sglang:; older
+    # releases' names for the same family and labels)
     aliases: tuple[tuple[str, str], ...] = ()
     # signal -> why this engine does not expose it
     absent: dict[str, str] = field(default_factory=dict)
+    # signal -> why it is missing when no page name starts with `backend_prefixes` (Triton without TensorRT-LLM);
+    # with the backend on the page, what the page lacks is said instead
+    absent_without_backend: dict[str, str] = field(default_factory=dict)
+    backend_prefixes: tuple[str, ...] = ()
     # names read only for the serving configuration (info gauges and constants)
     config_names: tuple[str, ...] = ()
 
@@ -285,6 +290,8 @@ SGLANG_MAP = ServerMap(
         S.SERVER_SPEC_ACCEPTANCE_RATE: (Gauge((_S + "spec_accept_rate",), mean=True, positive=True),),
         S.SERVER_SPEC_MEAN_ACCEPT_LEN: (Gauge((_S + "spec_accept_length",), mean=True, positive=True),),
         S.SERVER_LORA_RUNNING_ADAPTERS: (Gauge((_S + "lora_pool_slots_used",)),),
+        # requests held while the engine takes new weights (an RL trainer's async weight sync), not for KV space
+        S.SERVER_PAUSED_WEIGHT_SYNC: (Gauge((_S + "num_paused_reqs",)),),
     },
     histograms={
         "ttft": Hist((_S + "time_to_first_token_seconds",)),
@@ -320,8 +327,11 @@ TGI_MAP = ServerMap(
         "queue_time": Hist(("tgi_request_queue_duration",)),
         "inference_time": Hist(("tgi_request_inference_duration",)),
         "e2e": Hist(("tgi_request_duration",)),
-        "prefill_step": Hist(('tgi_batch_forward_duration{method="prefill"}',)),
-        "decode_step": Hist(('tgi_batch_forward_duration{method="decode"}',)),
+        # the forward pass (TGI >= 1.3.3); before it only the whole step, forward plus detokenising and filtering
+        "prefill_step": Hist(('tgi_batch_forward_duration{method="prefill"}',
+                              'tgi_batch_inference_duration{method="prefill"}')),
+        "decode_step": Hist(('tgi_batch_forward_duration{method="decode"}',
+                             'tgi_batch_inference_duration{method="decode"}')),
         "prompt_len": Hist(("tgi_request_input_length",)),
         "gen_len": Hist(("tgi_request_generated_tokens",)),
         "max_tokens": Hist(("tgi_request_max_new_tokens",)),
@@ -335,8 +345,13 @@ TGI_MAP = ServerMap(
 # --- Triton, with the TensorRT-LLM backend's nv_trt_llm_* families when it is loaded -------------------------------
 
 _T = "nv_trt_llm_"
+# The backend's families were *_statistics up to tensorrtllm_backend 0.6.x (Triton 23.11-23.12) and *_metrics from
+# 0.7.0 on, with the same labels (0.7 and later add label values: waiting requests, the KV fraction, paused
+# requests). Old spelling -> the one the table reads.
+TRTLLM_OLD_NAMES = tuple((_T + f + "_statistics", _T + f + "_metrics")
+                         for f in ("request", "runtime_memory", "kv_cache_block", "inflight_batcher", "v1", "general"))
 TRITON_MAP = ServerMap(
-    kind="triton", label="Triton", prefixes=(_T, "nv_llm_", "nv_inference_"),
+    kind="triton", label="Triton", prefixes=(_T, "nv_llm_", "nv_inference_"), aliases=TRTLLM_OLD_NAMES,
     signals={
         S.SERVER_RUNNING: (Gauge((_T + 'request_metrics{request_type="active"}',)),),
         S.SERVER_WAITING: (Gauge((_T + 'request_metrics{request_type="waiting"}',
@@ -366,14 +381,15 @@ TRITON_MAP = ServerMap(
         "gen_len": Hist(("nv_llm_output_token_len",)),
     },
     config_names=(_T + "kv_cache_block_metrics", _T + "request_metrics"),
-    absent=_absent(dict.fromkeys((S.SERVER_RUNNING, S.SERVER_KV_USAGE, S.SERVER_PROMPT_TOKENS_PER_S,
-                          S.SERVER_GEN_TOKENS_PER_S),
-                         "Triton reports requests and executions; tokens, KV cache and token latencies only with the "
-                         "TensorRT-LLM backend's nv_trt_llm_* metrics")
-    | {S.SERVER_PREEMPTIONS_PER_S: "TensorRT-LLM pauses requests when KV blocks run out (server.paused), it has "
-                                   "no preemption counter",
-       S.SERVER_ITL_P50_S: "Triton exposes no inter-token latency metric",
-       S.SERVER_ITL_P99_S: "Triton exposes no inter-token latency metric"}),
+    absent=_absent({S.SERVER_PREEMPTIONS_PER_S: "TensorRT-LLM pauses requests when KV blocks run out (server.paused), "
+                                                "it has no preemption counter",
+                    S.SERVER_ITL_P50_S: "Triton exposes no inter-token latency metric",
+                    S.SERVER_ITL_P99_S: "Triton exposes no inter-token latency metric"}),
+    absent_without_backend=_absent(dict.fromkeys(
+        (S.SERVER_RUNNING, S.SERVER_KV_USAGE, S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_GEN_TOKENS_PER_S),
+        "Triton reports requests and executions; tokens, KV cache and token latencies only with the TensorRT-LLM "
+        "backend's nv_trt_llm_* metrics, which this page lacks")),
+    backend_prefixes=(_T,),
 )
 
 # --- NVIDIA NIM for LLMs (documented table; names without a prefix, served at /v1/metrics) -------------------------

@@ -90,7 +90,11 @@ class _Deadline(Exception):
 
 
 def _read_body(response: Any, deadline: float) -> bytes:
-    """The body, up to MAX_BODY_BYTES + 1 bytes, read in chunks so that the whole read is bounded by `deadline`."""
+    """The body, up to MAX_BODY_BYTES + 1 bytes, read in chunks so that the whole read is bounded by `deadline`.
+
+    A body read to its end is closed here: read1, unlike read, can leave an answer open once its Content-Length is
+    read (Python 3.11), and http.client then refuses the next request on the kept-alive connection
+    (ResponseNotReady after the request went out): every scrape after the first was sent twice."""
     chunks: list[bytes] = []
     size = 0
     while size <= MAX_BODY_BYTES:
@@ -98,6 +102,7 @@ def _read_body(response: Any, deadline: float) -> bytes:
             raise _Deadline
         chunk = response.read1(65536)
         if not chunk:
+            response.close()  # the whole answer is in: the connection can carry the next request
             break
         chunks.append(chunk)
         size += len(chunk)
@@ -303,21 +308,22 @@ def served_totals(url: str, timeout: float = FETCH_TIMEOUT_S) -> dict[str, float
 # --- reading values off a page ------------------------------------------------------------------------------
 
 def canonical(samples: Samples, mapping: ServerMap) -> Samples:
-    """The page with alias spellings (sglang_num_running_reqs) renamed to the table's (sglang:num_running_reqs).
+    """The page with alias spellings (sglang_num_running_reqs, TensorRT-LLM's older nv_trt_llm_*_statistics)
+    renamed to the table's (sglang:num_running_reqs, nv_trt_llm_*_metrics); a page with both keeps the table's.
 
     On Triton with TensorRT-LLM, the per-model nv_inference_* counters count one request once per model of the
     ensemble (preprocessing, tensorrt_llm, postprocessing, ensemble): they are read for the TensorRT-LLM model only.
     The first-response histogram exists for the decoupled (client-facing) model and is kept whole."""
+    if mapping.aliases:
+        out = dict(samples)
+        for name in samples:
+            for alt, canon in mapping.aliases:
+                if name.startswith(alt):
+                    out.setdefault(canon + name[len(alt):], samples[name])
+        samples = out
     if mapping.kind == "triton":
         return _triton_models(samples)
-    if not mapping.aliases:
-        return samples
-    out = dict(samples)
-    for name in samples:
-        for alt, canon in mapping.aliases:
-            if name.startswith(alt):
-                out.setdefault(canon + name[len(alt):], samples[name])
-    return out
+    return samples
 
 
 def _triton_models(samples: Samples) -> Samples:
@@ -386,6 +392,7 @@ class HistSeries:
     sum: float | None = None
     count: float | None = None
     repaired: bool = False  # the counts fell as the bound rose and were held at their running maximum
+    cut: bool = False  # buckets without le="+Inf" and no _count to stand for it: no quantile can be computed
 
 
 def histogram_series(samples: Samples, spec: str) -> dict[LabelKey, HistSeries]:
@@ -415,9 +422,12 @@ def histogram_series(samples: Samples, spec: str) -> dict[LabelKey, HistSeries]:
             if keep(labels) and not math.isnan(value):
                 setattr(series(labels), suffix[1:], value)
     for s in out.values():
-        if s.buckets and math.inf not in s.buckets and s.count is not None:
-            # Every exposition has le="+Inf"; an excerpt without it still has _count, which is the same number.
-            s.buckets[math.inf] = s.count
+        if s.buckets and math.inf not in s.buckets:
+            if s.count is not None:
+                # Every exposition has le="+Inf"; an excerpt without it still has _count, which is the same number.
+                s.buckets[math.inf] = s.count
+            else:
+                s.cut = True
         running = -math.inf
         for bound in sorted(s.buckets):
             if s.buckets[bound] < running:
@@ -731,7 +741,9 @@ class ServerMetricsCollector:
         self._skipped_lines = 0
         self._percent_noted: set[str] = set()  # ratio gauges found given as percents
         self._first_bad = ""
+        self._cut_note = ""  # the first page cut at exposition.MAX_PAGE_SERIES, said once
         self._unmapped_pages = 0
+        self._backend_seen = False  # a name of the map's backend (Triton's TensorRT-LLM) was on the page
         self.scrapes = 0  # scrapes whose mapped values were read
         self.pages = 0  # scrapes that returned a metrics page
         self.resets: set[str] = set()
@@ -762,6 +774,8 @@ class ServerMetricsCollector:
         if report.skipped:
             self._skipped_lines = max(self._skipped_lines, report.skipped)
             self._first_bad = self._first_bad or report.first_bad
+        if report.unread and not self._cut_note:
+            self._cut_note = report.cut_note(f"The server's /metrics ({self.url})")
         if self.map is None:
             if not self._identify(samples):
                 return
@@ -773,11 +787,17 @@ class ServerMetricsCollector:
             return  # the engine's page, but none of the names mapped: said at the end of the window
         assert self.map is not None
         samples = canonical(samples, self.map)
+        self._note_backend(samples)
         # A final scrape right after a regular one only refreshes the histograms: no duplicate gauge points.
         just_sampled = final and self._last_sample_t is not None and t - self._last_sample_t <= 0.2
         self._record(t, samples, values=not just_sampled, histograms=full)
         self._last_sample_t = t
         self.scrapes += 1
+
+    def _note_backend(self, samples: Samples) -> None:
+        prefixes = self.map.backend_prefixes if self.map is not None else ()
+        if prefixes and not self._backend_seen:
+            self._backend_seen = any(n.startswith(prefixes) for n in samples)
 
     def _unmapped(self, text: str) -> Samples:
         """A page with none of the mapped names: still this engine's page (an empty return, counted), or garbage
@@ -800,6 +820,7 @@ class ServerMetricsCollector:
             self._given_up = True
             return False
         self.kind, self.map = kind, SERVER_MAPS[kind]
+        self._note_backend(samples)
         extra = (VLLM_LORA_INFO,) if kind in ("vllm", "demo") else ()
         self._names = self.map.names() + extra
         self._light = self.map.names(histograms=False) + extra
@@ -930,6 +951,8 @@ class ServerMetricsCollector:
             self.sample(t, final=True)
         self._fetcher.close()
         capture = self.book.capture
+        if self._cut_note:
+            capture.notes.append(self._cut_note)
         if self._skipped_lines:
             capture.notes.append(f"The server's /metrics had up to {self._skipped_lines} malformed line(s) per "
                                  f"scrape, skipped (first: {self._first_bad}).")
@@ -954,7 +977,10 @@ class ServerMetricsCollector:
         for signal in CORE_SIGNALS:
             if self.book.has(signal):
                 continue
-            why = self.map.absent.get(signal) or self._why_not_recorded(signal)
+            why = self.map.absent.get(signal)
+            if why is None and not self._backend_seen:
+                why = self.map.absent_without_backend.get(signal)
+            why = why or self._why_not_recorded(signal)
             capture.mark_unavailable("server", signal, why)
 
     def _write_config(self, capture: Capture) -> None:
@@ -968,6 +994,14 @@ class ServerMetricsCollector:
         hist = self.map.histograms[key]
         first, last = self._first_hist.get(key), self._last_hist.get(key)
         notes = self.book.capture.notes
+        cut = sum(1 for s in last[1].values() if s.cut) if last is not None else 0
+        if cut:
+            assert last is not None
+            whole = len(last[1])
+            which = "its only label set stops" if whole == 1 else \
+                f"{cut} of its {whole} label sets stop" if cut < whole else f"all {whole} of its label sets stop"
+            notes.append(f"{last[0]}: {which} before the le=\"+Inf\" bucket and the page has no _count to stand "
+                         f"for it (a page cut short?): left out of the server.{key} quantiles.")
         if last is not None and (first is None or first[0] == last[0]):
             if self.scrapes < 2 and first is last:
                 return  # one snapshot: no window to difference

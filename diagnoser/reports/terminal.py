@@ -115,7 +115,10 @@ class TerminalRenderer:
             facts.add_row("regime", regime)
         if d.secondary:
             facts.add_row("also", ", ".join(s.replace("_", " ") for s in d.secondary))
-        parts: list[RenderableType] = [head, Text(redact(sentence)), Padding(facts, (0, 0, 0, 2))]
+        parts: list[RenderableType] = [head, Text(redact(sentence))]
+        if d.near_tie:
+            parts.append(Text(redact(d.near_tie), style="yellow" if not self.plain else ""))
+        parts.append(Padding(facts, (0, 0, 0, 2)))
         if d.notes:
             notes = Table.grid(padding=(0, 1))
             notes.add_column(no_wrap=True, style="yellow")

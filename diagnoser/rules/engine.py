@@ -6,6 +6,8 @@ How the primary limiter is chosen (the physics first, then the strongest evidenc
 3. If the GPU is busy under half the time and a batching/host/idle finding exists, the roofs and kernel latency
    cannot be primary: fix batching before hardware.
 4. Otherwise the strongest finding wins (ties: the earlier rule in the set).
+A verdict whose finding beat a finding of another limiter, eligible by the same step, by less than NEAR_TIE of
+strength is said to be a near tie, naming both (`Diagnosis.near_tie`): the window supports either about as well.
 A finding whose rule is not decisive (it sees where the time goes, not which roof) leaves the verdict inconclusive
 but still writes its headline and fixes.
 
@@ -29,6 +31,8 @@ from diagnoser.rules.judge import judge_fixes
 from diagnoser.rules.ruleset import RuleSet, default_rules
 
 MIN_CONFIDENCE = 0.30
+# Strengths closer than this are a near tie: the rules' strengths are graded evidence, not measurements to 0.01.
+NEAR_TIE = 0.05
 _ROOFS = {Limiter.MEMORY_BANDWIDTH, Limiter.COMPUTE, Limiter.LATENCY}
 _UNDERFED = {Limiter.BATCHING, Limiter.HOST_LAUNCH, Limiter.IDLE}
 # Limiters that cannot both be the main story of one window.
@@ -55,6 +59,27 @@ def choose_primary(findings: list[Finding], ev: Evidence) -> Finding | None:
     if busy is not None and busy < 0.5 and any(f.limiter in _UNDERFED for f in findings):
         return next(f for f in findings if f.limiter not in _ROOFS)
     return findings[0]
+
+
+def near_tie(primary: Finding, findings: list[Finding], ev: Evidence) -> str:
+    """One sentence when `primary` won by a hair over a finding of another limiter that the same step of
+    choose_primary could have picked; "" when it won clearly or by precedence (GPU errors, VRAM that does not fit)."""
+    if (primary.limiter is Limiter.ERRORS and primary.strength >= 0.9) or (
+            primary.limiter is Limiter.VRAM and primary.strength >= 0.6):
+        return ""
+    rivals = [f for f in findings if f.limiter is not primary.limiter]
+    busy = ev.busy_fraction()
+    if busy is not None and busy < 0.5 and primary.limiter not in _ROOFS:
+        rivals = [f for f in rivals if f.limiter not in _ROOFS]  # a GPU idle most of the time: roofs cannot win
+    if not rivals:
+        return ""
+    rival = max(rivals, key=lambda f: f.strength)
+    margin = primary.strength - rival.strength
+    if abs(margin) >= NEAR_TIE:
+        return ""
+    return (f"A near tie: {primary.limiter.label} ({primary.code}, strength {primary.strength:.3f}) against "
+            f"{rival.limiter.label} ({rival.code}, strength {rival.strength:.3f}), {abs(margin):.3f} apart; the "
+            f"window supports either about as well, so the fixes for both are listed.")
 
 
 def _confidence(primary: Finding, findings: list[Finding], ev: Evidence) -> tuple[float, list[str]]:
@@ -171,7 +196,7 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
     common = dict(target=ev.meta.target, skipped=skipped, passed=passed, unavailable=unavailable, notes=notes,
                   context=_context(ev), workload=ev.workload)
     if primary is None:
-        fixes, withheld = judge_fixes(findings, ev)
+        fixes, withheld = judge_fixes(findings, ev, rules)
         return Diagnosis(verdict=INCONCLUSIVE, confidence=0.0, findings=findings, fixes=fixes, withheld=withheld,
                          to_collect=_to_collect(ev), headline=_inconclusive_headline(ev, skipped, len(rules), findings),
                          regime=ev.regime, **common)  # type: ignore[arg-type]
@@ -181,7 +206,8 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
         if f.limiter is not primary.limiter and f.limiter.value not in secondary:
             secondary.append(f.limiter.value)
     ordered = [primary] + [f for f in findings if f is not primary]
-    fixes, withheld = judge_fixes(ordered, ev)
+    fixes, withheld = judge_fixes(ordered, ev, rules)
+    common["near_tie"] = near_tie(primary, [f for f in findings if f.code not in advisory], ev)
     regime = primary.regime if primary.regime is not Regime.UNKNOWN else ev.regime
     decisive = (rule := rules.get(primary.code)) is None or rule.decisive
     if not decisive:
@@ -222,4 +248,4 @@ def _inconclusive_headline(ev: Evidence, skipped: list[Skipped], rule_count: int
     return "Inconclusive: no rule found a limiter in the signals captured."
 
 
-__all__ = ["diagnose", "diagnose_evidence", "choose_primary"]
+__all__ = ["diagnose", "diagnose_evidence", "choose_primary", "near_tie"]

@@ -13,6 +13,7 @@ from diagnoser.evidence import Evidence
 from diagnoser.rules import gains
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
 from diagnoser.stacks import HotCode, hot_code
+from diagnoser.traces.timeline import BLOCKS_HOST
 
 _GRAPHS = "Capture the decode step in CUDA graphs (vLLM does by default unless --enforce-eager; torch.compile " \
     "mode='reduce-overhead'; SGLang --cuda-graph-max-bs) so one launch replaces hundreds."
@@ -41,7 +42,10 @@ def held_by(ev: Evidence) -> str:
     waited = trace.idle_frac_by_cause.get("host", 0.0) + trace.idle_frac_by_cause.get("sync", 0.0)
     if waited <= 0:
         return ""
-    top = [(name, frac) for name, frac in trace.host_idle_ops.items() if frac >= 0.1 * waited][:3]
+    # A call that blocks the host (a copy to pageable memory) is named first: it is the op that held it, and the CPU
+    # ops around it (aten::to, copy_) only enclose it.
+    held = sorted(trace.host_idle_ops.items(), key=lambda kv: BLOCKS_HOST not in kv[0])
+    top = [(name, frac) for name, frac in held if frac >= 0.1 * waited][:3]
     short = (" shorter ops and launches, or Python between them (diagnoser attach samples the process's Python "
              "stacks, which name it)")
     if not top:
@@ -257,6 +261,16 @@ def small_kernel_storm(c: Check) -> Finding | None:
                      "launch overhead dominates.")
 
 
+def blocking_call(ev: Evidence, waited: float) -> tuple[str, float] | None:
+    """The call that blocked the host longest while the GPU waited (a copy to pageable memory), when it holds a real
+    part of that wait (a tenth or more), with its share of the window."""
+    trace = ev.trace
+    if trace is None or waited <= 0:
+        return None
+    calls = [(name, frac) for name, frac in trace.host_idle_ops.items() if BLOCKS_HOST in name and frac >= 0.1 * waited]
+    return max(calls, key=lambda kv: kv[1]) if calls else None
+
+
 def _unsynced(c: Check, sync: float) -> Gain:
     """Without the sync the host runs ahead, so its work overlaps the GPU's; it does not vanish. Host work hides
     only behind GPU work: the step is at least the longer of the two. The host's share is at least the idle it
@@ -305,9 +319,18 @@ def host_sync_stalls(c: Check) -> Finding | None:
     if sync.value < c.t["sync_idle_frac"]:
         return None
     c.cite(sync, "value", ">=", c.t["sync_idle_frac"])
-    c.fix(FixKind.REMOVE_SYNCS, "Remove per-step host syncs", "Avoid .item()/.cpu()/.tolist() inside the step; copy "
-          "results with non_blocking=True into pinned memory and read them one step later.",
-          _unsynced(c, sync.value))
+    blocking = blocking_call(c.ev, sync.value)
+    if blocking is not None:
+        # The trace names the read-back that blocks: the fix starts from it.
+        name, frac = blocking
+        c.fix(FixKind.REMOVE_SYNCS, "Stop the blocking read-back", f"The host waits in {name} for {frac:.0%} of the "
+              "window: copy into a pinned buffer with non_blocking=True and wait on its event only where the values "
+              "are used, or move the read-back off the step's path (pipeline the input one batch ahead, e.g. "
+              "TorchRec's TrainPipelineSparseDist for the all-to-all's sizes).", _unsynced(c, sync.value))
+    else:
+        c.fix(FixKind.REMOVE_SYNCS, "Remove per-step host syncs", "Avoid .item()/.cpu()/.tolist() inside the step; "
+              "copy results with non_blocking=True into pinned memory and read them one step later.",
+              _unsynced(c, sync.value))
     return c.finding(0.5 + min(0.4, sync.value), f"The GPU idled {sync.value:.0%} of the traced window in gaps "
                      "that began with the host in a synchronisation or a blocking copy: the GPU had nothing queued "
                      "until the host returned and launched again." + held_by(c.ev))

@@ -4,16 +4,24 @@ Four checks a demanding engineer would make, applied to every fix whatever rule 
 1. Not already in place: a fix the capture shows applied (CUDA graph replays in the trace, FP8 weights in the model,
    an engine that batches continuously) is withheld, with the evidence.
 2. Fits the workload: serving-engine advice is withheld from a training job, training advice from a server.
-3. One per kind: the first proposal of a kind (the primary finding's, else the strongest finding's) stands, and
-   names every rule that proposed it.
+3. One per kind: the first proposal of a kind (the primary finding's, else the strongest finding's) gives the title
+   and action, and names every rule that proposed it. Its gain is the best any proposal can stand behind: the
+   best-grounded estimate (of the rule that needs the most evidence present before it fires: BAT002 sizes the batch
+   from the running batch, the queue and the ridge, BAT001 from a fixed factor), no larger than the tightest upper
+   bound any proposal measured (the straggler's lead caps what balancing the ranks can give, whatever the stream
+   waits would allow); with no estimate, the tightest bound.
 4. Bounded by what was measured: a host-side fix cannot beat a GPU busy all the time (1 / busy), a kernel fix cannot
    beat the floor (1 / efficiency), and nothing is promised beyond 20x. A bound that cuts a gain makes it an upper
-   bound and says so. A host-side fix is not sized at all from a trace window that one pause holds most of (a
-   warm-up, a first call): the idle it would remove is that pause's, not the workload's; nor from a trace holding a
-   sample of its events (a launch missing from the sample reads as the host late). One sized from a cut-short trace
-   says so (its last step may be partial).
-Then the ranking: the fixes for the verdict's limiter first, then the other speed fixes, capacity gains last (more
-throughput only if more load is offered); within each, by expected gain (predicted gain x the finding's strength).
+   bound and says so. A fix sized from the timeline's host gaps (a host-side fix, or any fix of a host/launch finding
+   read from the trace: HOST002's larger batch, HOST003's fused kernels) is not sized at all from a trace window that
+   one pause of the host's holds most of (a warm-up, a first call): the idle it would remove is that pause's, not
+   the workload's. Nor is any fix sized from the timeline's idle gaps (those, and the stream waits) from a trace
+   holding a sample of its events (a launch missing from the sample reads as the host late, a kernel missing as
+   idle). One sized from a cut-short trace says so (its last step may be partial).
+Then the ranking: the fixes for the verdict's limiter first (for a GPU that waits for work, batching, host and idle
+fixes together: with requests queued, a larger batch may be the first lever of a host-bound server), then the other
+speed fixes, capacity gains last (more throughput only if more load is offered); within each, by expected gain
+(predicted gain x the finding's strength).
 """
 
 from __future__ import annotations
@@ -21,16 +29,47 @@ from __future__ import annotations
 from dataclasses import replace
 
 from diagnoser.characterise import LONG_PAUSE
-from diagnoser.diagnosis import SERVING_ONLY, TRAINING_ONLY, Benefit, Finding, Fix, FixKind, GainKind, Withheld
+from diagnoser.diagnosis import (
+    SERVING_ONLY,
+    TRAINING_ONLY,
+    Benefit,
+    Finding,
+    Fix,
+    FixKind,
+    GainKind,
+    Limiter,
+    Withheld,
+)
 from diagnoser.evidence import Evidence
 from diagnoser.rules.gains import MAX_GAIN, floor_bound, host_bound
+from diagnoser.rules.ruleset import RuleSet
 
 _HOST_SIDE = {FixKind.CUDA_GRAPHS, FixKind.OFFLOAD_HOST_WORK, FixKind.REMOVE_SYNCS, FixKind.PIN_MEMORY,
               FixKind.HOST_CPU}
 _KERNEL_SIDE = {FixKind.FUSE_KERNELS, FixKind.TUNED_ENGINE}
+# Limiters of a GPU that waits for work: their fixes rank together ahead of the rest when the verdict is one of them.
+_UNDERFED = {Limiter.BATCHING, Limiter.HOST_LAUNCH, Limiter.IDLE}
+# The trace's idle shares by cause: a finding that stands on one (cites it against a threshold) sized its fixes
+# from the timeline's gaps.
+_IDLE_SIGNALS = "trace.idle."
 
 
-def _bounded(fix: Fix, ev: Evidence) -> Fix:
+def _from_host_gaps(fix: Fix, finding: Finding | None) -> bool:
+    """Whether the fix's gain comes from the trace's host gaps: a host-side fix, or any fix of a host/launch finding
+    read from the trace (HOST002's larger batch and HOST003's fused kernels are sized from the same launch gaps)."""
+    if fix.kind in _HOST_SIDE:
+        return True
+    return (finding is not None and finding.limiter is Limiter.HOST_LAUNCH
+            and any(c.signal.startswith("trace.") for c in finding.citations))
+
+
+def _from_idle_gaps(fix: Fix, finding: Finding | None) -> bool:
+    """Whether the fix's gain comes from the timeline's idle gaps of any cause (host, sync, stream waits)."""
+    return _from_host_gaps(fix, finding) or (
+        finding is not None and any(c.signal.startswith(_IDLE_SIGNALS) and c.op for c in finding.citations))
+
+
+def _bounded(fix: Fix, ev: Evidence, finding: Finding | None = None) -> Fix:
     if fix.gain is None or fix.benefit is not Benefit.SPEED:
         return _cap(fix)
     gain = fix.gain
@@ -38,14 +77,14 @@ def _bounded(fix: Fix, ev: Evidence) -> Fix:
     # A pause of the host's making (not a queue with no work, which host fixes do not remove); a capture that predates
     # the pause's cause ("") counts as one.
     hosts = ev.trace is not None and ev.trace.longest_gap_cause in ("", "host", "sync", "pageable_memcpy")
-    if fix.kind in _HOST_SIDE and hosts and pause is not None and pause >= LONG_PAUSE:
+    if _from_host_gaps(fix, finding) and hosts and pause is not None and pause >= LONG_PAUSE:
         return _unsized(fix, f"one pause holds {pause:.0%} of its window (a warm-up, a first call), so the idle it "
                         f"would remove is the pause's, not the workload's ({gain:.1f}x from this window); trace the "
                         "steady state to size it")
-    if fix.kind in _HOST_SIDE and ev.trace is not None and ev.trace.sampled:
+    if _from_idle_gaps(fix, finding) and ev.trace is not None and ev.trace.sampled:
         return _unsized(fix, f"it holds a sample of its events ({ev.trace.sampled_reason or 'sampled'}), so which "
-                        "gaps the host left is not known (a launch missing from the sample reads as the host late); "
-                        f"{gain:.1f}x from the sample")
+                        "gaps the GPU idled in is not known (a launch missing from the sample reads as the host late, "
+                        f"a kernel missing as idle); {gain:.1f}x from the sample")
     if fix.kind in _HOST_SIDE | _KERNEL_SIDE and ev.trace is not None and ev.trace.truncated:
         # Sized from the shares of what was read: a cut-short file can end inside a step.
         fix = replace(fix, basis=fix.basis + "; from a trace cut short, whose last step may be partial: the whole "
@@ -83,12 +122,46 @@ def _misfit(kind: FixKind, ev: Evidence) -> str:
     return ""
 
 
-def judge_fixes(findings: list[Finding], ev: Evidence) -> tuple[list[Fix], list[Withheld]]:
-    """`findings` in order of importance (primary first). Returns the ranked fixes and those withheld."""
+def _grounding(fix: Fix, rules: RuleSet | None) -> int:
+    """How many pieces of evidence (a signal, or one of a set) the proposing rule needs present before it fires: a
+    proxy for how much of what was measured its estimate rests on (BAT002 needs the running batch, the queue and the
+    ridge; BAT001 the busy share and the queue, and sizes the batch by a fixed factor)."""
+    rule = rules.get(fix.rule) if rules is not None else None
+    return len(rule.requires) if rule is not None else 0
+
+
+def _merged(proposals: list[Fix], rules: RuleSet | None) -> Fix:
+    """One fix from every proposal of its kind (each already judged): the first one's title and action, every rule
+    named, and the gain the proposals together support: the best-grounded estimate no larger than the tightest
+    upper bound, else the tightest bound."""
+    first = proposals[0]
+    names = tuple(dict.fromkeys(r for p in proposals for r in (p.rules or (p.rule,))))
+    sized = [p for p in proposals if p.gain is not None and p.benefit is first.benefit]
+    if not sized:
+        return replace(first, rules=names)
+    bounds = [p for p in sized if p.is_upper_bound]
+    estimates = [p for p in sized if not p.is_upper_bound]
+    # max() keeps the first of equals: ties go to the more important finding's proposal.
+    chosen = max(estimates, key=lambda p: _grounding(p, rules)) if estimates else min(bounds, key=lambda p: p.gain or 0)
+    tight = min(bounds, key=lambda p: p.gain or 0) if bounds else None
+    gain, kind, capped, basis = chosen.gain, chosen.gain_kind, chosen.capped, chosen.basis
+    if chosen.rule != first.rule:
+        basis = f"{basis} [{chosen.rule}]"
+    if tight is not None and tight is not chosen and gain is not None and tight.gain is not None \
+            and gain > tight.gain + 1e-9:
+        capped = (capped + "; " if capped else "") + f"bounded by {tight.rule}'s {tight.basis} (from {gain:.2f}x)"
+        gain, kind = tight.gain, GainKind.UPPER_BOUND
+    return replace(first, gain=gain, gain_kind=kind, capped=capped, basis=basis, rules=names)
+
+
+def judge_fixes(findings: list[Finding], ev: Evidence,
+                rules: RuleSet | None = None) -> tuple[list[Fix], list[Withheld]]:
+    """`findings` in order of importance (primary first). Returns the ranked fixes and those withheld. `rules` (the
+    rule set that ran) tells which proposal of a kind is the best grounded."""
     if not findings:
         return [], []
     primary = findings[0]
-    kept: dict[FixKind, tuple[Fix, Finding, int]] = {}
+    proposed: dict[FixKind, tuple[list[Fix], Finding, int]] = {}
     withheld: dict[FixKind, Withheld] = {}
     order = 0
     for finding in findings:
@@ -97,28 +170,28 @@ def judge_fixes(findings: list[Finding], ev: Evidence) -> tuple[list[Fix], list[
             if why:
                 withheld.setdefault(fix.kind, Withheld(fix.kind, fix.title, why, fix.rule))
                 continue
-            if fix.kind in kept:
-                first, by, at = kept[fix.kind]
-                if fix.rule not in first.rules:
-                    kept[fix.kind] = (replace(first, rules=first.rules + (fix.rule,)), by, at)
-                continue
             if not fix.rules:
                 fix = replace(fix, rules=(fix.rule,))
-            kept[fix.kind] = (_bounded(fix, ev), finding, order)
+            judged = _bounded(fix, ev, finding)
+            if fix.kind in proposed:
+                proposed[fix.kind][0].append(judged)
+                continue
+            proposed[fix.kind] = ([judged], finding, order)
             order += 1
+
+    def tier(limiter: Limiter) -> int:
+        if limiter is primary.limiter or (limiter in _UNDERFED and primary.limiter in _UNDERFED):
+            return 0
+        return 1
 
     def rank(item: tuple[Fix, Finding, int]) -> tuple[int, float, int]:
         fix, finding, at = item
-        if fix.benefit is Benefit.CAPACITY:
-            tier = 2
-        elif finding.limiter is primary.limiter:
-            tier = 0
-        else:
-            tier = 1
+        level = 2 if fix.benefit is Benefit.CAPACITY else tier(finding.limiter)
         expected = 1 + ((fix.gain if fix.gain is not None else 1.1) - 1) * finding.strength
-        return tier, -expected, at
+        return level, -expected, at
 
-    ranked = [fix for fix, _, _ in sorted(kept.values(), key=rank)]
+    kept = [(_merged(fixes, rules), finding, at) for fixes, finding, at in proposed.values()]
+    ranked = [fix for fix, _, _ in sorted(kept, key=rank)]
     return ranked, list(withheld.values())
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,27 +212,38 @@ def _workload_command(name: str, *, device: str, size: str, seconds: float, read
             *(["--compile"] if compiled else [])]
 
 
-def _child_env(device: str) -> dict[str, str]:
+def _child_env(device: str, scratch: Path | None = None) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if device == "cpu":
         env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    if scratch is not None:
+        # The workload's temporary files (torch's caches) and its trace hook's registry go inside the run's folder,
+        # so that removing the folder leaves nothing behind; the hook client finds the registry from the
+        # workload's own environment.
+        (scratch / "tmp").mkdir(parents=True, exist_ok=True)
+        env.update(TMPDIR=str(scratch / "tmp"), DIAGNOSER_HOOK_DIR=str(scratch / "hook"))
     return env
 
 
 def observe(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: float, out_dir: Path,
-            interval_s: float = INTERVAL_S, compiled: bool = False) -> tuple[Capture, dict[str, Any], dict[str, Any]]:
+            interval_s: float = INTERVAL_S, compiled: bool = False,
+            progress: ProgressFn | None = None) -> tuple[Capture, dict[str, Any], dict[str, Any]]:
     """Start the scenario's workload, attach to it for one window (with a trace when asked), stop it.
-    Returns (capture, the workload's ready info, its final stats)."""
+    Returns (capture, the workload's ready info, its final stats). `progress` hears each stage."""
     from diagnoser.collectors.session import collect
     from diagnoser.collectors.target import resolve_target
+
+    say = progress or (lambda _msg: None)
 
     ready, stats, log = (out_dir / f"{scn.name}.{ext}" for ext in ("ready.json", "stats.json", "log"))
     for path in (ready, stats):
         path.unlink(missing_ok=True)
     cmd = _workload_command(scn.name, device=device, size=size, seconds=window_s + trace_s + WORKLOAD_SLACK_S,
                             ready=ready, stats=stats, compiled=compiled)
+    scratch = out_dir / f".{scn.name}-scratch"
+    say("  starting the workload (loading PyTorch, building the model)")
     with open(log, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_child_env(device))
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_child_env(device, scratch))
     try:
         info = _wait_ready(proc, ready, log, READY_TIMEOUT_S[device])
         if info.get("skipped"):
@@ -240,11 +252,13 @@ def observe(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: 
             target = resolve_target(pid=proc.pid, metrics_url=info["metrics_url"])
         except DiagnoserError as exc:
             raise ScenarioFailed(f"cannot attach to the workload: {exc}") from None
+        say(f"  observing {window_s:g} s window of PID {proc.pid}")
         capture = collect(target, duration_s=window_s, interval_s=interval_s, gpu=device == "cuda")
         # The trace comes after the counter window, as with `attach --trace`: the profiler pauses the process when it
         # starts and while it exports (1.7 s for 0.3 s of a 2.4B decode on an H100), which inside the window would
         # read as an idle GPU and a silent /metrics.
         if trace_s > 0 and info.get("trace_hook"):
+            say(f"  tracing {trace_s:g} s")
             tracer = _TraceWindow(proc.pid, trace_s, out_dir)
             tracer.start()
             tracer.join(timeout=max(30.0, 10 * trace_s))
@@ -257,6 +271,7 @@ def observe(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: 
             capture.notes.append("selftest: no trace (the workload could not load diagnoser.hook)")
     finally:
         _stop(proc)
+        shutil.rmtree(scratch, ignore_errors=True)  # its caches: nothing anyone reads after the workload
     final = json.loads(stats.read_text()) if stats.exists() else {}
     return capture, info, final
 
@@ -291,11 +306,12 @@ def _measured_rate(ev: Evidence, mode: str, stats: dict[str, Any]) -> float | No
 
 
 def run_scenario(scn: Scenario, *, device: str, size: str, window_s: float, trace_s: float,
-                 out_dir: Path, compiled: bool = False) -> tuple[ScenarioResult, Capture | None, Diagnosis | None]:
+                 out_dir: Path, compiled: bool = False,
+                 progress: ProgressFn | None = None) -> tuple[ScenarioResult, Capture | None, Diagnosis | None]:
     result = ScenarioResult(scn.name, scn.expected, scn.title, cpu_run=device == "cpu")
     try:
         capture, info, stats = observe(scn, device=device, size=size, window_s=window_s, trace_s=trace_s,
-                                       out_dir=out_dir, compiled=compiled)
+                                       out_dir=out_dir, compiled=compiled, progress=progress)
     except ScenarioSkipped as exc:
         result.skipped = str(exc)
         return result, None, None
@@ -316,6 +332,8 @@ def run_scenario(scn: Scenario, *, device: str, size: str, window_s: float, trac
         capture.cpu_only = True
     capture.notes.append(f"selftest scenario {scn.name}: {scn.title}; expected {' or '.join(scn.expected)} "
                          f"because {scn.why}.")
+    if progress is not None:
+        progress("  diagnosing")
     outcome = Pipeline().diagnose(capture)
     ev, diagnosis = outcome.evidence, outcome.diagnosis
     result.verdict, result.confidence, result.headline = diagnosis.verdict, diagnosis.confidence, diagnosis.headline
@@ -477,6 +495,7 @@ def run_selftest(names: list[str], *, device: str = "auto", size: str = "auto", 
     if device == "cuda":
         from diagnoser.calibration.gpu_check import check_gpu, power_capped
 
+        say("checking that GPU 0 is free")
         check = check_gpu(0, force=force)
         if check.forced:
             report.notes.append(f"Forced: {check.forced}; verdicts and rates may reflect the other work.")
@@ -491,16 +510,18 @@ def run_selftest(names: list[str], *, device: str = "auto", size: str = "auto", 
     for i, name in enumerate(names, 1):
         scn = SCENARIOS[name]
         if scn.gpu_only and device != "cuda":
+            say(f"[{i}/{len(names)}] {name}: skipped (needs a GPU)")
             report.results.append(ScenarioResult(name, scn.expected, scn.title, skipped="needs a GPU", cpu_run=True))
             captures.append(None)
             continue
         if name == "throttled" and not capped:
+            say(f"[{i}/{len(names)}] {name}: skipped ({cap_reason})")
             report.results.append(ScenarioResult(name, scn.expected, scn.title, skipped=cap_reason))
             captures.append(None)
             continue
         say(f"[{i}/{len(names)}] {name}: {scn.title}")
         result, capture, _diagnosis = run_scenario(scn, device=device, size=size, window_s=window, trace_s=trace,
-                                                   out_dir=out_dir, compiled=compiled)
+                                                   out_dir=out_dir, compiled=compiled, progress=progress)
         report.results.append(result)
         captures.append(capture)
         if capture is not None and any("Ctrl-C" in note for note in capture.notes):

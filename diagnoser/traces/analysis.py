@@ -49,6 +49,7 @@ from diagnoser.traces.kernels import (
     COMM_KINDS,
     KernelStats,
     comm_overlap_us,
+    compute_union_us,
     kernel_stats,
 )
 from diagnoser.traces.ops import (
@@ -112,6 +113,9 @@ class TraceAnalysis:
     gpu_spec: str | None = None
     snapshot: TimelineWindow | None = None  # also summary.timeline
     step_ms_p50: float | None = None
+    gpu_ops: int = 0  # GPU events read (kernels, copies, memsets), in the window or not
+    cpu_ops: int = 0  # CPU op events read (aten:: and the like: the model's ops); a serving frontend has none
+    frontends: list[TraceAnalysis] = field(default_factory=list)  # files of a folder that are not ranks (ranks.py)
 
     @property
     def skipped(self) -> list[str]:
@@ -161,6 +165,8 @@ class TraceAnalysis:
                            "dropped_bytes": self.decode.dropped_bytes, "truncated": self.decode.truncated}
         if self.ranks:
             d["ranks"] = [r.to_dict() for r in self.ranks]
+        if self.frontends:
+            d["frontends"] = [str(f.path) for f in self.frontends]
         return d
 
 
@@ -293,6 +299,7 @@ def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalys
     analysis = TraceAnalysis(path=t.path, summary=summary, window=win, window_policy=policy, devices=devices,
                              decode=t.stats, metadata_keys=sorted(t.metadata))
     _distributed(analysis, t.metadata)
+    analysis.gpu_ops, analysis.cpu_ops = len(t.g_ts), t.counts["cpu_op"]
     base = t.metadata.get("baseTimeNanoseconds")
     analysis.base_time_ns = base if isinstance(base, int) else None
 
@@ -315,8 +322,9 @@ def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalys
     for dev in sorted(in_window):
         idx = in_window[dev]
         if idx:
-            analysis.timelines.append(build_timeline(t, dev, idx, win, launches, host,
-                                                     keep_range=shown[:2] if shown else None))
+            tl = build_timeline(t, dev, idx, win, launches, host, keep_range=shown[:2] if shown else None)
+            tl.compute_us = min(tl.busy_us, compute_union_us(t, idx, win))
+            analysis.timelines.append(tl)
             comm, overlapped = comm_overlap_us(t, idx, win)
             analysis.comm_us += comm
             analysis.comm_overlapped_us += overlapped
@@ -479,6 +487,7 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
         n = len(a.timelines)
         s.gpu_busy_frac = sum(tl.busy_frac for tl in a.timelines) / n
         s.idle_frac_by_cause = {c: sum(tl.idle_frac(c) for tl in a.timelines) / n for c in IDLE_CAUSES}
+        _temporal(s, a.timelines)
         inside: dict[str, float] = {}
         for tl in a.timelines:
             for name, us in tl.host_idle_ops_us.items():
@@ -563,6 +572,18 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
     if s.attention_frac is None and k is not None and k.total_us > 0:
         s.attention_frac = k.time_us_by_class[ATTENTION] / k.total_us
     s.skipped = skipped
+
+
+def _temporal(s: TraceSummary, timelines: list[DeviceTimeline]) -> None:
+    """HolisticTraceAnalysis' temporal breakdown: compute, non-compute and idle shares of the window, mean over
+    devices."""
+    spans = [tl for tl in timelines if tl.window_us > 0]
+    if not spans:
+        return
+    n = len(spans)
+    s.compute_time_frac = sum(tl.compute_us / tl.window_us for tl in spans) / n
+    s.non_compute_time_frac = sum((tl.busy_us - tl.compute_us) / tl.window_us for tl in spans) / n
+    s.idle_time_frac = sum((tl.window_us - tl.busy_us) / tl.window_us for tl in spans) / n
 
 
 def capture_from_trace(analysis: TraceAnalysis, *, model: ModelInfo | None = None,

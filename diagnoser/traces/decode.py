@@ -30,6 +30,7 @@ import mmap
 import os
 import re
 import stat
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -327,14 +328,76 @@ def _open_stream(path: Path, stats: DecodeStats, limit: int) -> Iterator[bytes]:
                 yield block
                 block = f.read(_READ_BYTES)
             return
-        yield from _gunzip(f, first, path, stats, limit)
+        # A stream that may outgrow the limit below the bomb ratio is measured ahead of the parse, which reads it at a
+        # tenth of the inflate's pace: refused when the count passes the limit, not when the parse gets there.
+        size = os.fstat(f.fileno()).st_size
+        guard = InflateGuard(path, limit) if size * MAX_GZIP_RATIO > limit else None
+        try:
+            yield from _gunzip(f, first, path, stats, limit, guard)
+        finally:
+            if guard is not None:
+                guard.stop()
 
 
-def _gunzip(f: BinaryIO, first: bytes, path: Path, stats: DecodeStats, limit: int) -> Iterator[bytes]:
+# The inflate guard's output per call: large, so that its Python work per byte is nil and it takes the GIL rarely.
+GUARD_OUT_BYTES = 64 << 20
+
+
+class InflateGuard:
+    """Inflates a gzip file on a thread of its own, counting the bytes and keeping none, and says when the count
+    passes the limit. zlib releases the GIL while it inflates, so the count runs at a plain inflate's pace beside the
+    parse, and an over-limit stream is refused after about one plain inflate of `limit` bytes. It stops at the
+    limit, at the end of the stream, on damage (the reader reports that) or when stopped."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        self.path, self.limit = path, limit
+        self.inflated = 0
+        self.over = threading.Event()
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="diagnoser-inflate-guard", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                self._count(f)
+        except (OSError, zlib.error):
+            pass  # the reader meets the same trouble and says what it is
+        finally:
+            self.done.set()
+
+    def _count(self, f: BinaryIO) -> None:
+        inflater = zlib.decompressobj(wbits=31)
+        data = b""
+        while not self._stop.is_set():
+            if not data:
+                data = f.read(_READ_BYTES)
+                if not data:
+                    return
+            if inflater.eof:
+                if not data.strip(b"\x00"):
+                    data = b""
+                    continue
+                inflater = zlib.decompressobj(wbits=31)
+            self.inflated += len(inflater.decompress(data, GUARD_OUT_BYTES))
+            data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
+            if self.inflated > self.limit:
+                self.over.set()
+                return
+
+
+def _gunzip(f: BinaryIO, first: bytes, path: Path, stats: DecodeStats, limit: int,
+            guard: InflateGuard | None = None) -> Iterator[bytes]:
     inflater = zlib.decompressobj(wbits=31)
     data = first
     stats.bytes_in += len(first)
     while True:
+        if guard is not None and guard.over.is_set():
+            raise _too_big(path, f"expands past {_fmt_bytes(limit)} when decompressed", limit)
         if not data:
             data = f.read(_READ_BYTES)
             if not data:
@@ -523,11 +586,14 @@ def _close_before_end(rest: bytes, pos: int, in_object: bool, tries: int = 64) -
     return found
 
 
+_WS_RUN = re.compile(rb"[ \t\r\n]*")
+
+
 def _skip_ws(buf: Buffer, i: int, end: int | None = None) -> int:
-    n = len(buf) if end is None else end
-    while i < n and buf[i] in _WS:
-        i += 1
-    return i
+    # One regex match, not a loop over bytes: a stream of whitespace (a gzip bomb's favourite) cost a Python step per
+    # byte, 30x the inflate itself.
+    m = _WS_RUN.match(buf, i, len(buf) if end is None else end)
+    return m.end() if m is not None else i
 
 
 def probe_cut(buf: Buffer, cut: int, limit: int) -> int | None:

@@ -344,3 +344,29 @@ def comm_overlap_us(t: Tables, order: list[int], window: tuple[float, float]) ->
             overlap += min(e, comp[k][1]) - max(s, comp[k][0])
             k += 1
     return total, overlap
+
+
+def compute_union_us(t: Tables, order: list[int], window: tuple[float, float]) -> float:
+    """Time on one device with at least one compute kernel running (any kernel but a collective; memcpy and memset
+    are not kernels), clipped to the window: HolisticTraceAnalysis' temporal "compute time". The rest of the busy
+    time is its "non-compute time". `order` is sorted by start."""
+    names = t.names
+    comm_names = {nid for nid in {t.g_name[i] for i in order} if kernel_class(names[nid]) == COMM}
+    w0, w1 = window
+    g_ts, g_dur, g_name, g_kind = t.g_ts, t.g_dur, t.g_name, t.g_kind
+    total = 0.0
+    cur_s = cur_e = w0
+    for i in order:
+        if g_kind[i] != GPU_KERNEL or g_name[i] in comm_names:
+            continue
+        s = g_ts[i]
+        e = s + g_dur[i]
+        if e <= w0 or s >= w1:
+            continue
+        s, e = max(s, w0), min(e, w1)
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    return total + (cur_e - cur_s)

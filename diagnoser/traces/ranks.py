@@ -5,6 +5,14 @@ In synchronous data or model parallelism every rank waits for the slowest at eac
 the most compute and the others show the time as communication (their collective kernels run while they wait). A rank
 is called the straggler when its compute share is at least STRAGGLER_RATIO times the median rank's.
 
+Shares are of each rank's own window, so they compare only ranks whose windows cover the same work: a rank whose file
+is cut short (or whose window is under half the longest rank's) describes only the part it kept, and its compute and
+communication shares are left out (None) with a note in `skipped`, never set against the others.
+
+A serving frontend beside the ranks (vLLM writes its AsyncLLM process's trace, `<host>_<pid>.async_llm.*`, to the
+same folder as the engine workers') is not a rank: it runs no kernels and none of the model's ops. It is left out of
+every statistic and listed in `frontends` (`is_frontend`).
+
 The job summary: busy and idle fractions are means over ranks; counts are summed; kernel-class and collective shares
 are weighted by GPU time; top kernels are merged by name (counts and times exact, p50/p90 the count-weighted mean of
 the ranks'); the duration histogram is summed (percentiles: count-weighted means of the ranks', the max exact); the
@@ -13,6 +21,7 @@ timeline window is the first rank's.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -24,6 +33,42 @@ from diagnoser.traces.kernels import COMM_KINDS, TOP_KERNELS
 from diagnoser.traces.timeline import IDLE_CAUSES
 
 STRAGGLER_RATIO = 1.1
+# A cut-short rank's window against the longest rank's: below this it covers other work than theirs.
+CUT_COMPARABLE = 0.9
+# Any rank's window against the longest: below this its shares describe another stretch of the job.
+SHORT_COMPARABLE = 0.5
+# A frontend's own name (vLLM: "<host>_<pid>.async_llm", an optional "<prefix>_" before it).
+_FRONTEND_NAME = re.compile(r"(?:^|[._-])(?:async_llm|api_server|frontend)(?:[._-]|$)", re.IGNORECASE)
+# A file with under this share of the CPU ops of the busiest file, and no GPU events, runs none of the model.
+FRONTEND_OPS_SHARE = 0.01
+
+
+def is_frontend(a: TraceAnalysis, others: list[TraceAnalysis]) -> str:
+    """Why this file is a serving frontend and not a rank ("" when it is a rank): it ran nothing on a GPU, and either
+    its name says so or it ran next to none of the CPU ops the other files ran (the model's ops run in the workers)."""
+    if a.gpu_ops or (a.summary.truncated and a.devices):
+        return ""
+    most_ops = max((o.cpu_ops for o in others), default=0)
+    gpu_beside = any(o.gpu_ops for o in others)
+    if _FRONTEND_NAME.search(a.path.name) and (gpu_beside or most_ops > a.cpu_ops):
+        return "named as the serving frontend, no GPU events"
+    if most_ops and a.cpu_ops < FRONTEND_OPS_SHARE * most_ops:
+        what = "no GPU events" + (" beside ranks that have them" if gpu_beside else "")
+        return f"{what}, {a.cpu_ops} CPU ops against {most_ops} in a rank"
+    return ""
+
+
+def split_frontends(files: list[TraceAnalysis]) -> tuple[list[TraceAnalysis], list[tuple[TraceAnalysis, str]]]:
+    """(the ranks, the frontends with why); a folder of frontends alone keeps them all as its ranks."""
+    ranks: list[TraceAnalysis] = []
+    fronts: list[tuple[TraceAnalysis, str]] = []
+    for a in files:
+        why = is_frontend(a, [o for o in files if o is not a])
+        if why:
+            fronts.append((a, why))
+        else:
+            ranks.append(a)
+    return (ranks, fronts) if ranks else (files, [])
 
 
 def rank_stat(a: TraceAnalysis) -> RankStat:
@@ -39,7 +84,8 @@ def rank_stat(a: TraceAnalysis) -> RankStat:
     return st
 
 
-def combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
+def combine(path: Path, files: list[TraceAnalysis]) -> TraceAnalysis:
+    ranks, fronts = split_frontends(files)
     first = ranks[0]
     s = TraceSummary(path=str(path), window_s=max(r.summary.window_s for r in ranks))
     with_gpu = [r for r in ranks if r.summary.gpu_busy_frac is not None]
@@ -48,6 +94,10 @@ def combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
         s.gpu_busy_frac = statistics.fmean(r.summary.gpu_busy_frac for r in with_gpu)  # type: ignore[misc]
         s.idle_frac_by_cause = {c: statistics.fmean(r.summary.idle_frac_by_cause.get(c, 0.0) for r in with_gpu)
                                 for c in IDLE_CAUSES}
+    for name in ("compute_time_frac", "non_compute_time_frac", "idle_time_frac"):
+        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
+        if values:
+            setattr(s, name, statistics.fmean(values))
     totals = dict.fromkeys(KERNEL_CLASSES, 0.0)
     comm = dict.fromkeys(COMM_KINDS, 0.0)
     kernel_us = graph_us = 0.0
@@ -89,7 +139,9 @@ def combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
     s.kernel_duration_us = _merge_durations([r.summary.kernel_duration_us for r in ranks])
     s.timeline = first.summary.timeline
     s.ranks = [rank_stat(r) for r in ranks]
+    _uncomparable(s, ranks)
     s.straggler = _straggler(s.ranks)
+    s.frontends = [f"{a.path.name}: {why}" for a, why in fronts]
     s.extra["ranks"] = float(len(ranks))
     exposed = [st.comm_exposed_frac for st in s.ranks if st.comm_exposed_frac is not None]
     if exposed:
@@ -99,7 +151,27 @@ def combine(path: Path, ranks: list[TraceAnalysis]) -> TraceAnalysis:
         s.extra["comm_share_max_rank"] = max((r.summary.kernel_share.get(COMM, 0.0) for r in ranks), default=0.0)
     return TraceAnalysis(path=path, summary=s, window=first.window, window_policy=first.window_policy,
                          devices=first.devices, ranks=ranks, ridge_flop_per_byte=first.ridge_flop_per_byte,
-                         gpu_spec=first.gpu_spec, world_size=first.world_size, snapshot=first.snapshot)
+                         gpu_spec=first.gpu_spec, world_size=first.world_size, snapshot=first.snapshot,
+                         frontends=[a for a, _ in fronts])
+
+
+def _uncomparable(s: TraceSummary, ranks: list[TraceAnalysis]) -> None:
+    """Leave out of the rank comparison the ranks whose window covers another stretch of the job than the longest
+    rank's (module docstring): their shares stay unset, and a note says why."""
+    longest = max((r.summary.window_s for r in ranks), default=0.0)
+    if len(ranks) < 2 or longest <= 0:
+        return
+    for a, st in zip(ranks, s.ranks, strict=True):
+        share = a.summary.window_s / longest
+        cut = a.summary.truncated and share < CUT_COMPARABLE
+        if not cut and share >= SHORT_COMPARABLE:
+            continue
+        st.compute_frac = st.comm_frac = st.comm_exposed_frac = None
+        name = f"rank {st.rank}" if st.rank is not None else st.path
+        why = "its file is cut short" if cut else "its window is under half the longest rank's"
+        s.skipped.append(f"{name} is not compared with the other ranks: {why} ({a.summary.window_s * 1e3:.0f} of "
+                         f"{longest * 1e3:.0f} ms), so its compute and communication shares describe another "
+                         "stretch of the job and no straggler is named from them")
 
 
 def _what_ran(s: TraceSummary, ranks: list[TraceAnalysis]) -> None:

@@ -9,7 +9,12 @@ P1). Idle is the rest of the window, cut into gaps between busy runs; each gap g
   copy or in the synchronisation after it, or precedes one whose copy call (host-side staging) covers most of the
   gap;
 - sync: the host was blocked in a synchronisation (cudaStreamSynchronize, cudaDeviceSynchronize, a blocking copy,
-  `.item()`/`.cpu()`, which copy device-to-host and wait) when the GPU ran out of work;
+  `.item()`/`.cpu()`, which copy device-to-host and wait) when the GPU ran out of work (nothing queued). A copy into
+  pageable host memory blocks the host for its whole call, whatever its name (cudaMemcpyAsync too), so the call
+  counts as a sync from its start, and is named among the ops that held the host (BLOCKS_HOST). With the next op
+  already queued, a gap is stream_wait whatever the host was blocked in: the sync waits for that same device-side
+  work (a TorchRec step's 64 ms stall, the host blocked 146 ms in a 704-byte read-back meanwhile, was once sync and
+  three times stream wait);
 - kernel_overhead: the next op was already queued when the GPU went idle and the gap is short
   (<= KERNEL_OVERHEAD_US): the GPU's own kernel-to-kernel turnaround;
 - stream_wait: the next op was queued (its launch call had returned) and still the GPU sat idle for longer than
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from operator import gt
 
-from diagnoser.traces.classify import LAUNCH_KIND_SYNC, is_pageable_copy
+from diagnoser.traces.classify import LAUNCH_KIND_COPY, LAUNCH_KIND_SYNC, is_pageable_copy
 from diagnoser.traces.tables import Tables
 
 IDLE_CAUSES = ("host", "sync", "pageable_memcpy", "queue_dry", "kernel_overhead", "stream_wait")
@@ -45,6 +50,8 @@ QUEUE_DRY_MIN_US = 1000.0
 HOST_BUSY_FRAC = 0.2
 # A host sync ending this close before the GPU went idle still explains the gap (clock skew CPU/GPU).
 SYNC_SLACK_US = 2.0
+# Marks a blocking copy's call among the ops that held the host (DeviceTimeline.host_idle_ops_us): the op to name.
+BLOCKS_HOST = "which blocks the host"
 
 
 @dataclass
@@ -63,6 +70,7 @@ class DeviceTimeline:
     device: int
     window: tuple[float, float]
     busy_us: float = 0.0
+    compute_us: float = 0.0  # a compute kernel running (kernels.compute_union_us); the rest of busy_us: non-compute
     idle_us_by_cause: dict[str, float] = field(default_factory=lambda: dict.fromkeys(IDLE_CAUSES, 0.0))
     gaps_by_cause: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IDLE_CAUSES, 0))
     busy_us_by_stream: dict[int, float] = field(default_factory=dict)
@@ -145,12 +153,32 @@ class Launches:
         # later duplicates of a correlation id win, as with a dict built in a loop
         self.by_corr: dict[int, int] = dict(zip(t.r_corr, range(len(t.r_corr)), strict=True))
         self.by_corr.pop(-1, None)
-        sync_idx = [i for i, k in enumerate(t.r_kind) if k == LAUNCH_KIND_SYNC]
+        # copy calls whose copy lands in pageable host memory: the host is blocked until it is done (index -> its
+        # GPU op)
+        self.blocking: dict[int, int] = {}
+        to_pageable = {nid for nid, name in enumerate(t.names) if is_pageable_copy(name) and "DtoH" in name}
+        if to_pageable:
+            for g, (corr, nid) in enumerate(zip(t.g_corr, t.g_name, strict=True)):
+                call = self.by_corr.get(corr) if nid in to_pageable else None
+                if call is not None and t.r_kind[call] == LAUNCH_KIND_COPY:
+                    self.blocking[call] = g
+        sync_idx = [i for i, k in enumerate(t.r_kind) if k == LAUNCH_KIND_SYNC] + list(self.blocking)
         sync_idx.sort(key=t.r_ts.__getitem__)
         self.sync_start = [t.r_ts[i] for i in sync_idx]
         self.sync_end_max = list(accumulate((t.r_ts[i] + t.r_dur[i] for i in sync_idx), max))
         # per GPU op: the index of its launch call, or None when the trace has none
         self.of_gpu: list[int | None] = list(map(self.by_corr.get, t.g_corr))
+
+    def blocking_names(self) -> dict[tuple[str, float], str]:
+        """(call name, start) of each blocking copy call -> how to name it among the ops that held the host."""
+        t = self.t
+        out = {}
+        for call, g in self.blocking.items():
+            name = t.names[t.r_name[call]]
+            size = t.g_bytes[g]
+            what = f"a {size:,}-byte copy" if size > 0 else "a copy"
+            out[(name, t.r_ts[call])] = f"{name} ({what} to pageable host memory, {BLOCKS_HOST})"
+        return out
 
     def host_sync_open(self, x: float, slack: float = SYNC_SLACK_US) -> bool:
         """Whether some host sync call had started by x and not yet returned (within slack)."""
@@ -268,11 +296,16 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
                 call = of_gpu[nxt]
                 if call is not None and r_ts[call] <= g0 + (g1 - g0) / 2:
                     return "pageable_memcpy"
+        launch = of_gpu[nxt] if nxt is not None else None
+        if (sync_open and launch is not None and r_ts[launch] <= g0 and g1 - g0 > KERNEL_OVERHEAD_US
+                and g1 - max(g0, r_ts[launch] + r_dur[launch]) > KERNEL_OVERHEAD_US):
+            # The next op was queued (its launch had returned) and still the GPU idled: it waited on the device
+            # side, and the host's sync or blocking copy waits for that same work; the host did not starve it.
+            return "stream_wait"
         if sync_open or (prev is not None and g_name[prev] in to_host and call_open(prev, g0)):
             # the host was blocked (a sync, or a blocking device-to-host copy such as .item()'s) when the GPU ran
             # dry. (A launch call that outlasts its short kernel is launch overhead, not a wait: not here.)
             return "sync"
-        launch = of_gpu[nxt] if nxt is not None else None
         if launch is not None and r_ts[launch] <= g0:
             # launched before the GPU went idle: its own turnaround when short; the launch call still running (the
             # op started as soon as it returned) is the host's; else the queued op waited on the device side
@@ -308,7 +341,9 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
         counts[c] += 1
     if t.long_ops:
         host_gaps = [(g[0], g[1]) for g, c in zip(gaps, causes, strict=True) if c in ("host", "sync")]
-        tl.host_idle_ops_us = idle_inside_ops(host_gaps, t.long_ops)
+        named = launches.blocking_names()
+        ops = [(named.get((op[0], op[1]), op[0]), op[1], op[2]) for op in t.long_ops] if named else t.long_ops
+        tl.host_idle_ops_us = idle_inside_ops(host_gaps, ops)
     order = heapq.nlargest(keep_longest, range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])
     tl.longest_gaps = [Gap(gaps[k][0], gaps[k][1], causes[k]) for k in order]
     if keep_range is not None and gaps:

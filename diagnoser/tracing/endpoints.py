@@ -247,6 +247,11 @@ def profiler_url(pid: int) -> str | None:
     kind = server_kind(pid)
     if kind is None or (kind == "vllm" and vllm_profiler_flags(pid) is None):
         return None
+    named = _url_on_command_line(pid)
+    if named:
+        # The server's own --host/--port: a busy engine can miss the port probe's short deadline (a real vLLM under
+        # load did, and the trace was refused as if no endpoint existed).
+        return named
     from diagnoser.collectors.target import resolve_target
 
     try:
@@ -256,6 +261,30 @@ def profiler_url(pid: int) -> str | None:
     if not target.metrics_url:
         return None
     return target.metrics_url.rsplit("/", 1)[0].removesuffix("/v1")
+
+
+def _url_on_command_line(pid: int) -> str | None:
+    """http://HOST:PORT from the first command line of the tree that gives --port (a wildcard or missing host is
+    this machine's loopback), else None."""
+    for p in process_tree(pid):
+        args = _cmdline(p)
+        port = _flag(args, "--port")
+        if port is None or not port.isdigit() or not 0 < int(port) < 65536:
+            continue
+        host = _flag(args, "--host") or "127.0.0.1"
+        if host in ("0.0.0.0", "::", "", "localhost"):
+            host = "127.0.0.1"
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return None
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
 
 
 def environ_of(pid: int) -> dict[str, str]:
