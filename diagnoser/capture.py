@@ -254,6 +254,23 @@ class RankStat(msgspec.Struct, kw_only=True):
     straggler: bool = False
 
 
+class EngineSteps(msgspec.Struct, kw_only=True):
+    """A serving engine's own step annotations in a trace (vLLM's execute_context_N(T)_generation_M(G)): the step
+    split as the engine wrote it (traces/engine_steps.py)."""
+
+    steps: int = 0
+    step_ms_p50: float = 0.0
+    steps_frac: float = 0.0  # share of the window inside steps (the rest: scheduling, waiting for requests)
+    prefill_steps: int = 0  # steps that carried a prefill (prompt tokens)
+    prefill_time_frac: float = 0.0  # share of the steps' time in steps that carried a prefill
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    decode_batch: float | None = None  # mean requests of the decode-only steps
+    decode_step_ms_p50: float | None = None
+    # Share of the steps' time by CPU op class (matmul, attention, kv_write, sampling, other): a CPU build's trace
+    op_share: dict[str, float] = msgspec.field(default_factory=dict)
+
+
 class TraceSummary(msgspec.Struct, kw_only=True):
     """What a torch.profiler trace analysis found, reduced to numbers the evidence layer reads.
 
@@ -329,6 +346,7 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     # Files beside the ranks that are not ranks (a serving frontend: vLLM's AsyncLLM process, CPU only, no model ops),
     # left out of every rank statistic: "file: why".
     frontends: list[str] = msgspec.field(default_factory=list)
+    engine_steps: EngineSteps | None = None  # the serving engine's own step annotations, where it wrote them
 
 
 class StackFrame(msgspec.Struct, kw_only=True):

@@ -20,6 +20,7 @@ from diagnoser.traces.windows import WINDOWS
 from diagnoser.units import fmt
 
 if TYPE_CHECKING:
+    from diagnoser.capture import EngineSteps
     from diagnoser.traces import TraceAnalysis
 
 _CAUSE_TEXT = {
@@ -142,6 +143,22 @@ def _us(x: float) -> str:
     return f"{x:.1f} µs"
 
 
+def _engine_steps(e: EngineSteps | None) -> list[str]:
+    """The engine's own step annotations (vLLM): the step split as it wrote it, and a CPU build's op classes."""
+    if e is None:
+        return []
+    out = [f"Engine steps (the engine's own annotations): {e.steps}, p50 {e.step_ms_p50:.2f} ms, "
+           f"{_pct(e.steps_frac)} of the window inside them; {e.prefill_steps} carried a prefill "
+           f"({e.prompt_tokens} prompt tokens, {_pct(e.prefill_time_frac)} of the steps' time); "
+           f"{e.generated_tokens} tokens generated"]
+    if e.decode_batch is not None and e.decode_step_ms_p50 is not None:
+        out.append(f"  decode-only steps: batch {e.decode_batch:.1f} on average, p50 {e.decode_step_ms_p50:.2f} ms")
+    if e.op_share:
+        parts = ", ".join(f"{k} {_pct(v)}" for k, v in sorted(e.op_share.items(), key=lambda kv: -kv[1]))
+        out.append(f"  the steps' time by CPU op: {parts} (other: ops fused into a compiled graph, Python between)")
+    return out
+
+
 def render_analysis(a: TraceAnalysis) -> list[str]:
     """The trace analysis as lines of text."""
     from diagnoser.traces.timeline import IDLE_CAUSES
@@ -165,6 +182,7 @@ def render_analysis(a: TraceAnalysis) -> list[str]:
         out.append("  " + ", ".join(ran))
     if s.sampled:
         out.append(f"  incomplete trace: {s.sampled_reason}")
+    out.extend(_engine_steps(s.engine_steps))
     if s.gpu_busy_frac is not None:
         out.append(f"GPU busy {_pct(s.gpu_busy_frac)}, idle {_pct(1 - s.gpu_busy_frac)} of the window"
                    + (f" (mean over devices {', '.join(map(str, s.devices))})" if len(s.devices) > 1 else ""))

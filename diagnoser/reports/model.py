@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from diagnoser import __version__, physics
-from diagnoser.capture import Capture
+from diagnoser.capture import Capture, EngineSteps, TraceSummary
 from diagnoser.diagnosis import INCONCLUSIVE, LIMITER_LABELS, Benefit, Diagnosis, Fix, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence
 from diagnoser.fleet_model import FleetReport, FleetRow
@@ -261,6 +261,9 @@ def _context_views(capture: Capture, ev: Evidence) -> dict[str, Any]:
                      ("launch call p50", f"{t.launch_call_us_p50:.1f} µs" if t.launch_call_us_p50 else ""),
                      ("launch delay p50", f"{t.launch_delay_us_p50:.1f} µs" if t.launch_delay_us_p50 else ""),
                      ("decode batch", f"{t.decode_batch:.1f}" if t.decode_batch else ""),
+                     ("temporal breakdown", _temporal(t)),
+                     *_engine_rows(t.engine_steps),
+                     ("frontends (not ranks)", "; ".join(t.frontends)),
                      ("not read", "; ".join(t.skipped))]
                     + [(k, f"{v:g}") for k, v in t.extra.items()])
     physics_rows = _kv([("regime", _regime_text(ev.regime, None)), ("regime from", ev.regime_basis),
@@ -269,6 +272,28 @@ def _context_views(capture: Capture, ev: Evidence) -> dict[str, Any]:
                        + [("data quality", q.reason) for q in ev.quality])
     return {"window": window, "gpus": gpus, "process": process, "server": server, "model": model,
             "serving": serving, "trace": trace, "physics": physics_rows, "roofs_note": "; ".join(ev.notes)}
+
+
+def _temporal(t: TraceSummary) -> str:
+    if t.compute_time_frac is None or t.non_compute_time_frac is None or t.idle_time_frac is None:
+        return ""
+    return (f"compute {t.compute_time_frac:.1%}, non-compute {t.non_compute_time_frac:.1%}, idle "
+            f"{t.idle_time_frac:.1%}")
+
+
+def _engine_rows(e: EngineSteps | None) -> list[tuple[str, str]]:
+    """The engine's own step annotations (vLLM) as rows: the split as the engine wrote it."""
+    if e is None:
+        return []
+    rows = [("engine steps", f"{e.steps}, p50 {e.step_ms_p50:.2f} ms, {e.steps_frac:.0%} of the window"),
+            ("steps with a prefill", f"{e.prefill_steps} ({e.prompt_tokens:,} prompt tokens, "
+             f"{e.prefill_time_frac:.1%} of the steps' time); {e.generated_tokens:,} tokens generated")]
+    if e.decode_batch is not None:
+        rows.append(("decode-only steps", f"batch {e.decode_batch:.1f}, p50 {e.decode_step_ms_p50 or 0:.2f} ms"))
+    if e.op_share:
+        rows.append(("steps' time by CPU op", ", ".join(
+            f"{k} {v:.1%}" for k, v in sorted(e.op_share.items(), key=lambda kv: -kv[1]))))
+    return rows
 
 
 def _regime_text(regime: Regime, saturation: float | None) -> str:

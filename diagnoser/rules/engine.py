@@ -187,7 +187,11 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
     primary = choose_primary([f for f in findings if f.code not in advisory], ev)
     notes = list(ev.meta.notes) + ev.notes
     if ev.meta.cpu_only:
-        notes.insert(0, "CPU run: not a GPU verdict. Host and server signals are real; GPU roofs are not measured.")
+        measured = [what for what, prefix in (("host", "host."), ("server", "server.")) if any(
+            name.startswith(prefix) for name in ev.signals)]
+        said = (f"{' and '.join(measured).capitalize()} signals are real; " if measured else
+                "It holds no host or server signals; ")
+        notes.insert(0, f"CPU run: not a GPU verdict. {said}GPU roofs are not measured.")
     if ev.meta.exited_at_s is not None:
         notes.append(f"The target process exited {ev.meta.exited_at_s:.1f} s into the window; the diagnosis covers "
                      "what was captured until then.")

@@ -45,6 +45,7 @@ from diagnoser.traces.decode import (
     DecodeStats,
     TraceError,
 )
+from diagnoser.traces.engine_steps import engine_step_stats
 from diagnoser.traces.kernels import (
     COMM_KINDS,
     KernelStats,
@@ -348,6 +349,8 @@ def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalys
         analysis.phases = find_phases(analysis.ops, steps_in_window, index, win)
     _ridge(analysis, gpu_name, skipped)
     _fill_summary(analysis, t, skipped)
+    if t.engine_steps:
+        summary.engine_steps = engine_step_stats(t.engine_steps, t.classed_ops, win)
     return analysis
 
 

@@ -138,6 +138,8 @@ def combine(path: Path, files: list[TraceAnalysis]) -> TraceAnalysis:
     s.top_kernels = _merge_top([r.summary.top_kernels for r in ranks], grand)
     s.kernel_duration_us = _merge_durations([r.summary.kernel_duration_us for r in ranks])
     s.timeline = first.summary.timeline
+    # The engine's step annotations: one rank's (a tensor-parallel engine's ranks run the same steps), the first's.
+    s.engine_steps = next((r.summary.engine_steps for r in ranks if r.summary.engine_steps is not None), None)
     s.ranks = [rank_stat(r) for r in ranks]
     _uncomparable(s, ranks)
     s.straggler = _straggler(s.ranks)

@@ -43,6 +43,7 @@ from diagnoser.traces.decode import (
     Ph,
     iter_event_chunks,
 )
+from diagnoser.traces.engine_steps import CPU_OP_CLASS, VLLM_STEP_PREFIX, parse_step
 from diagnoser.traces.flops import COSTED_OPS
 
 GPU_KERNEL = 0
@@ -121,6 +122,9 @@ class Tables:
     h_end: array = field(default_factory=lambda: array("d"))
     costed: list[CostedOp] = field(default_factory=list)
     steps: list[tuple[str, float, float, int]] = field(default_factory=list)  # (name, ts, dur, tid)
+    # a serving engine's step annotations: (ts, dur, prefill requests, prompt tokens, decode requests, tokens)
+    engine_steps: list[tuple[float, float, int, int, int, int]] = field(default_factory=list)
+    classed_ops: list[tuple[str, int, float, float]] = field(default_factory=list)  # (class, tid, ts, dur): CPU ops
     trace_spans: list[tuple[float, float]] = field(default_factory=list)  # the profiler's own window(s)
     # CPU ops and runtime calls of LONG_OP_US or more, (name, start, end): what the host was inside while the GPU
     # waited for it
@@ -181,6 +185,8 @@ class Tables:
             op.tid = tids.get(op.tid, op.tid)
         self.costed.extend(part.costed)
         self.steps.extend((n, ts, d, tids.get(tid, tid)) for n, ts, d, tid in part.steps)
+        self.engine_steps.extend(part.engine_steps)
+        self.classed_ops.extend((c, tids.get(tid, tid), ts, d) for c, tid, ts, d in part.classed_ops)
         self.comm_ops.extend((tids.get(tid, tid), ts, e, c) for tid, ts, e, c in part.comm_ops)
         self.trace_spans.extend(part.trace_spans)
         self.long_ops.extend(part.long_ops)
@@ -262,6 +268,11 @@ def _ingest(t: Tables, events: list[Event]) -> None:
         comm = {n for n in names if n in _COMM_OP_NAMES or n.startswith(COMM_OP_PREFIX)}
         if comm:
             _comm_ops(t, [e for e in cpu_ops if e.name in comm])
+        classed = [n for n in names if n in CPU_OP_CLASS]
+        if classed:
+            cls_of = CPU_OP_CLASS
+            t.classed_ops.extend((cls_of[e.name], t.tid(e.tid), e.ts, e.dur)  # type: ignore[misc]
+                                 for e in cpu_ops if e.name in cls_of)
         costed = COSTED_OPS
         for e in [e for e in cpu_ops if e.name in costed]:
             args = e.args
@@ -466,6 +477,10 @@ def _other(t: Tables, e: Event) -> None:
         if e.name.startswith(STEP_PREFIX):
             t.steps.append((e.name, ts, dur, t.tid(e.tid)))
             return
+        if e.name.startswith(VLLM_STEP_PREFIX):
+            parsed = parse_step(e.name)
+            if parsed is not None:
+                t.engine_steps.append((ts, dur, *parsed))
         if e.name.startswith(COMM_ANNOTATION_PREFIX):
             t.comm_ops.append((t.tid(e.tid), ts, ts + dur, e.name[len(COMM_ANNOTATION_PREFIX):]))
     elif c is Cat.GPU_USER_ANNOTATION:
