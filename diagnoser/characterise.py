@@ -217,6 +217,10 @@ def _quality(ev: Evidence) -> list[Quality]:
 # and would look FP32 by their template arguments.
 _SERVER_SIGNAL = re.compile(r"server\.").match  # a signal from the server's own metrics
 _FP32_GEMM_MARKS = ("sgemm", "s1688gemm", "s16816gemm", "scudnn", "tf32")
+# cuBLAS GEMV (M = 1: a batch-1 decode's matmuls) names its types only in its template arguments: all float for FP32
+# data (gemv2T_kernel_val<int, int, float, float, float, float, ...>, internal::gemvx::kernel<int, int, float, ...>),
+# __nv_bfloat16 / __half for a 16-bit model. Seen on an H200 with an FP32 Llama (tests/fixtures/gpu/hf/precision).
+_FP32_GEMV = re.compile(r"gemv\w*(?:::kernel)?<int, int, float, float, float, float").search
 _LOW_PRECISION_MARKS = ("h1688", "h16816", "bf16", "bfloat16", "half", "fp16", "e4m3", "e5m2", "fp8", "i8816", "int8")
 
 
@@ -228,7 +232,7 @@ def fp32_share(trace: TraceSummary | None) -> float | None:
     share = 0.0
     for k in trace.top_kernels:
         name = (k.full_name or k.name).lower()
-        if k.kind == "gemm" and any(m in name for m in _FP32_GEMM_MARKS) \
+        if k.kind == "gemm" and (any(m in name for m in _FP32_GEMM_MARKS) or _FP32_GEMV(name)) \
                 and not any(m in name for m in _LOW_PRECISION_MARKS):
             share += k.share
     return share

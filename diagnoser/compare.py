@@ -18,6 +18,7 @@ from typing import Any
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import FixKind
+from diagnoser.errors import InputError
 from diagnoser.pipeline import Outcome
 from diagnoser.rules import gains
 from diagnoser.units import fmt
@@ -285,6 +286,8 @@ def _changes(before: Outcome, after: Outcome) -> list[Change]:
             if x != y:
                 if name == "dtype" and y and "int4" in str(y).lower():
                     kind = FixKind.INT4_WEIGHTS
+                elif name == "dtype" and _float_narrowing(x, y):
+                    kind = FixKind.MIXED_PRECISION  # the whole model in 16 bits, not a weight quantisation
                 out.append(Change(f"model.{name}", _fmt(x), _fmt(y), _applied(kind, x, y)))
     ga = before.capture.gpus[0].name if before.capture.gpus else ""
     gb = after.capture.gpus[0].name if after.capture.gpus else ""
@@ -321,32 +324,26 @@ def _applied(kind: FixKind | None, before: Any, after: Any, *, from_default: boo
 
 # Prompt tokens per generated token moving by more than this factor: the traffic itself changed.
 TRAFFIC_SHIFT = 8.0
-# The host's load moving between the windows: other processes' CPU by this share of the host's cores, or the server's
-# threads waiting for a CPU by this share of the time. A starved tokenizer or scheduler thread moves the token rate as
-# much as any fix (a 49 % drop was graded against a fix while the host's other load changed under it). The wait must
-# move both by CPU_WAIT_SHIFT and by a factor of CPU_WAIT_FACTOR: a server already waiting 42 % of the time on a shared
-# machine that waits 53 % in the next window ran under much the same load.
+# The host's load moving between the windows: other processes' CPU by this share of the host's cores. A starved
+# tokenizer or scheduler thread moves the token rate as much as any fix (a 49 % drop was graded against a fix while
+# the host's other load changed under it). The server's own run-queue wait is no such sign: a fix that lets it
+# batch more keeps its threads busier and waiting more (on vLLM's CPU build its engine threads oversubscribe two
+# cores on their own), so the wait moves with the fix itself.
 HOST_LOAD_SHIFT = 0.25
-CPU_WAIT_SHIFT = 0.15
-CPU_WAIT_FACTOR = 2.0
 
 
 def host_load(before: Outcome, after: Outcome) -> str:
     """How the host's load differed between the two windows, when it differed a lot; "" when it did not or a capture
-    does not record it (host.others_cpu over host.cores, host.target_cpu_wait)."""
-    said = []
+    does not record it (host.others_cpu over host.cores)."""
     others = [o.evidence.value(S.HOST_OTHERS_CPU) for o in (before, after)]
     cores = [o.evidence.value(S.HOST_CORES) for o in (before, after)]
-    if others[0] is not None and others[1] is not None and cores[0] and cores[1]:
-        shares = [others[0] / cores[0], others[1] / cores[1]]
-        if abs(shares[1] - shares[0]) >= HOST_LOAD_SHIFT:
-            of = f"{cores[0]:g}" if cores[0] == cores[1] else f"{cores[0]:g} and {cores[1]:g}"
-            said.append(f"other processes used {others[0]:.1f} -> {others[1]:.1f} of the host's {of} cores")
-    wa, wb = (o.evidence.value(S.HOST_TARGET_CPU_WAIT) for o in (before, after))
-    if wa is not None and wb is not None and abs(wb - wa) >= CPU_WAIT_SHIFT \
-            and max(wa, wb) >= CPU_WAIT_FACTOR * max(min(wa, wb), 0.01):
-        said.append(f"the server's busiest threads waited for a CPU {wa:.0%} -> {wb:.0%} of the time")
-    return "the host's load changed (" + "; ".join(said) + ")" if said else ""
+    if others[0] is None or others[1] is None or not cores[0] or not cores[1]:
+        return ""
+    shares = [others[0] / cores[0], others[1] / cores[1]]
+    if abs(shares[1] - shares[0]) < HOST_LOAD_SHIFT:
+        return ""
+    of = f"{cores[0]:g}" if cores[0] == cores[1] else f"{cores[0]:g} and {cores[1]:g}"
+    return f"the host's load changed (other processes used {others[0]:.1f} -> {others[1]:.1f} of the host's {of} cores)"
 
 
 BATCH_CHANGE = "running batch (measured)"
@@ -393,6 +390,16 @@ def confounders(before: Outcome, after: Outcome, changes: list[Change] | None = 
     return out
 
 
+def _float_narrowing(before: Any, after: Any) -> bool:
+    """fp32 -> bf16/fp16: the model's float type narrowed, weights, activations and KV together."""
+    from diagnoser.physics import normalise_dtype
+
+    try:
+        return normalise_dtype(str(before)) == "fp32" and normalise_dtype(str(after)) in ("bf16", "fp16")
+    except InputError:
+        return False
+
+
 def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float | None, str]:
     """The BEFORE evidence's prediction for the change actually made (None when the physics has no model of it)."""
     ev = before.evidence
@@ -404,6 +411,8 @@ def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float |
             ask = lambda: gains.batch_gain(ev, target=batch)  # noqa: E731
     elif kind in (FixKind.FP8_WEIGHTS, FixKind.INT4_WEIGHTS) and mb is not None and mb.dtype:
         ask = lambda: gains.dtype_gain(ev, mb.dtype)  # noqa: E731
+    elif kind is FixKind.MIXED_PRECISION and mb is not None and mb.dtype:
+        ask = lambda: gains.model_dtype_gain(ev, mb.dtype)  # noqa: E731
     elif kind is FixKind.FP8_KV and mb is not None and mb.kv_dtype:
         ask = lambda: gains.kv_dtype_gain(ev, mb.kv_dtype)  # noqa: E731
     elif kind is FixKind.ADD_GPUS and ma is not None and mb is not None and mb.tensor_parallel != ma.tensor_parallel:

@@ -41,11 +41,13 @@ def test_a_gain_under_another_host_load_is_not_graded_and_the_load_is_said() -> 
     assert "verdict-tag ok" not in render_html(c)
 
 
-def test_the_target_waiting_for_a_cpu_is_a_host_load_change_too() -> None:
+def test_the_servers_own_cpu_wait_moving_with_the_fix_is_not_a_host_load_change() -> None:
+    """A fix that lets the server batch more keeps its own threads busier: their run-queue wait moves with the fix
+    (vLLM's CPU build oversubscribes two cores on its own), while the others' load stays the same."""
     before = diagnose_capture(_with_host(load(B1), others=1.0, wait=0.02))
     after = diagnose_capture(_with_host(load(FP8), others=1.0, wait=0.40))
     c = compare(before, after)
-    assert any("waited for a CPU 2% -> 40% of the time" in x for x in c.confounders), c.confounders
+    assert not any("host's load" in x for x in c.confounders), c.confounders
 
 
 def test_a_similar_host_load_still_grades() -> None:

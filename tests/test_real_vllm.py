@@ -35,7 +35,11 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, sit.Recordin
     out = Path(keep) if keep else tmp_path_factory.mktemp("vllm-tier")
     out.mkdir(parents=True, exist_ok=True)
     vllm_server.build_model(out / "model")
-    return sit.record_all(out / "model", out)
+    recordings = sit.record_all(out / "model", out, traced=TRACED)
+    return recordings
+
+
+TRACED: list[sit.TraceRun] = []  # the default server traced once through its endpoints, filled by `recorded`
 
 
 def _codes(d: dict[str, Any]) -> list[str]:
@@ -96,3 +100,23 @@ def test_no_interpolated_quantile_is_cited_as_a_measurement(recorded: dict[str, 
             for c in f["citations"]:
                 if c["signal"].startswith("server.") and ("_p50" in c["signal"] or "_p99" in c["signal"]):
                     assert c["bucket"] is not None, (c, r.situation.name)
+
+
+def test_traced_through_its_endpoints_with_the_engines_own_step_split(recorded: dict[str, sit.Recording]) -> None:
+    """Written before the run: `trace PID` finds the endpoints on the server's command line (no --url), the server
+    survives the light settings, the folder holds the worker's trace and the frontend's, the frontend is no rank,
+    and the engine's own step annotations say what the load was: decode batches of at most the four clients,
+    every prefill 64 prompt tokens a request (64-word prompts, a word a token), and no more tokens generated in the
+    trace than the server's counter moved across the whole trace request."""
+    (run,) = TRACED
+    assert run.returncode == 0, (run.stdout, run.stderr)
+    assert "via endpoint" in run.stdout, run.stdout
+    s = run.analysis
+    assert s, (run.stdout, run.stderr)
+    assert len(s["frontends"]) == 1 and "async_llm" in s["frontends"][0], s["frontends"]
+    e = s["engine_steps"]
+    assert e is not None and e["steps"] >= 1, e  # 3 steps in 2 s on a loaded machine (735 ms each), ~90 quiet
+    assert 1.0 <= e["decode_batch"] <= 4.0, e
+    assert e["prompt_tokens"] % 64 == 0 and (e["prompt_tokens"] > 0) == (e["prefill_steps"] > 0), e
+    assert 0 < e["generated_tokens"] <= run.generated, (e, run.generated)
+    assert e["op_share"]["matmul"] > 0.1, e  # a CPU build: the model's matmuls are oneDNN CPU ops

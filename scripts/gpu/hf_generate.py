@@ -93,7 +93,8 @@ class Tally:
 def build(args: argparse.Namespace, torch: Any, device: str) -> tuple[Any, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    named = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    dtype = named.get(args.dtype) or (torch.bfloat16 if device == "cuda" else torch.float32)
     config = LlamaConfig(**SHAPES[args.size], max_position_embeddings=4096, rms_norm_eps=1e-5,
                          tie_word_embeddings=False, bos_token_id=1, eos_token_id=EOS, pad_token_id=PAD)
     torch.manual_seed(0)
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=sorted(SHAPES), default="2.4b")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
+                    help="weights and activations (auto: bf16 on a GPU, fp32 on a CPU); fp32 matmuls stay FP32, "
+                    "not TF32 (PyTorch's default)")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens per sequence")
     ap.add_argument("--new-tokens", type=int, default=512, help="max_new_tokens (= min_new_tokens) per call")
     ap.add_argument("--static", action="store_true", help='cache_implementation="static" (auto-compiled on CUDA)')

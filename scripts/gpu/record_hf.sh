@@ -19,7 +19,8 @@
 # DURATION 8, TRACE_S 0.5 ("" for none), NEW_TOKENS 512, PROMPT 128, STATIC 1 (0 skips the third run),
 # BUDGET_S 400 (the script's own deadline: the third run starts only with 170 s left, and waits for warm-up only
 # until 70 s before it), CAL_BUDGET 15 (diagnoser calibrate first, GPU only; 0 skips), PY python3,
-# COMPILE_ON_CPU 0 (1: the third run compiles on a CPU too, for testing this script).
+# COMPILE_ON_CPU 0 (1: the third run compiles on a CPU too, for testing this script), RUNS default | precision
+# (precision: hf-static-compile-b1-fp32 then hf-static-compile-b1 in bf16, compared: the precision fix).
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -34,6 +35,7 @@ STATIC=${STATIC:-1}
 BUDGET_S=${BUDGET_S:-400}
 CAL_BUDGET=${CAL_BUDGET:-15}
 COMPILE_ON_CPU=${COMPILE_ON_CPU:-0}
+RUNS=${RUNS:-default}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PY PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$repo"
 [ -d /tmp/site/bin ] && export PATH="/tmp/site/bin:$PATH"  # py-spy from the carried wheel
 rm -rf "$WORK"
@@ -87,11 +89,11 @@ if [ $gpu = 1 ] && [ "$CAL_BUDGET" != 0 ]; then
 fi
 
 # --- one run: start the workload, wait until warm, attach, stop ----------------------------------------------------
-run_one() {  # name batch static(0/1) ready_timeout_s
-  local name=$1 batch=$2 static=$3 ready_timeout=$4
+run_one() {  # name batch static(0/1) ready_timeout_s [dtype]
+  local name=$1 batch=$2 static=$3 ready_timeout=$4 dtype=${5:-auto}
   local d=$WORK/$name cfg=$WORK/$name/hf-random-llama-$HF_SIZE
   mkdir -p "$d"
-  local flags=()
+  local flags=(--dtype "$dtype")
   [ "$static" = 1 ] && flags+=(--static)
   [ "$static" = 1 ] && [ "$COMPILE_ON_CPU" = 1 ] && flags+=(--compile-on-cpu)
   log "$name: start (batch $batch, static $static; ready within ${ready_timeout}s)"
@@ -130,13 +132,25 @@ stop_workload() {
   wait "$pid" 2>/dev/null
 }
 
-run_one hf-eager-b1 1 0 90
-run_one hf-eager-b16 16 0 90
-if [ "$STATIC" = 1 ]; then
-  if [ "$(left)" -ge 170 ]; then
-    run_one hf-static-compile-b1 1 1 $(($(left) - 70))
-  else
-    log "hf-static-compile-b1: skipped, only $(left)s of the ${BUDGET_S}s budget left"
+if [ "$RUNS" = precision ]; then
+  # The precision fix on the compiled decode: FP32 weights and matmuls, then the same in bf16.
+  for spec in "hf-static-compile-b1-fp32 fp32" "hf-static-compile-b1 bf16"; do
+    set -- $spec
+    if [ "$(left)" -ge 150 ]; then
+      run_one "$1" 1 1 $(($(left) - 60)) "$2"
+    else
+      log "$1: skipped, only $(left)s of the ${BUDGET_S}s budget left"
+    fi
+  done
+else
+  run_one hf-eager-b1 1 0 90
+  run_one hf-eager-b16 16 0 90
+  if [ "$STATIC" = 1 ]; then
+    if [ "$(left)" -ge 170 ]; then
+      run_one hf-static-compile-b1 1 1 $(($(left) - 70))
+    else
+      log "hf-static-compile-b1: skipped, only $(left)s of the ${BUDGET_S}s budget left"
+    fi
   fi
 fi
 

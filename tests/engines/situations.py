@@ -109,6 +109,61 @@ class Recording:
     compare: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class TraceRun:
+    """`diagnoser trace PID` through the default server's profiler endpoints while four clients run."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    folder: Path | None  # where the trace landed
+    analysis: dict[str, Any]  # `diagnoser analyze FOLDER --json`'s context.trace.summary
+    generated: float  # the server's own generation_tokens_total across the trace request (start to stop)
+    load_avg: float
+
+
+# vLLM's profiler with the light settings (docs/traces.md): no Python stacks, no key-averages table; the frontend
+# traced too (ignore_frontend=false) so that its file lands beside the worker's.
+def profiler_flags(folder: Path) -> tuple[str, ...]:
+    return ("--profiler-config.profiler=torch", f"--profiler-config.torch_profiler_dir={folder}",
+            "--profiler-config.torch_profiler_with_stack=false",
+            "--profiler-config.torch_profiler_dump_cuda_time_total=false",
+            "--profiler-config.ignore_frontend=false")
+
+
+def _generated(server: VllmServer) -> float:
+    total = 0.0
+    for line in server.metrics().splitlines():
+        if line.startswith("vllm:generation_tokens_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def trace_window(server: VllmServer, out: Path, seconds: float = 2.0) -> TraceRun:
+    """Four clients, then `diagnoser trace PID` (no --url: the endpoints come from the server's command line), then
+    `diagnoser analyze` of what it saved."""
+    load = Load(port=server.port, model=MODEL_NAME, clients=4, prompt_words=64, max_tokens=64, seconds=WARM_S + 400)
+    with load:
+        time.sleep(WARM_S)
+        before = _generated(server)
+        assert server.proc is not None
+        proc = subprocess.run([sys.executable, "-m", "diagnoser", "trace", str(server.proc.pid), "--seconds",
+                               str(seconds), "-o", str(out), "--no-analyze"], capture_output=True, text=True,
+                              timeout=400, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        generated = _generated(server) - before
+        load_avg = os.getloadavg()[0]
+    folders = sorted(p for p in out.glob("*") if p.is_dir()) if out.exists() else []
+    analysis: dict[str, Any] = {}
+    if proc.returncode == 0 and folders:
+        done = subprocess.run([sys.executable, "-m", "diagnoser", "analyze", str(folders[-1]), "--json"],
+                              capture_output=True, text=True, timeout=400, cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        if done.returncode == 0:
+            analysis = json.loads(done.stdout)["context"]["trace"]["summary"]
+    return TraceRun(proc.returncode, proc.stdout, proc.stderr, folders[-1] if folders else None, analysis,
+                    generated, load_avg)
+
+
 def attach(port: int, out: Path, seconds: float = WINDOW_S) -> tuple[dict[str, Any], str]:
     """`diagnoser attach --port` for a window, capture saved; the JSON diagnosis and stderr."""
     proc = subprocess.run([sys.executable, "-m", "diagnoser", "attach", "--port", str(port), "--duration",
@@ -165,21 +220,26 @@ def compare(before: Path, after: Path) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
-def record_all(model_dir: Path, out: Path, names: tuple[str, ...] = ()) -> dict[str, Recording]:
-    """Every situation (or those named), each server started once; fixes applied on the default server."""
+def record_all(model_dir: Path, out: Path, names: tuple[str, ...] = (),
+               traced: list[TraceRun] | None = None) -> dict[str, Recording]:
+    """Every situation (or those named), each server started once; fixes applied on the default server, which runs
+    with its profiler endpoints enabled (light settings) and, when `traced` is given, is traced once at the end."""
     chosen = [s for s in SITUATIONS if not names or s.name in names]
     recordings: dict[str, Recording] = {}
     order = [k for k in SERVERS if k != "default"] + ["default"]  # the fixed runs share the default server
     for key in order:
         on_it = [s for s in chosen if s.server == key]
         fixed = [s for s in chosen if s.applied == key] if key == "default" else []
-        if not on_it and not fixed:
+        if not on_it and not fixed and not (key == "default" and traced is not None):
             continue
-        with VllmServer(model_dir, SERVERS[key], log=out / f"vllm-{key}.log") as server:
+        flags = SERVERS[key] + (profiler_flags(out / "profiles") if key == "default" else ())
+        with VllmServer(model_dir, flags, log=out / f"vllm-{key}.log") as server:
             for s in on_it:
                 recordings[s.name] = run_window(server, s, out / f"{s.name}.dgc")
             for s in fixed:
                 rec = recordings[s.name]
                 rec.applied = run_window(server, s, out / f"{s.name}-fixed.dgc")
                 rec.compare = compare(rec.capture, rec.applied.capture)
+            if key == "default" and traced is not None:
+                traced.append(trace_window(server, out / "traced"))
     return recordings
