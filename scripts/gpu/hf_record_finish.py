@@ -33,7 +33,8 @@ PY = os.environ.get("PY", sys.executable)
 TRIM_MS = float(os.environ.get("TRIM_MS", "50"))
 PAIRS = [("hf-eager-b1", "hf-eager-b16", "batch 1 -> 16 (the larger-batch fix)"),
          ("hf-eager-b1", "hf-static-compile-b1", "eager -> static cache + torch.compile (the CUDA-graphs fix)"),
-         ("hf-static-compile-b1-fp32", "hf-static-compile-b1", "fp32 -> bf16, compiled (the precision fix)")]
+         ("hf-static-compile-b1-fp32", "hf-static-compile-b1", "fp32 -> bf16, compiled (the precision fix)"),
+         ("hf-static-compile-b16-fp32", "hf-static-compile-b16", "fp32 -> bf16, compiled, batch 16")]
 OBSERVED = ("gpu.busy", "gpu.sm_active", "gpu.tensor_active", "gpu.dram_active", "gpu.mem_used_frac", "gpu.power_w",
             "gpu.sm_clock_frac", "host.target_busiest_thread", "host.target_cpu", "server.running", "server.waiting",
             "server.gen_tokens_per_s")

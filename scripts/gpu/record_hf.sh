@@ -20,7 +20,8 @@
 # BUDGET_S 400 (the script's own deadline: the third run starts only with 170 s left, and waits for warm-up only
 # until 70 s before it), CAL_BUDGET 15 (diagnoser calibrate first, GPU only; 0 skips), PY python3,
 # COMPILE_ON_CPU 0 (1: the third run compiles on a CPU too, for testing this script), RUNS default | precision
-# (precision: hf-static-compile-b1-fp32 then hf-static-compile-b1 in bf16, compared: the precision fix).
+# (precision: hf-static-compile-bN-fp32 then hf-static-compile-bN in bf16, compared: the precision fix; N is
+# PRECISION_BATCH, default 1).
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -134,10 +135,11 @@ stop_workload() {
 
 if [ "$RUNS" = precision ]; then
   # The precision fix on the compiled decode: FP32 weights and matmuls, then the same in bf16.
-  for spec in "hf-static-compile-b1-fp32 fp32" "hf-static-compile-b1 bf16"; do
+  pb=${PRECISION_BATCH:-1}
+  for spec in "hf-static-compile-b$pb-fp32 fp32" "hf-static-compile-b$pb bf16"; do
     set -- $spec
     if [ "$(left)" -ge 150 ]; then
-      run_one "$1" 1 1 $(($(left) - 60)) "$2"
+      run_one "$1" "$pb" 1 $(($(left) - 60)) "$2"
     else
       log "$1: skipped, only $(left)s of the ${BUDGET_S}s budget left"
     fi
