@@ -216,7 +216,9 @@ def _quality(ev: Evidence) -> list[Quality]:
 # scudnn, TF32 implicit GEMMs. Only GEMMs are read: elementwise kernels of a 16-bit model often accumulate in float
 # and would look FP32 by their template arguments.
 _SERVER_SIGNAL = re.compile(r"server\.").match  # a signal from the server's own metrics
-_FP32_GEMM_MARKS = ("sgemm", "s1688gemm", "s16816gemm", "scudnn", "tf32")
+# cuBLAS on sm80 and later names FP32 GEMMs by their types and pipe: sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_ (FP32
+# FMA, no tensor cores; seen on an H200 at batch 16, tests/fixtures/gpu/hf/precision).
+_FP32_GEMM_MARKS = ("sgemm", "s1688gemm", "s16816gemm", "scudnn", "tf32", "gemm_f32f32_f32f32")
 # cuBLAS GEMV (M = 1: a batch-1 decode's matmuls) names its types only in its template arguments: all float for FP32
 # data (gemv2T_kernel_val<int, int, float, float, float, float, ...>, internal::gemvx::kernel<int, int, float, ...>),
 # __nv_bfloat16 / __half for a 16-bit model. Seen on an H200 with an FP32 Llama (tests/fixtures/gpu/hf/precision).

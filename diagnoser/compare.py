@@ -102,6 +102,7 @@ class Prediction:
     for_change_basis: str = ""
     realised: float | None = None  # the measured ratio of the rate that fix moves
     verdict: str = ""  # a GRADES entry / not applied / not measurable / not checked
+    for_change_kind: str = ""  # estimate or upper_bound: how the physics' answer for the change made is graded
 
     @property
     def graded(self) -> bool:
@@ -400,7 +401,7 @@ def _float_narrowing(before: Any, after: Any) -> bool:
         return False
 
 
-def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float | None, str]:
+def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float | None, str, str]:
     """The BEFORE evidence's prediction for the change actually made (None when the physics has no model of it)."""
     ev = before.evidence
     ma, mb = before.capture.model, after.capture.model
@@ -422,15 +423,15 @@ def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float |
         if batch is not None:
             ask = lambda: gains.batch_gain(ev, target=batch)  # noqa: E731
     if ask is None:
-        return None, ""
+        return None, "", ""
     try:
         g = ask()
     except Exception as exc:
-        return None, f"the physics could not answer for this change ({exc})"
+        return None, f"the physics could not answer for this change ({exc})", ""
     if g.capped:
         # A cap is a limit on what a fix promises, not the physics' figure: nothing to check a measurement against.
-        return None, f"{g.basis} ({g.capped}: the figure for this change is not known)"
-    return g.value, g.basis
+        return None, f"{g.basis} ({g.capped}: the figure for this change is not known)", ""
+    return g.value, g.basis, g.kind.value
 
 
 def _main_rate(comparison: Comparison) -> Measure | None:
@@ -455,7 +456,7 @@ def _judge(p: Prediction, measure: Measure | None, confounded: list[str]) -> Pre
         verdict = "no prediction to check"
     elif realised < 1.0 - AGREEMENT and reference >= 1.0:
         verdict = LOSS  # under any bound, but the fix was to gain: graded as the loss it is, never as holding
-    elif p.predicted_kind == "upper_bound" and p.for_change is None:
+    elif (p.predicted_kind == "upper_bound" and p.for_change is None) or p.for_change_kind == "upper_bound":
         verdict = "within the bound" if realised <= reference * (1 + AGREEMENT) else "beyond the bound"
     elif abs(realised / reference - 1.0) <= AGREEMENT:
         verdict = "held"
@@ -481,16 +482,16 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
     confounded = c.confounders = confounders(before, after, c.changes)
     for fix in db.fixes:
         on = fix.kind in applied
-        for_change, basis = _for_change(fix.kind, before, after) if on else (None, "")
+        for_change, basis, for_kind = _for_change(fix.kind, before, after) if on else (None, "", "")
         p = Prediction(fix.kind, fix.title, fix.gain, fix.gain_kind.value, fix.benefit.value, on, for_change, basis,
-                       verdict="" if on else "not applied")
+                       verdict="" if on else "not applied", for_change_kind=for_kind)
         c.predictions.append(_judge(p, measure, confounded))
     # A change that matches no proposed fix is still checked against the physics when it can be.
     proposed = {f.kind for f in db.fixes}
     for kind in sorted(applied - proposed, key=lambda k: k.value):
-        for_change, basis = _for_change(kind, before, after)
+        for_change, basis, for_kind = _for_change(kind, before, after)
         p = Prediction(kind, f"(not proposed) {kind.value.replace('_', ' ')}", None, "estimate", "speed", True,
-                       for_change, basis)
+                       for_change, basis, for_change_kind=for_kind)
         c.predictions.append(_judge(p, measure, confounded))
     if not c.changes:
         c.notes.append("No configuration change was found between the two captures: the difference is load, noise or "

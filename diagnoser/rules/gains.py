@@ -252,11 +252,13 @@ def model_dtype_gain(ev: Evidence, new_dtype: str) -> Gain:
     """Throughput multiplier of running the whole model in a narrower float (fp32 -> bf16/fp16): weights,
     activations and, where it follows the model, the KV cache all take new/old the bytes.
 
-    In the memory-bound regime every kernel's time scales with its bytes at its own efficiency, not only the floor's
-    share: the GPU's busy time shrinks by the bytes ratio and the host's time between kernels stays, so the gain is
-    1 / (idle + busy x ratio). Measured on an H200 (2.4B Llama, transformers generate compiled, batch 1): fp32 ->
-    bf16 gave x1.75 with the GPU 75 % busy (x1.60 this way); the weights-only model (the step's time beyond the floor
-    staying) said x1.15 (tests/fixtures/gpu/hf/precision)."""
+    The promise is an upper bound: the GPU's work at the new precision's floor (its ceiling from the physics), the
+    host's time between kernels kept: 1 / (idle + e / r) with e the step's measured share of its ceiling now and r
+    the ceilings' ratio. The basis gives the estimate for kernels that keep their efficiency, 1 / (idle + busy x
+    bytes ratio), which is no bound: FP32 kernels (SIMT FMA GEMMs, FP32 attention) are often far less efficient than
+    the 16-bit tensor-core kernels that replace them. Measured on an H200 (2.4B Llama, transformers generate compiled):
+    fp32 -> bf16 realised x1.75 at batch 1 (up to x2.6 this way, x1.60 kept-efficiency) and x3.09 at batch 16 (up to
+    x5.0, x1.73 kept-efficiency) (tests/fixtures/gpu/hf/precision)."""
     old = _dtype(ev)
     try:
         ratio = physics.bytes_per_element(new_dtype) / physics.bytes_per_element(old)
@@ -267,19 +269,32 @@ def model_dtype_gain(ev: Evidence, new_dtype: str) -> Gain:
     if ev.regime is not Regime.MEMORY:
         return Gain(None, f"{old} -> {new_dtype}: outside the memory-bound regime the matmuls' rates decide (the "
                           "FP32 matmul rule sizes that from the trace)")
-    busy_sig, idle = ev.get(S.GPU_BUSY), ev.value(S.TRACE_GPU_IDLE_FRAC)
-    busy = busy_sig.mean if busy_sig is not None else (1.0 - idle if idle is not None else None)
-    if busy is None:
-        return Gain(1.0 / ratio, f"{old} -> {new_dtype} halves the bytes every kernel moves: x{1 / ratio:.1f} at "
-                                 "most (how busy the GPU is was not measured, so the host's share is not known)",
-                    GainKind.UPPER_BOUND)
-    busy = min(1.0, max(0.0, busy))
+    busy_sig, idle_sig = ev.get(S.GPU_BUSY), ev.value(S.TRACE_GPU_IDLE_FRAC)
+    busy = busy_sig.mean if busy_sig is not None else (1.0 - idle_sig if idle_sig is not None else None)
     model = ev.model
     kv_own = model is None or not model.kv_dtype or model.kv_dtype == model.dtype
-    gain = 1.0 / (1.0 - busy + busy * ratio)
-    return Gain(gain, f"{old} -> {new_dtype}: weights, activations{' and KV cache' if kv_own else ''} at "
-                      f"{ratio:g}x the bytes; memory-bound kernels, the GPU {busy:.0%} busy: 1 / ({1 - busy:.2f} + "
-                      f"{busy:.2f} x {ratio:g}) = x{gain:.2f} (the host's time between kernels stays)")
+    what = f"{old} -> {new_dtype}: weights, activations{' and KV cache' if kv_own else ''} at {ratio:g}x the bytes"
+    if busy is None:
+        return Gain(1.0 / ratio, f"{what}: x{1 / ratio:.1f} at most for the GPU's work (how busy the GPU is was not "
+                                 "measured, so the host's share is not known)", GainKind.UPPER_BOUND)
+    busy = min(1.0, max(0.0, busy))
+    kept = 1.0 / (1.0 - busy + busy * ratio)
+    kept_text = (f"about x{kept:.2f} where the kernels keep their efficiency (1 / ({1 - busy:.2f} + {busy:.2f} x "
+                 f"{ratio:g}); FP32 kernels are often less efficient than the 16-bit ones that replace them)")
+    mg, eff = _model_and_gpu(ev), efficiency(ev)
+    if mg is None or eff is None:
+        return Gain(kept, f"{what}; the GPU {busy:.0%} busy: {kept_text}; no ceiling to bound it")
+    m, gpu = mg
+    ctx, ctx_text = _context(ev)
+    kv_new = new_dtype if kv_own else None
+    w = physics.what_if(m, gpu, old, max(1.0, ev.observed_batch() or 1.0), ctx, max(1, m.tensor_parallel),
+                        new_dtype=new_dtype, new_kv_dtype=kv_new)
+    if w.speedup is None:
+        return Gain(kept, f"{what}; the GPU {busy:.0%} busy: {kept_text}; no ceiling to bound it ({w.explanation})")
+    bound = 1.0 / (1.0 - busy + min(busy, eff / w.speedup))
+    return Gain(bound, f"{what}, {ctx_text}: the GPU's work at the {new_dtype} floor (the step now at {eff:.0%} of its "
+                       f"ceiling, the ceiling x{w.speedup:.2f}) with the host's {1 - busy:.0%} kept: up to "
+                       f"x{bound:.2f}; {kept_text}", GainKind.UPPER_BOUND)
 
 
 def kv_dtype_gain(ev: Evidence, new_kv: str = "fp8") -> Gain:

@@ -47,7 +47,7 @@ def _memory_regime_fixes(c: Check) -> None:
     """Fewer bytes per token, or more tokens per byte read."""
     dtype = c.ev.weights_dtype()
     half = sixteen_bit_dtype(c.ev.gpu_spec) if c.ev.gpu_spec is not None else "bf16"
-    if dtype and bytes_per_element(dtype) >= 4 and half is not None and c.ev.workload != "training":
+    if by_bytes_model(c.ev) and half is not None:
         # An FP32 model reads twice the bytes of a 16-bit one in every kernel: the first precision step, before FP8.
         _precision_fix(c, half, gains.model_dtype_gain(c.ev, half))
     if not dtype or bytes_per_element(dtype) > 1:
@@ -423,6 +423,13 @@ def _unlisted_gemm_share(ev: Evidence, gemm: float | None) -> float:
     return max(0.0, gemm - sum(k.share for k in ev.trace.top_kernels if k.kind == "gemm"))
 
 
+def by_bytes_model(ev: Evidence) -> bool:
+    """An FP32 model served in the memory-bound regime: every kernel's bytes halve in 16 bits."""
+    dtype = ev.weights_dtype()
+    return ev.regime is Regime.MEMORY and dtype is not None and bytes_per_element(dtype) >= 4 \
+        and ev.workload != "training"
+
+
 def _precision_fix(c: Check, half: str | None, gain: Gain) -> None:
     """Mixed precision in the 16-bit float this GPU has tensor cores for: BF16, or FP16 (with loss scaling when
     training) on Volta and Turing, which have no BF16 units (BF16 math there runs at the FP32 rate)."""
@@ -459,7 +466,8 @@ def _precision_fix(c: Check, half: str | None, gain: Gain) -> None:
                                         "ratio")},
     page=Page(
         detects="At least {fp32_share} of GPU busy time in GEMM kernels whose names say FP32 or TF32 data (cuBLAS "
-        "sgemm, CUTLASS s1688/s16816 tensor-op GEMMs, cuDNN scudnn), among the trace's top kernels.",
+        "sgemm, xmma gemm_f32f32_f32f32 and all-float GEMVs, CUTLASS s1688/s16816 tensor-op GEMMs, cuDNN scudnn), "
+        "among the trace's top kernels.",
         why="FP32 matmuls run at the TF32 rate (tensor-op kernels) or the FP32 rate (sgemm), a half to a sixteenth "
         "of the 16-bit rate, and move twice the bytes; norms and elementwise kernels on FP32 activations read and "
         "write twice the bytes as well.",
@@ -468,7 +476,10 @@ def _precision_fix(c: Check, half: str | None, gain: Gain) -> None:
         "with a GradScaler. Serving: the model in bf16 (fp16 on V100/T4). The gain is at most that of the matmuls "
         "at the GPU's 16-bit rate over their TF32 or FP32 rate (its datasheet ratio: 2x TF32 -> BF16 on an A100, "
         "8x FP32 -> FP16 on a V100) and the elementwise kernels at half the bytes, over the time the GPU is busy; "
-        "the FP32 share is read from the top kernels, so the bound also counts the GEMM time outside them.",
+        "the FP32 share is read from the top kernels, so the bound also counts the GEMM time outside them. An FP32 "
+        "model served in the memory-bound regime (a decode) is sized by its bytes instead: the GPU's work at the "
+        "16-bit floor with the host's time kept, an upper bound (on an H200, x1.75 and x3.09 realised at batch 1 "
+        "and 16 against up to x2.6 and x4.9).",
         sources="NVIDIA's mixed-precision training guide; PyTorch AMP documentation; datasheet FP32/TF32/BF16/FP16 "
         "rates.",
     ),
@@ -514,6 +525,9 @@ def fp32_matmuls(c: Check) -> Finding | None:
                          else f"{what} ({busy * part:.0%} of the window) at the {half.upper()} rate (x{rate:.1f})")
         gain = Gain(1.0 / after, f"{' and '.join(rates)} and elementwise kernels ({w_small:.0%}) at half the bytes, "
                                  f"on the {gpu.name}", GainKind.ESTIMATE if by_bytes else GainKind.UPPER_BOUND)
+    if by_bytes_model(c.ev) and half is not None:
+        # The whole FP32 model in the memory-bound regime: sized as the memory fixes size it, by its floor.
+        gain = gains.model_dtype_gain(c.ev, half)
     _precision_fix(c, half, gain)
     rate_text = f"a half or less of the {half.upper()} tensor rate" if half else "a half or less of the 16-bit rate"
     return c.finding(0.45, f"At least {seen} of the GPU's busy time is in FP32/TF32 matmuls (by the names of the "
