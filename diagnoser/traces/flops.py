@@ -133,6 +133,22 @@ def _linear(dims: Sequence[object], types: Sequence[str]) -> OpCost | None:
     return _gemm(m, w[0], w[1], 1, e[0], e[1], bias_bytes, tokens=m)
 
 
+def _cpu_linear(dims: Sequence[object], types: Sequence[str], weight: int | None) -> OpCost | None:
+    """vLLM's CPU-build linear ops, which write into an output buffer passed first: `_C::onednn_mm(out [M, N],
+    x [M, K], bias, handler)` (the weight lives packed in the oneDNN handler, so N comes from the output) and
+    `_C::weight_packed_linear(out [M, N], x [M, K], weight [N, K], bias, is_vnni)`. Seen in vLLM 0.32's CPU trace
+    with record_shapes (tests/fixtures/traces/vllm-cpu-0.32-shapes.json.gz)."""
+    out, x, e = _shape(dims, 0), _shape(dims, 1), _elt(types, 1)
+    if out is None or x is None or e is None or len(out) != 2 or len(x) != 2 or out[0] != x[0]:
+        return None
+    m, n, k = out[0], out[1], x[1]
+    if weight is not None:
+        w = _shape(dims, weight)
+        if w is None or w != [n, k]:
+            return None
+    return _gemm(m, n, k, 1, e[0], e[1], tokens=m)
+
+
 def _matmul(dims: Sequence[object], types: Sequence[str]) -> OpCost | None:
     a, b, e = _shape(dims, 0), _shape(dims, 1), _elt(types, 0)
     if a is None or b is None or e is None:
@@ -268,6 +284,10 @@ def op_cost(name: str, dims: Sequence[object], types: Sequence[str], concrete: S
             return _bmm(dims, types, 1, 2)
         if name == "aten::linear":
             return _linear(dims, types)
+        if name == "_C::onednn_mm":
+            return _cpu_linear(dims, types, None)
+        if name == "_C::weight_packed_linear":
+            return _cpu_linear(dims, types, 2)
         if name == "aten::matmul":
             return _matmul(dims, types)
         if name in _CONV_ARGS:
@@ -283,7 +303,8 @@ def op_cost(name: str, dims: Sequence[object], types: Sequence[str], concrete: S
 # again (aten::linear -> aten::addmm, aten::conv2d -> aten::cudnn_convolution, sdpa -> its flash kernel op).
 COSTED_OPS = frozenset(
     ["aten::mm", "aten::_int_mm", "aten::addmm", "aten::_addmm_activation", "aten::_scaled_mm", "aten::bmm",
-     "aten::baddbmm", "aten::linear", "aten::matmul"] + list(_CONV_ARGS) + list(_ATTN_ARGS)
+     "aten::baddbmm", "aten::linear", "aten::matmul", "_C::onednn_mm", "_C::weight_packed_linear"]
+    + list(_CONV_ARGS) + list(_ATTN_ARGS)
 )
 
 
