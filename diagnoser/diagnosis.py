@@ -62,6 +62,9 @@ class FixKind(str, Enum):
     BATCH_MORE = "batch_more"
     CONTINUOUS_BATCHING = "continuous_batching"
     KV_MEMORY = "kv_memory"
+    # admit fewer sequences than the KV cache holds at peak: no eviction, no recompute (its gain is the recompute
+    # saved, not the batch growth more KV memory brings: a fix of its own, so neither bounds the other)
+    STOP_PREEMPTION = "stop_preemption"
     FP8_KV = "fp8_kv"
     QUANTIZE_FOR_MEMORY = "quantize_for_memory"
     SHARD_MODEL = "shard_model"
@@ -101,7 +104,8 @@ class FixKind(str, Enum):
 
 # Fixes that only make sense for an inference server (a training job gets none of them).
 SERVING_ONLY = frozenset({
-    FixKind.BATCH_MORE, FixKind.CONTINUOUS_BATCHING, FixKind.KV_MEMORY, FixKind.FP8_KV, FixKind.TUNED_ENGINE,
+    FixKind.BATCH_MORE, FixKind.CONTINUOUS_BATCHING, FixKind.KV_MEMORY, FixKind.STOP_PREEMPTION, FixKind.FP8_KV,
+    FixKind.TUNED_ENGINE,
     FixKind.SPLIT_PREFILL, FixKind.REDUCE_TP, FixKind.PREFIX_CACHING, FixKind.SPEC_DECODE, FixKind.MAX_TOKENS,
     FixKind.LORA, FixKind.RIGHT_SIZE, FixKind.CONFIRM_METRICS,
 })

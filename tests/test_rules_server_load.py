@@ -188,7 +188,7 @@ def test_a_trace_without_gpu_work_does_not_lower_a_server_verdict():
 def test_the_engines_own_flop_and_byte_estimates_place_the_work_against_the_roofs():
     """vLLM's estimated_{flops,read_bytes,write_bytes}_per_gpu_total give achieved FLOP/s and bytes/s where GPM and
     DCGM's profiling fields are absent: they set how close the work runs to each roof."""
-    from diagnoser.evidence import build_evidence
+    from diagnoser.evidence_build import build_evidence
     from diagnoser.physics import match_gpu, peak_flops
 
     cap = capture({"server.est_read_bytes_per_s": 2.2e12, "server.est_write_bytes_per_s": 0.2e12,
@@ -226,3 +226,17 @@ def test_an_estimate_counter_that_never_moved_is_not_a_measurement_of_zero():
                 assert found[0].values == [pytest.approx(1e12)] * 2
     finally:
         ep.close()
+
+
+def test_the_kv_fix_is_not_capped_by_the_recompute_saved():
+    """A real vLLM with its KV pool forced small (12 clients, room for 3): VRAM001 sizes more KV memory by the
+    waiting requests running too (up to x4.34 there, x3.96 realised); SRV006's 'stop evicting' bound counts only the
+    recompute saved (+1 %). Merged as one fix, the tighter bound made the KV fix '+1 %' and ranked it last, behind
+    three unsized fixes; they are two levers, each with its own number."""
+    churn = {**KV_FULL, "server.requests_per_s": 1.0, "server.prompt_len_mean": [64.0], "server.gen_len_mean": [64.0],
+             "server.prefill_time_mean_s": [0.01], "server.decode_time_mean_s": [0.5]}
+    d = diagnose(capture(churn, serving={"num_gpu_blocks_override": 12, "block_size": 32}))
+    assert d.verdict == "vram"
+    assert d.fixes[0].kind is FixKind.KV_MEMORY and d.fixes[0].gain is not None and d.fixes[0].gain >= 2.0
+    stop = next(f for f in d.fixes if f.kind is FixKind.STOP_PREEMPTION)
+    assert stop.gain is not None and stop.gain < 1.2 and stop.rules == ("SRV006",)

@@ -445,7 +445,7 @@ def kv_preemption_churn(c: Check) -> Finding | None:
         wasted = min(0.9, share[0] * redo / (1.0 + redo))
         gain = Gain(1.0 / (1.0 - wasted), f"{churn:.2f} recomputes per request redo {redo:.0%} of the prefill work; "
                     f"{share[1]} {share[0]:.0%}: 1 / (1 - {wasted:.2f})", GainKind.UPPER_BOUND)
-    c.fix(FixKind.KV_MEMORY, "Stop evicting running requests", "Admit fewer sequences than the KV cache holds at "
+    c.fix(FixKind.STOP_PREEMPTION, "Stop evicting running requests", "Admit fewer sequences than the KV cache holds at "
           "peak (vLLM --max-num-seqs, SGLang --schedule-conservativeness 1.3 or --max-running-requests, TensorRT-LLM "
           "GUARANTEED_NO_EVICT) or give the cache more memory (FP8 KV cache).", gain)
     what = (f"{churn:.2f} evictions per finished request" if many else
