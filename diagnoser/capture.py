@@ -565,6 +565,26 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
     values do not pair up (different lengths) is dropped whole; each with a note in the capture, which the verdict
     repeats: the rest of the window is still evidence, and the reader is told what was left out.
     """
+    env = _envelope(data, origin)
+    notes: list[str] = []
+    unpaired: list[str] = []
+    capture = _decode_capture(env, origin, notes, unpaired)
+    _check_window(capture, origin)
+    _check_numbers(capture, origin)
+    _drop_unpaired(capture, notes, unpaired)
+    _bound_series(capture, notes)
+    _cut_lists(capture)
+    _cut_text(capture, notes)
+    capture.notes.extend(notes)
+    return capture
+
+
+_TOO_DEEP = "is not a capture diagnoser wrote: its JSON nests arrays or objects more than about 1,000 levels deep."
+
+
+def _envelope(data: bytes | bytearray, origin: str) -> _Envelope:
+    """The file's envelope (format, version, the capture's raw JSON): gunzipped within bounds, a format and a version
+    this diagnoser reads, or one sentence saying what the file is instead."""
     if data[:2] == b"\x1f\x8b":
         try:
             data = _gunzip_bounded(data, MAX_CAPTURE_BYTES)
@@ -576,8 +596,7 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
     try:
         env = msgspec.json.decode(data, type=_Envelope)
     except RecursionError:  # arrays or objects nested past the decoder's depth, anywhere (an unknown field too)
-        raise CaptureError(f"{origin} is not a capture diagnoser wrote: its JSON nests arrays or objects more than "
-                           "about 1,000 levels deep.") from None
+        raise CaptureError(f"{origin} {_TOO_DEEP}") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         if _looks_like_trace(data):
             raise CaptureError(f"{origin} is a torch.profiler/Chrome trace, not a diagnoser capture: "
@@ -593,8 +612,12 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
     if any(v not in _MIGRATIONS for v in range(env.version, FORMAT_VERSION)):
         raise CaptureError(f"{origin} uses capture format version {env.version}, which this diagnoser cannot "
                            f"read (it reads {FORMAT_VERSION}).")
-    notes: list[str] = []
-    unpaired: list[str] = []
+    return env
+
+
+def _decode_capture(env: _Envelope, origin: str, notes: list[str], unpaired: list[str]) -> Capture:
+    """The capture itself: straight into its types when it is of this version, within bounds and well-formed;
+    otherwise on the generic path that migrates older versions and repairs what earlier writers got wrong."""
     shape = _shape(env.capture, origin)
     try:
         capture: Capture | None = None
@@ -616,15 +639,7 @@ def loads(data: bytes | bytearray, *, origin: str = "capture") -> Capture:
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise CaptureError(f"{origin} is a damaged capture (version {env.version}): {_sentence(exc)}.") from None
     except RecursionError:
-        raise CaptureError(f"{origin} is not a capture diagnoser wrote: its JSON nests arrays or objects more than "
-                           "about 1,000 levels deep.") from None
-    _check_window(capture, origin)
-    _check_numbers(capture, origin)
-    _drop_unpaired(capture, notes, unpaired)
-    _bound_series(capture, notes)
-    _cut_lists(capture)
-    _cut_text(capture, notes)
-    capture.notes.extend(notes)
+        raise CaptureError(f"{origin} {_TOO_DEEP}") from None
     return capture
 
 
@@ -983,45 +998,61 @@ def _cut_lists(capture: Capture) -> None:
 def _cut_text(capture: Capture, notes: list[str]) -> None:
     """Every string of the capture within its bound (MAX_NAME_CHARS for names and labels, MAX_TEXT_CHARS else),
     cut with a marker; one note says how many were cut and the longest."""
-    found: list[tuple[int, str]] = []  # (length, where)
+    cutter = _TextCutter()
+    cutter.walk(capture, "$")
+    if cutter.found:
+        length, where = max(cutter.found)
+        n = len(cutter.found)
+        notes.append(f"{n} text field{'s' if n != 1 else ''} of the capture longer than "
+                     f"{MAX_NAME_CHARS} characters (names, labels) or {MAX_TEXT_CHARS} (other text) "
+                     f"{'were' if n != 1 else 'was'} cut, each marked '... (cut, N chars)'; the longest, "
+                     f"{where}, held {length:,}.")
 
-    def cut(text: str, limit: int, where: str) -> str:
+
+class _TextCutter:
+    """Walks a capture's structs, lists and dicts, cutting each string over its bound in place and remembering
+    (length, where) of each one cut."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[int, str]] = []
+
+    def cut(self, text: str, limit: int, where: str) -> str:
         if len(text) <= limit:
             return text
-        found.append((len(text), where))
+        self.found.append((len(text), where))
         return cut_text(text, limit)
 
-    def walk(obj: Any, where: str) -> None:
+    def walk(self, obj: Any, where: str) -> None:
         for name in obj.__struct_fields__:
             value = getattr(obj, name)
             here = f"{where}.{name}"
             limit = MAX_NAME_CHARS if name in _NAME_FIELDS else MAX_TEXT_CHARS
             if isinstance(value, str):
                 if len(value) > limit:
-                    setattr(obj, name, cut(value, limit, here))
+                    setattr(obj, name, self.cut(value, limit, here))
             elif isinstance(value, msgspec.Struct):
-                walk(value, here)
+                self.walk(value, here)
             elif isinstance(value, list) and value and not isinstance(value[0], (int, float)):
-                for i, item in enumerate(value):
-                    if isinstance(item, str):
-                        if len(item) > limit:
-                            value[i] = cut(item, limit, f"{here}[{i}]")
-                    elif isinstance(item, msgspec.Struct):
-                        walk(item, f"{here}[{i}]")
+                self._walk_list(value, limit, here)
             elif isinstance(value, dict) and value:
-                key_limit = MAX_NAME_CHARS if name == "labels" else MAX_TEXT_CHARS
-                if any(len(k) > key_limit or isinstance(v, str) and len(v) > key_limit for k, v in value.items()):
-                    setattr(obj, name, {cut(k, key_limit, f"{here} (a key)"):
-                                        cut(v, key_limit, f"{here}.{_quote(k, 40)}") if isinstance(v, str) else v
-                                        for k, v in value.items()})
+                cut = self._cut_dict(value, MAX_NAME_CHARS if name == "labels" else MAX_TEXT_CHARS, here)
+                if cut is not value:
+                    setattr(obj, name, cut)
 
-    walk(capture, "$")
-    if found:
-        length, where = max(found)
-        notes.append(f"{len(found)} text field{'s' if len(found) != 1 else ''} of the capture longer than "
-                     f"{MAX_NAME_CHARS} characters (names, labels) or {MAX_TEXT_CHARS} (other text) "
-                     f"{'were' if len(found) != 1 else 'was'} cut, each marked '... (cut, N chars)'; the longest, "
-                     f"{where}, held {length:,}.")
+    def _walk_list(self, value: list[Any], limit: int, here: str) -> None:
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                if len(item) > limit:
+                    value[i] = self.cut(item, limit, f"{here}[{i}]")
+            elif isinstance(item, msgspec.Struct):
+                self.walk(item, f"{here}[{i}]")
+
+    def _cut_dict(self, value: dict[str, Any], limit: int, here: str) -> dict[str, Any]:
+        """The dict with its keys and string values within `limit`; the same dict when none is over."""
+        if not any(len(k) > limit or isinstance(v, str) and len(v) > limit for k, v in value.items()):
+            return value
+        return {self.cut(k, limit, f"{here} (a key)"): self.cut(v, limit, f"{here}.{_quote(k, 40)}")
+                if isinstance(v, str) else v for k, v in value.items()}
 
 
 def _gunzip_bounded(data: bytes | bytearray, limit: int) -> bytearray:

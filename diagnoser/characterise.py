@@ -1,7 +1,7 @@
 """What the evidence says about the workload before any rule runs: its regime (which roof it would hit), which
 fixes are already in place, whether it is training or serving, on which platform, and what limits the data's quality.
 
-Pure functions over an Evidence being built (evidence.build_evidence calls `characterise` last). The regime is a
+Pure functions over an Evidence being built (evidence_build.build_evidence calls `characterise` last). The regime is a
 different question from the limiter: a batch-1 decode is in the memory-bound regime, but whether HBM is saturated is
 measured separately (theory.hbm_roof_frac, gpu.dram_active), and a decode at a third of its roof is limited by its
 kernels, not by HBM.
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import FixKind, Regime
+from diagnoser.evidence import Evidence, Quality
 from diagnoser.physics.precision import weight_only
 
 if TYPE_CHECKING:
     from diagnoser.capture import TraceSummary
-    from diagnoser.evidence import Evidence, Quality
 
 # Below this share of GPU time covered by ops with known FLOPs and bytes, the trace's op intensity describes a sliver
 # of the work (a CUDA-graph decode's eager prefills, say) and does not name the regime.
@@ -173,8 +173,6 @@ def _compiler_fused_share(ev: Evidence) -> float | None:
 
 def _quality(ev: Evidence) -> list[Quality]:
     """What limits how far the data can be trusted: each a confidence factor with its reason."""
-    from diagnoser.evidence import Quality
-
     out: list[Quality] = []
     trace = ev.trace
     has_counters = any(n in ev for n in (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE))

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from diagnoser.capture import Capture, save
 from diagnoser.diagnosis import Diagnosis
-from diagnoser.evidence import Evidence, build_evidence
+from diagnoser.evidence import Evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.fileio import check_writable
 from diagnoser.rules.engine import diagnose_evidence
 from diagnoser.rules.ruleset import Overrides, RuleSet, default_rules

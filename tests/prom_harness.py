@@ -131,6 +131,34 @@ class SimGpu:
         return f"node-{self.node:04d}"
 
 
+def _ratio(level: float, wave: float, swing: float = 0.04) -> float:
+    """An activity ratio swinging with the wave around its profile's level, within 0..1; 0 stays 0."""
+    return round(min(1.0, max(0.0, level + swing * wave)), 6) if level > 0 else 0.0
+
+
+# Activity fields: the profile's level each reads.
+_ACTIVITY = {"gr_engine_active": "gr", "sm_active": "sm", "sm_occupancy": "occ", "tensor_active": "tensor",
+             "dram_active": "dram"}
+# The other fields, from (profile, wave, seconds since start, board MiB).
+_READINGS: dict[str, Callable[[dict[str, float], float, float, int], float]] = {
+    "gpu_util": lambda p, wave, elapsed, board: float(round(_ratio(p["gr"], wave) * 100)),
+    "fb_used": lambda p, wave, elapsed, board: float(round(board * min(0.999, p["fb"] + (
+        0.002 * wave if p["fb"] < 0.99 else 0.0)))),
+    "sm_clock": lambda p, wave, elapsed, board: float(round(p["clock"] - (
+        30 * abs(wave) if p["clock"] < MAX_CLOCK else 0))),
+    "max_sm_clock": lambda p, wave, elapsed, board: float(MAX_CLOCK),
+    "power": lambda p, wave, elapsed, board: round(p["power"] + 15 * wave, 3),
+    "temp": lambda p, wave, elapsed, board: float(round(35 + p["power"] / 20 + 2 * wave)),
+    "power_violation": lambda p, wave, elapsed, board: float(round(p.get("pv", 0.0) * elapsed * 1e9)),
+    "thermal_violation": lambda p, wave, elapsed, board: 0.0,
+    "pcie_tx": lambda p, wave, elapsed, board: float(round(2e8 * p["gr"] * (1.1 + wave))),
+    "pcie_rx": lambda p, wave, elapsed, board: float(round(2e8 * p["gr"] * (1.1 + wave))),
+    "xid": lambda p, wave, elapsed, board: float(p.get("xid", 0)),
+    "clock_reasons": lambda p, wave, elapsed, board: 0.0 if wave < p.get("released_below", -2.0)
+    else float(p.get("reasons", 0)),
+}
+
+
 @dataclass
 class SimFleet:
     """GPUs spread over nodes, each with a profile (cycled in `profiles` order unless `assign` says otherwise)."""
@@ -221,47 +249,12 @@ class SimFleet:
         if self.refresh_s > 0:
             t = self.start + math.floor((t - self.start) / self.refresh_s) * self.refresh_s
         wave = math.sin(2 * math.pi * (t - self.start) / 20.0 + g.seed)
-        elapsed = max(0.0, t - self.start)
         board = H100_MIB // 2 if g.mig_id else H100_MIB
-
-        def ratio(level: float, swing: float = 0.04) -> float:
-            return round(min(1.0, max(0.0, level + swing * wave)), 6) if level > 0 else 0.0
-
-        if key in ("gr_engine_active",):
-            return ratio(p["gr"])
-        if key == "gpu_util":
-            return float(round(ratio(p["gr"]) * 100))
-        if key == "sm_active":
-            return ratio(p["sm"])
-        if key == "sm_occupancy":
-            return ratio(p["occ"])
-        if key == "tensor_active":
-            return ratio(p["tensor"])
-        if key == "dram_active":
-            return ratio(p["dram"])
-        if key == "fb_used":
-            return float(round(board * min(0.999, p["fb"] + (0.002 * wave if p["fb"] < 0.99 else 0.0))))
+        if key in _ACTIVITY:
+            return _ratio(p[_ACTIVITY[key]], wave)
         if key == "fb_free":
             return float(board - self.value(g, "fb_used", t))
-        if key == "sm_clock":
-            return float(round(p["clock"] - (30 * abs(wave) if p["clock"] < MAX_CLOCK else 0)))
-        if key == "max_sm_clock":
-            return float(MAX_CLOCK)
-        if key == "power":
-            return round(p["power"] + 15 * wave, 3)
-        if key == "temp":
-            return float(round(35 + p["power"] / 20 + 2 * wave))
-        if key == "power_violation":
-            return float(round(p.get("pv", 0.0) * elapsed * 1e9))
-        if key == "thermal_violation":
-            return 0.0
-        if key in ("pcie_tx", "pcie_rx"):
-            return float(round(2e8 * p["gr"] * (1.1 + wave)))
-        if key == "xid":
-            return float(p.get("xid", 0))
-        if key == "clock_reasons":
-            return 0.0 if wave < p.get("released_below", -2.0) else float(p.get("reasons", 0))
-        raise KeyError(key)
+        return _READINGS[key](p, wave, max(0.0, t - self.start), board)  # an unknown key: KeyError
 
     def render(self, gpus: Iterable[SimGpu], t: float | None = None) -> str:
         """dcgm-exporter's text for these GPUs at time t (HELP/TYPE per family, one line per GPU or instance)."""

@@ -133,7 +133,7 @@ def test_a_diagnosis_reaches_history_and_metrics(tmp_path: Path) -> None:
     """From a capture to the exported numbers: efficiency against the physical ceiling and the top fix's gain."""
     from diagnoser.agent.history import HistoryStore
     from diagnoser.agent.worker import verdict_fields
-    from diagnoser.evidence import build_evidence
+    from diagnoser.evidence_build import build_evidence
     from diagnoser.rules.engine import diagnose_evidence
     from tests.factories import llama_7b, make_capture
 

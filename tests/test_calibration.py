@@ -24,7 +24,7 @@ from diagnoser.calibration.store import (
 from diagnoser.cli.app import app
 from diagnoser.collectors import nvml_seam
 from diagnoser.errors import InputError, SourceUnavailable
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.rules import diagnose
 from tests.factories import H100, llama_7b, make_capture
 from tests.fake_nvml import FakeGpu, FakeNvml, FakeProcess

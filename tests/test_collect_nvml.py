@@ -23,7 +23,7 @@ from diagnoser.collectors.nvml import NvmlCollector
 from diagnoser.collectors.pidmap import PidMapper, read_nspid
 from diagnoser.collectors.process import ProcessTree
 from diagnoser.collectors.session import Sampler, run_sampler
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from tests.fake_nvml import GIB, FakeGpu, FakeMig, FakeNvml, FakeProcess, hopper_gpm
 
 MIB = 1 << 20

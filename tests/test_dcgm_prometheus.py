@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from diagnoser.capture import load, new_capture
-from diagnoser.collectors.dcgm import GpuSelector, collect_dcgm_into
+from diagnoser.collectors.dcgm import GpuSelector
+from diagnoser.collectors.dcgm_collect import collect_dcgm_into
 from diagnoser.collectors.prometheus_source import PromClient, PromError, Window
 from diagnoser.errors import SourceUnavailable
-from diagnoser.fleet import run_fleet
+from diagnoser.fleet.run import run_fleet
 from tests.prom_harness import (  # noqa: F401  (dcgm_stack is a fixture)
     NO_PROMETHEUS,
     REPO,

@@ -4,7 +4,7 @@ from diagnoser import signals as S
 from diagnoser.capture import ProcessInfo, TraceSummary
 from diagnoser.diagnosis import Benefit, Finding, Fix, FixKind, GainKind, Limiter
 from diagnoser.errors import InputError
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.rules import Check, Page, RuleSet, Threshold, default_rules, diagnose, load_thresholds, rule
 from diagnoser.rules.judge import judge_fixes
 from tests.factories import make_capture

@@ -1,7 +1,8 @@
 import math
 
 from diagnoser.capture import Series, TraceSummary
-from diagnoser.evidence import Signal, build_evidence
+from diagnoser.evidence import Signal
+from diagnoser.evidence_build import build_evidence
 from tests.factories import H100_BYTES, llama_7b, make_capture
 
 

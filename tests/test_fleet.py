@@ -13,7 +13,7 @@ import time
 import pytest
 
 from diagnoser.collectors.prometheus_source import PromClient, Window
-from diagnoser.fleet import publishable, run_fleet
+from diagnoser.fleet.run import publishable, run_fleet
 from tests.prom_harness import (  # noqa: F401  (dcgm_stack and vm_stack are fixtures)
     HOSTILE_POD,
     NO_PROMETHEUS,
@@ -71,7 +71,7 @@ def test_one_row_per_gpu_and_mig_instance_with_the_right_verdict(dcgm_stack, fle
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_statistics_alone_give_the_same_verdicts(dcgm_stack, jobs) -> None:  # type: ignore[no-untyped-def]
-    # --jobs 2: the GPUs diagnosed by two forked workers, their diagnoses sent back packed (diagnoser/fleet_pack.py)
+    # --jobs 2: the GPUs diagnosed by two forked workers, their diagnoses sent back packed (diagnoser/fleet/pack.py)
     r = cli("fleet", "--prometheus", dcgm_stack.prom.url, "--since", "12s", "--json", "--detail", "0", "--jobs", jobs)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -123,7 +123,7 @@ def test_rows_are_sorted_by_money_at_stake(fleet_json) -> None:  # type: ignore[
     rows = fleet_json["rows"]
     stakes = [r["usd_per_hour_at_stake"] for r in rows]
     assert stakes == sorted(stakes, reverse=True)
-    h100 = 6.9  # the rough list price of an H100 SXM in diagnoser/fleet.py
+    h100 = 6.9  # the rough list price of an H100 SXM in diagnoser/fleet/run.py
     idle = [r for r in rows if r["diagnosis"]["verdict"] == "idle" and not r["mig_profile"]]
     assert idle and all(r["usd_per_hour_at_stake"] == pytest.approx(h100) and r["frac_at_stake"] == 1.0 for r in idle)
     batching = [r for r in rows if r["diagnosis"]["verdict"] == "batching"]

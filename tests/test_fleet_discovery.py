@@ -23,7 +23,7 @@ import pytest
 from diagnoser.collectors.dcgm import drop_mig_parents, parse_exporter_text
 from diagnoser.collectors.prom_client import PromClient
 from diagnoser.collectors.prometheus_source import Window
-from diagnoser.fleet import run_fleet
+from diagnoser.fleet.run import run_fleet
 from tests.prom_harness import (
     NO_PROMETHEUS,
     PROFILE_VERDICT,

@@ -11,11 +11,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from diagnoser import fleet
 from diagnoser.diagnosis import Diagnosis
-from diagnoser.fleet import diagnosis_dict, gc_paused, iter_report_json, triage_rows
-from diagnoser.fleet_model import FleetReport, FleetRow
-from diagnoser.fleet_pack import PackedDiagnosis, RowPacker, unpack_rows
+from diagnoser.fleet import run as fleet
+from diagnoser.fleet.model import FleetReport, FleetRow
+from diagnoser.fleet.pack import PackedDiagnosis, RowPacker, unpack_rows
+from diagnoser.fleet.run import diagnosis_dict, gc_paused, iter_report_json, triage_rows
 from diagnoser.reports.model import build_fleet_view
 from tests.test_fleet_units import PLANTED, _stats
 

@@ -17,8 +17,8 @@ import pytest
 from diagnoser.collectors.prom_client import PromClient
 from diagnoser.collectors.prom_stats import FALLBACK, STATS, identity_record_name, record_name
 from diagnoser.collectors.prometheus_source import Window
-from diagnoser.fleet import run_fleet
-from diagnoser.promrules import ALERTS, rule_group_yaml
+from diagnoser.fleet.promrules import ALERTS, rule_group_yaml
+from diagnoser.fleet.run import run_fleet
 from tests.prom_harness import (
     NO_PROMETHEUS,
     PROFILE_RULE,
@@ -153,10 +153,19 @@ def test_fleet_reads_the_recorded_statistics_by_name(ruled) -> None:  # type: ig
     fresh = [q for q in sent if f"max(timestamp({identity_record_name(15)}))" in q]
     census = [q for q in sent[1:] if q.startswith("label/")]
     assert len(fresh) == 2 and sorted(census) == ["label/UUID/values", "label/uuid/values"], sent
-    reads = [q for q in sent[1:] if q != identity_record_name(15) and q not in fresh and q not in census]
+    # And three small probes of the raw samples, each one query whatever the fleet's size: one GPU's anchor samples
+    # over the window (the scrape interval, from their spacing), the newest scrape's time (`up`), and which GPUs sent
+    # a sample in the window's last few intervals (one count per GPU over 10 s: GPUs silent at the end are partial).
+    probes = [q for q in sent if q == "max(timestamp(up))" or q.startswith("max by (UUID, uuid, GPU_I_ID) "
+                                                                              "(count_over_time(")
+              or (q.startswith("{__name__=~") and 'UUID="' in q and q.endswith("ms]"))]
+    assert len(probes) == 3, sent
+    reads = [q for q in sent[1:] if q != identity_record_name(15) and q not in fresh and q not in census
+             and q not in probes]
     assert reads and set(reads) <= recorded and len(reads) == len(set(reads)), sent
     assert {"gpu:dcgm_sm_active:avg_15s", "gpu:dcgm_reasons_power:max_15s"} <= set(reads)
-    assert client.queries == len(sent) == len(reads) + 2 + len(fresh) + len(census) and timings["recorded"]
+    assert client.queries == len(sent) == len(reads) + 2 + len(fresh) + len(census) + len(probes)
+    assert timings["recorded"]
     # A window of another length has no recorded series: the statistics are computed, and the answer is the same.
     other = run_fleet(PromClient(prom.url), Window(time.time() - 14, time.time()), detail=0)
     assert all(r.basis == "statistics" for r in other.rows)

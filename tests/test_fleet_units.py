@@ -11,8 +11,16 @@ import pytest
 from diagnoser.collectors.dcgm import GpuIdentity
 from diagnoser.collectors.prometheus_source import Window, WindowData
 from diagnoser.errors import InputError
-from diagnoser.fleet import build_rows, diagnosis_dict, dumps_json, gpu_price, group_rows, report_dict, stake_fraction
-from diagnoser.fleet_model import FleetReport
+from diagnoser.fleet.model import FleetReport
+from diagnoser.fleet.run import (
+    build_rows,
+    diagnosis_dict,
+    dumps_json,
+    gpu_price,
+    group_rows,
+    report_dict,
+    stake_fraction,
+)
 from diagnoser.rules import diagnose
 from tests.factories import make_capture
 
@@ -165,7 +173,7 @@ def test_field_answers_decode_straight_into_keys_and_floats() -> None:
 def test_gc_is_paused_for_the_run_and_restored() -> None:
     import gc
 
-    from diagnoser.fleet import gc_paused
+    from diagnoser.fleet.run import gc_paused
 
     assert gc.isenabled()
     with gc_paused():
@@ -250,7 +258,7 @@ PLANTED = {  # statistics of each planted class, and the verdict the engine must
 
 
 def test_the_engine_diagnoses_each_planted_class_from_its_statistics() -> None:
-    from diagnoser.fleet import triage_rows
+    from diagnoser.fleet.run import triage_rows
 
     names = list(PLANTED)
     stats = _stats([PLANTED[n][0] for n in names])
@@ -269,7 +277,7 @@ def test_the_engine_diagnoses_each_planted_class_from_its_statistics() -> None:
 
 
 def test_mig_instances_inherit_their_boards_statistics_and_missing_fields_are_named() -> None:
-    from diagnoser.fleet import triage_rows
+    from diagnoser.fleet.run import triage_rows
 
     # The board's mask toggled between 0 and 0x84 (power cap + power brake), held 85 % of the window.
     stats = _stats([{"sm_clock.avg": 1188.0, "reasons_power.min": 0.0, "reasons_power.max": 0x84,
@@ -301,7 +309,7 @@ def test_clock_event_shares_from_the_masks_extremes_and_mean() -> None:
 
 
 def test_published_label_values_are_redacted_exactly_as_the_html_does() -> None:
-    from diagnoser.fleet import publishable, redact_identities
+    from diagnoser.fleet.run import publishable, redact_identities
     from diagnoser.reports.redact import redact
 
     cache: dict[str, str] = {}
@@ -320,7 +328,7 @@ def test_published_label_values_are_redacted_exactly_as_the_html_does() -> None:
 def test_the_streamed_json_is_the_whole_document() -> None:
     import json
 
-    from diagnoser.fleet import iter_report_json
+    from diagnoser.fleet.run import iter_report_json
 
     rows = build_rows(_window_data(7))
     report = FleetReport(source="http://p:9090", window_start=1.0, window_end=2.0, rows=rows, errors=["e"])

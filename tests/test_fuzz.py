@@ -25,7 +25,7 @@ from diagnoser.capture import loads
 from diagnoser.collectors.prometheus_source import PromClient, _values_by_step
 from diagnoser.collectors.server_metrics import detect_kind, parse_samples
 from diagnoser.errors import DiagnoserError
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.rules.engine import diagnose_evidence
 from diagnoser.traces import analyze_trace
 from diagnoser.traces.decode import iter_event_chunks

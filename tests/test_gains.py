@@ -6,7 +6,7 @@ import pytest
 
 from diagnoser.capture import TraceSummary
 from diagnoser.diagnosis import Benefit, FixKind, GainKind
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.physics import get_gpu, kv_bytes_per_token, max_concurrent_sequences
 from diagnoser.rules import diagnose, gains
 from tests.factories import llama_7b, make_capture

@@ -17,7 +17,7 @@ import pytest
 
 from diagnoser.collectors.prom_client import PromClient
 from diagnoser.collectors.prometheus_source import Window, WindowQuery
-from diagnoser.fleet import run_fleet
+from diagnoser.fleet.run import run_fleet
 from tests.prom_harness import NO_PROMETHEUS, PrometheusServer, SimFleet, find_prometheus
 
 INTERVAL_S = 5.0

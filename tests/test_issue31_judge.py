@@ -18,7 +18,7 @@ import pytest
 
 from diagnoser.capture import TraceSummary, load
 from diagnoser.diagnosis import Citation, Diagnosis, Finding, Fix, FixKind, GainKind, Limiter
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.reports.html import HtmlRenderer
 from diagnoser.reports.model import build_report, report_from_diagnosis
 from diagnoser.reports.terminal import TerminalRenderer

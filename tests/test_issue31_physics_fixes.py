@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from diagnoser.capture import KernelStat, TraceSummary, loads
 from diagnoser.cli import theory
 from diagnoser.diagnosis import Diagnosis, Finding, Fix, FixKind
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.physics import (
     decode_step_s,
     get_gpu,

@@ -60,7 +60,7 @@ def _entry(scenario: str) -> dict | None:
 def test_fp8_fix_predicts_the_gain_measured_on_the_gpu():
     """The bf16 decode's "Serve FP8 weights" fix against what FP8 weights did on the same GPU and model: 1.12x
     measured. The ceilings' ratio (1.97x) assumes a step at its floor; this one ran at 33 % of it."""
-    from diagnoser.evidence import build_evidence
+    from diagnoser.evidence_build import build_evidence
     from diagnoser.selftest.harness import BATCH_GAIN_AGREEMENT
 
     b1, fp8 = (load(FIXTURES / _entry(name)["capture"]) for name in ("decode-b1", "decode-fp8"))

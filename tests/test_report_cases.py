@@ -10,7 +10,7 @@ import pytest
 
 from diagnoser.capture import Capture, ProcessInfo, ServerInfo, ServingConfig, TraceSummary
 from diagnoser.diagnosis import Diagnosis
-from diagnoser.fleet_model import FleetReport, FleetRow
+from diagnoser.fleet.model import FleetReport, FleetRow
 from diagnoser.rules import diagnose
 from diagnoser.signals import spec
 from tests.factories import llama_7b, make_capture
@@ -184,7 +184,7 @@ def test_fleet_has_a_row_per_limiter() -> None:
 
 def report_of(d, capture, ev=None):  # type: ignore[no-untyped-def]
     """The Report of a capture and its diagnosis (what every renderer takes)."""
-    from diagnoser.evidence import build_evidence
+    from diagnoser.evidence_build import build_evidence
     from diagnoser.reports.model import build_report
 
     return build_report(capture, ev if ev is not None else build_evidence(capture), d)

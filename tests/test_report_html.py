@@ -15,8 +15,8 @@ from markupsafe import escape
 from diagnoser import physics
 from diagnoser.capture import Series
 from diagnoser.errors import InputError
-from diagnoser.evidence import build_evidence
-from diagnoser.fleet_model import FleetReport
+from diagnoser.evidence_build import build_evidence
+from diagnoser.fleet.model import FleetReport
 from diagnoser.rules import diagnose
 from diagnoser.units import fmt
 from tests.test_report_cases import (

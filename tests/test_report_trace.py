@@ -12,7 +12,7 @@ import pytest
 from markupsafe import escape
 
 from diagnoser.capture import HostCall, KernelStat, TimelineGap, TimelineItem, TimelineWindow, load
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.pipeline import diagnose_capture
 from diagnoser.reports import svg
 from diagnoser.reports.figdata import (

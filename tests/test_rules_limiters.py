@@ -155,7 +155,7 @@ def test_memory_full_alone_is_weak():
 
 def test_small_batch_decode_names_the_regime_the_gap_and_capacity_apart():
     from diagnoser.diagnosis import Benefit, FixKind, Regime
-    from diagnoser.evidence import build_evidence
+    from diagnoser.evidence_build import build_evidence
 
     capture = make_capture(**CASES["latency-small-batch-decode"][0])
     d = diagnose(capture)
@@ -172,7 +172,7 @@ def test_small_batch_decode_names_the_regime_the_gap_and_capacity_apart():
 
 def test_fp8_fix_counts_the_time_beyond_the_floor():
     """FP8 weights shorten only the weight reads: a step far from its floor gains 1 / (1 - e + e / ratio)."""
-    from diagnoser.evidence import build_evidence
+    from diagnoser.evidence_build import build_evidence
     from diagnoser.physics import decode_ceiling_tokens_per_s, get_gpu
 
     model = llama_7b()
@@ -251,7 +251,7 @@ def test_preemptions_with_a_queue_mean_the_kv_cache_ran_out_whatever_its_sampled
 
 
 def test_batch_gain_is_capped_by_the_memory_share_the_server_may_use():
-    from diagnoser.evidence import build_evidence
+    from diagnoser.evidence_build import build_evidence
     from diagnoser.rules.gains import batch_gain
 
     signals = {"gpu.busy": 0.9, "server.running": 2, "server.waiting": 20}

@@ -10,7 +10,7 @@ import pytest
 
 from diagnoser.capture import ServerInfo, ServingConfig
 from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.rules import default_rules, diagnose
 from diagnoser.rules.base import Check
 from diagnoser.rules.serving import _spec_speedup

@@ -17,9 +17,9 @@ from rich.console import Console
 
 from diagnoser import physics
 from diagnoser.capture import load
-from diagnoser.cli.selftest import render
 from diagnoser.errors import InputError
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
+from diagnoser.reports.selftest_text import render
 from diagnoser.selftest.harness import (
     BATCH_GAIN_AGREEMENT,
     CPU_VERDICT_NOTE,

@@ -286,7 +286,7 @@ def test_fleet_table_shows_hostile_labels_escaped(tty: bool) -> None:
     from rich.console import Console
 
     from diagnoser.cli.fleet import render_fleet
-    from diagnoser.fleet import FleetGroup
+    from diagnoser.fleet.run import FleetGroup
     from tests.test_report_cases import fleet_report
 
     report = fleet_report()

@@ -150,7 +150,7 @@ def test_a_copy_in_a_directory_with_other_files_is_found(stepped: Path, tmp_path
 
 def test_ridge_point_is_read_at_the_precision_the_ops_ran_at(stepped_analysis: TraceAnalysis) -> None:
     from diagnoser import physics
-    from diagnoser.evidence import build_evidence
+    from diagnoser.evidence_build import build_evidence
 
     cap = capture_from_trace(stepped_analysis, gpu_name="H100")
     assert cap.trace is not None and cap.trace.dtype == "fp32"

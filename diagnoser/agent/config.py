@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -306,72 +307,6 @@ def build_config(file: Path | None = None, flags: dict[str, Any] | None = None) 
     return cfg
 
 
-def _apply(cfg: AgentConfig, merged: dict[str, Any], where: str) -> None:
-    def dur(key: str) -> float | None:
-        return parse_duration(merged[key], f"{where}: {key}") if key in merged else None
-
-    if (v := dur("agent.every")) is not None:
-        cfg.every_s = v
-    if "agent.jitter" in merged:
-        cfg.jitter = parse_fraction(merged["agent.jitter"], f"{where}: agent.jitter")
-    if (v := dur("agent.window")) is not None:
-        cfg.window_s = v
-    if (v := dur("agent.sample_interval")) is not None:
-        cfg.sample_interval_s = v
-    if (v := dur("agent.grace")) is not None:
-        cfg.grace_s = v
-    if "agent.max_parallel" in merged:
-        cfg.max_parallel = _int(merged["agent.max_parallel"], f"{where}: agent.max_parallel", 1, 64)
-    if "agent.discover" in merged:
-        cfg.discover = _bool(merged["agent.discover"], f"{where}: agent.discover")
-    if merged.get("agent.rules_config"):
-        cfg.thresholds_path = Path(str(merged["agent.rules_config"])).expanduser()
-    if merged.get("history.db"):
-        cfg.db_path = Path(str(merged["history.db"])).expanduser()
-    if (v := dur("history.retention")) is not None:
-        cfg.retention_s = v
-    if "history.max_db_mb" in merged:
-        cfg.max_db_bytes = _int(merged["history.max_db_mb"], f"{where}: history.max_db_mb", 1) << 20
-    if "reports.dir" in merged:
-        value = str(merged["reports.dir"])
-        cfg.reports_dir = Path(value).expanduser() if value else None
-    elif "history.db" in merged:
-        # Reports live beside the history unless told otherwise, in a folder of this history's own.
-        cfg.reports_dir = default_reports_dir(cfg.db_path)
-    if "reports.mode" in merged:
-        cfg.reports_mode = parse_mode(merged["reports.mode"], f"{where}: reports.mode")
-    if "reports.keep" in merged:
-        cfg.keep_reports = _int(merged["reports.keep"], f"{where}: reports.keep", 0)
-    if "reports.html" in merged:
-        cfg.html_reports = _bool(merged["reports.html"], f"{where}: reports.html")
-    if "metrics.textfile" in merged and merged["metrics.textfile"]:
-        cfg.textfile = Path(str(merged["metrics.textfile"])).expanduser()
-        if "metrics.port" not in merged:
-            cfg.metrics_port = None  # the textfile instead of the endpoint
-    if "metrics.port" in merged:
-        port = _int(merged["metrics.port"], f"{where}: metrics.port", 0, 65535)
-        cfg.metrics_port = port or None
-    if merged.get("metrics.addr"):
-        cfg.metrics_addr = str(merged["metrics.addr"])
-    if merged.get("notify.webhook"):
-        cfg.webhook = str(merged["notify.webhook"])
-    if (v := dur("notify.webhook_timeout")) is not None:
-        cfg.webhook_timeout_s = v
-    if "notify.notify_inconclusive" in merged:
-        cfg.notify_inconclusive = _bool(merged["notify.notify_inconclusive"], f"{where}: notify.notify_inconclusive")
-    src = cfg.sources
-    if "sources.nvml" in merged:
-        src.nvml = _bool(merged["sources.nvml"], f"{where}: sources.nvml")
-    if "sources.server_metrics" in merged:
-        src.server_metrics = _bool(merged["sources.server_metrics"], f"{where}: sources.server_metrics")
-    for key in ("dcgm_exporter", "prometheus"):
-        url = merged.get(f"sources.{key}")
-        if url:
-            if not str(url).startswith(("http://", "https://")):
-                raise InputError(f"{where}: sources.{key} must be an http(s) URL, not '{url}'.")
-            setattr(src, key, str(url))
-
-
 def _bool(value: Any, what: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -381,6 +316,69 @@ def _bool(value: Any, what: str) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise InputError(f"{what} must be true or false, not '{value}'.")
+
+
+def _path(value: Any, what: str) -> Path:
+    return Path(str(value)).expanduser()
+
+
+def _text(value: Any, what: str) -> str:
+    return str(value)
+
+
+def _ranged(low: int, high: int | None = None, *, shift: int = 0) -> Callable[[Any, str], int]:
+    return lambda value, what: _int(value, what, low, high) << shift
+
+
+# The settings that map one key to one field: (key, field, parser, whether an empty value keeps the default). The
+# parser names the key in its sentence; a key absent from the file and the flags keeps the field as it is.
+_FIELDS: tuple[tuple[str, str, Callable[[Any, str], Any], bool], ...] = (
+    ("agent.every", "every_s", parse_duration, False),
+    ("agent.jitter", "jitter", parse_fraction, False),
+    ("agent.window", "window_s", parse_duration, False),
+    ("agent.sample_interval", "sample_interval_s", parse_duration, False),
+    ("agent.grace", "grace_s", parse_duration, False),
+    ("agent.max_parallel", "max_parallel", _ranged(1, 64), False),
+    ("agent.discover", "discover", _bool, False),
+    ("agent.rules_config", "thresholds_path", _path, True),
+    ("history.db", "db_path", _path, True),
+    ("history.retention", "retention_s", parse_duration, False),
+    ("history.max_db_mb", "max_db_bytes", _ranged(1, shift=20), False),
+    ("reports.mode", "reports_mode", parse_mode, False),
+    ("reports.keep", "keep_reports", _ranged(0), False),
+    ("reports.html", "html_reports", _bool, False),
+    ("metrics.port", "metrics_port", lambda value, what: _int(value, what, 0, 65535) or None, False),
+    ("metrics.addr", "metrics_addr", _text, True),
+    ("notify.webhook", "webhook", _text, True),
+    ("notify.webhook_timeout", "webhook_timeout_s", parse_duration, False),
+    ("notify.notify_inconclusive", "notify_inconclusive", _bool, False),
+    ("sources.nvml", "sources.nvml", _bool, False),
+    ("sources.server_metrics", "sources.server_metrics", _bool, False),
+)
+
+
+def _apply(cfg: AgentConfig, merged: dict[str, Any], where: str) -> None:
+    for key, name, parse, unless_empty in _FIELDS:
+        if key not in merged or (unless_empty and not merged[key]):
+            continue
+        owner: Any = cfg.sources if name.startswith("sources.") else cfg
+        setattr(owner, name.removeprefix("sources."), parse(merged[key], f"{where}: {key}"))
+    if "reports.dir" in merged:
+        value = str(merged["reports.dir"])
+        cfg.reports_dir = Path(value).expanduser() if value else None
+    elif "history.db" in merged:
+        # Reports live beside the history unless told otherwise, in a folder of this history's own.
+        cfg.reports_dir = default_reports_dir(cfg.db_path)
+    if merged.get("metrics.textfile"):
+        cfg.textfile = Path(str(merged["metrics.textfile"])).expanduser()
+        if "metrics.port" not in merged:
+            cfg.metrics_port = None  # the textfile instead of the endpoint
+    for key in ("dcgm_exporter", "prometheus"):
+        url = merged.get(f"sources.{key}")
+        if url:
+            if not str(url).startswith(("http://", "https://")):
+                raise InputError(f"{where}: sources.{key} must be an http(s) URL, not '{url}'.")
+            setattr(cfg.sources, key, str(url))
 
 
 def _check(cfg: AgentConfig) -> None:

@@ -203,7 +203,7 @@ def collect_window(target: Any, job: dict[str, Any], stop: threading.Event) -> t
         for identity in getattr(c, "targets", []) or []:
             pods.extend(identity.pod_names)
     if sources.prometheus and selector is not None:
-        from diagnoser.collectors.dcgm import collect_dcgm_into
+        from diagnoser.collectors.dcgm_collect import collect_dcgm_into
 
         try:
             identities = collect_dcgm_into(capture, prometheus_url=sources.prometheus, selector=selector)

@@ -10,7 +10,8 @@ import typer
 from diagnoser.capture import new_capture
 from diagnoser.cli.common import handles_errors
 from diagnoser.cli.output import FAIL_ON_HELP, parse_fail_on, show
-from diagnoser.collectors.dcgm import GpuSelector, collect_dcgm_into, describe_target, selector_for_pid
+from diagnoser.collectors.dcgm import GpuSelector, describe_target, selector_for_pid
+from diagnoser.collectors.dcgm_collect import collect_dcgm_into
 from diagnoser.collectors.prom_client import parse_headers
 from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.errors import InputError

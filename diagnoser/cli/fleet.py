@@ -18,7 +18,8 @@ from diagnoser.collectors.prom_client import PromClient, parse_headers
 from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.diagnosis import INCONCLUSIVE
 from diagnoser.errors import EXIT_FAIL_ON, InputError
-from diagnoser.fleet import (
+from diagnoser.fleet.model import FleetReport, FleetRow
+from diagnoser.fleet.run import (
     DEFAULT_DETAIL,
     GROUPINGS,
     PRICE_SOURCE,
@@ -29,7 +30,6 @@ from diagnoser.fleet import (
     iter_report_json,
     run_fleet,
 )
-from diagnoser.fleet_model import FleetReport, FleetRow
 from diagnoser.physics import match_gpu
 from diagnoser.rules import load_thresholds
 from diagnoser.textsafe import one_line, printable

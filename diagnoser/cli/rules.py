@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         if rules_config is not None:
             rules = rules.with_overrides(load_overrides(rules_config, rules))
         if prometheus_rules:
-            from diagnoser.promrules import prometheus_rules_text
+            from diagnoser.fleet.promrules import prometheus_rules_text
 
             typer.echo(prometheus_rules_text(window, interval, rules), nl=False)
             return

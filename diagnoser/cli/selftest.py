@@ -11,78 +11,20 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from diagnoser.cli.common import handles_errors, print_json
 from diagnoser.errors import EXIT_FAIL_ON, EXIT_TERMINATED, InputError
 from diagnoser.interrupts import catch
+from diagnoser.reports.selftest_text import render
 from diagnoser.selftest.harness import SelftestReport, resolve_device, run_selftest, scenario_names
 from diagnoser.selftest.record import record_fixtures
 from diagnoser.selftest.scenarios import DEFAULT_ORDER
-from diagnoser.units import fmt
-
-
-def _rate(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:,.0f}"
-
-
-def render(report: SelftestReport, console: Console) -> None:
-    if report.cpu_run:
-        console.print("Self-test on the CPU (toy size).", markup=False)
-    else:
-        console.print(f"Self-test on {report.gpu_name or 'GPU 0'} (driver {report.driver or 'unknown'}), roofs: "
-                      f"{report.roofs or 'n/a'}.", markup=False)
-    for note in report.notes:
-        console.print(f"! {note}", style="yellow", markup=False)
-    table = Table("scenario", "expected", "got", "confidence", "tokens/s", "ceiling", "of ceiling", "",
-                  box=None, show_header=True)
-    for r in report.results:
-        mark = "" if r.passed is None else ("ok" if r.passed else "WRONG")
-        share = (f"{r.measured_tokens_per_s / r.ceiling_tokens_per_s:.0%}"
-                 if r.measured_tokens_per_s and r.ceiling_tokens_per_s else "")
-        rate = _rate(r.measured_tokens_per_s) + (" prompt" if r.rate == "prompt" and r.measured_tokens_per_s else "")
-        ran = not (r.error or r.skipped)
-        ceiling = (_rate(r.ceiling_tokens_per_s) if r.ceiling_tokens_per_s
-                   else "n/a (CPU)" if r.cpu_run and ran else "")
-        table.add_row(r.scenario, " or ".join(r.expected), r.shown_verdict, f"{r.confidence:.2f}" if ran else "",
-                      rate if ran else "", ceiling, share, mark)
-    console.print(table)
-    for r in report.results:
-        if r.error:
-            console.print(f"  {r.scenario}: error: {r.error}", style="red", markup=False)
-        elif r.skipped:
-            console.print(f"  {r.scenario}: skipped: {r.skipped}", style="dim", markup=False)
-        elif r.trace:
-            console.print(f"  {r.scenario}: {r.trace}", style="dim", markup=False)
-    if report.checks:
-        console.print("Physics checks", style="bold")
-        checks = Table("check", "predicted", "measured", "", "note", box=None, show_header=True)
-        for c in report.checks:
-            unit = "" if c.unit == "x" else c.unit
-            shown = [("n/a" if v is None else (f"{v:.2f}x" if c.unit == "x" else fmt(v, unit)))
-                     for v in (c.predicted, c.measured)]
-            checks.add_row(c.name, *shown, "" if c.ok is None else ("ok" if c.ok else "OFF"), c.note)
-        console.print(checks)
-    if report.out_dir:
-        console.print(f"Captures and workload logs in {report.out_dir} (diagnoser diagnose FILE.dgc shows each "
-                      "verdict).", markup=False, style="dim")
-    else:
-        console.print("Captures, workload logs and traces were in a temporary folder, now removed (--out DIR keeps "
-                      "them).", markup=False, style="dim")
-    if report.failed and not report.cpu_run:
-        console.print(f"Self-test FAILED: {'; '.join(report.failed)}", style="bold red", markup=False)
-    elif report.failed:
-        console.print(f"Harness FAILED on the CPU: {'; '.join(report.failed)}", style="bold red", markup=False)
-    elif report.cpu_run:
-        console.print("Harness OK on the CPU. Run on a GPU for verdicts that count.", markup=False)
-    else:
-        console.print("Self-test passed: every verdict as expected and the physics agrees.", style="bold green",
-                      markup=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -118,43 +60,55 @@ def register(app: typer.Typer) -> None:
         if device.strip().lower() == "auto":
             say("looking for a GPU (loading PyTorch)")
         resolved = resolve_device(device.strip().lower())
-        if record is not None and compiled:
-            raise InputError("--record keeps the eager scenarios the fixtures describe; run --compile without it.")
-        if record is not None and resolved == "cpu":
-            raise InputError("--record keeps GPU recordings only; a CPU run is not a GPU fixture.")
-        temporary = out is None
-        out_dir = out or Path(tempfile.mkdtemp(prefix="diagnoser-selftest-"))
-        terminated: list[int] = []
-
-        def on_sigterm(signum: int, _frame: FrameType | None) -> None:
-            terminated.append(signum)
-            raise KeyboardInterrupt  # unwinds like Ctrl-C: the workload is stopped, the folder removed
-
-        previous = catch((signal.SIGTERM,), on_sigterm)
-        try:
-            report, captures = run_selftest(names, device=resolved, size=size.strip().lower(), window_s=window,
-                                            trace_s=trace, out_dir=out_dir, force=force, compiled=compiled,
-                                            progress=say)
-            if record is not None:
-                written = record_fixtures(report, captures, record, command=" ".join(["diagnoser", *sys.argv[1:]]))
-                report.notes.append(f"Recorded {len(written)} capture(s) in {record}.")
-        except KeyboardInterrupt:
-            if terminated:
-                typer.echo("diagnoser: stopped by SIGTERM.", err=True)
-                raise typer.Exit(EXIT_TERMINATED) from None
-            raise
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            if temporary:
-                shutil.rmtree(out_dir, ignore_errors=True)
-        if temporary:  # what the report would point to is gone
-            report.out_dir = ""
-            for r in report.results:
-                r.capture_path = r.trace_path = ""
+        _check_record(record, compiled=compiled, device=resolved)
+        report = _run(names, resolved, size=size.strip().lower(), window=window, trace=trace, out=out, record=record,
+                      force=force, compiled=compiled, say=say)
         if as_json:
             print_json(report.to_dict())
         else:
             render(report, Console(file=sys.stdout, width=140, no_color=not sys.stdout.isatty(), highlight=False))
         if report.failed:
             raise typer.Exit(EXIT_FAIL_ON)
+
+
+def _check_record(record: Path | None, *, compiled: bool, device: str) -> None:
+    """--record keeps what the fixtures describe: eager scenarios on a GPU."""
+    if record is not None and compiled:
+        raise InputError("--record keeps the eager scenarios the fixtures describe; run --compile without it.")
+    if record is not None and device == "cpu":
+        raise InputError("--record keeps GPU recordings only; a CPU run is not a GPU fixture.")
+
+
+def _run(names: list[str], device: str, *, size: str, window: float | None, trace: float | None, out: Path | None,
+         record: Path | None, force: bool, compiled: bool, say: Callable[[str], None]) -> SelftestReport:
+    """Run the scenarios (and record them); a temporary folder is removed on every way out, SIGTERM included."""
+    temporary = out is None
+    out_dir = out or Path(tempfile.mkdtemp(prefix="diagnoser-selftest-"))
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, _frame: FrameType | None) -> None:
+        terminated.append(signum)
+        raise KeyboardInterrupt  # unwinds like Ctrl-C: the workload is stopped, the folder removed
+
+    previous = catch((signal.SIGTERM,), on_sigterm)
+    try:
+        report, captures = run_selftest(names, device=device, size=size, window_s=window, trace_s=trace,
+                                        out_dir=out_dir, force=force, compiled=compiled, progress=say)
+        if record is not None:
+            written = record_fixtures(report, captures, record, command=" ".join(["diagnoser", *sys.argv[1:]]))
+            report.notes.append(f"Recorded {len(written)} capture(s) in {record}.")
+    except KeyboardInterrupt:
+        if terminated:
+            typer.echo("diagnoser: stopped by SIGTERM.", err=True)
+            raise typer.Exit(EXIT_TERMINATED) from None
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if temporary:
+            shutil.rmtree(out_dir, ignore_errors=True)
+    if temporary:  # what the report would point to is gone
+        report.out_dir = ""
+        for r in report.results:
+            r.capture_path = r.trace_path = ""
+    return report

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  note: {note}")
         typer.echo(perfetto_hint(acquired.path))
         if analyze:
-            from diagnoser.cli.analyze import render_analysis
+            from diagnoser.reports.trace_text import render_analysis
             from diagnoser.traces import analyze_trace
 
             typer.echo("")

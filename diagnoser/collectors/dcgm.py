@@ -3,8 +3,9 @@ querying the Prometheus that keeps them.
 
 This module holds what both ways in share: the field table (the legacy names dcgm-exporter emits today and the
 DCGM 4.6 names), the labels that identify a GPU, a MIG instance and its Kubernetes pod, parsing the exporter's text,
-selecting a target, and turning per-GPU samples into capture series; and `collect_dcgm_into`, the one entry point
-for attach and the dcgm command. Scraping an exporter live is in dcgm_exporter.py. It knows nothing of rules.
+selecting a target, and turning per-GPU samples into capture series. Scraping an exporter live is in
+dcgm_exporter.py, querying Prometheus in prometheus_source.py, and `collect_dcgm_into` (dcgm_collect.py) is the one
+entry point for attach and the dcgm command. It knows nothing of rules.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -112,7 +112,7 @@ FIELDS: tuple[DcgmField, ...] = (
     DcgmField("reasons_thermal", CLOCK_EVENT_NAMES, "gpu.throttle.thermal", in_default_csv=False,
               bits=CLOCK_EVENT_THERMAL),
     DcgmField("reasons_other", CLOCK_EVENT_NAMES, "gpu.throttle.other", in_default_csv=False, bits=CLOCK_EVENT_OTHER),
-    # (The fleet's triage reads the brake from the reasons_power statistics, fleet_triage.py.)
+    # (The fleet's triage reads the brake from the reasons_power statistics, fleet/triage.py.)
     DcgmField("reasons_brake", CLOCK_EVENT_NAMES, "gpu.throttle.power_brake", in_default_csv=False,
               bits=CLOCK_EVENT_BRAKE),
     DcgmField("power_default_limit",
@@ -833,67 +833,8 @@ def describe_target(identities: Sequence[GpuIdentity]) -> str:
     return head + f"{len(identities)} GPUs (" + ", ".join(f"{g.node or '?'} gpu {g.label}" for g in identities) + ")"
 
 
-# --- one entry point for attach and the dcgm command ------------------------------------------------------------------
-
-
-def collect_dcgm_into(
-    capture: Capture,
-    *,
-    exporter_url: str | None = None,
-    prometheus_url: str | None = None,
-    selector: GpuSelector | None = None,
-    duration_s: float | None = None,
-    interval_s: float = 1.0,
-    start: float | None = None,
-    end: float | None = None,
-    timeout_s: float = 10.0,
-    stop: threading.Event | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> list[GpuIdentity]:
-    """Fill `capture` with DCGM series of the selected GPU(s); returns them.
-
-    exporter_url: scrape it every `interval_s` for `duration_s` (default: the capture's duration) or until `stop`.
-    prometheus_url: range queries over [start, end] (default: the capture's own window, as attach recorded it), with
-    `headers` on every request (a tenant, a token).
-    Raises SourceUnavailable / InputError with one sentence; what was read before a failure stays in the capture.
-    """
-    selector = selector or GpuSelector()
-    if (exporter_url is None) == (prometheus_url is None):
-        raise InputError("give one DCGM source: --dcgm-exporter URL or --prometheus URL.")
-    if prometheus_url is not None:
-        from diagnoser.collectors.prometheus_source import PromClient, Window, collect_target
-
-        w_start = capture.started_at if start is None else start
-        w_end = (capture.started_at + capture.duration_s) if end is None else end
-        client = PromClient(prometheus_url, timeout_s=timeout_s, headers=headers)
-        return collect_target(capture, client, Window(w_start, w_end), selector)
-    assert exporter_url is not None
-    from diagnoser.collectors.dcgm_exporter import DcgmExporterCollector
-
-    collector = DcgmExporterCollector(exporter_url, selector, period_s=interval_s, timeout_s=min(timeout_s, 10.0))
-    collector.start(capture)
-    duration = capture.duration_s if duration_s is None else duration_s
-    t = time.time() - capture.started_at
-    try:
-        while t < duration and not collector.gone and not (stop is not None and stop.is_set()):
-            wait = max(0.0, min(interval_s, duration - t))
-            if stop is not None:
-                stop.wait(wait)
-            else:
-                time.sleep(wait)
-            t = time.time() - capture.started_at
-            collector.sample(t)
-    finally:
-        t = time.time() - capture.started_at
-        if duration_s is not None or capture.duration_s <= 0:
-            capture.duration_s = t  # the window the readings cover, shorter when it was stopped early
-        collector.stop(t)
-    return collector.targets
-
-
 __all__ = [
     "FIELDS", "FIELD_OF_NAME", "FIELDS_BY_KEY", "WANTED_SIGNALS", "DcgmField", "GpuIdentity", "GpuSelector",
     "GpuWindow", "Scrape", "parse_exporter_text", "identity_from_labels",
-    "select_gpus", "selector_for_pid", "add_gpu_window", "mark_missing", "gpu_info", "collect_dcgm_into",
-    "describe_target",
+    "select_gpus", "selector_for_pid", "add_gpu_window", "mark_missing", "gpu_info", "describe_target",
 ]

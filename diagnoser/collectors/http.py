@@ -146,30 +146,9 @@ class _Exchange:
         received = 0
         total = 0
         while True:
-            sock = self.conn.sock if self.conn is not None else None
-            if sock is not None:
-                sock.settimeout(self.remaining())
-            try:
-                piece = response.read1(CHUNK)
-            except http.client.IncompleteRead as exc:
-                got = received + len(exc.partial)
-                expected = f" of {human_bytes(received + len(exc.partial) + exc.expected)}" if exc.expected else ""
-                if self.timed_out:
-                    raise self._timeout() from None
-                raise FetchError("truncated", f"the connection closed after {human_bytes(got)}{expected}") from None
-            except TimeoutError:
-                raise self._timeout() from None
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                if self.timed_out:
-                    raise self._timeout() from None
-                raise FetchError("truncated", f"the answer broke off after {human_bytes(received)} "
-                                 f"({_reason(exc)})") from None
+            piece = self._read(response, received)
             if not piece:
-                if self.timed_out:
-                    raise self._timeout()
-                if declared is not None and received < declared:
-                    raise FetchError("truncated", f"the connection closed after {human_bytes(received)} of "
-                                     f"{human_bytes(declared)}")
+                self._check_end(received, declared)
                 break
             received += len(piece)
             if inflate is not None:
@@ -187,6 +166,36 @@ class _Exchange:
             self.remaining()
         if inflate is not None and not inflate.eof:
             raise FetchError("truncated", f"the gzip body ended early after {human_bytes(received)}")
+
+    def _read(self, response: http.client.HTTPResponse, received: int) -> bytes:
+        """The next piece of the body as it arrives (b"" at its end), within what is left of the deadline; a broken
+        connection as truncated, after `received` bytes."""
+        sock = self.conn.sock if self.conn is not None else None
+        if sock is not None:
+            sock.settimeout(self.remaining())
+        try:
+            return response.read1(CHUNK)
+        except http.client.IncompleteRead as exc:
+            got = received + len(exc.partial)
+            expected = f" of {human_bytes(received + len(exc.partial) + exc.expected)}" if exc.expected else ""
+            if self.timed_out:
+                raise self._timeout() from None
+            raise FetchError("truncated", f"the connection closed after {human_bytes(got)}{expected}") from None
+        except TimeoutError:
+            raise self._timeout() from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if self.timed_out:
+                raise self._timeout() from None
+            raise FetchError("truncated", f"the answer broke off after {human_bytes(received)} "
+                             f"({_reason(exc)})") from None
+
+    def _check_end(self, received: int, declared: int | None) -> None:
+        """At the body's end: the watchdog did not close it, and it is as long as its Content-Length said."""
+        if self.timed_out:
+            raise self._timeout()
+        if declared is not None and received < declared:
+            raise FetchError("truncated", f"the connection closed after {human_bytes(received)} of "
+                             f"{human_bytes(declared)}")
 
     def close(self) -> None:
         if self._timer is not None:

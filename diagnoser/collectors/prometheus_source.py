@@ -641,17 +641,9 @@ class WindowQuery:
         """
         t0 = time.perf_counter()
         interval = data.scrape_interval_s or 0.0
-        # Whole seconds: an integer grid comes back exactly where it was asked for, whatever rounding a proxy
-        # in front of the engine applies to start and end.
-        step = float(max(1, round(max(self.window.length_s / self.points, interval))))
-        n_steps = max(1, int(self.window.length_s // step))
-        data.step_s, data.n_steps = step, n_steps
-        data.grid_start = math.floor(self.window.end) - (n_steps - 1) * step
+        self._set_grid(data, interval)
+        step, n_steps = data.step_s, data.n_steps
         grid_end = data.grid_start + (n_steps - 1) * step
-        data.lookback_s = max(step, 2 * interval)
-        if data.lookback_s > step:
-            data.notes.append(f"Prometheus scraped these GPUs every ~{interval:.3g} s: each point averages the "
-                              f"last {data.lookback_s:.3g} s.")
         try:
             existing: set[str] | None = set(self.client.label_values("__name__", self.window.start, self.window.end))
         except PromError:
@@ -700,17 +692,7 @@ class WindowQuery:
         # Fallbacks (GPU_UTIL) only for the GPUs their better field left without data: usually none, and then the
         # query, which would scan every GPU's series to send nothing back, is not made.
         candidates = set(keys) if keys is not None else {g.key for g in drop_mig_parents(data.gpus.values())}
-        second = []
-        for f, name, where in (j for j in jobs if j[0].fallback_for):
-            lacking = candidates - set(data.values.get(f.fallback_for or "", {}))
-            if not lacking:
-                continue
-            uuids = sorted({k[0] for k in lacking})
-            if len(uuids) <= 200:
-                label = data.gpus[next(iter(lacking))].uuid_label if next(iter(lacking)) in data.gpus else "UUID"
-                where = ", ".join(x for x in (where, f'{label}=~"{"|".join(_regex_escape(u) for u in uuids)}"') if x)
-            second.append((f, name, where))
-        collect(second)
+        collect(_fallback_jobs(data, [j for j in jobs if j[0].fallback_for], candidates))
         if data.failed:
             names = ", ".join(FIELDS_BY_KEY[k].name for k in data.failed)
             first = next(iter(data.failed.values()))
@@ -718,6 +700,36 @@ class WindowQuery:
                                f"({names}): {first}")
         data.query_seconds += time.perf_counter() - t0
         return data
+
+    def _set_grid(self, data: WindowData, interval: float) -> None:
+        """The step (at least the scrape interval), the grid of points ending at the window's end, the lookback."""
+        # Whole seconds: an integer grid comes back exactly where it was asked for, whatever rounding a proxy
+        # in front of the engine applies to start and end.
+        step = float(max(1, round(max(self.window.length_s / self.points, interval))))
+        n_steps = max(1, int(self.window.length_s // step))
+        data.step_s, data.n_steps = step, n_steps
+        data.grid_start = math.floor(self.window.end) - (n_steps - 1) * step
+        data.lookback_s = max(step, 2 * interval)
+        if data.lookback_s > step:
+            data.notes.append(f"Prometheus scraped these GPUs every ~{interval:.3g} s: each point averages the "
+                              f"last {data.lookback_s:.3g} s.")
+
+
+def _fallback_jobs(data: WindowData, jobs: Sequence[tuple[DcgmField, str, str]],
+                   candidates: set[GpuKey]) -> list[tuple[DcgmField, str, str]]:
+    """The fallback fields' queries, each only for the GPUs its better field left without data (by UUID when they
+    are few enough to name); none for a field whose better one covered every GPU."""
+    out = []
+    for f, name, where in jobs:
+        lacking = candidates - set(data.values.get(f.fallback_for or "", {}))
+        if not lacking:
+            continue
+        uuids = sorted({k[0] for k in lacking})
+        if len(uuids) <= 200:
+            label = data.gpus[next(iter(lacking))].uuid_label if next(iter(lacking)) in data.gpus else "UUID"
+            where = ", ".join(x for x in (where, f'{label}=~"{"|".join(_regex_escape(u) for u in uuids)}"') if x)
+        out.append((f, name, where))
+    return out
 
 
 def _regex_escape(value: str) -> str:

@@ -865,17 +865,7 @@ class ServerMetricsCollector:
         if not record:
             return any(_select(samples, s) is not None for s in _spec_names(src))
         if isinstance(src, Gauge):
-            if not any(_select(samples, s) is not None for s in src.specs):
-                return False
-            value = _total(samples, src.specs, mean=src.mean, positive=src.positive)
-            if value is not None and src.percent_above_one and 1.0 < value <= 100.0:
-                value /= 100.0  # a percent where the engine's other releases give a ratio
-                if signal not in self._percent_noted:
-                    self._percent_noted.add(signal)
-                    self.book.capture.notes.append(f"{signal}: the page gives a percent (above 1), read as one.")
-            if value is not None:
-                self.book.add(signal, t, value)
-            return True
+            return self._gauge(signal, src, samples, t)
         if isinstance(src, GaugeRatio):
             num, den = _total(samples, (src.num,)), _total(samples, (src.den,))
             if num is None or den is None:
@@ -884,19 +874,44 @@ class ServerMetricsCollector:
                 self.book.add(signal, t, num / den)
             return True
         if isinstance(src, Rate):
-            value = _total(samples, src.specs)
-            if value is None:
-                return False
-            current[signal] = value
-            before = self._prev.get(signal)
-            if src.moving and value <= 0:
-                return True  # the page has it, but nothing was ever counted: not a measurement of zero
-            if before is not None and dt:
-                if value < before:
-                    self.resets.add(signal)  # the server restarted its counters: this interval has no rate
-                else:
-                    self.book.add(signal, t, (value - before) / dt)
-            return True
+            return self._rate(signal, src, samples, t, dt, current)
+        return self._step_ratio(signal, src, samples, t, current)
+
+    def _gauge(self, signal: str, src: Gauge, samples: Samples, t: float) -> bool:
+        assert self.book is not None
+        if not any(_select(samples, s) is not None for s in src.specs):
+            return False
+        value = _total(samples, src.specs, mean=src.mean, positive=src.positive)
+        if value is not None and src.percent_above_one and 1.0 < value <= 100.0:
+            value /= 100.0  # a percent where the engine's other releases give a ratio
+            if signal not in self._percent_noted:
+                self._percent_noted.add(signal)
+                self.book.capture.notes.append(f"{signal}: the page gives a percent (above 1), read as one.")
+        if value is not None:
+            self.book.add(signal, t, value)
+        return True
+
+    def _rate(self, signal: str, src: Rate, samples: Samples, t: float, dt: float | None,
+              current: dict[str, float]) -> bool:
+        assert self.book is not None
+        value = _total(samples, src.specs)
+        if value is None:
+            return False
+        current[signal] = value
+        before = self._prev.get(signal)
+        if src.moving and value <= 0:
+            return True  # the page has it, but nothing was ever counted: not a measurement of zero
+        if before is not None and dt:
+            if value < before:
+                self.resets.add(signal)  # the server restarted its counters: this interval has no rate
+            else:
+                self.book.add(signal, t, (value - before) / dt)
+        return True
+
+    def _step_ratio(self, signal: str, src: StepRatio, samples: Samples, t: float,
+                    current: dict[str, float]) -> bool:
+        """The ratio of two counters' increases over the interval (a hit rate, a mean per request)."""
+        assert self.book is not None
         num, den = _total(samples, src.num), _total(samples, src.den)
         if num is None or den is None:
             return False

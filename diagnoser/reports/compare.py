@@ -10,8 +10,8 @@ from typing import TextIO
 
 from diagnoser import signals as S
 from diagnoser.compare import AGREEMENT, ITL_FROM_RATES, Comparison, Measure
-from diagnoser.diagnosis import LIMITER_LABELS, Limiter
 from diagnoser.reports.figdata import Figure, GainPair, GainPairs, NotDrawn, Ratio, Ratios
+from diagnoser.reports.labels import limiter_label
 from diagnoser.reports.redact import redact, redact_obj
 from diagnoser.units import fmt
 
@@ -125,7 +125,7 @@ class CompareView:
 
 
 def _side(name: str, key: str, headline: str, target: str) -> Side:
-    label = LIMITER_LABELS[Limiter(key)] if key in Limiter._value2member_map_ else key
+    label = limiter_label(key)
     prefix = label.lower() + ": "
     if headline.lower().startswith(prefix):
         headline = headline[len(prefix):]

@@ -35,8 +35,8 @@ from diagnoser.reports.figdata import (
     StackedBar,
     TimeSeries,
 )
+from diagnoser.reports.labels import idle_look, kernel_label
 from diagnoser.reports.trace_figures import (
-    IDLE_STYLE,
     collective_items,
     durations_figure,
     ranks_figure,
@@ -68,14 +68,8 @@ SIGNAL_LABELS: dict[str, str] = {
     S.GPU_NVLINK_TX_BPS: "NVLink out",
 }
 
-IDLE_CAUSES = IDLE_STYLE  # one table of idle causes' names and colours for every chart
 BUSY_COLOR, UNATTRIBUTED_COLOR = "#009E73", "#B8BEC4"
 
-KERNEL_CLASSES = {
-    "gemm": "GEMM (matmul)", "attention": "attention", "norm_elementwise": "norm / elementwise",
-    "reduction": "reduction", "comm": "communication (NCCL)", "memcpy": "memcpy", "memset": "memset",
-    "other": "other", "embedding": "embedding / gather",
-}
 
 _POINT_STATS = ("mean", "p50", "p90", "p99", "min", "max", "value")
 
@@ -171,6 +165,19 @@ def _memory_total(capture: Capture, ev: Evidence) -> float | None:
     return total.max if total is not None else None
 
 
+def _power_lines(capture: Capture, ev: Evidence) -> list[HLine]:
+    """The power limit in force and, where it differs, the board's default."""
+    out = []
+    limit = ev.get(S.GPU_POWER_LIMIT_W)
+    value = limit.max if limit is not None else next((g.power_limit_w for g in capture.gpus if g.power_limit_w), None)
+    if value:
+        out.append(HLine(value, f"power limit {value:.0f} W"))
+    default = ev.value(S.GPU_POWER_DEFAULT_LIMIT_W)
+    if default and (not value or abs(default - value) > 1.0):
+        out.append(HLine(default, f"board default {default:.0f} W"))
+    return out
+
+
 def time_series_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[list[Figure], list[NotDrawn]]:
     figures, missing = [], []
     for panel in _PANELS:
@@ -194,14 +201,7 @@ def time_series_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[l
             if bands:
                 notes.append("shaded: clock event reason power cap or thermal slowdown active")
         if panel.key == "power":
-            limit = ev.get(S.GPU_POWER_LIMIT_W)
-            value = limit.max if limit is not None else next((g.power_limit_w for g in capture.gpus
-                                                              if g.power_limit_w), None)
-            if value:
-                hlines.append(HLine(value, f"power limit {value:.0f} W"))
-            default = ev.value(S.GPU_POWER_DEFAULT_LIMIT_W)
-            if default and (not value or abs(default - value) > 1.0):
-                hlines.append(HLine(default, f"board default {default:.0f} W"))
+            hlines += _power_lines(capture, ev)
         if panel.key == "links" and ev.gpu_spec is not None:
             link = ev.gpu_spec.pcie_bytes_per_s
             if link:
@@ -232,8 +232,8 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
         segments = [Segment("busy", trace.gpu_busy_frac, BUSY_COLOR, "kernels or copies running")]
         attributed = 0.0
         for cause, frac in sorted(trace.idle_frac_by_cause.items(), key=lambda kv: -kv[1]):
-            label, color = IDLE_CAUSES.get(cause, (f"idle: {cause}", PALETTE[6]))
-            segments.append(Segment(f"idle: {label}", frac, color))
+            look = idle_look(cause)
+            segments.append(Segment(f"idle: {look.label}", frac, look.color))
             attributed += frac
         rest = 1.0 - trace.gpu_busy_frac - attributed
         if rest > 0.0005:
@@ -258,7 +258,7 @@ def kernel_figure(capture: Capture) -> Figure | NotDrawn:
     trace = capture.trace
     if trace is None or not trace.kernel_share:
         return NotDrawn(title, "needs a torch.profiler trace (attach --trace 5 or analyze TRACE)")
-    items = [(KERNEL_CLASSES.get(k, k), v) for k, v in trace.kernel_share.items() if v > 0 and k != "comm"]
+    items = [(kernel_label(k), v) for k, v in trace.kernel_share.items() if v > 0 and k != "comm"]
     items += collective_items(trace)
     chart = Bars(title, items)
     caption = (f"Share of GPU busy time over {trace.kernel_count:,} kernels in the trace"

@@ -37,7 +37,8 @@ from diagnoser.reports.figdata import (
     TimeSeries,
 )
 from diagnoser.reports.figures import source_name
-from diagnoser.reports.model import VERDICT_COLORS, FleetView, Report
+from diagnoser.reports.labels import VERDICT_COLORS
+from diagnoser.reports.model import FleetView, Report
 from diagnoser.reports.redact import redact
 from diagnoser.reports.trace_figures import duration_text
 from diagnoser.units import fmt, gain

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnoser.diagnosis import SCHEMA_VERSION, Diagnosis
-from diagnoser.fleet_model import FleetReport
+from diagnoser.fleet.model import FleetReport
 from diagnoser.reports.model import Report
 from diagnoser.reports.redact import redact_obj
 

@@ -17,20 +17,15 @@ from diagnoser import __version__, physics
 from diagnoser.capture import Capture, EngineSteps, TraceSummary
 from diagnoser.diagnosis import INCONCLUSIVE, LIMITER_LABELS, Benefit, Diagnosis, Fix, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence
-from diagnoser.fleet_model import FleetReport, FleetRow
+from diagnoser.fleet.model import FleetReport, FleetRow
 from diagnoser.reports.figdata import Figure, KernelTable, NotDrawn, Segment, StackedBar
 from diagnoser.reports.figures import SOURCE_NAMES, build_figures, op_symbol, source_name
+from diagnoser.reports.labels import VERDICT_COLORS, limiter_label, verdict_color
 from diagnoser.reports.redact import MASK, redact_argv
 from diagnoser.reports.trace_figures import kernel_table
 from diagnoser.rules.ruleset import RuleSet, default_rules
 from diagnoser.signals import spec
 from diagnoser.units import fmt, fmt_bucket
-
-VERDICT_COLORS = {
-    "vram": "#8250df", "memory_bandwidth": "#0969da", "compute": "#bf3989", "latency": "#116329",
-    "batching": "#bc4c00", "host_launch": "#9a6700", "throttling": "#cf222e", "interconnect": "#1a7f37",
-    "idle": "#57606a", "errors": "#a40e26", INCONCLUSIVE: "#6e7781",
-}
 
 
 def utc(ts: float | None) -> str:
@@ -365,7 +360,7 @@ def _row_view(i: int, r: FleetRow, window_h: float, rules: RuleSet) -> dict[str,
     return {
         "i": i, "node": r.node, "gpu": r.gpu, "uuid": r.uuid, "model": r.model_name,
         "pod": "/".join(x for x in (r.namespace, r.pod) if x), "container": r.container, "mig": r.mig_profile,
-        "verdict": verdict_label(d), "verdict_key": d.verdict, "color": VERDICT_COLORS.get(d.verdict, "#6e7781"),
+        "verdict": verdict_label(d), "verdict_key": d.verdict, "color": verdict_color(d.verdict),
         "confidence": d.confidence, "confidence_label": d.confidence_label, "headline": headline_sentence(d),
         "usd_h": r.usd_per_hour_at_stake, "usd_window": r.usd_per_hour_at_stake * window_h,
         "priced": r.usd_per_gpu_hour is not None or r.usd_per_hour_at_stake > 0,
@@ -384,8 +379,8 @@ def build_fleet_view(report: FleetReport, rules: RuleSet | None = None) -> Fleet
     rows = sorted(report.rows, key=lambda r: (-r.usd_per_hour_at_stake, -(r.top_fix_gain or 0.0), r.node, r.gpu))
     views = [_row_view(i, r, window_h, rules) for i, r in enumerate(rows)]
     counts = Counter(r.diagnosis.verdict for r in rows)
-    segments = [Segment(f"{LIMITER_LABELS[Limiter(k)] if k in Limiter._value2member_map_ else k}: {n} GPU"
-                        + ("s" if n != 1 else ""), n / len(rows), VERDICT_COLORS.get(k, "#6e7781"))
+    segments = [Segment(f"{limiter_label(k)}: {n} GPU"
+                        + ("s" if n != 1 else ""), n / len(rows), verdict_color(k))
                 for k, n in counts.most_common()] if rows else []
     verdict_chart = StackedBar("Verdicts across the fleet", segments, width=1080) if segments else None
     usd_h = sum(r.usd_per_hour_at_stake for r in rows)

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis
 from diagnoser.reports.figdata import KernelTable
+from diagnoser.reports.labels import verdict_term_style
 from diagnoser.reports.model import Report, gain_text
 from diagnoser.reports.redact import redact
 from diagnoser.reports.trace_figures import duration_text, window_text
@@ -27,11 +28,6 @@ MAX_WIDTH = 80
 TOP_FIXES = 3
 TOP_KERNELS = 5
 
-_VERDICT_STYLE = {
-    INCONCLUSIVE: "bold yellow", "errors": "bold red", "throttling": "bold red", "vram": "bold magenta",
-    "memory_bandwidth": "bold blue", "compute": "bold magenta", "batching": "bold yellow",
-    "host_launch": "bold yellow", "interconnect": "bold green", "idle": "bold",
-}
 _SOURCES = {"nvml": "NVML", "gpm": "GPM", "dcgm": "DCGM", "psutil": "psutil", "server": "server",
             "trace": "trace", "physics": "physics", "user": "user"}
 
@@ -101,7 +97,7 @@ class TerminalRenderer:
     def _verdict(self, d: Diagnosis, regime: str = "") -> RenderableType:
         label = d.limiter.label if d.limiter else INCONCLUSIVE
         head = Text("VERDICT ", style="bold")
-        head.append(label.upper(), style=_VERDICT_STYLE.get(d.verdict, "bold"))
+        head.append(label.upper(), style=verdict_term_style(d.verdict))
         head.append(f"   confidence {d.confidence_label} ({d.confidence:.2f})", style="dim" if not self.plain else "")
         prefix = label.lower() + ": "
         sentence = d.headline[len(prefix):] if d.headline.lower().startswith(prefix) else d.headline

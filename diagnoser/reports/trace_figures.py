@@ -28,26 +28,9 @@ from diagnoser.reports.figdata import (
     StackedRow,
     StackedRows,
 )
+from diagnoser.reports.labels import COLLECTIVES, HOST_STYLE, IDLE_STYLE, KERNEL_STYLE, idle_look
 from diagnoser.units import fmt
 
-# Kernel classes (the keys of TraceSummary.kernel_share) in the report's words and colours: colours apart from the
-# idle causes' (shared with the time-share bar), so a lane of kernels and a lane of gaps never look alike.
-KERNEL_STYLE = {
-    "gemm": ("GEMM (matmul)", "#0072B2"), "attention": ("attention", "#6A3D9A"),
-    "embedding": ("embedding / gather", "#1B7837"), "norm_elementwise": ("norm / elementwise", "#7FBC41"),
-    "reduction": ("reduction", "#1F9E89"), "comm": ("communication (NCCL)", "#B2182B"),
-    "memcpy": ("memcpy", "#8C510A"), "memset": ("memset", "#BF9B6B"), "other": ("other", "#999999"),
-}
-COLLECTIVES = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
-               "all_to_all": "all-to-all", "send_recv": "send/recv", "other": "other collectives"}
-# Idle causes (TraceSummary.idle_frac_by_cause), as the time-share bar names and colours them.
-IDLE_STYLE = {
-    "host": ("host launch gaps", "#D55E00"), "sync": ("host syncs", "#E69F00"),
-    "pageable_memcpy": ("pageable copies", "#CC79A7"), "queue_dry": ("nothing queued", "#56B4E9"),
-    "kernel_overhead": ("kernel-to-kernel gaps", "#F0B37E"), "stream_wait": ("waiting on another stream", "#9F8FD0"),
-}
-HOST_STYLE = {"launch": ("kernel launch", "#57606a"), "graph": ("graph launch", "#24292f"),
-              "copy": ("copy call", "#C2A5CF"), "sync": ("sync (host waits)", "#E69F00")}
 PERFETTO = ("open the whole trace at ui.perfetto.dev (Open trace file: it is read in the browser, not uploaded) or "
             "in chrome://tracing")
 NEEDS_NEW = "a trace analysed by this version of diagnoser (re-run analyze on the trace file)"
@@ -188,14 +171,14 @@ def trace_window_figure(capture: Capture) -> Figure | NotDrawn:
                           "sync calls"))
     lanes += _stream_lanes(tl, trace.platform)
     if tl.gaps:
-        gap_spans = [Span(g.start_us, g.dur_us, IDLE_STYLE.get(g.cause, (g.cause, PALETTE[6]))[1],
-                          f"idle: {IDLE_STYLE.get(g.cause, (g.cause, ''))[0]}", "idle") for g in tl.gaps]
+        gap_spans = [Span(g.start_us, g.dur_us, idle_look(g.cause).color, f"idle: {idle_look(g.cause).label}", "idle")
+                     for g in tl.gaps]
         lanes.append(Lane("GPU idle", gap_spans, "device-level idle gaps, coloured by what the GPU waited for"))
     kinds = [k for k in KERNEL_STYLE if any(i.kind == k for i in tl.items)]
     legend = [kernel_style(k, trace.platform) for k in kinds]
     legend += [HOST_STYLE[k] for k in HOST_STYLE if any(h.kind == k for h in tl.host_calls)]
-    legend += [(f"idle: {IDLE_STYLE[c][0]}", IDLE_STYLE[c][1]) for c in IDLE_STYLE if any(g.cause == c
-                                                                                           for g in tl.gaps)]
+    legend += [(f"idle: {look.label}", look.color) for c, look in IDLE_STYLE.items() if any(g.cause == c
+                                                                                             for g in tl.gaps)]
     where = f"{tl.label}, " if tl.label else ""
     if len(trace.ranks) > 1:  # the analysis keeps the first rank's window
         first = trace.ranks[0]
@@ -261,10 +244,10 @@ def _rank_segments(r: RankStat) -> list[Segment]:
     segs.append(Segment("exposed communication", exposed, KERNEL_STYLE["comm"][1],
                         "collectives with no compute beside them"))
     attributed = 0.0
-    for cause, (label, color) in IDLE_STYLE.items():
+    for cause, look in IDLE_STYLE.items():
         frac = r.idle_frac_by_cause.get(cause, 0.0)
         if frac > 0:
-            segs.append(Segment(f"idle: {label}", frac, color))
+            segs.append(Segment(f"idle: {look.label}", frac, look.color))
             attributed += frac
     rest = 1.0 - compute - exposed - attributed
     if rest > 0.0005:

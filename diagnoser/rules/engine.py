@@ -26,7 +26,8 @@ from diagnoser import signals as S
 from diagnoser.capture import Capture
 from diagnoser.characterise import LONG_PAUSE
 from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis, Finding, Limiter, Regime, Skipped
-from diagnoser.evidence import Evidence, build_evidence
+from diagnoser.evidence import Evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.rules.judge import judge_fixes
 from diagnoser.rules.ruleset import RuleSet, default_rules
 

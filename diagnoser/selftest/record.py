@@ -18,7 +18,7 @@ from typing import Any
 from diagnoser import signals as S
 from diagnoser.capture import Capture
 from diagnoser.errors import InputError
-from diagnoser.evidence import build_evidence
+from diagnoser.evidence_build import build_evidence
 from diagnoser.fileio import write_atomic
 from diagnoser.selftest.harness import SelftestReport
 from diagnoser.traces.decode import TraceError

@@ -19,7 +19,6 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from operator import add
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,6 @@ from diagnoser.capture import (
     Capture,
     GpuInfo,
     ModelInfo,
-    TimelineWindow,
     TraceSummary,
     new_capture,
 )
@@ -42,7 +40,6 @@ from diagnoser.traces.decode import (
     SKIP_NEGATIVE_TIME,
     SKIP_NON_FINITE,
     SKIP_TRUNCATED,
-    DecodeStats,
     TraceError,
 )
 from diagnoser.traces.engine_steps import engine_step_stats
@@ -55,13 +52,13 @@ from diagnoser.traces.kernels import (
 )
 from diagnoser.traces.ops import (
     LaunchIndex,
-    OpsSummary,
     build_launch_index,
     cost_ops,
     covered_kernel_us,
     kernel_costs,
 )
-from diagnoser.traces.phases import Phases, find_phases
+from diagnoser.traces.phases import find_phases
+from diagnoser.traces.result import DeviceInfo, TraceAnalysis
 from diagnoser.traces.snapshot import build_window, choose_range
 from diagnoser.traces.tables import Tables
 from diagnoser.traces.timeline import (
@@ -78,97 +75,6 @@ from diagnoser.traces.windows import (
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 LIVE_WINDOW_KEY = "diagnoser_window"
-
-
-@dataclass
-class DeviceInfo:
-    index: int
-    name: str
-    memory_bytes: int | None = None
-    sms: int | None = None
-    capability: str = ""
-
-
-@dataclass
-class TraceAnalysis:
-    """Everything the analysis found in one trace (or, for a folder, the ranks and their combination)."""
-
-    path: Path
-    summary: TraceSummary
-    window: tuple[float, float] = (0.0, 0.0)  # trace µs
-    window_policy: str = ""
-    devices: list[DeviceInfo] = field(default_factory=list)  # from deviceProperties
-    timelines: list[DeviceTimeline] = field(default_factory=list)
-    kernels: KernelStats | None = None
-    comm_us: float = 0.0
-    comm_overlapped_us: float = 0.0
-    ops: OpsSummary | None = None
-    phases: Phases | None = None
-    decode: DecodeStats | None = None
-    rank: int | None = None
-    world_size: int | None = None
-    base_time_ns: int | None = None
-    metadata_keys: list[str] = field(default_factory=list)
-    ranks: list[TraceAnalysis] = field(default_factory=list)  # per-file analyses of a folder
-    ridge_flop_per_byte: float | None = None
-    gpu_spec: str | None = None
-    snapshot: TimelineWindow | None = None  # also summary.timeline
-    step_ms_p50: float | None = None
-    gpu_ops: int = 0  # GPU events read (kernels, copies, memsets), in the window or not
-    cpu_ops: int = 0  # CPU op events read (aten:: and the like: the model's ops); a serving frontend has none
-    frontends: list[TraceAnalysis] = field(default_factory=list)  # files of a folder that are not ranks (ranks.py)
-
-    @property
-    def skipped(self) -> list[str]:
-        return self.summary.skipped
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able view for `diagnoser analyze --json`."""
-        import msgspec
-
-        d: dict[str, Any] = {
-            "path": str(self.path),
-            "summary": msgspec.to_builtins(self.summary),
-            "window_us": [self.window[0], self.window[1]],
-            "window_policy": self.window_policy,
-            "devices": [vars(dev) for dev in self.devices],
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "ridge_flop_per_byte": self.ridge_flop_per_byte,
-            "gpu_spec": self.gpu_spec,
-            "timelines": [{
-                "device": tl.device, "busy_frac": tl.busy_frac, "ops": tl.ops,
-                "idle_frac_by_cause": {c: tl.idle_frac(c) for c in IDLE_CAUSES},
-                "gaps_by_cause": tl.gaps_by_cause,
-                "busy_us_by_stream": {str(k): v for k, v in tl.busy_us_by_stream.items()},
-                "longest_gaps": [{"start_us": g.start - self.window[0], "length_us": g.length, "cause": g.cause}
-                                 for g in tl.longest_gaps],
-            } for tl in self.timelines],
-        }
-        if self.kernels is not None:
-            k = self.kernels
-            d["kernels"] = {
-                "time_us_by_class": k.time_us_by_class, "count_by_class": k.count_by_class,
-                "memcpy_us_by_direction": k.memcpy_us_by_direction,
-                "memcpy_bytes_by_direction": k.memcpy_bytes_by_direction,
-                "top": [{"name": n, "class": c, "time_us": us, "count": cnt} for n, c, us, cnt in k.top_kernels],
-                "graph_launches": k.graph_launches, "graph_kernels": k.graph_kernels,
-                "launched": k.launched, "short_kernels": k.short_kernels, "unlaunched": k.unlaunched,
-                "comm_us": self.comm_us, "comm_overlapped_us": self.comm_overlapped_us,
-            }
-        if self.ops is not None:
-            d["ops"] = self.ops.to_dict()
-        if self.phases is not None:
-            d["phases"] = self.phases.to_dict()
-        if self.decode is not None:
-            d["decode"] = {"bytes_in": self.decode.bytes_in, "bytes_json": self.decode.bytes_json,
-                           "events": self.decode.events, "skips": dict(self.decode.skips),
-                           "dropped_bytes": self.decode.dropped_bytes, "truncated": self.decode.truncated}
-        if self.ranks:
-            d["ranks"] = [r.to_dict() for r in self.ranks]
-        if self.frontends:
-            d["frontends"] = [str(f.path) for f in self.frontends]
-        return d
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -282,15 +188,7 @@ def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalys
     launches = Launches(t)
     order = device_order(t)
     win, policy = _window(t, window, launches, skipped)
-    if t.stats.truncated and t.g_ts:
-        # Kineto writes the GPU events after the host's: a cut file loses the last kernels first. Idle after the last
-        # GPU event read would be the cut, not the GPU waiting, so the window ends there.
-        gpu_end = max(map(add, t.g_ts, t.g_dur))
-        if win[0] < gpu_end < win[1]:
-            skipped.append(f"the window ends at the last GPU event read ({(gpu_end - win[0]) / 1e3:.1f} of "
-                           f"{(win[1] - win[0]) / 1e3:.1f} ms): the file is cut short, and what follows is missing, "
-                           "not idle")
-            win = (win[0], gpu_end)
+    win = _cut_at_last_gpu_event(t, win, skipped)
     devices = _devices(t.metadata)
     summary = TraceSummary(path=str(t.path), window_s=max(0.0, (win[1] - win[0]) / 1e6))
     summary.truncated = t.stats.truncated
@@ -308,27 +206,9 @@ def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalys
     w0, w1 = win
     in_window = {dev: [i for i in idx if g_ts[i] < w1 and g_ts[i] + g_dur[i] > w0] for dev, idx in order.items()}
     selected = [i for idx in in_window.values() for i in idx]
-    if not t.g_ts and t.stats.truncated and devices:
-        skipped.append(f"no GPU events: the file is cut short before them (it names {devices[0].name}), so the GPU "
-                       "timeline, idle causes and kernel shares are not measured")
-    elif not t.g_ts:
-        skipped.append("no GPU events (kernels, copies): a CPU-only trace, so the GPU timeline, idle causes and "
-                       "kernel shares are not measured")
-    elif not selected:
-        skipped.append("no GPU events inside the analysed window")
-    if t.g_ts and not t.r_ts:
-        skipped.append("no CUDA runtime/driver events: idle gaps cannot be told apart by launch time")
-    host = HostActivity(t)
+    skipped += _missing_gpu_notes(t, devices, selected)
     shown = choose_range(t, selected, win, launches)
-    for dev in sorted(in_window):
-        idx = in_window[dev]
-        if idx:
-            tl = build_timeline(t, dev, idx, win, launches, host, keep_range=shown[:2] if shown else None)
-            tl.compute_us = min(tl.busy_us, compute_union_us(t, idx, win))
-            analysis.timelines.append(tl)
-            comm, overlapped = comm_overlap_us(t, idx, win)
-            analysis.comm_us += comm
-            analysis.comm_overlapped_us += overlapped
+    _timelines(analysis, t, in_window, launches, shown)
     index: LaunchIndex | None = build_launch_index(t, launches, selected) if t.costed and selected else None
     if t.costed:
         analysis.ops = cost_ops(t, index, win)
@@ -352,6 +232,51 @@ def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalys
     if t.engine_steps:
         summary.engine_steps = engine_step_stats(t.engine_steps, t.classed_ops, win)
     return analysis
+
+
+def _cut_at_last_gpu_event(t: Tables, win: tuple[float, float], skipped: list[str]) -> tuple[float, float]:
+    """Kineto writes the GPU events after the host's: a cut file loses the last kernels first. Idle after the last
+    GPU event read would be the cut, not the GPU waiting, so the window ends there."""
+    if not (t.stats.truncated and t.g_ts):
+        return win
+    gpu_end = max(map(add, t.g_ts, t.g_dur))
+    if not win[0] < gpu_end < win[1]:
+        return win
+    skipped.append(f"the window ends at the last GPU event read ({(gpu_end - win[0]) / 1e3:.1f} of "
+                   f"{(win[1] - win[0]) / 1e3:.1f} ms): the file is cut short, and what follows is missing, "
+                   "not idle")
+    return (win[0], gpu_end)
+
+
+def _missing_gpu_notes(t: Tables, devices: list[DeviceInfo], selected: list[int]) -> list[str]:
+    """Why the GPU timeline is not measured, or idle gaps not told apart, when the trace lacks what they need."""
+    out = []
+    if not t.g_ts and t.stats.truncated and devices:
+        out.append(f"no GPU events: the file is cut short before them (it names {devices[0].name}), so the GPU "
+                   "timeline, idle causes and kernel shares are not measured")
+    elif not t.g_ts:
+        out.append("no GPU events (kernels, copies): a CPU-only trace, so the GPU timeline, idle causes and "
+                   "kernel shares are not measured")
+    elif not selected:
+        out.append("no GPU events inside the analysed window")
+    if t.g_ts and not t.r_ts:
+        out.append("no CUDA runtime/driver events: idle gaps cannot be told apart by launch time")
+    return out
+
+
+def _timelines(a: TraceAnalysis, t: Tables, in_window: dict[int, list[int]], launches: Launches,
+               shown: tuple[float, float, str] | None) -> None:
+    """Each device's timeline over the window, its compute time and its communication (overlapped or not)."""
+    host = HostActivity(t)
+    for dev in sorted(in_window):
+        idx = in_window[dev]
+        if idx:
+            tl = build_timeline(t, dev, idx, a.window, launches, host, keep_range=shown[:2] if shown else None)
+            tl.compute_us = min(tl.busy_us, compute_union_us(t, idx, a.window))
+            a.timelines.append(tl)
+            comm, overlapped = comm_overlap_us(t, idx, a.window)
+            a.comm_us += comm
+            a.comm_overlapped_us += overlapped
 
 
 _SKIP_TEXT = {
@@ -487,19 +412,7 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
     s = a.summary
     s.devices = [tl.device for tl in a.timelines]
     if a.timelines:
-        n = len(a.timelines)
-        s.gpu_busy_frac = sum(tl.busy_frac for tl in a.timelines) / n
-        s.idle_frac_by_cause = {c: sum(tl.idle_frac(c) for tl in a.timelines) / n for c in IDLE_CAUSES}
-        _temporal(s, a.timelines)
-        inside: dict[str, float] = {}
-        for tl in a.timelines:
-            for name, us in tl.host_idle_ops_us.items():
-                inside[name] = inside.get(name, 0.0) + us / tl.window_us / n if tl.window_us > 0 else 0.0
-        s.host_idle_ops = dict(sorted(inside.items(), key=lambda kv: (-kv[1], kv[0]))[:8])
-        unattributed = sum(tl.unattributed_launch_us for tl in a.timelines)
-        if unattributed > 0:
-            skipped.append(f"{unattributed / 1e3:.1f} ms of idle time precede GPU ops whose launch call is not in "
-                           "the trace; it was attributed by host activity alone")
+        _fill_idle(a, skipped)
     k = a.kernels
     s.steps = facts.steps(t)
     s.sampled, s.sampled_reason = facts.sampling(t)
@@ -510,7 +423,42 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
         s.comm_share_by_kind = {c: us / k.total_us for c, us in k.comm_us_by_kind.items()} if k.comm_us_by_kind \
             else dict.fromkeys(COMM_KINDS, 0.0)
     s.workload, s.workload_evidence = facts.workload(t, k.kernel_names if k else {}, s.comm_share_by_kind)
-    if k is not None and k.kernel_us > 0:
+    if k is not None:
+        _fill_kernels(a, t, k)
+    s.timeline = a.snapshot
+    longest = max((g for tl in a.timelines for g in tl.longest_gaps), key=lambda g: g.length, default=None)
+    if longest is not None and s.window_s > 0:
+        s.longest_gap_frac = min(1.0, longest.length / (s.window_s * 1e6))
+        s.longest_gap_cause = longest.cause
+    partial = _fill_intensity(a, skipped)
+    _fill_phases(a, partial)
+    if s.attention_frac is None and k is not None and k.total_us > 0:
+        s.attention_frac = k.time_us_by_class[ATTENTION] / k.total_us
+    s.skipped = skipped
+
+
+def _fill_idle(a: TraceAnalysis, skipped: list[str]) -> None:
+    """Busy, idle by cause and the ops that held the host, as means over the devices' timelines."""
+    s = a.summary
+    n = len(a.timelines)
+    s.gpu_busy_frac = sum(tl.busy_frac for tl in a.timelines) / n
+    s.idle_frac_by_cause = {c: sum(tl.idle_frac(c) for tl in a.timelines) / n for c in IDLE_CAUSES}
+    _temporal(s, a.timelines)
+    inside: dict[str, float] = {}
+    for tl in a.timelines:
+        for name, us in tl.host_idle_ops_us.items():
+            inside[name] = inside.get(name, 0.0) + us / tl.window_us / n if tl.window_us > 0 else 0.0
+    s.host_idle_ops = dict(sorted(inside.items(), key=lambda kv: (-kv[1], kv[0]))[:8])
+    unattributed = sum(tl.unattributed_launch_us for tl in a.timelines)
+    if unattributed > 0:
+        skipped.append(f"{unattributed / 1e3:.1f} ms of idle time precede GPU ops whose launch call is not in "
+                       "the trace; it was attributed by host activity alone")
+
+
+def _fill_kernels(a: TraceAnalysis, t: Tables, k: KernelStats) -> None:
+    """Kernel shares, the top kernels, durations, launches and graph replays."""
+    s = a.summary
+    if k.kernel_us > 0:
         s.graph_kernel_frac = min(1.0, k.graph_kernel_us / k.kernel_us)
         s.top_kernels = k.top
         s.kernel_duration_us = k.durations
@@ -518,63 +466,66 @@ def _fill_summary(a: TraceAnalysis, t: Tables, skipped: list[str]) -> None:
             s.costed_time_frac = min(1.0, covered_kernel_us(t, a.ops) / k.kernel_us)
         elif a.ops is None or not a.ops.runs:
             s.costed_time_frac = 0.0
-    s.timeline = a.snapshot
-    longest = max((g for tl in a.timelines for g in tl.longest_gaps), key=lambda g: g.length, default=None)
-    if longest is not None and s.window_s > 0:
-        s.longest_gap_frac = min(1.0, longest.length / (s.window_s * 1e6))
-        s.longest_gap_cause = longest.cause
-    if k is not None and k.total_us > 0:
-        s.kernel_share = k.shares()
-        s.kernel_count = k.kernels
-        s.cuda_graph_launches = k.graph_launches
-        if k.launched:
-            s.short_kernel_frac = k.short_kernels / k.launched
-            s.launch_call_us_p50 = statistics.median(k.launch_call_us)
-            s.launch_delay_us_p50 = statistics.median(k.launch_delay_us)
-        s.extra["comm_exposed_frac"] = ((a.comm_us - a.comm_overlapped_us) / (a.summary.window_s * 1e6 * len(
-            a.timelines))) if a.comm_us and a.summary.window_s > 0 else 0.0
-        s.extra["graph_kernel_frac"] = k.graph_kernels / k.kernels if k.kernels else 0.0
-    ops = a.ops
+    if k.total_us <= 0:
+        return
+    s.kernel_share = k.shares()
+    s.kernel_count = k.kernels
+    s.cuda_graph_launches = k.graph_launches
+    if k.launched:
+        s.short_kernel_frac = k.short_kernels / k.launched
+        s.launch_call_us_p50 = statistics.median(k.launch_call_us)
+        s.launch_delay_us_p50 = statistics.median(k.launch_delay_us)
+    s.extra["comm_exposed_frac"] = ((a.comm_us - a.comm_overlapped_us) / (s.window_s * 1e6 * len(
+        a.timelines))) if a.comm_us and s.window_s > 0 else 0.0
+    s.extra["graph_kernel_frac"] = k.graph_kernels / k.kernels if k.kernels else 0.0
+
+
+def _fill_intensity(a: TraceAnalysis, skipped: list[str]) -> bool:
+    """Intensity, dtype and achieved rates from the costed ops; whether they were left out for covering too little
+    of the GEMM and attention time (then phases are left out too)."""
+    s, ops = a.summary, a.ops
     coverage = _costed_coverage(a)
     if coverage is not None:
         s.extra["costed_gpu_frac"] = coverage
     partial = coverage is not None and coverage < MIN_COSTED_COVERAGE
     if partial:
-        assert coverage is not None
         graphs = a.kernels is not None and a.kernels.graph_kernels > 0
         why = ("the rest ran inside CUDA graph replays, whose kernels carry no op shapes" if graphs
                else "the rest was launched outside any op with recorded shapes")
         skipped.append(f"only {coverage:.0%} of the GEMM and attention kernel time was launched by ops with recorded "
                        f"shapes ({why}): intensity and serving phases would describe the minority, so they are "
                        "left out")
-    if ops is not None and ops.runs and not partial:
-        s.intensity_flop_per_byte = ops.intensity
-        s.dtype = ops.dtype or ""
-        if s.window_s > 0:
-            s.achieved_flops = ops.total_flops / s.window_s
-            s.achieved_bytes_per_s = ops.total_bytes / s.window_s
-        s.extra["costed_ops"] = float(len(ops.runs))
-        if a.ridge_flop_per_byte:
-            s.extra["ridge_flop_per_byte"] = a.ridge_flop_per_byte
-            below = sum(r.time_us for r in ops.runs if r.cost.intensity < a.ridge_flop_per_byte)
-            if ops.weighted_time_us > 0:
-                s.extra["time_frac_below_ridge"] = below / ops.weighted_time_us
-    ph = a.phases
+    if ops is None or not ops.runs or partial:
+        return partial
+    s.intensity_flop_per_byte = ops.intensity
+    s.dtype = ops.dtype or ""
+    if s.window_s > 0:
+        s.achieved_flops = ops.total_flops / s.window_s
+        s.achieved_bytes_per_s = ops.total_bytes / s.window_s
+    s.extra["costed_ops"] = float(len(ops.runs))
+    if a.ridge_flop_per_byte:
+        s.extra["ridge_flop_per_byte"] = a.ridge_flop_per_byte
+        below = sum(r.time_us for r in ops.runs if r.cost.intensity < a.ridge_flop_per_byte)
+        if ops.weighted_time_us > 0:
+            s.extra["time_frac_below_ridge"] = below / ops.weighted_time_us
+    return partial
+
+
+def _fill_phases(a: TraceAnalysis, partial: bool) -> None:
+    s, ph = a.summary, a.phases
     if ph is not None and s.workload == "training":
         # Prefill and decode are serving phases: a training step's forward is neither (its "decode-like" runs were
         # read as a compute-bound regime on a recommendation model).
         a.phases = ph = None
-    if ph is not None and not partial:
-        s.decode_batch = ph.decode_batch
-        s.prefill_frac = ph.prefill_frac
-        s.attention_frac = ph.attention_frac
-        if ph.context_growth is not None:
-            (kv0, f0), (kv1, f1) = ph.context_growth
-            s.extra.update({"context_first": float(kv0), "context_last": float(kv1),
-                            "attention_frac_first": f0, "attention_frac_last": f1})
-    if s.attention_frac is None and k is not None and k.total_us > 0:
-        s.attention_frac = k.time_us_by_class[ATTENTION] / k.total_us
-    s.skipped = skipped
+    if ph is None or partial:
+        return
+    s.decode_batch = ph.decode_batch
+    s.prefill_frac = ph.prefill_frac
+    s.attention_frac = ph.attention_frac
+    if ph.context_growth is not None:
+        (kv0, f0), (kv1, f1) = ph.context_growth
+        s.extra.update({"context_first": float(kv0), "context_last": float(kv1),
+                        "attention_frac_first": f0, "attention_frac_last": f1})
 
 
 def _temporal(s: TraceSummary, timelines: list[DeviceTimeline]) -> None:

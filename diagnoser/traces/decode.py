@@ -839,6 +839,19 @@ def _listed(*parts: Buffer | memoryview) -> bytes:
     return b"".join((b"[", *parts, b"]"))
 
 
+def _tail(rest: bytes, in_object: bool, tf: TraceFile, ends: int | None) -> Iterator[tuple[bytes, int]]:
+    """What is left once every block is read: the array's end (and the metadata after it), or the end of a part of
+    the array (raw_chunks' `ends`), without a separator left after its last event."""
+    if ends is None:
+        yield from _final_chunk(rest, in_object, tf)
+        return
+    rest = rest.rstrip(_WS)
+    if ends != CUT_SHORT and rest.endswith(b","):
+        rest = rest[:-1]
+    if rest.strip(_WS):
+        yield _listed(rest), ends
+
+
 def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile, chunk_bytes: int,
                ends: int | None = None) -> Iterator[tuple[bytes, int]]:
     """Cut the events array (from just after its '[') into chunks of whole events, as (a JSON list of them, mode);
@@ -879,14 +892,7 @@ def raw_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceF
             want = chunk_bytes
             continue
         if exhausted:
-            if ends is None:
-                yield from _final_chunk(bytes(buf[start:]), in_object, tf)
-                return
-            rest = bytes(buf[start:]).rstrip(_WS)
-            if ends != CUT_SHORT and rest.endswith(b","):
-                rest = rest[:-1]
-            if rest.strip(_WS):
-                yield _listed(rest), ends
+            yield from _tail(bytes(buf[start:]), in_object, tf, ends)
             return
         cut = last_cut(buf, start, len(buf))
         if cut is not None:

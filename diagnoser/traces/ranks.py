@@ -24,12 +24,13 @@ from __future__ import annotations
 import re
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from diagnoser.capture import DurationStats, KernelStat, RankStat, TraceSummary
-from diagnoser.traces.analysis import TraceAnalysis
 from diagnoser.traces.classify import COMM, KERNEL_CLASSES
 from diagnoser.traces.kernels import COMM_KINDS, TOP_KERNELS
+from diagnoser.traces.result import TraceAnalysis
 from diagnoser.traces.timeline import IDLE_CAUSES
 
 STRAGGLER_RATIO = 1.1
@@ -94,38 +95,13 @@ def combine(path: Path, files: list[TraceAnalysis]) -> TraceAnalysis:
         s.gpu_busy_frac = statistics.fmean(r.summary.gpu_busy_frac for r in with_gpu)  # type: ignore[misc]
         s.idle_frac_by_cause = {c: statistics.fmean(r.summary.idle_frac_by_cause.get(c, 0.0) for r in with_gpu)
                                 for c in IDLE_CAUSES}
-    for name in ("compute_time_frac", "non_compute_time_frac", "idle_time_frac"):
-        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
-        if values:
-            setattr(s, name, statistics.fmean(values))
-    totals = dict.fromkeys(KERNEL_CLASSES, 0.0)
-    comm = dict.fromkeys(COMM_KINDS, 0.0)
-    kernel_us = graph_us = 0.0
-    for r in ranks:
-        if r.kernels is not None:
-            for c, us in r.kernels.time_us_by_class.items():
-                totals[c] += us
-            for c, us in r.kernels.comm_us_by_kind.items():
-                comm[c] += us
-            kernel_us += r.kernels.kernel_us
-            graph_us += r.kernels.graph_kernel_us
-    grand = sum(totals.values())
-    if grand > 0:
-        s.kernel_share = {c: v / grand for c, v in totals.items()}
-        s.comm_share_by_kind = {c: v / grand for c, v in comm.items()}
-    if kernel_us > 0:
-        s.graph_kernel_frac = graph_us / kernel_us
+    _pool(s, ranks, ("compute_time_frac", "non_compute_time_frac", "idle_time_frac"), statistics.fmean)
+    grand = _pool_kernels(s, ranks)
     s.kernel_count = sum(r.summary.kernel_count for r in ranks)
     s.cuda_graph_launches = sum(r.summary.cuda_graph_launches for r in ranks)
-    for name in ("short_kernel_frac", "launch_call_us_p50", "launch_delay_us_p50", "intensity_flop_per_byte",
-                 "decode_batch", "prefill_frac", "attention_frac", "costed_time_frac"):
-        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
-        if values:
-            setattr(s, name, statistics.fmean(values))
-    for name in ("achieved_flops", "achieved_bytes_per_s"):
-        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
-        if values:
-            setattr(s, name, sum(values))
+    _pool(s, ranks, ("short_kernel_frac", "launch_call_us_p50", "launch_delay_us_p50", "intensity_flop_per_byte",
+                     "decode_batch", "prefill_frac", "attention_frac", "costed_time_frac"), statistics.fmean)
+    _pool(s, ranks, ("achieved_flops", "achieved_bytes_per_s"), sum)  # rates of the ranks together: the job's
     s.skipped = [f"{r.path.name}: {note}" for r in ranks for note in r.summary.skipped]
     s.truncated = any(r.summary.truncated for r in ranks)
     s.events_total = sum(r.summary.events_total for r in ranks)
@@ -155,6 +131,38 @@ def combine(path: Path, files: list[TraceAnalysis]) -> TraceAnalysis:
                          devices=first.devices, ranks=ranks, ridge_flop_per_byte=first.ridge_flop_per_byte,
                          gpu_spec=first.gpu_spec, world_size=first.world_size, snapshot=first.snapshot,
                          frontends=[a for a, _ in fronts])
+
+
+def _pool(s: TraceSummary, ranks: list[TraceAnalysis], names: tuple[str, ...],
+          how: Callable[[list[float]], float]) -> None:
+    """Each named summary field over the ranks that measured it (`how`: their mean, or their sum); unset when none
+    did."""
+    for name in names:
+        values = [getattr(r.summary, name) for r in ranks if getattr(r.summary, name) is not None]
+        if values:
+            setattr(s, name, how(values))
+
+
+def _pool_kernels(s: TraceSummary, ranks: list[TraceAnalysis]) -> float:
+    """Kernel-class, collective and graph shares of the ranks' kernel time together; returns that time (µs)."""
+    totals = dict.fromkeys(KERNEL_CLASSES, 0.0)
+    comm = dict.fromkeys(COMM_KINDS, 0.0)
+    kernel_us = graph_us = 0.0
+    for r in ranks:
+        if r.kernels is not None:
+            for c, us in r.kernels.time_us_by_class.items():
+                totals[c] += us
+            for c, us in r.kernels.comm_us_by_kind.items():
+                comm[c] += us
+            kernel_us += r.kernels.kernel_us
+            graph_us += r.kernels.graph_kernel_us
+    grand = sum(totals.values())
+    if grand > 0:
+        s.kernel_share = {c: v / grand for c, v in totals.items()}
+        s.comm_share_by_kind = {c: v / grand for c, v in comm.items()}
+    if kernel_us > 0:
+        s.graph_kernel_frac = graph_us / kernel_us
+    return grand
 
 
 def _uncomparable(s: TraceSummary, ranks: list[TraceAnalysis]) -> None:

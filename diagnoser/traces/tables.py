@@ -234,6 +234,25 @@ def _ingest(t: Tables, events: list[Event]) -> None:
     batch then has a fast path that assumes well-formed Kineto events (int thread ids, args present) and a per-event
     slow path taken only for a chunk where that assumption fails. List comprehensions and array.fromlist are the
     fastest way CPython offers to move a field of many objects into a column."""
+    cpu_ops, runtime, gpu, rest = _by_category(events)
+    counts = t.counts
+    counts["events"] += len(events)
+    if cpu_ops:
+        _ingest_cpu_ops(t, cpu_ops)
+    if runtime:
+        _ingest_runtime(t, runtime)
+    if gpu:
+        gpu, ts, durs = _checked(t, gpu)
+        counts["gpu"] += len(gpu)
+        _gpu_work(t, gpu, ts, durs)
+    if rest:
+        rest, _, _ = _checked(t, rest, complete_only=False)
+        for e in rest:
+            _other(t, e)
+
+
+def _by_category(events: list[Event]) -> tuple[list[Event], list[Event], list[Event], list[Event]]:
+    """CPU ops, runtime calls, GPU work and the rest read (flows from CPU to GPU and unknown categories dropped)."""
     cpu_ops: list[Event] = []
     runtime: list[Event] = []
     gpu: list[Event] = []
@@ -252,52 +271,49 @@ def _ingest(t: Tables, events: list[Event]) -> None:
             gpu.append(e)
         elif c in rest_cats:
             rest.append(e)
-    counts = t.counts
-    counts["events"] += len(events)
-    if cpu_ops:
-        cpu_ops, ts, durs = _checked(t, cpu_ops)
-        counts["cpu_op"] += len(cpu_ops)
-        if not t.shapes_seen:
-            t.shapes_seen = any(e.args is not None and bool(e.args.input_dims) for e in cpu_ops[:64])
-        cpu_ops = _host_activity(t, cpu_ops, ts, durs)
-        for i in compress(range(len(durs)), map(LONG_OP_US.__le__, durs)):
-            t.long_ops.append((cpu_ops[i].name, ts[i], ts[i] + durs[i]))
-        names = Counter(map(_NAME, cpu_ops))
-        t.op_names.update(names)
-        _external_ids(t, cpu_ops)
-        comm = {n for n in names if n in _COMM_OP_NAMES or n.startswith(COMM_OP_PREFIX)}
-        if comm:
-            _comm_ops(t, [e for e in cpu_ops if e.name in comm])
-        classed = [n for n in names if n in CPU_OP_CLASS]
-        if classed:
-            cls_of = CPU_OP_CLASS
-            t.classed_ops.extend((cls_of[e.name], t.tid(e.tid), e.ts, e.dur)  # type: ignore[misc]
-                                 for e in cpu_ops if e.name in cls_of)
-        costed = COSTED_OPS
-        for e in [e for e in cpu_ops if e.name in costed]:
-            args = e.args
-            if args is not None and args.input_dims:
-                t.costed.append(CostedOp(e.name, t.tid(e.tid), e.ts, e.dur, args.external_id,  # type: ignore[arg-type]
-                                         bytes(args.input_dims), bytes(args.input_type), bytes(args.concrete)))
-    if runtime:
-        runtime, ts, durs = _checked(t, runtime)
-        counts["runtime"] += len(runtime)
-        runtime = _host_activity(t, runtime, ts, durs)
-        # A long runtime call holds the host too (a 2 ms cudaGraphLaunch, a blocking copy).
-        for i in compress(range(len(durs)), map(LONG_OP_US.__le__, durs)):
-            t.long_ops.append((runtime[i].name, ts[i], ts[i] + durs[i]))
-        get_kind = _RUNTIME_KIND_GET
-        kinds = [get_kind(e.name) for e in runtime]
-        _runtime_calls(t, list(compress(runtime, kinds)), list(filter(None, kinds)))
-        t.runtime_names.update(map(_NAME, runtime))
-    if gpu:
-        gpu, ts, durs = _checked(t, gpu)
-        counts["gpu"] += len(gpu)
-        _gpu_work(t, gpu, ts, durs)
-    if rest:
-        rest, _, _ = _checked(t, rest, complete_only=False)
-        for e in rest:
-            _other(t, e)
+    return cpu_ops, runtime, gpu, rest
+
+
+def _ingest_cpu_ops(t: Tables, cpu_ops: list[Event]) -> None:
+    """A batch of CPU ops: host activity, long ops, names, external ids, collectives, classed and costed ops."""
+    cpu_ops, ts, durs = _checked(t, cpu_ops)
+    t.counts["cpu_op"] += len(cpu_ops)
+    if not t.shapes_seen:
+        t.shapes_seen = any(e.args is not None and bool(e.args.input_dims) for e in cpu_ops[:64])
+    cpu_ops = _host_activity(t, cpu_ops, ts, durs)
+    for i in compress(range(len(durs)), map(LONG_OP_US.__le__, durs)):
+        t.long_ops.append((cpu_ops[i].name, ts[i], ts[i] + durs[i]))
+    names = Counter(map(_NAME, cpu_ops))
+    t.op_names.update(names)
+    _external_ids(t, cpu_ops)
+    comm = {n for n in names if n in _COMM_OP_NAMES or n.startswith(COMM_OP_PREFIX)}
+    if comm:
+        _comm_ops(t, [e for e in cpu_ops if e.name in comm])
+    classed = [n for n in names if n in CPU_OP_CLASS]
+    if classed:
+        cls_of = CPU_OP_CLASS
+        t.classed_ops.extend((cls_of[e.name], t.tid(e.tid), e.ts, e.dur)  # type: ignore[misc]
+                             for e in cpu_ops if e.name in cls_of)
+    costed = COSTED_OPS
+    for e in [e for e in cpu_ops if e.name in costed]:
+        args = e.args
+        if args is not None and args.input_dims:
+            t.costed.append(CostedOp(e.name, t.tid(e.tid), e.ts, e.dur, args.external_id,  # type: ignore[arg-type]
+                                     bytes(args.input_dims), bytes(args.input_type), bytes(args.concrete)))
+
+
+def _ingest_runtime(t: Tables, runtime: list[Event]) -> None:
+    """A batch of CUDA/HIP runtime and driver calls: host activity, long calls, launches, syncs and copies."""
+    runtime, ts, durs = _checked(t, runtime)
+    t.counts["runtime"] += len(runtime)
+    runtime = _host_activity(t, runtime, ts, durs)
+    # A long runtime call holds the host too (a 2 ms cudaGraphLaunch, a blocking copy).
+    for i in compress(range(len(durs)), map(LONG_OP_US.__le__, durs)):
+        t.long_ops.append((runtime[i].name, ts[i], ts[i] + durs[i]))
+    get_kind = _RUNTIME_KIND_GET
+    kinds = [get_kind(e.name) for e in runtime]
+    _runtime_calls(t, list(compress(runtime, kinds)), list(filter(None, kinds)))
+    t.runtime_names.update(map(_NAME, runtime))
 
 
 def _checked(t: Tables, events: list[Event],

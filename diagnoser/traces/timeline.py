@@ -221,26 +221,45 @@ def _running_max(values: Sequence[float]) -> list[float]:
     return out
 
 
+_RawGap = tuple[float, float, int | None, int | None]  # start, end, the op that ends it, the op that ended last before
+
+
 def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float, float], launches: Launches,
                    host: HostActivity, keep_longest: int = 5,
                    keep_range: tuple[float, float] | None = None) -> DeviceTimeline:
     """Busy/idle of one device over `window`, with every idle gap attributed to a cause; the gaps that overlap
     `keep_range` are kept in `range_gaps` (clipped to it)."""
-    w0, w1 = window
     tl = DeviceTimeline(device=device, window=window)
-    g_ts, g_dur, g_name = t.g_ts, t.g_dur, t.g_name
-    r_ts, r_dur = t.r_ts, t.r_dur
-    of_gpu = launches.of_gpu
-    gs_start, gs_end_max = _gpu_sync_intervals(t, device)
-    pageable_htod = {nid for nid, name in enumerate(t.names) if is_pageable_copy(name) and "HtoD" in name}
-    to_host = {nid for nid, name in enumerate(t.names) if name.startswith("Memcpy") and "DtoH" in name}
+    gaps = _sweep(t, order, window, tl)
+    g0s = [g[0] for g in gaps]
+    host_sync = _host_sync_flags(t, device, launches, gaps, g0s)
+    causes = _GapCauses(t, launches, host, tl).classify(gaps, host_sync)
+    idle = tl.idle_us_by_cause
+    counts = tl.gaps_by_cause
+    for (g0, g1, _, _), c in zip(gaps, causes, strict=True):
+        idle[c] += g1 - g0
+        counts[c] += 1
+    if t.long_ops:
+        host_gaps = [(g[0], g[1]) for g, c in zip(gaps, causes, strict=True) if c in ("host", "sync")]
+        named = launches.blocking_names()
+        ops = [(named.get((op[0], op[1]), op[0]), op[1], op[2]) for op in t.long_ops] if named else t.long_ops
+        tl.host_idle_ops_us = idle_inside_ops(host_gaps, ops)
+    longest = heapq.nlargest(keep_longest, range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])
+    tl.longest_gaps = [Gap(gaps[k][0], gaps[k][1], causes[k]) for k in longest]
+    if keep_range is not None and gaps:
+        tl.range_gaps = _gaps_in_range(gaps, g0s, causes, keep_range)
+    return tl
 
-    # Sweep the ops in start order: the union of their intervals is the busy time; what lies between is a gap,
-    # remembered with the op that ends it (next) and the one that ended last before it (prev).
+
+def _sweep(t: Tables, order: list[int], window: tuple[float, float], tl: DeviceTimeline) -> list[_RawGap]:
+    """Sweep the ops in start order: the union of their intervals is the busy time (tl.busy_us, per stream, tl.ops);
+    what lies between is a gap, returned with the op that ends it (next) and the one that ended last before it
+    (prev)."""
+    w0, w1 = window
+    g_ts, g_dur, g_stream = t.g_ts, t.g_dur, t.g_stream
     starts = [g_ts[i] for i in order]
     ends = [s + g_dur[i] for s, i in zip(starts, order, strict=True)]
-    g_stream = t.g_stream
-    gaps: list[tuple[float, float, int | None, int | None]] = []
+    gaps: list[_RawGap] = []
     streams: dict[int, float] = {}
     busy = 0.0
     cur_end = w0
@@ -270,39 +289,96 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
     tl.ops = n
     tl.busy_us = busy
     tl.busy_us_by_stream = streams
+    return gaps
 
-    def call_open(op: int, x: float) -> bool:
-        call = of_gpu[op]
-        return call is not None and r_ts[call] + r_dur[call] >= x - SYNC_SLACK_US
 
-    # Whether a host sync was open when each gap began, or began in its first half and lasted to its end (a
-    # blocking copy called just after the GPU ran dry: the host is blocked, not late to launch), for all gaps at
-    # once (C-level bisects).
-    g0s = [g[0] for g in gaps]
+def _host_sync_flags(t: Tables, device: int, launches: Launches, gaps: list[_RawGap], g0s: list[float]) -> list[bool]:
+    """Whether a host sync was open when each gap began, or began in its first half and lasted to its end (a
+    blocking copy called just after the GPU ran dry: the host is blocked, not late to launch), for all gaps at once
+    (C-level bisects)."""
     host_sync = _open_flags(launches.sync_start, launches.sync_end_max, g0s)
     if launches.sync_start:
         late = _covered_flags(launches.sync_start, launches.sync_end_max, gaps)
         host_sync = [x or y for x, y in zip(host_sync, late, strict=True)]
+    gs_start, gs_end_max = _gpu_sync_intervals(t, device)
     if gs_start:
         host_sync = [x or y for x, y in zip(host_sync, _open_flags(gs_start, gs_end_max, g0s), strict=True)]
+    return host_sync
 
-    def cause(g0: float, g1: float, nxt: int | None, prev: int | None, sync_open: bool) -> str:
+
+def _gaps_in_range(gaps: list[_RawGap], g0s: list[float], causes: list[str],
+                   keep_range: tuple[float, float]) -> list[Gap]:
+    """The gaps that overlap keep_range, clipped to it (g0s: the gaps' sorted starts)."""
+    out = []
+    lo = max(0, bisect_right(g0s, keep_range[0]) - 1)
+    for k in range(lo, len(gaps)):
+        g0, g1 = gaps[k][0], gaps[k][1]
+        if g0 >= keep_range[1]:
+            break
+        if g1 > keep_range[0]:
+            out.append(Gap(max(g0, keep_range[0]), min(g1, keep_range[1]), causes[k]))
+    return out
+
+
+class _GapCauses:
+    """Each gap's cause (the module's docstring says the rules), from the ops around it, their launch calls, the
+    host's syncs and its activity. Idle before an op whose launch call is not in the trace is added to
+    tl.unattributed_launch_us."""
+
+    def __init__(self, t: Tables, launches: Launches, host: HostActivity, tl: DeviceTimeline) -> None:
+        self.g_name, self.r_ts, self.r_dur = t.g_name, t.r_ts, t.r_dur
+        self.of_gpu = launches.of_gpu
+        self.host = host
+        self.tl = tl
+        self.pageable_htod = {nid for nid, name in enumerate(t.names) if is_pageable_copy(name) and "HtoD" in name}
+        self.to_host = {nid for nid, name in enumerate(t.names) if name.startswith("Memcpy") and "DtoH" in name}
+
+    def classify(self, gaps: list[_RawGap], host_sync: list[bool]) -> list[str]:
+        # Most gaps are plain: no sync open, no copy around them, the next op's launch known; those are classified
+        # inline (a function call per gap costs more than the rule).
+        g_name, r_ts, of_gpu, cause = self.g_name, self.r_ts, self.of_gpu, self.cause
+        special = self.pageable_htod | self.to_host
+        causes: list[str] = []
+        append = causes.append
+        for (g0, g1, nxt, prev), sync_open in zip(gaps, host_sync, strict=True):
+            launch = of_gpu[nxt] if nxt is not None else None
+            if sync_open or launch is None or (special and (g_name[nxt] in special  # type: ignore[index]
+                                                             or (prev is not None and g_name[prev] in special))):
+                append(cause(g0, g1, nxt, prev, sync_open))
+            elif r_ts[launch] <= g0:
+                append("kernel_overhead" if g1 - g0 <= KERNEL_OVERHEAD_US else cause(g0, g1, nxt, prev, False))
+            else:
+                append("host" if g1 - g0 < QUEUE_DRY_MIN_US else cause(g0, g1, nxt, prev, False))
+        return causes
+
+    def _call_open(self, op: int, x: float) -> bool:
+        call = self.of_gpu[op]
+        return call is not None and self.r_ts[call] + self.r_dur[call] >= x - SYNC_SLACK_US
+
+    def _pageable(self, g0: float, g1: float, nxt: int | None, prev: int | None, sync_open: bool) -> bool:
         # A host-to-device copy from pageable memory drains the stream and blocks the host (the driver stages
         # it; PyTorch then synchronises): the idle around it is the copy's, fixed by pinned memory.
-        if pageable_htod:
-            if prev is not None and g_name[prev] in pageable_htod and (sync_open or call_open(prev, g0)):
-                return "pageable_memcpy"
-            if nxt is not None and g_name[nxt] in pageable_htod:
-                call = of_gpu[nxt]
-                if call is not None and r_ts[call] <= g0 + (g1 - g0) / 2:
-                    return "pageable_memcpy"
-        launch = of_gpu[nxt] if nxt is not None else None
+        g_name, pageable = self.g_name, self.pageable_htod
+        if prev is not None and g_name[prev] in pageable and (sync_open or self._call_open(prev, g0)):
+            return True
+        if nxt is not None and g_name[nxt] in pageable:
+            call = self.of_gpu[nxt]
+            return call is not None and self.r_ts[call] <= g0 + (g1 - g0) / 2
+        return False
+
+    def cause(self, g0: float, g1: float, nxt: int | None, prev: int | None, sync_open: bool) -> str:
+        if self.pageable_htod and self._pageable(g0, g1, nxt, prev, sync_open):
+            return "pageable_memcpy"
+        r_ts, r_dur = self.r_ts, self.r_dur
+        launch = self.of_gpu[nxt] if nxt is not None else None
+        # The time between the launch call's return and the op's start, when the launch came before the gap.
+        queued_wait = g1 - max(g0, r_ts[launch] + r_dur[launch]) if launch is not None else 0.0
         if (sync_open and launch is not None and r_ts[launch] <= g0 and g1 - g0 > KERNEL_OVERHEAD_US
-                and g1 - max(g0, r_ts[launch] + r_dur[launch]) > KERNEL_OVERHEAD_US):
+                and queued_wait > KERNEL_OVERHEAD_US):
             # The next op was queued (its launch had returned) and still the GPU idled: it waited on the device
             # side, and the host's sync or blocking copy waits for that same work; the host did not starve it.
             return "stream_wait"
-        if sync_open or (prev is not None and g_name[prev] in to_host and call_open(prev, g0)):
+        if sync_open or (prev is not None and self.g_name[prev] in self.to_host and self._call_open(prev, g0)):
             # the host was blocked (a sync, or a blocking device-to-host copy such as .item()'s) when the GPU ran
             # dry. (A launch call that outlasts its short kernel is launch overhead, not a wait: not here.)
             return "sync"
@@ -311,50 +387,12 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
             # op started as soon as it returned) is the host's; else the queued op waited on the device side
             if g1 - g0 <= KERNEL_OVERHEAD_US:
                 return "kernel_overhead"
-            if g1 - max(g0, r_ts[launch] + r_dur[launch]) <= KERNEL_OVERHEAD_US:
-                return "host"
-            return "stream_wait"
+            return "host" if queued_wait <= KERNEL_OVERHEAD_US else "stream_wait"
         if launch is None and nxt is not None:
-            tl.unattributed_launch_us += g1 - g0  # no launch record: judged by host activity alone
+            self.tl.unattributed_launch_us += g1 - g0  # no launch record: judged by host activity alone
         if g1 - g0 < QUEUE_DRY_MIN_US:
             return "host"
-        return "host" if host.busy_at_least(g0, g1, HOST_BUSY_FRAC) else "queue_dry"
-
-    # Most gaps are plain: no sync open, no copy around them, the next op's launch known; those are classified inline
-    # (a function call per gap costs more than the rule).
-    special = pageable_htod | to_host
-    causes: list[str] = []
-    append = causes.append
-    for (g0, g1, nxt, prev), sync_open in zip(gaps, host_sync, strict=True):
-        launch = of_gpu[nxt] if nxt is not None else None
-        if sync_open or launch is None or (special and (g_name[nxt] in special  # type: ignore[index]
-                                                         or (prev is not None and g_name[prev] in special))):
-            append(cause(g0, g1, nxt, prev, sync_open))
-        elif r_ts[launch] <= g0:
-            append("kernel_overhead" if g1 - g0 <= KERNEL_OVERHEAD_US else cause(g0, g1, nxt, prev, False))
-        else:
-            append("host" if g1 - g0 < QUEUE_DRY_MIN_US else cause(g0, g1, nxt, prev, False))
-    idle = tl.idle_us_by_cause
-    counts = tl.gaps_by_cause
-    for (g0, g1, _, _), c in zip(gaps, causes, strict=True):
-        idle[c] += g1 - g0
-        counts[c] += 1
-    if t.long_ops:
-        host_gaps = [(g[0], g[1]) for g, c in zip(gaps, causes, strict=True) if c in ("host", "sync")]
-        named = launches.blocking_names()
-        ops = [(named.get((op[0], op[1]), op[0]), op[1], op[2]) for op in t.long_ops] if named else t.long_ops
-        tl.host_idle_ops_us = idle_inside_ops(host_gaps, ops)
-    order = heapq.nlargest(keep_longest, range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])
-    tl.longest_gaps = [Gap(gaps[k][0], gaps[k][1], causes[k]) for k in order]
-    if keep_range is not None and gaps:
-        lo = max(0, bisect_right(g0s, keep_range[0]) - 1)
-        for k in range(lo, len(gaps)):
-            g0, g1 = gaps[k][0], gaps[k][1]
-            if g0 >= keep_range[1]:
-                break
-            if g1 > keep_range[0]:
-                tl.range_gaps.append(Gap(max(g0, keep_range[0]), min(g1, keep_range[1]), causes[k]))
-    return tl
+        return "host" if self.host.busy_at_least(g0, g1, HOST_BUSY_FRAC) else "queue_dry"
 
 
 def idle_inside_ops(gaps: list[tuple[float, float]], ops: list[tuple[str, float, float]]) -> dict[str, float]:

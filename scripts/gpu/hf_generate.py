@@ -106,7 +106,7 @@ def build(args: argparse.Namespace, torch: Any, device: str) -> tuple[Any, Any]:
     return config, model
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=sorted(SHAPES), default="2.4b")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -130,7 +130,175 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-on-cpu", action="store_true", help="--static on a CPU: compile there too (transformers "
                     "compiles only on accelerators unless told; for testing this script)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _import_hook() -> bool:
+    try:
+        import diagnoser.hook  # noqa: F401  (installs the signal-triggered profiler)
+    except ImportError as exc:
+        print(f"hf_generate: no diagnoser.hook ({exc})", file=sys.stderr)
+        return False
+    return True
+
+
+def _serve_metrics(name: str, batch: int) -> tuple[Any, int, Any]:
+    """vLLM-named /metrics on 127.0.0.1 (an ephemeral port): the metrics, the port and the server to shut down."""
+    from prometheus_client import start_http_server
+
+    from diagnoser.selftest.workload import Metrics
+
+    metrics = Metrics(name, kv_cache=False)
+    server, _thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    metrics.running.set(batch)
+    metrics.waiting.set(0)
+    return metrics, server.server_port, server
+
+
+class Workload:
+    """The model in a loop of generate calls: a warm-up call, then calls of --new-tokens until stopped or
+    --seconds after ready; the ready file once --ready-steps of the first main call have run."""
+
+    def __init__(self, args: argparse.Namespace, torch: Any, transformers: Any, device: str, t_start: float) -> None:
+        self.args, self.torch, self.transformers, self.device, self.t_start = args, torch, transformers, device, t_start
+        if device == "cpu":
+            torch.set_num_threads(max(1, args.threads))
+        self.hooked = _import_hook() if args.hook else False
+        self.config, self.model = build(args, torch, device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.name = f"hf-random-llama-{args.size}"
+        self.config_path = None
+        if args.config_dir is not None:
+            args.config_dir.mkdir(parents=True, exist_ok=True)
+            self.model.config.save_pretrained(args.config_dir)
+            self.config_path = args.config_dir / "config.json"
+        if device == "cuda":
+            torch.cuda.synchronize()
+        self.t_built = time.time()
+        print(f"hf_generate: {self.name} ({self.params / 1e9:.3f} B params) on {device} in "
+              f"{self.t_built - t_start:.1f} s; transformers {transformers.__version__}, torch {torch.__version__}",
+              flush=True)
+        self.metrics: Any = None
+        self.port: int | None = None
+        self.server: Any = None
+        if not args.no_metrics:
+            self.metrics, self.port, self.server = _serve_metrics(self.name, args.batch)
+        if args.progress_file is not None:
+            args.progress_file.unlink(missing_ok=True)
+        self.tally = Tally(args.batch, self.metrics, args.progress_file)
+        g = torch.Generator(device="cpu").manual_seed(1)
+        self.input_ids = torch.randint(3, self.config.vocab_size, (args.batch, args.prompt), generator=g).to(device)
+        self.kw = self._generate_kwargs()
+        self.warm = args.new_tokens if args.static else min(args.warmup_tokens, args.new_tokens)
+        self.warm_s = 0.0
+        self.ready_at: float | None = None
+        self.deadline: float | None = None
+        self.steps_warm: int | None = None
+        self.tokens_warm: int | None = None
+
+    def _generate_kwargs(self) -> dict[str, Any]:
+        """generate()'s arguments: a fixed random prompt, greedy, the tally as a logits processor."""
+        from transformers import LogitsProcessorList
+
+        args, torch = self.args, self.torch
+        kw: dict[str, Any] = dict(attention_mask=torch.ones_like(self.input_ids), do_sample=False,
+                                  logits_processor=LogitsProcessorList([self.tally]))
+        if args.static:
+            kw["cache_implementation"] = "static"
+            if args.compile_on_cpu and self.device == "cpu":
+                from transformers import CompileConfig
+
+                cc = CompileConfig()  # transformers' defaults (mode "reduce-overhead"), on every device
+                cc._compile_all_devices = True
+                kw["compile_config"] = cc
+        return kw
+
+    def generate(self, new_tokens: int) -> float:
+        args, tally = self.args, self.tally
+        t0 = time.perf_counter()
+        with self.torch.inference_mode():
+            out = self.model.generate(self.input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **self.kw)
+        made = out.shape[1] - args.prompt
+        dt = time.perf_counter() - t0
+        tally.calls += 1
+        rate = made * args.batch / dt
+        tally.call_log.append({"new_tokens": made, "batch": args.batch, "seconds": round(dt, 4),
+                               "tokens_per_s": round(rate, 2), "t_end": time.time()})
+        if self.metrics is not None:
+            self.metrics.success.inc(args.batch)
+            self.metrics.prompt_tokens.inc(args.batch * args.prompt)
+        print(f"hf_generate: call {tally.calls}: {made} x {args.batch} tokens in {dt:.2f} s = {rate:.1f} tokens/s "
+              f"(prefill included)", flush=True)
+        return dt
+
+    def mark_ready(self) -> None:
+        args, torch, port = self.args, self.torch, self.port
+        self.ready_at = ready_at = time.time()
+        self.deadline = time.monotonic() + args.seconds
+        if args.ready_file is not None:
+            _write_json(args.ready_file, {
+                "pid": os.getpid(), "port": port, "metrics_url": f"http://127.0.0.1:{port}/metrics" if port else None,
+                "config": str(self.config_path) if self.config_path else None, "model": self.name,
+                "params": self.params, "size": args.size, "device": self.device,
+                "dtype": str(self.model.dtype).removeprefix("torch."),
+                "gpu_name": torch.cuda.get_device_name() if self.device == "cuda" else "",
+                "torch": str(torch.__version__), "transformers": self.transformers.__version__, "batch": args.batch,
+                "prompt": args.prompt, "new_tokens": args.new_tokens, "static": args.static,
+                "trace_hook": self.hooked, "attn_implementation": getattr(self.model.config, "_attn_implementation",
+                                                                          None),
+                "startup_s": round(self.t_built - self.t_start, 2), "warmup_s": round(self.warm_s, 2),
+                "ready_at": ready_at, "steps_at_ready": self.tally.steps, "tokens_at_ready": self.tally.tokens})
+        print(f"hf_generate: ready ({ready_at - self.t_start:.1f} s after start)", flush=True)
+
+    def _processors(self) -> Any:
+        """The tally; on the first main call also the check that marks ready once --ready-steps of it have run."""
+        from transformers import LogitsProcessorList
+
+        if self.ready_at is not None:
+            return LogitsProcessorList([self.tally])
+        target = self.tally.steps + self.args.ready_steps
+
+        def ready_check(input_ids: Any, scores: Any) -> Any:
+            if self.ready_at is None and self.tally.steps >= target:
+                self.mark_ready()
+            return scores
+
+        return LogitsProcessorList([self.tally, ready_check])
+
+    def run(self) -> None:
+        """The warm-up call, then main calls until SIGTERM/SIGINT or the deadline; the stats file on every way out."""
+        try:
+            self.warm_s = self.generate(self.warm)
+            self.steps_warm, self.tokens_warm = self.tally.steps, self.tally.tokens
+            print(f"hf_generate: warm-up call ({self.warm} new tokens) took {self.warm_s:.1f} s", flush=True)
+            while True:
+                self.kw["logits_processor"] = self._processors()
+                self.generate(self.args.new_tokens)
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    break
+        except Stop:
+            pass
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        args, tally = self.args, self.tally
+        if args.progress_file is not None:
+            tally.write_progress()
+        full = [c for c in tally.call_log[1:] if c["new_tokens"] == args.new_tokens]
+        stats = {"steps": tally.steps, "tokens": tally.tokens, "calls": tally.calls, "warmup_steps": self.steps_warm,
+                 "warmup_tokens": self.tokens_warm, "ready_at": self.ready_at, "ended_at": time.time(),
+                 "call_log": tally.call_log,
+                 "full_calls_tokens_per_s": (sum(c["new_tokens"] * c["batch"] for c in full) /
+                                             sum(c["seconds"] for c in full)) if full else None}
+        if args.stats_file is not None:
+            _write_json(args.stats_file, stats)
+        if self.server is not None:
+            self.server.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
 
@@ -139,134 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cpu":
-        torch.set_num_threads(max(1, args.threads))
-    hooked = False
-    if args.hook:
-        try:
-            import diagnoser.hook  # noqa: F401  (installs the signal-triggered profiler)
-            hooked = True
-        except ImportError as exc:
-            print(f"hf_generate: no diagnoser.hook ({exc})", file=sys.stderr)
-    config, model = build(args, torch, device)
-    params = sum(p.numel() for p in model.parameters())
-    name = f"hf-random-llama-{args.size}"
-    config_path = None
-    if args.config_dir is not None:
-        args.config_dir.mkdir(parents=True, exist_ok=True)
-        model.config.save_pretrained(args.config_dir)
-        config_path = args.config_dir / "config.json"
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t_built = time.time()
-    print(f"hf_generate: {name} ({params / 1e9:.3f} B params) on {device} in {t_built - t_start:.1f} s; "
-          f"transformers {transformers.__version__}, torch {torch.__version__}", flush=True)
-
-    metrics, port, server = None, None, None
-    if not args.no_metrics:
-        from prometheus_client import start_http_server
-
-        from diagnoser.selftest.workload import Metrics
-
-        metrics = Metrics(name, kv_cache=False)
-        server, _thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
-        port = server.server_port
-        metrics.running.set(args.batch)
-        metrics.waiting.set(0)
-    if args.progress_file is not None:
-        args.progress_file.unlink(missing_ok=True)
-    tally = Tally(args.batch, metrics, args.progress_file)
-
-    from transformers import LogitsProcessorList
-
-    g = torch.Generator(device="cpu").manual_seed(1)
-    input_ids = torch.randint(3, config.vocab_size, (args.batch, args.prompt), generator=g).to(device)
-    attention_mask = torch.ones_like(input_ids)
-    kw: dict[str, Any] = dict(attention_mask=attention_mask, do_sample=False,
-                              logits_processor=LogitsProcessorList([tally]))
-    if args.static:
-        kw["cache_implementation"] = "static"
-        if args.compile_on_cpu and device == "cpu":
-            from transformers import CompileConfig
-
-            cc = CompileConfig()  # transformers' defaults (mode "reduce-overhead"), on every device
-            cc._compile_all_devices = True
-            kw["compile_config"] = cc
-
-    def generate(new_tokens: int) -> float:
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-        made = out.shape[1] - args.prompt
-        dt = time.perf_counter() - t0
-        tally.calls += 1
-        rate = made * args.batch / dt
-        tally.call_log.append({"new_tokens": made, "batch": args.batch, "seconds": round(dt, 4),
-                               "tokens_per_s": round(rate, 2), "t_end": time.time()})
-        if metrics is not None:
-            metrics.success.inc(args.batch)
-            metrics.prompt_tokens.inc(args.batch * args.prompt)
-        print(f"hf_generate: call {tally.calls}: {made} x {args.batch} tokens in {dt:.2f} s = {rate:.1f} tokens/s "
-              f"(prefill included)", flush=True)
-        return dt
-
-    warm = args.new_tokens if args.static else min(args.warmup_tokens, args.new_tokens)
-    ready_at = None
-    deadline: float | None = None
-    steps_warm = tokens_warm = None
-
-    def mark_ready() -> None:
-        nonlocal ready_at, deadline
-        ready_at = time.time()
-        deadline = time.monotonic() + args.seconds
-        if args.ready_file is not None:
-            _write_json(args.ready_file, {
-                "pid": os.getpid(), "port": port, "metrics_url": f"http://127.0.0.1:{port}/metrics" if port else None,
-                "config": str(config_path) if config_path else None, "model": name, "params": params,
-                "size": args.size, "device": device, "dtype": str(model.dtype).removeprefix("torch."),
-                "gpu_name": torch.cuda.get_device_name() if device == "cuda" else "",
-                "torch": str(torch.__version__), "transformers": transformers.__version__, "batch": args.batch,
-                "prompt": args.prompt, "new_tokens": args.new_tokens, "static": args.static, "trace_hook": hooked,
-                "attn_implementation": getattr(model.config, "_attn_implementation", None),
-                "startup_s": round(t_built - t_start, 2), "warmup_s": round(warm_s, 2), "ready_at": ready_at,
-                "steps_at_ready": tally.steps, "tokens_at_ready": tally.tokens})
-        print(f"hf_generate: ready ({ready_at - t_start:.1f} s after start)", flush=True)
-
-    warm_s = 0.0
-    try:
-        warm_s = generate(warm)
-        steps_warm, tokens_warm = tally.steps, tally.tokens
-        print(f"hf_generate: warm-up call ({warm} new tokens) took {warm_s:.1f} s", flush=True)
-        while True:
-            if ready_at is None:  # the first main call: ready once --ready-steps of it have run
-                target = tally.steps + args.ready_steps
-
-                def ready_check(input_ids: Any, scores: Any, _target: int = target) -> Any:
-                    if ready_at is None and tally.steps >= _target:
-                        mark_ready()
-                    return scores
-
-                kw["logits_processor"] = LogitsProcessorList([tally, ready_check])
-            else:
-                kw["logits_processor"] = LogitsProcessorList([tally])
-            generate(args.new_tokens)
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-    except Stop:
-        pass
-    finally:
-        if args.progress_file is not None:
-            tally.write_progress()
-        full = [c for c in tally.call_log[1:] if c["new_tokens"] == args.new_tokens]
-        stats = {"steps": tally.steps, "tokens": tally.tokens, "calls": tally.calls, "warmup_steps": steps_warm,
-                 "warmup_tokens": tokens_warm, "ready_at": ready_at, "ended_at": time.time(),
-                 "call_log": tally.call_log,
-                 "full_calls_tokens_per_s": (sum(c["new_tokens"] * c["batch"] for c in full) /
-                                             sum(c["seconds"] for c in full)) if full else None}
-        if args.stats_file is not None:
-            _write_json(args.stats_file, stats)
-        if server is not None:
-            server.shutdown()
+    Workload(args, torch, transformers, device, t_start).run()
     return 0
 
 

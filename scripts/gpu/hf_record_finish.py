@@ -84,7 +84,7 @@ def window_rate(points: list[tuple[float, int]], start: float, end: float) -> fl
 
 
 def observed(capture: Any) -> dict[str, float]:
-    from diagnoser.evidence import build_evidence
+    from diagnoser.evidence_build import build_evidence
 
     ev = build_evidence(capture)
     return {name: round(ev[name].mean, 4) for name in OBSERVED if name in ev}

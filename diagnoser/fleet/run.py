@@ -2,7 +2,7 @@
 
 Triage first: the time-series engine computes each GPU's window statistics (collectors/prom_stats.py: one number per
 GPU and statistic, or the rule group's recorded series), and the normal rule engine diagnoses every GPU from them
-(fleet_triage.py). Then only the GPUs that matter most, the top `detail` by money at stake (or every GPU chosen with
+(triage.py). Then only the GPUs that matter most, the top `detail` by money at stake (or every GPU chosen with
 --node/--pod/--gpu/--uuid when they are few), are read again as points over the window (collectors/
 prometheus_source.py) and diagnosed from those, as `diagnoser dcgm` would. Each GPU gets a price of what is at stake:
 an idle GPU or one reporting errors puts its whole price at stake, an underfed one (batching, host-bound) the share
@@ -45,10 +45,10 @@ from diagnoser.collectors.prometheus_source import Window, WindowData, WindowQue
 from diagnoser.cores import default_jobs
 from diagnoser.diagnosis import INCONCLUSIVE, SCHEMA_VERSION, Diagnosis, Limiter
 from diagnoser.errors import InputError, SourceUnavailable
-from diagnoser.evidence import build_evidence
-from diagnoser.fleet_model import FleetReport, FleetRow
-from diagnoser.fleet_pack import PackedDiagnosis, RowPacker, unpack_rows
-from diagnoser.fleet_triage import Triage
+from diagnoser.evidence_build import build_evidence
+from diagnoser.fleet.model import FleetReport, FleetRow
+from diagnoser.fleet.pack import PackedDiagnosis, RowPacker, unpack_rows
+from diagnoser.fleet.triage import Triage
 from diagnoser.physics import match_gpu
 from diagnoser.rules.engine import diagnose_evidence
 from diagnoser.rules.ruleset import Overrides as Thresholds
@@ -75,7 +75,7 @@ PRICE_USD_PER_GPU_HOUR: dict[str, float] = {
     "rtx-4090": 0.7,
     "t4": 0.53,
 }
-PRICE_SOURCE = "rough 2025 cloud on-demand list prices (diagnoser/fleet.py); override with --usd-per-gpu-hour"
+PRICE_SOURCE = "rough 2025 cloud on-demand list prices (diagnoser/fleet/run.py); override with --usd-per-gpu-hour"
 # MIG slices of a whole GPU: 7 on A100/H100/H200/B200, 4 on A30.
 _MIG_SLICES = {"a30": 4}
 _MIG_PROFILE = re.compile(r"^(\d+)g\.")
@@ -243,7 +243,7 @@ def triage_rows(stats: WindowStats, *, usd_per_gpu_hour: float | None = None, th
     A GPU costs the rule engine about 100 us, so a large fleet is diagnosed by `processes` processes, this one
     included, `chunk` GPUs a task: by default a worker per core this process may use, when there are two tasks or
     more (this process mostly unpacks what they send, and takes the tasks they have not reached). The workers send
-    their rows back with each diagnosis packed (fleet_pack.py): decoding them all here would cost about as much as
+    their rows back with each diagnosis packed (pack.py): decoding them all here would cost about as much as
     making them. The rows are the same as one process makes, in the same order
     (tests/test_fleet_parallel.py)."""
     triage = Triage(stats, _rules_for(thresholds))

@@ -18,7 +18,7 @@ from typing import Any, cast
 import msgspec
 
 from diagnoser.diagnosis import Diagnosis, Limiter, Skipped
-from diagnoser.fleet_model import FleetRow
+from diagnoser.fleet.model import FleetRow
 
 # FleetRow's fields but the diagnosis, in order: a packed row is these values, then the diagnosis's parts.
 _ROW_FIELDS = tuple(f.name for f in dataclasses.fields(FleetRow) if f.name != "diagnosis")

@@ -25,7 +25,7 @@ class FleetRow:
     usd_per_hour_at_stake: float = 0.0
     top_fix_gain: float | None = None
     # Share of this GPU's price at stake (1.0 idle, 1 - busy underused, 1 - 1/gain with a predicted fix) and the
-    # price used (from --usd-per-gpu-hour or the rough table in diagnoser/fleet.py; None: unknown).
+    # price used (from --usd-per-gpu-hour or the rough table in diagnoser/fleet/run.py; None: unknown).
     frac_at_stake: float = 0.0
     usd_per_gpu_hour: float | None = None
     busy: float | None = None  # mean GPU busy fraction over the window, when measured

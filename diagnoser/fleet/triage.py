@@ -29,7 +29,8 @@ from diagnoser.collectors.dcgm import (
 )
 from diagnoser.collectors.prom_stats import WindowStats, bit_shares
 from diagnoser.diagnosis import Diagnosis
-from diagnoser.evidence import Evidence, Meta, Signal, Unavailable, build_evidence
+from diagnoser.evidence import Evidence, Meta, Signal, Unavailable
+from diagnoser.evidence_build import build_evidence
 from diagnoser.rules.engine import diagnose_evidence
 from diagnoser.rules.ruleset import RuleSet
 from diagnoser.signals import spec
@@ -48,7 +49,7 @@ class Triage:
     spec_clock_models: set[str] = field(default_factory=set)  # models whose max clock came from the spec table
 
     most_samples: float = 0.0  # the anchor field's count of the GPUs that reported all along (fewer: gaps)
-    processes: int = 1  # how many processes diagnosed the GPUs (fleet.triage_rows)
+    processes: int = 1  # how many processes diagnosed the GPUs (run.triage_rows)
 
     def __post_init__(self) -> None:
         self.most_samples = max(self.stats.samples, default=0.0)
@@ -76,28 +77,32 @@ class Triage:
     def signals(self, i: int, ident: GpuIdentity) -> tuple[dict[str, Signal], list[str], float | None]:
         """One GPU's signals from its statistics, notes about it, and its maximum SM clock."""
         s = self.stats
-        n = max(1, int(s.samples[i])) if i < len(s.samples) else 1
-        out: dict[str, Signal] = {}
-        notes: list[str] = []
-
-        def add(name: str, mean: float, p90: float | None = None, high: float | None = None,
-                frac_above: dict[float, float] | None = None) -> None:
-            if mean == mean:  # not NaN
-                out[name] = Signal.from_stats(name, _UNITS[name], SOURCES, mean=mean, p90=p90, max=high, n=n,
-                                              frac_above=frac_above)
-
+        out = _GpuSignals(max(1, int(s.samples[i])) if i < len(s.samples) else 1)
         busy = s.get("gr_engine_active.avg", i)
         if math.isnan(busy):
             busy = s.get("gpu_util.avg", i) * 0.01
-        add("gpu.busy", busy)
+        out.add("gpu.busy", busy)
         for name, key in (("gpu.sm_active", "sm_active.avg"), ("gpu.tensor_active", "tensor_active.avg"),
                           ("gpu.dram_active", "dram_active.avg")):
-            add(name, s.get(key, i))
+            out.add(name, s.get(key, i))
         # Only what the rules read: the bytes and MHz themselves are for plots, which a fleet row has none of.
         used, used_p90, total = s.get("fb_used.avg", i), s.get("fb_used.p90", i), s.get("fb_total.last", i)
         if total > 0:
-            add("gpu.mem_total_bytes", total * MIB)
-            add("gpu.mem_used_frac", used / total, p90=_or_none(used_p90 / total))
+            out.add("gpu.mem_total_bytes", total * MIB)
+            out.add("gpu.mem_used_frac", used / total, p90=_or_none(used_p90 / total))
+        max_clock = self._clock(i, ident, out)
+        _throttling(s, i, out)
+        for name, direction in (("gpu.pcie_tx_bps", "tx"), ("gpu.pcie_rx_bps", "rx")):
+            mean, p90 = s.get(f"pcie_{direction}.avg", i), s.get(f"pcie_{direction}.p90", i)
+            if math.isnan(mean):
+                mean, p90 = s.get(f"pcie_{direction}_total.rate", i), math.nan
+            out.add(name, mean, p90=_or_none(p90))
+        notes = _errors(s, i, ident, out)
+        return out.signals, notes, max_clock or None
+
+    def _clock(self, i: int, ident: GpuIdentity, out: _GpuSignals) -> float | None:
+        """The SM clock as a share of the maximum (the spec table's where DCGM does not export it); the maximum."""
+        s = self.stats
         clock = s.get("sm_clock.avg", i)
         max_clock: float | None = s.get("max_sm_clock.last", i)
         if max_clock is None or math.isnan(max_clock) or max_clock <= 0:
@@ -105,36 +110,8 @@ class Triage:
             if max_clock and not math.isnan(clock):
                 self.spec_clock_models.add(ident.model)
         if max_clock and not math.isnan(clock):
-            add("gpu.sm_clock_frac", clock / max_clock)
-        low, high, mean = (s.get("reasons_power.min", i), s.get("reasons_power.max", i),
-                           s.get("reasons_power.avg", i))
-        for name, counter, mask in (("gpu.throttle.power", "power_violation.rate", CLOCK_EVENT_POWER),
-                                    ("gpu.throttle.thermal", "thermal_violation.rate", CLOCK_EVENT_THERMAL),
-                                    ("gpu.throttle.power_brake", "", CLOCK_EVENT_BRAKE),
-                                    ("gpu.throttle.other", "", CLOCK_EVENT_OTHER)):
-            share = s.get(counter, i) * 1e-9 if counter else math.nan  # ns of throttling per second
-            if math.isnan(share) and not (math.isnan(low) or math.isnan(high) or math.isnan(mean)):
-                share = bit_shares(low, high, mean, mask)
-            if not math.isnan(share):
-                share = min(1.0, max(0.0, share))
-                # The share of time throttled is the mean of a 0/1 signal: exactly what "samples above 0.5" asks.
-                add(name, share, frac_above={0.5: share})
-        for name, direction in (("gpu.pcie_tx_bps", "tx"), ("gpu.pcie_rx_bps", "rx")):
-            mean, p90 = s.get(f"pcie_{direction}.avg", i), s.get(f"pcie_{direction}.p90", i)
-            if math.isnan(mean):
-                mean, p90 = s.get(f"pcie_{direction}_total.rate", i), math.nan
-            add(name, mean, p90=_or_none(p90))
-        xid = s.get("xid.max", i)
-        if not math.isnan(xid):
-            flag = float(xid > 0)
-            add("gpu.xid_errors", flag, high=flag)
-            if xid > 0:
-                notes.append(f"DCGM reports XID {int(xid)} on {ident.describe()} (DCGM_FI_DEV_XID_ERRORS holds the "
-                             "last XID seen, which may predate the window).")
-        ecc = s.get("ecc_dbe.increase", i)
-        if not math.isnan(ecc):
-            add("gpu.ecc_dbe", max(0.0, ecc), high=max(0.0, ecc))
-        return out, notes, max_clock or None
+            out.add("gpu.sm_clock_frac", clock / max_clock)
+        return max_clock
 
     def diagnose(self, i: int, ident: GpuIdentity) -> tuple[Diagnosis, float | None, bool, bool]:
         """The engine's diagnosis of one GPU from its statistics; its busy fraction; whether it has an activity
@@ -160,6 +137,52 @@ class Triage:
         busy = signals.get("gpu.busy") or signals.get("gpu.sm_active")
         return diagnose_evidence(ev, self.rules), busy.mean if busy is not None else None, \
             bool(produced & _ACTIVITY), bool(produced)
+
+
+@dataclass
+class _GpuSignals:
+    """One GPU's signals as they are read from its statistics, each with the GPU's sample count."""
+
+    n: int
+    signals: dict[str, Signal] = field(default_factory=dict)
+
+    def add(self, name: str, mean: float, p90: float | None = None, high: float | None = None,
+            frac_above: dict[float, float] | None = None) -> None:
+        if mean == mean:  # not NaN
+            self.signals[name] = Signal.from_stats(name, _UNITS[name], SOURCES, mean=mean, p90=p90, max=high,
+                                                   n=self.n, frac_above=frac_above)
+
+
+def _throttling(s: WindowStats, i: int, out: _GpuSignals) -> None:
+    """The throttled shares of time: from the violation counters, else from the clock-event mask's statistics."""
+    low, high, mean = s.get("reasons_power.min", i), s.get("reasons_power.max", i), s.get("reasons_power.avg", i)
+    for name, counter, mask in (("gpu.throttle.power", "power_violation.rate", CLOCK_EVENT_POWER),
+                                ("gpu.throttle.thermal", "thermal_violation.rate", CLOCK_EVENT_THERMAL),
+                                ("gpu.throttle.power_brake", "", CLOCK_EVENT_BRAKE),
+                                ("gpu.throttle.other", "", CLOCK_EVENT_OTHER)):
+        share = s.get(counter, i) * 1e-9 if counter else math.nan  # ns of throttling per second
+        if math.isnan(share) and not (math.isnan(low) or math.isnan(high) or math.isnan(mean)):
+            share = bit_shares(low, high, mean, mask)
+        if not math.isnan(share):
+            share = min(1.0, max(0.0, share))
+            # The share of time throttled is the mean of a 0/1 signal: exactly what "samples above 0.5" asks.
+            out.add(name, share, frac_above={0.5: share})
+
+
+def _errors(s: WindowStats, i: int, ident: GpuIdentity, out: _GpuSignals) -> list[str]:
+    """The XID and double-bit ECC signals; a note naming the XID DCGM reports."""
+    notes: list[str] = []
+    xid = s.get("xid.max", i)
+    if not math.isnan(xid):
+        flag = float(xid > 0)
+        out.add("gpu.xid_errors", flag, high=flag)
+        if xid > 0:
+            notes.append(f"DCGM reports XID {int(xid)} on {ident.describe()} (DCGM_FI_DEV_XID_ERRORS holds the "
+                         "last XID seen, which may predate the window).")
+    ecc = s.get("ecc_dbe.increase", i)
+    if not math.isnan(ecc):
+        out.add("gpu.ecc_dbe", max(0.0, ecc), high=max(0.0, ecc))
+    return notes
 
 
 _ACTIVITY = frozenset({"gpu.busy", "gpu.sm_active", "gpu.dram_active", "gpu.tensor_active"})
