@@ -339,3 +339,14 @@ def test_tensor_parallelism_beyond_one_hgx_board_crosses_the_network() -> None:
         interconnect(H100, 16, "nvlink")
     llama70 = load_bundled_model("llama-3.1-70b")
     assert tp_what_if(llama70, H100, 1, 2048, 16, tp=2).speedup < 4.0
+
+
+def test_one_tensor_parallel_note_for_a_batch_what_if_on_the_same_gpus() -> None:
+    """A batch what-if at tp 8 said 'assumes tp 8: ...' twice, once per batch: one note, both batches' times."""
+    from diagnoser.physics import what_if
+
+    w = what_if(load_bundled_model("llama-2-70b"), H100, "bf16", 1, 1024, 8, new_batch=16)
+    tp_notes = [a for a in w.assumptions if a.startswith("tp 8")]
+    assert len(tp_notes) == 1 and "at batch 1" in tp_notes[0] and "at batch 16" in tp_notes[0], w.assumptions
+    moved = what_if(load_bundled_model("llama-2-70b"), H100, "bf16", 1, 1024, 8, new_tp=4)
+    assert sum(a.startswith(("tp 8", "tp 4")) for a in moved.assumptions) == 2  # two setups, two notes

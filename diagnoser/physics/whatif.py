@@ -149,12 +149,17 @@ def _assumptions(model: ModelInfo, before: _Setup, after: _Setup, context: float
         per_token = [kv_bytes_per_token(model, s.kv_dtype) for s in (before, after)]
         notes.append(f"KV cache {per_token[0] / 1024:,.0f} -> {per_token[1] / 1024:,.0f} KiB a token: "
                      f"{fit[0]:,} -> {fit[1]:,} sequences of {context:,.0f} tokens fit")
-    for s in (before, after):
+    # One line per tensor-parallel setup: before and after on the same GPUs and link differ only in the batch.
+    same = after.tp == before.tp and after.gpu == before.gpu and after.link == before.link
+    for s in (before,) if same else (before, after):
         if s.tp > 1:
             if has_tp_shape(model):
-                comm = decode_comm_s(model, s.gpu, s.batch, tp=s.tp, link=s.link)
+                times = [(x.batch, decode_comm_s(model, x.gpu, x.batch, tp=x.tp, link=x.link))
+                         for x in ((before, after) if same and after.batch != before.batch else (s,))]
+                per_step = ", ".join(f"{t * 1e3:.3g} ms a step" + (f" at batch {b:g}" if len(times) > 1 else "")
+                                     for b, t in times)
                 notes.append(f"tp {s.tp}: 2 all-reduces a layer of batch x hidden x 2 bytes (ring, 2(n-1)/n of it "
-                             f"over {s.link.describe()}) and a logits gather: {comm * 1e3:.3g} ms a step")
+                             f"over {s.link.describe()}) and a logits gather: {per_step}")
             else:
                 notes.append(f"tp {s.tp}: collectives not counted (the model's layers and hidden size are unknown)")
     for s in {before.dtype: before, after.dtype: after}.values():

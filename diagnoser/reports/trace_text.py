@@ -228,8 +228,10 @@ def _phases(a: TraceAnalysis) -> list[str]:
         out.append(f"  attention {pct(ph.attention_frac)} of step time")
     if ph.context_growth is not None:
         (kv0, f0), (kv1, f1) = ph.context_growth
-        out.append(f"  as context grows from {kv0} to {kv1} tokens, attention goes from {pct(f0)} to "
-                   f"{pct(f1)} of a decode step")
+        # The first and last decode steps' contexts: the mean context can fall (long requests finish, short ones join).
+        moved = "grows" if kv1 > kv0 else "falls" if kv1 < kv0 else "stays"
+        span = f"at {kv0}" if kv1 == kv0 else f"from {kv0} to {kv1}"
+        out.append(f"  as context {moved} {span} tokens, attention goes from {pct(f0)} to {pct(f1)} of a decode step")
     return out
 
 
