@@ -42,8 +42,6 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every fix, its basis and skipped rules."),
         jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="Processes reading a large trace "
                                         "(default: every core; 1: one process)."),
-        quick: bool = typer.Option(False, "--quick", help="First print a verdict from part of a large trace (64 MB "
-                                   "from its middle; the start of a .gz), labelled as such, then the exact result."),
         max_trace_size: str | None = typer.Option(None, "--max-trace-size", help="Refuse traces larger than this "
                                                   "(JSON bytes after gunzip; default 4G or $DIAGNOSER_TRACE_MAX_BYTES)"
                                                   "; e.g. 16G for a long window."),
@@ -63,8 +61,6 @@ def register(app: typer.Typer) -> None:
         if gpu:
             physics.get_gpu(gpu)  # an unknown name is a bad option, before the (long) analysis
         pipeline = Pipeline(overrides=overrides, save_to=save, html=html)  # outputs checked before the analysis
-        if quick:
-            _quick_look(trace, window, gpu, limit, model_info, pipeline, err=as_json)
         analysis = analyze_trace(trace[0] if len(trace) == 1 else trace, window=window, gpu_name=gpu,
                                  max_bytes=limit, jobs=jobs)
         capture = capture_from_trace(analysis, model=model_info, gpu_name=gpu)
@@ -79,24 +75,3 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"Capture saved to {save}.")
             typer.echo("")
         show(pipeline.write(outcome), as_json=as_json, fail_on=wanted, verbose=verbose)
-
-
-def _quick_look(trace: list[Path], window: str, gpu: str | None, limit: int | None, model_info: object,
-                pipeline: object, *, err: bool) -> None:
-    """The quick look: a verdict from part of the trace, printed (on stderr with --json) before the exact one."""
-    from diagnoser.reports.trace_text import quick_look_lines
-    from diagnoser.traces import capture_from_trace
-    from diagnoser.traces.analysis import quick_look
-
-    if len(trace) != 1:
-        typer.echo("Quick look: not for several traces; the exact analysis follows.", err=err)
-        return
-    q = quick_look(trace[0], window=window, gpu_name=gpu, max_bytes=limit)
-    if q is None:
-        typer.echo("Quick look: the trace is small enough to analyse whole at once; the exact analysis follows.",
-                   err=err)
-        return
-    capture = capture_from_trace(q, model=model_info, gpu_name=gpu)  # type: ignore[arg-type]
-    d = pipeline.diagnose(capture).diagnosis  # type: ignore[attr-defined]
-    for line in quick_look_lines(q, d):
-        typer.echo(line, err=err)

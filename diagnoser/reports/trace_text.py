@@ -16,7 +16,6 @@ from diagnoser.units import fmt
 
 if TYPE_CHECKING:
     from diagnoser.capture import EngineSteps, KernelStat, TraceSummary
-    from diagnoser.diagnosis import Diagnosis
     from diagnoser.traces import TraceAnalysis
 
 SHOWN = 0.0005  # a share under this rounds to 0.0 %: not worth a line
@@ -54,17 +53,6 @@ def render_analysis(a: TraceAnalysis) -> list[str]:
     s = a.summary
     return [*_header(a), *engine_steps_lines(s.engine_steps), *_busy(a), *_kernels(a), *_launches(a), *_flops(a),
             *_phases(a), *_ranks(s), *_read(a), *(f"  skipped: {note}" for note in s.skipped)]
-
-
-def quick_look_lines(q: TraceAnalysis, d: Diagnosis) -> list[str]:
-    """The quick look's verdict from part of a trace, said to be no result."""
-    s = q.summary
-    shares = ", ".join(f"{k} {pct(v)}" for k, v in sorted(s.kernel_share.items(), key=lambda kv: -kv[1])[:3]
-                       if v >= SHOWN)
-    return [f"QUICK LOOK, not the result: {s.sampled_reason.removeprefix('quick look: ')}.",
-            f"  GPU busy {pct(s.gpu_busy_frac)}; {shares}" if s.gpu_busy_frac is not None else "  no GPU events read",
-            f"  verdict {d.verdict.upper().replace('_', '-')} (confidence {d.confidence:.2f}): {d.headline}",
-            "The exact analysis of the whole trace follows.", ""]
 
 
 # --- the sections, in reading order ------------------------------------------------------------------------------
@@ -261,4 +249,4 @@ def _read(a: TraceAnalysis) -> list[str]:
     return [f"Read {sum(d.events for d in read)} events, {sum(d.bytes_json for d in read) / 1e6:.1f} MB of JSON."]
 
 
-__all__ = ["engine_steps_lines", "flop_text", "pct", "quick_look_lines", "render_analysis", "us_text"]
+__all__ = ["engine_steps_lines", "flop_text", "pct", "render_analysis", "us_text"]

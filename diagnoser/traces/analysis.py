@@ -125,31 +125,6 @@ def analyze_trace(path: str | Path | Sequence[str | Path], *, window: str = "aut
     return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
 
 
-def quick_look(path: str | Path, *, window: str = "auto", gpu_name: str | None = None,
-               max_bytes: int | None = None, sample_bytes: int | None = None) -> TraceAnalysis | None:
-    """A first answer from part of a large trace (parallel.collect_sample): its summary says `sampled`, with
-    "quick look: <what was read>" as the reason. None for a trace small enough to analyse whole as quickly, or a
-    folder."""
-    from diagnoser.traces.parallel import QUICK_BYTES, collect_sample
-
-    path = Path(path)
-    if window not in WINDOWS:
-        raise TraceError(f"unknown window '{window}'; use one of {', '.join(WINDOWS)}.")
-    if path.is_dir():
-        return None
-    got = collect_sample(path, sample_bytes or QUICK_BYTES, max_bytes=max_bytes)
-    if got is None:
-        return None
-    t, what = got
-    if t.stats.events == 0:
-        return None
-    a = analyze_tables(t, window=window, gpu_name=gpu_name)
-    a.summary.sampled = True
-    a.summary.sampled_reason = f"quick look: {what}; the exact analysis reads the whole trace"
-    a.summary.skipped.insert(0, f"quick look: only {what} was read")
-    return a
-
-
 def _common_parent(files: list[Path]) -> Path:
     parents = {f.resolve().parent for f in files}
     return parents.pop() if len(parents) == 1 else Path(os.path.commonpath([str(p) for p in parents]))

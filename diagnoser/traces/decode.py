@@ -798,7 +798,6 @@ def _to_event(obj: object, stats: DecodeStats) -> Event | None:
 WHOLE = 0  # whole events, between two event boundaries or up to the close of the array
 CUT_SHORT = 1  # the rest of a file cut short: its last event may be incomplete
 DAMAGED = 2  # data with damage and no event boundary after it: only the events before the damage are read
-PREFIX = 3  # the start of a trace read only in part (a quick look): its last event may be cut, which is no damage
 
 
 def _event_chunks(head: bytes, in_object: bool, blocks: Iterator[bytes], tf: TraceFile,
@@ -816,12 +815,6 @@ def decode_chunk(data: bytes, mode: int, stats: DecodeStats) -> list[Event]:
     if mode == DAMAGED:
         stats.skips[SKIP_MALFORMED] += 1
         return _salvage(data[1:-1], DecodeStats(), at_eof=False)  # the events before the damage, if any
-    if mode == PREFIX:
-        scratch = DecodeStats()
-        events = decode_list(data, scratch, at_eof=True)
-        scratch.skips.pop(SKIP_TRUNCATED, None)
-        stats.skips.update(scratch.skips)
-        return events
     if mode == CUT_SHORT:
         before = stats.skips[SKIP_TRUNCATED]
         events = decode_list(data, stats, at_eof=True)

@@ -32,7 +32,6 @@ from diagnoser.traces.decode import (
     CHUNK_BYTES,
     CUT_SHORT,
     MAX_EVENT_BYTES,
-    PREFIX,
     WHOLE,
     DecodeStats,
     TraceFile,
@@ -253,75 +252,4 @@ def _collect_gzip(path: Path, jobs: int, limit: int, chunk_bytes: int) -> Tables
     return t
 
 
-# --- a quick look -------------------------------------------------------------------------------------------------
-
-QUICK_BYTES = 64 << 20
-
-
-def collect_sample(path: str | Path, sample_bytes: int = QUICK_BYTES, *,
-                   max_bytes: int | None = None) -> tuple[Tables, str] | None:
-    """Part of a large trace, for a first answer in seconds: `sample_bytes` of events from the middle of a plain
-    trace (memory-mapped: nothing before it is read), or the first `sample_bytes` of a gzip trace's JSON (a stream
-    cannot be entered in the middle). Returns the columns and a phrase saying what was read, or None when the trace
-    is not much larger than the sample (the exact answer is as quick)."""
-    path = Path(path)
-    limit = max_trace_bytes(max_bytes)
-    f, size = open_trace_file(path, limit)
-    with f:
-        gz = f.read(2) == b"\x1f\x8b"
-    if size * (10 if gz else 1) < 2 * sample_bytes:
-        return None
-    if gz:
-        return _gzip_prefix(path, sample_bytes, limit, size)
-    with open(path, "rb") as f:
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
-            return None
-        with mm:
-            tf = TraceFile(path=path)
-            span = _events_span(mm, size, path, tf)
-            if span is None:
-                return None
-            start, end, _ = span
-            mid = (start + end) // 2
-            a = first_cut(mm, max(start, mid - sample_bytes // 2), end)
-            b = first_cut(mm, min(end, mid + sample_bytes // 2), end) if a is not None else None
-            if a is None or b is None or b[0] <= a[1]:
-                return None
-            part, stats = _ingest_chunks(range_chunks(mm, a[1], b[0] + 1, WHOLE, CHUNK_BYTES, tf), tf.stats)
-    part.metadata = tf.metadata
-    part.stats = stats
-    part.stats.bytes_in = part.stats.bytes_json = b[0] + 1 - a[1]
-    part.path = path
-    part.finish()
-    share = (b[0] + 1 - a[1]) / max(1, end - start)
-    return part, (f"{(b[0] + 1 - a[1]) / 1e6:.0f} MB of events from the middle of {(end - start) / 1e6:.0f} MB "
-                  f"({share:.0%})")
-
-
-def _gzip_prefix(path: Path, sample_bytes: int, limit: int, size: int) -> tuple[Tables, str]:
-    tf = TraceFile(path=path)
-    blocks = _open_stream(path, tf.stats, limit)
-    head, in_object = read_head(blocks, path, tf)
-    head = head[:sample_bytes]
-    read = len(head)
-
-    def prefix() -> Iterator[bytes]:
-        nonlocal read
-        for block in blocks:
-            room = sample_bytes - read
-            if room <= 0:
-                return
-            read += min(room, len(block))
-            yield block[:room]
-
-    part, stats = _ingest_chunks(raw_chunks(head, in_object, prefix(), tf, CHUNK_BYTES, ends=PREFIX), tf.stats)
-    part.metadata = tf.metadata
-    part.stats = stats
-    part.path = path
-    part.finish()
-    return part, f"the first {read / 1e6:.0f} MB of the trace's JSON (the file is {size / 1e6:.0f} MB of gzip)"
-
-
-__all__ = ["QUICK_BYTES", "collect_parallel", "collect_sample", "default_jobs", "range_chunks"]
+__all__ = ["collect_parallel", "default_jobs", "range_chunks"]
