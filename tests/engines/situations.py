@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tests.engines.load import Load
 from tests.engines.vllm_server import MODEL_NAME, VllmServer
 
@@ -105,6 +107,9 @@ class Recording:
     stderr: str
     client: dict[str, float]  # what the load generator saw in the window
     load_avg: float
+    # CPU (cores) that processes other than the engine, this test and its `attach` used in the window, measured
+    # here with psutil apart from diagnoser: other work on a shared machine (or the situation's own tenants)
+    others_cores: float = 0.0
     applied: Recording | None = None  # the same load on the fixed server
     compare: dict[str, Any] = field(default_factory=dict)
 
@@ -202,13 +207,35 @@ def run_window(server: VllmServer, situation: Situation, out: Path) -> Recording
         time.sleep(WARM_S)
         with busy_cores() if situation.busy_host else _nothing():
             before = (load.done, load.tokens, load.gave_up, time.monotonic())
+            cpu_before = _cpu_split(server)
             diagnosis, stderr = attach(server.port, out)
+            cpu_after = _cpu_split(server)
             after = (load.done, load.tokens, load.gave_up, time.monotonic())
             load_avg = os.getloadavg()[0]
     dt = after[3] - before[3]
     client = {"done": after[0] - before[0], "tokens_per_s": (after[1] - before[1]) / dt,
               "gave_up": after[2] - before[2], "errors": len(load.errors)}
-    return Recording(situation, out, diagnosis, stderr, client, load_avg)
+    host, engine, ours = (b - a for a, b in zip(cpu_before, cpu_after, strict=True))
+    return Recording(situation, out, diagnosis, stderr, client, load_avg, max(0.0, host - engine - ours) / dt)
+
+
+def _cpu_split(server: VllmServer) -> tuple[float, float, float]:
+    """CPU seconds so far: the whole host's busy time, the engine's process tree's, and this process's with the
+    children it has waited for (the finished `attach`; not the busy-host tenants, which are still running)."""
+    times = psutil.cpu_times()
+    host = sum(times) - times.idle - getattr(times, "iowait", 0.0)
+    host -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    engine = 0.0
+    assert server.proc is not None
+    root = psutil.Process(server.proc.pid)
+    for p in (root, *root.children(recursive=True)):
+        try:
+            t = p.cpu_times()
+            engine += t.user + t.system
+        except psutil.Error:
+            continue
+    me = psutil.Process().cpu_times()
+    return host, engine, me.user + me.system + me.children_user + me.children_system
 
 
 def compare(before: Path, after: Path) -> dict[str, Any]:
