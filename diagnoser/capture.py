@@ -286,6 +286,9 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     # The CPU ops and runtime calls (of 0.5 ms or more) the host was inside while the GPU waited for it (host and
     # sync idle), as fractions of the window, the largest first (at most 8); nested ops each count their own overlap.
     host_idle_ops: dict[str, float] = msgspec.field(default_factory=dict)
+    # The blocking copies (to pageable host memory) the host sat in while the GPU idled with work queued (stream
+    # waits), as fractions of the window: the read-back that keeps the host from queueing the next step.
+    blocked_in_waits: dict[str, float] = msgspec.field(default_factory=dict)
     # Share of GPU busy time by kernel class: gemm, attention, norm_elementwise, reduction, comm, memcpy, memset, other
     kernel_share: dict[str, float] = msgspec.field(default_factory=dict)
     kernel_count: int = 0

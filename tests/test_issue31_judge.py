@@ -221,3 +221,16 @@ def test_the_a100_steps_stall_is_one_device_wait_and_its_read_back_is_named() ->
     assert any(n.startswith("cudaMemcpyAsync (a 704-byte copy to pageable host memory")
                for n in a.summary.host_idle_ops)
     assert _trace(A100_STEP).verdict == Limiter.INTERCONNECT.value
+
+
+def test_the_a100_steps_read_back_is_named_by_the_device_wait_finding_and_its_fix() -> None:
+    """Issue 31.6: the stall is a device-side wait (NET003), and the host sits in the 704-byte read-back meanwhile:
+    the finding and its first fix name that copy; no sync fix (the expectation for this trace: not host-bound)."""
+    s = analyze_trace(A100_STEP).summary
+    assert any(n.startswith("cudaMemcpyAsync (a 704-byte copy to pageable host memory") for n in s.blocked_in_waits)
+    d = _trace(A100_STEP)
+    net = next(f for f in d.findings if f.code == "NET003")
+    assert "704-byte copy to pageable host memory" in net.message
+    overlap = next(f for f in d.fixes if f.kind is FixKind.OVERLAP_COMM)
+    assert "704-byte copy" in overlap.action and "non_blocking=True" in overlap.action
+    assert FixKind.REMOVE_SYNCS not in [f.kind for f in d.fixes]

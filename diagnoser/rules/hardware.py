@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
+from diagnoser.evidence import Evidence
 from diagnoser.rules import gains
 from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
 
@@ -252,17 +253,32 @@ def collective_waits(c: Check) -> Finding | None:
     c.cite(wait, "value", ">=", c.t["wait_frac"])
     c.cite(comm, "value", ">=", c.t["comm_share"])
     g = gains.removal(wait.value, "the waits on other streams and collectives")
+    blocked = _read_back(c.ev, wait.value)
+    also = (f" The host meanwhile sits in {blocked[0]} ({blocked[1]:.0%} of the window), a read-back it waits for: "
+            "it cannot queue the next step's work behind the wait." if blocked else "")
     if c.ev.workload == "training":
         c.fix(FixKind.OVERLAP_COMM, "Overlap the collectives with compute", "Start each collective as soon as its "
               "input is ready and keep compute queued behind it (DDP bucket_cap_mb, torch.distributed async ops, "
-              "TorchRec pipelined all-to-all), so waits on peers hide behind work.", g)
+              "TorchRec pipelined all-to-all), so waits on peers hide behind work."
+              + (f" Move the read-back ({blocked[0]}) off the step's path: copy into a pinned buffer with "
+                 "non_blocking=True and wait on its event where the values are used, or pipeline the input one batch "
+                 "ahead (TorchRec's TrainPipelineSparseDist for the all-to-all's sizes)." if blocked else ""), g)
         c.fix(FixKind.BALANCE_RANKS, "Balance the ranks", "A collective finishes when its slowest rank arrives: "
               "rebalance the work (embedding-table sharding plan, data per rank) so no rank idles waiting.", g)
     else:
         c.fix(FixKind.REDUCE_TP, "Wait less on collectives per token", "Fewer tensor-parallel ranks with more "
               "replicas, TP only within NVLink, overlapped or custom all-reduce.", g)
     return c.finding(0.5 + min(0.35, wait.value), f"The GPU sat idle {wait.value:.0%} of the traced window with "
-                     "work already queued, waiting on other streams and collectives rather than on the host.")
+                     "work already queued, waiting on other streams and collectives rather than on the host." + also)
+
+
+def _read_back(ev: Evidence, waited: float) -> tuple[str, float] | None:
+    """The blocking copy the host sat in during the device-side waits, when it covers a real part of them."""
+    trace = ev.trace
+    if trace is None or not trace.blocked_in_waits:
+        return None
+    name, frac = max(trace.blocked_in_waits.items(), key=lambda kv: kv[1])
+    return (name, frac) if frac >= 0.1 * waited else None
 
 
 @rule(

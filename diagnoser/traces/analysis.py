@@ -424,6 +424,11 @@ def _fill_idle(a: TraceAnalysis, skipped: list[str]) -> None:
         for name, us in tl.host_idle_ops_us.items():
             inside[name] = inside.get(name, 0.0) + us / tl.window_us / n if tl.window_us > 0 else 0.0
     s.host_idle_ops = dict(sorted(inside.items(), key=lambda kv: (-kv[1], kv[0]))[:8])
+    blocked: dict[str, float] = {}
+    for tl in a.timelines:
+        for name, us in tl.blocked_in_waits_us.items():
+            blocked[name] = blocked.get(name, 0.0) + (us / tl.window_us / n if tl.window_us > 0 else 0.0)
+    s.blocked_in_waits = dict(sorted(blocked.items(), key=lambda kv: (-kv[1], kv[0]))[:4])
     unattributed = sum(tl.unattributed_launch_us for tl in a.timelines)
     if unattributed > 0:
         skipped.append(f"{unattributed / 1e3:.1f} ms of idle time precede GPU ops whose launch call is not in "

@@ -81,6 +81,9 @@ class DeviceTimeline:
     # Host-caused idle (host and sync gaps) inside each long CPU op (Tables.long_ops), by op name: what held the host
     # while the GPU waited. Each name's ops count their union once; ops of different names that nest count each.
     host_idle_ops_us: dict[str, float] = field(default_factory=dict)
+    # the blocking copies (BLOCKS_HOST) the host was inside while the GPU idled with work queued (stream waits): the
+    # host cannot queue more behind a read-back it waits for, whichever side started the wait
+    blocked_in_waits_us: dict[str, float] = field(default_factory=dict)
 
     @property
     def window_us(self) -> float:
@@ -244,6 +247,10 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
         named = launches.blocking_names()
         ops = [(named.get((op[0], op[1]), op[0]), op[1], op[2]) for op in t.long_ops] if named else t.long_ops
         tl.host_idle_ops_us = idle_inside_ops(host_gaps, ops)
+        waits = [(g[0], g[1]) for g, c in zip(gaps, causes, strict=True) if c == "stream_wait"]
+        blocking = [op for op in ops if BLOCKS_HOST in op[0]]
+        if waits and blocking:
+            tl.blocked_in_waits_us = idle_inside_ops(waits, blocking)
     longest = heapq.nlargest(keep_longest, range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])
     tl.longest_gaps = [Gap(gaps[k][0], gaps[k][1], causes[k]) for k in longest]
     if keep_range is not None and gaps:
