@@ -5,6 +5,7 @@ included), with the alerts pending or firing."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -192,3 +193,34 @@ def test_alerts_for_the_limiters_that_call_for_action(ruled) -> None:  # type: i
     # A saturated roof is the GPU doing its work: no alert.
     compute = {g.uuid for g in gpus if g.profile == "compute" and not g.mig_id}
     assert not compute & set().union(*found.values())
+
+
+def test_a_lost_statistic_is_asked_again_and_a_loss_is_partial_in_the_exit_code(ruled, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """One query lost to the engine's 30 s limit turned every VRAM-limited GPU of a 10,000-GPU fleet inconclusive,
+    exit 0 with a warning. A lost statistic is asked once more; lost twice, the rows are partial and `fleet` exits 4
+    after writing the report."""
+    from typer.testing import CliRunner
+
+    from diagnoser.cli.app import app
+    from diagnoser.collectors.prom_client import PromError
+
+    prom, gpus = ruled
+    target = record_name(next(s for s in STATS if s.field == "sm_active"), 15)
+    real = PromClient._call
+    lost = {"left": 1}
+
+    def flaky(self, endpoint: str, params: dict[str, str], method: str = "POST") -> bytes:  # type: ignore[no-untyped-def]
+        if params.get("query") == target and lost["left"] > 0:
+            lost["left"] -= 1
+            raise PromError("did not answer within 30 s (raise --timeout or shorten the window).", "timeout")
+        return real(self, endpoint, params, method)
+
+    monkeypatch.setattr(PromClient, "_call", flaky)
+    once = run_fleet(PromClient(prom.url), Window(time.time() - 15, time.time()), detail=0)
+    assert lost["left"] == 0 and once.lost == [] and not any("failed" in e for e in once.errors), once.errors
+    lost["left"] = 10**6  # lost every time it is asked
+    twice = run_fleet(PromClient(prom.url), Window(time.time() - 15, time.time()), detail=0)
+    assert twice.lost == ["sm_active"] and all(r.partial for r in twice.rows)
+    result = CliRunner().invoke(app, ["fleet", "--prometheus", prom.url, "--since", "15s", "--json"])
+    assert result.exit_code == 4, result.output
+    assert "partial result" in result.stderr and json.loads(result.stdout)["lost"] == ["sm_active"]

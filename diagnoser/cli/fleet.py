@@ -17,7 +17,7 @@ from diagnoser.collectors.dcgm import GpuSelector
 from diagnoser.collectors.prom_client import PromClient, parse_headers
 from diagnoser.collectors.prometheus_source import resolve_window
 from diagnoser.diagnosis import INCONCLUSIVE
-from diagnoser.errors import EXIT_FAIL_ON, InputError
+from diagnoser.errors import EXIT_FAIL_ON, EXIT_PARTIAL, InputError
 from diagnoser.fleet.model import FleetReport, FleetRow
 from diagnoser.fleet.run import (
     DEFAULT_DETAIL,
@@ -223,7 +223,13 @@ def register(app: typer.Typer) -> None:
                                   soft_wrap=False)
                 render_fleet(report, console, groups=groups, limit=limit, notes=notes)
             verdicts = {r.diagnosis.verdict for r in report.rows}
+            lost = list(report.lost)
             # Freed while paused: with the collector back on, one full collection walked them all (1 s at 100,000).
             del report, groups
         if wanted and (("any" in wanted and verdicts - {INCONCLUSIVE}) or verdicts & wanted):
             raise typer.Exit(EXIT_FAIL_ON)
+        if lost:
+            # The report above is whole but for these fields: said on stderr, and in the exit code for scripts.
+            typer.echo(f"diagnoser: partial result: the statistics of {', '.join(lost)} could not be read (asked "
+                       "twice); every row is marked partial.", err=True)
+            raise typer.Exit(EXIT_PARTIAL)

@@ -23,6 +23,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 from diagnoser.collectors.dcgm import (
     DEVICE_LEVEL_FIELDS,
@@ -353,20 +354,28 @@ class StatsQuery:
             census = None if indexed or existing is None else pool.submit(self._census, existing, shown)
             if found is not None:
                 self._index(data, found.result())
-            for stat, answer in answers:
-                self._take(data, stat, answer.result)
+            for (stat, answer), (_, expr) in zip(answers, jobs, strict=True):
+                self._take(data, stat, answer.result, retry=partial(self.client.instant_points, expr, end))
             got = census.result() if census is not None else ({}, None)
             known = self._known_uuids(data)
             self._fallback(data, existing, more=any(u not in known for u in got[0]))
             self._complete(data, got)
         self._report_failures(data)
 
-    def _take(self, data: WindowStats, stat: Stat, answer: Callable[[], list[KeyedSeries]]) -> None:
+    def _take(self, data: WindowStats, stat: Stat, answer: Callable[[], list[KeyedSeries]],
+              retry: Callable[[], list[KeyedSeries]] | None = None) -> None:
         try:
             result = answer()
-        except PromError as exc:
-            data.failed.setdefault("fb_used" if stat.field == "fb_total" else stat.field, str(exc))
-            return
+        except PromError:
+            # Asked once more, alone: one statistic lost to the engine's query timeout while the others ran beside it
+            # turned every VRAM-limited GPU of a 10,000-GPU fleet inconclusive.
+            try:
+                if retry is None:
+                    raise
+                result = retry()
+            except PromError as exc:
+                data.failed.setdefault("fb_used" if stat.field == "fb_total" else stat.field, str(exc))
+                return
         unlisted: list[KeyedSeries] = []
         column = vector_values(result, data.index, len(data.keys), unlisted)
         if unlisted and self._add_unlisted(data, unlisted):
@@ -389,7 +398,8 @@ class StatsQuery:
             return
         better = self._names("gr_engine_active", existing)
         expr = stat_expr(FALLBACK, names, self.window.length_s, matchers=self.matchers, unless_names=better)
-        self._take(data, FALLBACK, lambda: self.client.instant_points(expr, self.window.end))
+        ask = partial(self.client.instant_points, expr, self.window.end)
+        self._take(data, FALLBACK, ask, retry=ask)
 
     # --- recorded statistics ---------------------------------------------------------------------------------------
 
@@ -460,8 +470,8 @@ class StatsQuery:
             shown = [n for stat, _ in recorded if stat.field != "fb_total" for n in self._names(stat.field, existing)]
             census = pool.submit(self._census, existing, shown)
             self._index(data, found.result())
-            for stat, answer in answers:
-                self._take(data, stat, answer.result)
+            for (stat, answer), (_, name) in zip(answers, recorded, strict=True):
+                self._take(data, stat, answer.result, retry=partial(self.client.instant_points, name, end))
             self._complete(data, census.result())
         data.recorded = True
         data.notes.append(f"Statistics read from the series the diagnoser rule group records ({duration(length)} "

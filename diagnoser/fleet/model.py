@@ -52,12 +52,15 @@ class FleetReport:
     gpus_seen: int | None = None
     gpus_diagnosed: int | None = None
     gpus_per_field: dict[str, int] = field(default_factory=dict)
+    # DCGM fields whose statistic query failed, asked twice: every row is then partial, and `fleet` exits 4
+    lost: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source, "window_start": self.window_start, "window_end": self.window_end,
             "usd_per_gpu_hour": self.usd_per_gpu_hour, "errors": self.errors, "query_seconds": self.query_seconds,
             "gpus_seen": self.gpus_seen, "gpus_diagnosed": self.gpus_diagnosed, "gpus_per_field": self.gpus_per_field,
+            "lost": self.lost,
             "rows": [{**{k: v for k, v in r.__dict__.items() if k != "diagnosis"},
                       "diagnosis": r.diagnosis.to_dict()} for r in self.rows],
         }

@@ -387,7 +387,7 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
         raise SourceUnavailable(f"Prometheus listed {len(stats.gpus)} GPUs but no counter could be read: {reason}")
     redact_identities(stats.gpus.values())
     report = FleetReport(source=client.url, window_start=window.start, window_end=window.end,
-                         usd_per_gpu_hour=usd_per_gpu_hour, errors=list(stats.errors))
+                         usd_per_gpu_hour=usd_per_gpu_hour, errors=list(stats.errors), lost=sorted(stats.failed))
     rows, triage = triage_rows(stats, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds,
                                processes=processes)
     t2 = time.perf_counter()
@@ -552,7 +552,7 @@ def report_dict(report: FleetReport, limit: int | None = None) -> dict[str, Any]
     doc = {"source": report.source, "window_start": report.window_start, "window_end": report.window_end,
            "usd_per_gpu_hour": report.usd_per_gpu_hour, "errors": report.errors,
            "query_seconds": report.query_seconds, "gpus_seen": report.gpus_seen,
-           "gpus_diagnosed": report.gpus_diagnosed, "gpus_per_field": report.gpus_per_field}
+           "gpus_diagnosed": report.gpus_diagnosed, "gpus_per_field": report.gpus_per_field, "lost": report.lost}
     rows = report.rows if limit is None else report.rows[:limit]
     doc["rows"] = [{**{k: v for k, v in r.__dict__.items() if k != "diagnosis"},
                     "diagnosis": diagnosis_dict(r.diagnosis)} for r in rows]
