@@ -44,6 +44,10 @@ def tree_target():
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     grandchild = int(parent.stdout.readline())
     yield parent, grandchild
+    _kill_tree(parent)
+
+
+def _kill_tree(parent: subprocess.Popen[str]) -> None:
     for p in [*psutil.Process(parent.pid).children(recursive=True), psutil.Process(parent.pid)]:
         try:
             p.kill()
@@ -149,12 +153,7 @@ def test_cpu_wait_is_the_working_thread_that_waited_most_not_the_busiest():
         assert parent.stdout.readline().strip() == "ready"
         capture = host_window(parent.pid, duration=3.0)
     finally:
-        for p in [*psutil.Process(parent.pid).children(recursive=True), psutil.Process(parent.pid)]:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        parent.wait()
+        _kill_tree(parent)
     waits = series(capture, "host.target_cpu_wait")
     assert waits, "no run-queue wait recorded (kernel without schedstat?)"
     # The two sharing a CPU wait at least half the time (more on a loaded host); the lone spinner, the busiest, may
