@@ -171,22 +171,25 @@ def realised_gain(ceiling_ratio: float, efficiency: float) -> float:
     return 1.0 / (1.0 - e + e / ceiling_ratio)
 
 
-def realised_speedup(before: Workload, after: Workload, efficiency: float) -> float:
+def realised_speedup(before: Workload, after: Workload, efficiency: float,
+                     measured_on: Workload | None = None) -> float:
     """Realised tokens/s ratio of moving from `before` (measured at `efficiency` of its ceiling) to `after`.
 
     Measured time T = ceiling / e; the time beyond the attained roofline, O = T - attained, stays per decode step;
     T' = attained' + O x steps'. If the measurement beat the attained estimate (e above the attainable share), O is 0
-    and the attained times are scaled to the measurement."""
+    and the attained times are scaled to the measurement. `measured_on`: the workload the efficiency was measured on
+    when it is not `before` (a steady decode step, for whole requests that also prefill): its O per step is kept in
+    both."""
     e = _check_efficiency(efficiency)
-    measured = before.ceiling_s / e
-    attained = before.attained_s
+    ref = before if measured_on is None else measured_on
+    measured, attained = ref.ceiling_s / e, ref.attained_s
     scale, overhead = 1.0, 0.0
     if attained >= measured:
         scale = measured / attained
     else:
-        overhead = (measured - attained) / max(before.steps, 1.0)
-    after_time = after.attained_s * scale + max(after.steps, 1.0) * overhead
-    return (after.tokens / after_time) / (before.tokens / measured)
+        overhead = (measured - attained) / max(ref.steps, 1.0)
+    before_time, after_time = (w.attained_s * scale + max(w.steps, 1.0) * overhead for w in (before, after))
+    return (after.tokens / after_time) / (before.tokens / before_time)
 
 
 def realised_tokens_per_s(workload: Workload, efficiency: float, after: Workload) -> float:

@@ -32,7 +32,6 @@ from diagnoser.physics.parallel import Interconnect, has_tp_shape, interconnect
 from diagnoser.physics.quant import quant_scheme
 from diagnoser.physics.realised import (
     ATTAINABLE_BANDWIDTH,
-    Workload,
     attainable_shares,
     decode_workload,
     generation_workload,
@@ -305,19 +304,6 @@ def tp_what_if(
                    link=link, new_link=new_link, demand=demand, mem_fraction=mem_fraction)
 
 
-def _generation_realised(model: ModelInfo, s: _Setup, context: float, before: Workload, after: Workload,
-                         efficiency: float) -> float:
-    """Realised gain between two generation workloads when `efficiency` was measured against the steady decode
-    ceiling at `context`: the time beyond the roofline is that decode step's, kept per decode step; the prefill runs
-    at its attained roof."""
-    step = decode_workload(model, s.gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp, link=s.link)
-    measured, attained = step.ceiling_s / efficiency, step.attained_s
-    # A measurement faster than the attained estimate: nothing beyond the roofline, the attained times scaled to it.
-    scale, overhead = (measured / attained, 0.0) if attained >= measured else (1.0, measured - attained)
-    times = [w.attained_s * scale + w.steps * overhead for w in (before, after)]
-    return (after.tokens / times[1]) / (before.tokens / times[0])
-
-
 def generation_what_if(
     model: ModelInfo,
     gpu: GpuSpec,
@@ -361,8 +347,11 @@ def generation_what_if(
     prefill_share = [w.prefill.ceiling_s / w.ceiling_s if w.prefill else 0.0 for w in works]
     realised = None
     if efficiency is not None and speedup is not None and rates[1] > 0:
-        realised = _generation_realised(model, before, context if context is not None else prompt_tokens,
-                                        works[0], works[1], efficiency)
+        # The efficiency was measured against the steady decode step at the context: its time beyond the roofline
+        # is kept per decode step; the prefill runs at its attained roof.
+        step = decode_workload(model, before.gpu, before.batch, context if context is not None else prompt_tokens,
+                               dtype=before.dtype, kv_dtype=before.kv_dtype, tp=before.tp, link=before.link)
+        realised = realised_speedup(works[0], works[1], efficiency, measured_on=step)
     if problems[1]:
         why = problems[1]
     elif problems[0]:
