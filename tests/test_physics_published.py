@@ -3,8 +3,8 @@
 Every measured value must lie under the tool's ceiling for its configuration, and every ratio between a
 comparison's baseline and another row of the same source within the tolerance (25 %) of the realised gain the tool
 predicts from the baseline's measured efficiency. The pairs that miss must be exactly the known misses the data
-lists, each with its reason (docs/physics.md). `python tests/test_physics_published.py` prints the table that
-docs/physics.md shows.
+lists, each with its reason (docs/physics.md). An engine's logged KV-pool size must match the tool's KV bytes per
+token to the log's last digit. `python tests/test_physics_published.py` prints the table that docs/physics.md shows.
 """
 
 from __future__ import annotations
@@ -28,23 +28,28 @@ from diagnoser.physics import (
     generation_ceiling_tokens_per_s,
     generation_workload,
     get_gpu,
+    kv_bytes_per_token,
     kv_capacity_tokens,
     load_bundled_model,
     realised_speedup,
     with_measured,
 )
+from diagnoser.physics.models import load_hf_config
 
 CORPUS = Path(__file__).parent / "fixtures" / "published" / "results.json"
+# Shapes of models too large to bundle with the tool, copied from their published config.json (SOURCES.md).
+MODELS = CORPUS.parent / "models"
 DATA: dict[str, Any] = json.loads(CORPUS.read_text(encoding="utf-8"))
 ROWS: dict[str, dict[str, Any]] = {row["id"]: row for row in DATA["rows"]}
 SOURCES: dict[str, dict[str, Any]] = DATA["sources"]
 TOLERANCE: float = DATA["tolerance"]
-METRICS = ("decode", "generation", "offline", "kv_capacity_tokens")
+METRICS = ("decode", "generation", "offline", "kv_capacity_tokens", "kv_pool_bytes")
 
 
 def model_of(row: dict[str, Any]) -> ModelInfo:
-    """The bundled config at the row's precision and quantisation."""
-    model = load_bundled_model(row["model"])
+    """The row's config (bundled, or under fixtures/published/models) at its precision and quantisation."""
+    fixture = MODELS / f"{row['model']}.json"
+    model = load_hf_config(fixture) if fixture.is_file() else load_bundled_model(row["model"])
     quant = row.get("quant") or {}
     return msgspec.structs.replace(
         model, dtype=row["dtype"], kv_dtype=row.get("kv_dtype", ""), quant_method=quant.get("method", ""),
@@ -52,18 +57,32 @@ def model_of(row: dict[str, Any]) -> ModelInfo:
         quant_lm_head=bool(quant.get("lm_head", False)))
 
 
-def gpu_of(row: dict[str, Any], *, measured: bool) -> GpuSpec:
-    """The row's GPU; with `measured`, the roofs its source states it measured (as `diagnoser calibrate` would)."""
+def gpu_of(row: dict[str, Any], *, measured: bool) -> GpuSpec | None:
+    """The row's GPU; with `measured`, the roofs its source states it measured (as `diagnoser calibrate` would).
+    None for an engine's KV-pool size, which no GPU figure enters."""
+    if row["metric"] == "kv_pool_bytes":
+        return None
     gpu = get_gpu(row["gpu"])
     roofs = SOURCES[row["source"]].get("measured_roofs")
     return with_measured(gpu, roofs) if measured and roofs else gpu
 
 
-def ceiling(row: dict[str, Any], gpu: GpuSpec) -> float:
-    """The tool's upper bound for what the row measured."""
+def kv_pool_bytes(row: dict[str, Any]) -> float:
+    """The bytes the tool says an engine's KV pool of `tokens` tokens takes on one GPU."""
+    return kv_bytes_per_token(model_of(row), tp=row["tp"]) * row["tokens"]
+
+
+def ceiling(row: dict[str, Any], gpu: GpuSpec | None) -> float:
+    """The tool's upper bound for what the row measured. A decode row's `replicas` are data-parallel attention
+    ranks, each decoding `batch` sequences of its own over the weights its `tp` GPUs share (expert parallelism).
+    A KV pool's logged size may exceed the tool's by half the log's last digit (`resolution`), no more."""
+    if row["metric"] == "kv_pool_bytes":
+        return kv_pool_bytes(row) + row["resolution"] / 2
+    assert gpu is not None
     model, metric = model_of(row), row["metric"]
     if metric == "decode":
-        return decode_ceiling_tokens_per_s(model, gpu, row["batch"], row["context"], row["dtype"], row["tp"])
+        return row.get("replicas", 1) * decode_ceiling_tokens_per_s(model, gpu, row["batch"], row["context"],
+                                                                     row["dtype"], row["tp"])
     if metric == "generation":
         return generation_ceiling_tokens_per_s(model, gpu, row["batch"], row["input_tokens"], row["output_tokens"],
                                                dtype=row["dtype"], tp=row["tp"])
@@ -73,8 +92,9 @@ def ceiling(row: dict[str, Any], gpu: GpuSpec) -> float:
     return kv_capacity_tokens(model, gpu, row["mem_fraction"], row["tp"], dtype=row["dtype"])
 
 
-def workload(row: dict[str, Any], gpu: GpuSpec) -> Workload:
+def workload(row: dict[str, Any], gpu: GpuSpec | None) -> Workload:
     model = model_of(row)
+    assert gpu is not None
     if row["metric"] == "decode":
         return decode_workload(model, gpu, row["batch"], row["context"], dtype=row["dtype"], tp=row["tp"])
     assert row["metric"] == "generation"
@@ -125,7 +145,9 @@ def test_every_row_is_complete_and_sourced() -> None:
     for row in ROWS.values():
         assert row["source"] in SOURCES, row["id"]
         assert row["metric"] in METRICS and row["measured"] > 0, row["id"]
-        assert row["tp"] >= 1 and row["batch"] >= 1, row["id"]
+        assert row["tp"] >= 1 and row.get("batch", 1) >= 1 and row.get("replicas", 1) >= 1, row["id"]
+        assert ("gpu" in row) != (row["metric"] == "kv_pool_bytes"), row["id"]
+        assert "replicas" not in row or row["metric"] == "decode", row["id"]
         model_of(row), gpu_of(row, measured=False)  # resolvable
     sources_md = (CORPUS.parent / "SOURCES.md").read_text(encoding="utf-8")
     for source in SOURCES.values():
@@ -151,6 +173,31 @@ def test_measured_value_lies_under_the_ceiling(row_id: str) -> None:
     row = ROWS[row_id]
     bounds = [ceiling(row, gpu_of(row, measured=m)) for m in (False, True)]
     assert row["measured"] <= min(bounds), f"{row_id}: measured {row['measured']:g} above the ceiling {bounds}"
+
+
+def test_engine_kv_pools_match_the_kv_bytes_per_token() -> None:
+    """An engine's logged KV-pool size over its token count is KV bytes per token, measured: the tool's must give
+    the logged size to the log's last digit (MLA: DeepSeek-V3's latent and rope key, not 128 heads' K and V)."""
+    rows = [row for row in DATA["rows"] if row["metric"] == "kv_pool_bytes"]
+    assert rows
+    for row in rows:
+        assert abs(row["measured"] - kv_pool_bytes(row)) <= row["resolution"] / 2, row["id"]
+
+
+def test_falcon_180b_rows_refute_reading_every_query_head_as_a_kv_head() -> None:
+    """The published Falcon-180B rows tell the KV reading apart: with num_kv_heads read (8) every row lies under its
+    ceiling; with 232 KV heads (one per query head, the reading before Falcon's num_kv_heads key was known) the
+    long-output rows on the smaller GPUs would beat it."""
+    rows = [row for row in DATA["rows"] if row["model"] == "falcon-180b"]
+    assert len(rows) >= 8 and all(model_of(row).kv_heads == 8 for row in rows)
+    misread = msgspec.structs.replace(model_of(rows[0]), kv_heads=232)
+    above = []
+    for row in rows:
+        model = msgspec.structs.replace(misread, dtype=row["dtype"], kv_dtype=row.get("kv_dtype", ""))
+        bound = generation_ceiling_tokens_per_s(model, get_gpu(row["gpu"]), row["batch"], row["input_tokens"],
+                                                row["output_tokens"], dtype=row["dtype"], tp=row["tp"])
+        above += [row["id"]] if row["measured"] > bound else []
+    assert above, "no published Falcon-180B row tells 8 KV heads from 232"
 
 
 def test_ratios_lie_within_the_tolerance_except_the_known_misses() -> None:
