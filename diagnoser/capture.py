@@ -14,6 +14,7 @@ import os
 import re
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from diagnoser.fileio import TooLarge, read_bounded, write_atomic
 FORMAT_NAME = "diagnoser-capture"
 # Bump when a change is not backward compatible; add a migration in _MIGRATIONS from the old version.
 # 2: `serving` became a typed ServingConfig (version 1 wrote a free dict); `origin` added.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 # Sources a number can come from. Kept as plain strings so collectors added later need no change here.
 SOURCES = ("nvml", "gpm", "dcgm", "psutil", "server", "trace", "physics", "user")
@@ -86,8 +87,11 @@ class Series(msgspec.Struct, kw_only=True):
         self.times, self.values = [t for t, _ in kept], [v for _, v in kept]
 
 
-class Unavailable(msgspec.Struct, kw_only=True):
-    """A source or signal that could not be read, and why (no GPU, no permission, not supported...)."""
+class Unavailable(msgspec.Struct, frozen=True):
+    """A source or signal that could not be read, and why (no GPU, no permission, not supported...).
+
+    The one type for it: stored in captures, carried by the evidence (`Meta.unavailable`) and listed in the
+    diagnosis. Frozen, since one instance is shared by all three (and by a fleet's GPUs)."""
 
     source: str
     what: str
@@ -303,7 +307,23 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     prefill_frac: float | None = None  # share of GPU time in prefill-like steps
     attention_frac: float | None = None
     skipped: list[str] = msgspec.field(default_factory=list)  # what the analysis could not read
-    extra: dict[str, float] = msgspec.field(default_factory=dict)
+    # Communication not hidden behind compute, as a share of the window (per device; a job's: mean over its ranks).
+    comm_exposed_frac: float | None = None
+    # Share of the kernels, by count, launched from graph replays (graph_kernel_frac below is the share by time).
+    graph_kernel_count_frac: float | None = None
+    # Share of the GEMM and attention kernel time launched by ops whose FLOPs and bytes are known (costed_time_frac
+    # below is of all kernel time).
+    costed_gemm_attention_frac: float | None = None
+    costed_op_count: int | None = None  # ops whose FLOPs and bytes are known
+    ridge_flop_per_byte: float | None = None  # the GPU's ridge point the costed ops were held against
+    time_frac_below_ridge: float | None = None  # share of the costed ops' time in ops below the ridge point
+    # The first and last decode steps: their context (KV) length in tokens and attention's share of their time.
+    context_tokens_first: int | None = None
+    context_tokens_last: int | None = None
+    attention_frac_first: float | None = None
+    attention_frac_last: float | None = None
+    rank_count: int | None = None  # ranks combined (several traces of one job)
+    comm_share_max_rank: float | None = None  # the highest communication share of GPU time of any rank
     # Precision most of the costed op time ran at (fp32, tf32, bf16, fp16, fp8); "" when unknown. The ridge point
     # is read at this precision when the capture has no model dtype.
     dtype: str = ""
@@ -536,7 +556,69 @@ def _serving_v1_to_v2(raw: Any) -> Any:
     return raw
 
 
-_MIGRATIONS: dict[int, Any] = {1: _serving_v1_to_v2}  # version -> function(dict) -> dict of version + 1
+# Version 2 kept some trace results as free keys of `trace.extra`: old key -> (typed field, its type).
+_TRACE_EXTRA: dict[str, tuple[str, type]] = {
+    "comm_exposed_frac": ("comm_exposed_frac", float), "graph_kernel_frac": ("graph_kernel_count_frac", float),
+    "costed_gpu_frac": ("costed_gemm_attention_frac", float), "costed_ops": ("costed_op_count", int),
+    "ridge_flop_per_byte": ("ridge_flop_per_byte", float), "time_frac_below_ridge": ("time_frac_below_ridge", float),
+    "context_first": ("context_tokens_first", int), "context_last": ("context_tokens_last", int),
+    "attention_frac_first": ("attention_frac_first", float), "attention_frac_last": ("attention_frac_last", float),
+    "ranks": ("rank_count", int), "comm_share_max_rank": ("comm_share_max_rank", float),
+}
+
+# Those fields, in that order: the trace results a report lists by name.
+TRACE_RESULTS: tuple[str, ...] = tuple(name for name, _ in _TRACE_EXTRA.values())
+
+
+def _trace_fields(extra: dict[str, Any]) -> dict[str, Any]:
+    """An old `trace.extra` as typed fields; counts were written as floats (2.0). Other keys had no reader: dropped.
+    A value that is not a number is kept as it is, for the typed decode to refuse in its sentence."""
+    out: dict[str, Any] = {}
+    for key, value in extra.items():
+        name, kind = _TRACE_EXTRA.get(key, ("", float))
+        if name:
+            whole = kind is int and isinstance(value, float) and value.is_integer()
+            out[name] = int(value) if whole else value
+    return out
+
+
+def _trace_extra_v2_to_v3(raw: Any) -> Any:
+    """Version 2 kept some trace results in `trace.extra`, a free dict: each becomes its typed field."""
+    trace = raw.get("trace") if isinstance(raw, dict) else None
+    if isinstance(trace, dict) and isinstance(extra := trace.pop("extra", None), dict):
+        trace.update(_trace_fields(extra))
+    return raw
+
+
+_MIGRATIONS: dict[int, Any] = {1: _serving_v1_to_v2, 2: _trace_extra_v2_to_v3}  # version v -> function(dict) -> v + 1
+
+
+class _V2Trace(msgspec.Struct):
+    extra: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class _V2Capture(msgspec.Struct):
+    trace: _V2Trace | None = None
+
+
+# The typed fields the old keys became, all optional: checks their types as the typed decode would.
+_TraceExtraFields = msgspec.defstruct("_TraceExtraFields", [(name, kind | None, None) for name, kind in
+                                                            _TRACE_EXTRA.values()], kw_only=True)
+
+
+def _trace_extra_typed(body: msgspec.Raw, capture: Capture) -> None:
+    """Version 2 -> 3 after a typed decode (which ignored `trace.extra` as an unknown field): read only that dict."""
+    old = msgspec.json.decode(body, type=_V2Capture).trace
+    if old is not None and old.extra and capture.trace is not None:
+        fields = msgspec.convert(_trace_fields(dict(old.extra)), type=_TraceExtraFields)
+        for name in fields.__struct_fields__:
+            if (value := getattr(fields, name)) is not None:
+                setattr(capture.trace, name, value)
+
+
+# Versions whose difference from this one is small enough to decode with this version's types (fast and bounded,
+# series by series) and then upgrade in place: version -> function(body, capture).
+_TYPED_UPGRADES: dict[int, Callable[[msgspec.Raw, Capture], None]] = {2: _trace_extra_typed}
 
 
 def dumps(capture: Capture) -> bytes:
@@ -622,15 +704,18 @@ def _decode_capture(env: _Envelope, origin: str, notes: list[str], unpaired: lis
     """The capture itself: straight into its types when it is of this version, within bounds and well-formed;
     otherwise on the generic path that migrates older versions and repairs what earlier writers got wrong."""
     shape = _shape(env.capture, origin)
+    typed = env.version == FORMAT_VERSION or env.version in _TYPED_UPGRADES
     try:
         capture: Capture | None = None
-        if shape is not None and shape.over and env.version == FORMAT_VERSION:
+        if shape is not None and shape.over and typed:
             capture = _decode_bounded(env.capture, shape, origin, notes)
-        elif env.version == FORMAT_VERSION:
+        elif typed:
             try:
                 capture = msgspec.json.decode(env.capture, type=Capture)
             except msgspec.ValidationError:
                 pass  # retried below, on the generic path that can repair what earlier writers got wrong
+        if capture is not None and env.version != FORMAT_VERSION:
+            _TYPED_UPGRADES[env.version](env.capture, capture)
         if capture is None:
             if shape is None or shape.over:
                 # The generic path decodes every point into Python objects: only for what is within the bounds.

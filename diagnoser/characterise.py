@@ -102,23 +102,17 @@ def _regime(ev: Evidence) -> tuple[Regime, str]:
 
 
 def costed_share(trace: TraceSummary | None) -> float | None:
-    """Share of GPU kernel time whose op FLOPs and bytes are known (captures before format 2 kept it in `extra`)."""
+    """Share of GPU kernel time whose op FLOPs and bytes are known (older captures: of the GEMM and attention time)."""
     if trace is None:
         return None
-    value = trace.costed_time_frac
-    if value is None:
-        value = trace.extra.get("costed_gpu_frac")
-    return float(value) if value is not None else None
+    return trace.costed_time_frac if trace.costed_time_frac is not None else trace.costed_gemm_attention_frac
 
 
 def graph_share(trace: TraceSummary | None) -> float | None:
     """Share of GPU kernel time (older captures: of kernels) launched from graph replays."""
     if trace is None or not trace.kernel_count:
         return None
-    value = trace.graph_kernel_frac
-    if value is None:
-        value = trace.extra.get("graph_kernel_frac")
-    return float(value) if value is not None else None
+    return trace.graph_kernel_frac if trace.graph_kernel_frac is not None else trace.graph_kernel_count_frac
 
 
 def _in_place(ev: Evidence) -> dict[FixKind, str]:

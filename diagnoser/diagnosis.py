@@ -9,6 +9,10 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+import msgspec
+
+from diagnoser.capture import Unavailable
+
 SCHEMA_VERSION = 1
 
 
@@ -44,7 +48,34 @@ LIMITER_LABELS = {
     Limiter.ERRORS: "GPU errors",
 }
 
-INCONCLUSIVE = "inconclusive"
+
+
+class Verdict(str, Enum):
+    """What a diagnosis concludes: a Limiter's value, or inconclusive. A str that prints as its value, so the JSON's
+    `verdict`, the agent's history and every message read as before."""
+
+    VRAM = "vram"
+    MEMORY_BANDWIDTH = "memory_bandwidth"
+    COMPUTE = "compute"
+    LATENCY = "latency"
+    BATCHING = "batching"
+    HOST_LAUNCH = "host_launch"
+    THROTTLING = "throttling"
+    INTERCONNECT = "interconnect"
+    IDLE = "idle"
+    ERRORS = "errors"
+    INCONCLUSIVE = "inconclusive"
+
+    def __str__(self) -> str:  # as StrEnum (3.11+) does; format() follows str()
+        return str(self.value)
+
+    @classmethod
+    def of(cls, limiter: Limiter) -> Verdict:
+        return cls(limiter.value)
+
+    @property
+    def limiter(self) -> Limiter | None:
+        return None if self is Verdict.INCONCLUSIVE else Limiter(self.value)
 
 
 class Regime(str, Enum):
@@ -205,7 +236,7 @@ class Withheld:
 
 @dataclass
 class Diagnosis:
-    verdict: str  # a Limiter value or "inconclusive"
+    verdict: Verdict
     confidence: float
     headline: str
     target: str
@@ -214,7 +245,7 @@ class Diagnosis:
     fixes: list[Fix] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     passed: list[str] = field(default_factory=list)  # rules evaluated that found nothing
-    unavailable: list[dict[str, str]] = field(default_factory=list)
+    unavailable: list[Unavailable] = field(default_factory=list)
     to_collect: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     context: dict[str, Any] = field(default_factory=dict)
@@ -229,7 +260,7 @@ class Diagnosis:
 
     @property
     def limiter(self) -> Limiter | None:
-        return None if self.verdict == INCONCLUSIVE else Limiter(self.verdict)
+        return Verdict(self.verdict).limiter
 
     @property
     def confidence_label(self) -> str:
@@ -239,7 +270,7 @@ class Diagnosis:
         d = asdict(self)
         d["schema_version"] = SCHEMA_VERSION
         d["confidence_label"] = self.confidence_label
-        d["verdict_label"] = self.limiter.label if self.limiter else INCONCLUSIVE
+        d["verdict_label"] = self.limiter.label if self.limiter else Verdict.INCONCLUSIVE.value
         return _plain(d)
 
 
@@ -247,6 +278,8 @@ def _plain(obj: Any) -> Any:
     """Enums as their values, all the way down (asdict keeps them as members)."""
     if isinstance(obj, Enum):
         return obj.value
+    if isinstance(obj, msgspec.Struct):  # Unavailable: a dict in its fields' order
+        return {name: _plain(getattr(obj, name)) for name in obj.__struct_fields__}
     if isinstance(obj, dict):
         return {(k.value if isinstance(k, Enum) else k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, list):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from diagnoser import signals as S
-from diagnoser.capture import GpuInfo, ModelInfo, ServingConfig, StackSamples, TraceSummary
+from diagnoser.capture import GpuInfo, ModelInfo, ServingConfig, StackSamples, TraceSummary, Unavailable
 from diagnoser.diagnosis import FixKind, Regime
 
 if TYPE_CHECKING:
@@ -200,14 +200,6 @@ class _StatsSignal(Signal):
 
 
 min_, max_ = min, max  # Signal's own min/max properties shadow the builtins inside the class body
-
-
-@dataclass(frozen=True)
-class Unavailable:
-    source: str
-    what: str
-    reason: str
-    hint: str = ""
 
 
 @dataclass(frozen=True)

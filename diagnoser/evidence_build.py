@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from diagnoser import signals as S
 from diagnoser.capture import Capture, GpuInfo, Series, ServingConfig, TraceSummary
 from diagnoser.characterise import MIN_COSTED_SHARE, characterise, costed_share, fp32_share, graph_share
-from diagnoser.evidence import Evidence, Meta, Signal, Unavailable
+from diagnoser.evidence import Evidence, Meta, Signal
 from diagnoser.signals import spec
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def _meta(capture: Capture) -> Meta:
         gpus=tuple(capture.gpus), measured_roofs=any(g.measured for g in capture.gpus),
         exited_at_s=capture.process.exited_at_s if capture.process is not None else None,
         notes=tuple(capture.notes),
-        unavailable=tuple(Unavailable(u.source, u.what, u.reason, u.hint) for u in capture.unavailable))
+        unavailable=tuple(capture.unavailable))
 
 
 def _derive_energy(capture: Capture, ev: Evidence) -> None:
@@ -142,7 +142,7 @@ _TRACE_FIELDS = {
     S.TRACE_KERNELS_PER_S: lambda t: t.kernel_count / t.window_s if t.window_s > 0 and t.kernel_count else None,
     S.TRACE_CUDA_GRAPH_LAUNCHES: lambda t: float(t.cuda_graph_launches) if t.kernel_count else None,
     S.TRACE_GRAPH_KERNEL_FRAC: graph_share,
-    S.TRACE_COMM_EXPOSED_FRAC: lambda t: t.extra.get("comm_exposed_frac") if t.kernel_share.get("comm") else None,
+    S.TRACE_COMM_EXPOSED_FRAC: lambda t: t.comm_exposed_frac if t.kernel_share.get("comm") else None,
     S.TRACE_INTENSITY: lambda t: t.intensity_flop_per_byte,
     S.TRACE_DECODE_BATCH: lambda t: t.decode_batch,
     S.TRACE_PREFILL_FRAC: lambda t: t.prefill_frac,

@@ -128,3 +128,69 @@ def test_null_points_written_by_0_1_0_are_dropped_on_load(tmp_path):
     path.write_bytes(gzip.compress(json.dumps(raw).encode()))
     back = next(s for s in load(path).series if s.name == "gpu.dram_active")
     assert back.values == [0.3, 0.3] and len(back.times) == 2
+
+
+# Version 2 kept these trace results as free keys of `trace.extra` (diagnoser wrote counts as floats).
+V2_EXTRA = {"comm_exposed_frac": 0.0, "graph_kernel_frac": 0.8, "costed_gpu_frac": 0.95, "costed_ops": 12.0,
+            "ridge_flop_per_byte": 295.0, "time_frac_below_ridge": 0.9, "context_first": 128.0,
+            "context_last": 512.0, "attention_frac_first": 0.1, "attention_frac_last": 0.3, "ranks": 2.0,
+            "comm_share_max_rank": 0.05, "a_key_nothing_read": 1.0}
+
+
+def _version_2(tmp_path, extra, *, null_point=False):
+    doc = json.loads(gzip.decompress(cap_mod.dumps(_full_capture())))
+    doc["version"] = 2
+    doc["capture"]["trace"]["extra"] = extra
+    if null_point:  # takes the generic path that repairs what earlier writers got wrong, and migrates as a dict
+        doc["capture"]["series"][0]["values"][0] = None
+    path = tmp_path / "v2.dgc"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return path
+
+
+@pytest.mark.parametrize("null_point", [False, True], ids=["typed", "generic"])
+def test_a_version_2_trace_extra_becomes_typed_fields(tmp_path, null_point):
+    t = load(_version_2(tmp_path, V2_EXTRA, null_point=null_point)).trace
+    assert t is not None
+    assert (t.comm_exposed_frac, t.graph_kernel_count_frac, t.costed_gemm_attention_frac) == (0.0, 0.8, 0.95)
+    assert (t.ridge_flop_per_byte, t.time_frac_below_ridge, t.comm_share_max_rank) == (295.0, 0.9, 0.05)
+    assert (t.attention_frac_first, t.attention_frac_last) == (0.1, 0.3)
+    counts = (t.costed_op_count, t.context_tokens_first, t.context_tokens_last, t.rank_count)
+    assert counts == (12, 128, 512, 2) and all(type(c) is int for c in counts)
+    assert t.graph_kernel_frac is None  # the share by time stays unknown: the old key was the share by count
+    assert t.gpu_busy_frac == 0.4
+
+
+def test_a_version_2_trace_without_extra_leaves_the_fields_unknown(tmp_path):
+    t = load(_version_2(tmp_path, {})).trace
+    assert t is not None and t.costed_op_count is None and t.rank_count is None and t.comm_exposed_frac is None
+
+
+@pytest.mark.parametrize("extra,where", [({"ranks": 2.5}, "rank_count"), ({"costed_ops": "many"}, "extra")])
+def test_a_version_2_trace_extra_of_the_wrong_type_is_refused_in_one_sentence(tmp_path, extra, where):
+    with pytest.raises(CaptureError, match=f"damaged capture \\(version 2\\).*{where}"):
+        load(_version_2(tmp_path, extra))
+
+
+def test_a_saved_trace_has_typed_results_and_no_extra(tmp_path):
+    cap = _full_capture()
+    assert cap.trace is not None
+    cap.trace.costed_op_count, cap.trace.graph_kernel_count_frac = 7, 0.5
+    doc = json.loads(gzip.decompress(cap_mod.dumps(cap)))
+    assert doc["version"] == 3 and "extra" not in doc["capture"]["trace"]
+    assert doc["capture"]["trace"]["costed_op_count"] == 7
+    back = load(save(cap, tmp_path / "c.dgc")).trace
+    assert back is not None and back.costed_op_count == 7 and back.graph_kernel_count_frac == 0.5
+
+
+def test_one_unavailable_type_from_the_capture_to_the_diagnosis():
+    from diagnoser.evidence_build import build_evidence
+    from diagnoser.rules.engine import diagnose_evidence
+
+    cap = _full_capture()
+    ev = build_evidence(cap)
+    d = diagnose_evidence(ev)
+    assert ev.meta.unavailable == tuple(cap.unavailable) and d.unavailable == cap.unavailable
+    assert all(type(u) is Unavailable for u in d.unavailable)
+    assert d.to_dict()["unavailable"] == [{"source": "gpm", "what": "gpu.dram_active", "reason": "not supported",
+                                           "hint": "Hopper+"}]

@@ -143,7 +143,7 @@ def _fix(kind: FixKind, gain: float | None, **kw) -> Fix:
 
 
 def test_a_fix_already_in_place_is_withheld_with_the_evidence():
-    trace = TraceSummary(kernel_count=1000, cuda_graph_launches=40, extra={"graph_kernel_frac": 0.95})
+    trace = TraceSummary(kernel_count=1000, cuda_graph_launches=40, graph_kernel_count_frac=0.95)
     ev = build_evidence(make_capture({"gpu.busy": 0.5}, trace=trace))
     f = Finding("T001", "t", Limiter.HOST_LAUNCH, 0.8, "m", fixes=(_fix(FixKind.CUDA_GRAPHS, 1.5),
                                                                     _fix(FixKind.OFFLOAD_HOST_WORK, 1.4)))

@@ -11,7 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from diagnoser.diagnosis import Diagnosis
+from diagnoser.capture import Unavailable
+from diagnoser.diagnosis import Diagnosis, Verdict
 from diagnoser.fleet import run as fleet
 from diagnoser.fleet.model import FleetReport, FleetRow
 from diagnoser.fleet.pack import PackedDiagnosis, RowPacker, unpack_rows
@@ -122,6 +123,9 @@ def test_rows_packed_and_unpacked_by_hand() -> None:
     back, extra = unpack_rows(packer.finish(["x"]))
     assert extra == ["x"] and [r.uuid for r in back] == [r.uuid for r in rows]
     assert all(_same(r.diagnosis.builtins(), e) for r, e in zip(back, expected, strict=True))  # type: ignore[union-attr]
+    packed = back[0].diagnosis
+    assert type(packed.verdict) is Verdict and packed.limiter == rows[0].diagnosis.limiter
+    assert packed.unpack().unavailable and all(type(u) is Unavailable for u in packed.unpack().unavailable)
 
 
 class _DyingPacker(RowPacker):

@@ -87,7 +87,7 @@ def test_a_frontend_in_a_rank_folder_is_not_a_rank(tmp_path: Path, gpu: bool, fr
     assert [r.path.name for r in a.ranks] == [worker.name]
     assert [r.path for r in s.ranks] == [worker.name]
     assert len(s.frontends) == 1 and s.frontends[0].startswith(frontend_name + ": ")
-    assert s.extra["ranks"] == 1
+    assert s.rank_count == 1
     assert s.gpu_busy_frac == alone.gpu_busy_frac  # not averaged with a CPU-only process
     assert s.kernel_count == alone.kernel_count
     assert a.to_dict()["frontends"] == [str(folder / frontend_name)]

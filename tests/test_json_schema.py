@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from diagnoser.capture import save
-from diagnoser.diagnosis import Citation, Diagnosis, Finding, Fix, Limiter
+from diagnoser.diagnosis import Citation, Diagnosis, Finding, Fix, Limiter, Verdict
 from diagnoser.reports.jsonout import diagnosis_json, dumps, schema_path
 from tests.test_report_cases import LIMITERS, SECRETS, case_diagnosis, fleet_report, hostile_capture
 
@@ -126,3 +126,13 @@ def test_cli_json_output_validates(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     VALIDATOR.validate(data)
     assert data["verdict"] == "batching"
+
+
+def test_the_verdict_is_an_enum_of_every_limiter_and_inconclusive_that_serialises_as_before() -> None:
+    assert [v.value for v in Verdict] == [lim.value for lim in Limiter] + ["inconclusive"]
+    assert all(Verdict.of(lim).limiter is lim for lim in Limiter) and Verdict.INCONCLUSIVE.limiter is None
+    assert str(Verdict.HOST_LAUNCH) == f"{Verdict.HOST_LAUNCH}" == "host_launch" == Verdict.HOST_LAUNCH
+    for limiter in LIMITERS:
+        _, d = case_diagnosis(limiter)
+        assert type(d.verdict) is Verdict and d.verdict == limiter
+        assert json.loads(dumps(d))["verdict"] == limiter

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from diagnoser.diagnosis import INCONCLUSIVE, Limiter
+from diagnoser.diagnosis import Limiter, Verdict
 from diagnoser.reports import figures, html, model, terminal, trace_figures
 from diagnoser.reports.labels import (
     COLLECTIVES,
@@ -28,7 +28,7 @@ HEX = re.compile(r"#[0-9A-Fa-f]{6}")
 
 
 def test_every_verdict_has_a_label_a_colour_and_a_terminal_style() -> None:
-    assert list(VERDICTS) == [*(limiter.value for limiter in Limiter), INCONCLUSIVE]
+    assert list(VERDICTS) == [*(limiter.value for limiter in Limiter), Verdict.INCONCLUSIVE]
     for limiter in Limiter:
         look = VERDICTS[limiter.value]
         assert look.label == limiter.label  # the engine's label, which the headline starts with

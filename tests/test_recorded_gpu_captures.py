@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from diagnoser.capture import load
-from diagnoser.diagnosis import INCONCLUSIVE, Limiter
+from diagnoser.diagnosis import Verdict
 from diagnoser.rules import diagnose
 from diagnoser.selftest.record import load_manifest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gpu"
 ENTRIES = load_manifest(FIXTURES)
-KNOWN_VERDICTS = {limiter.value for limiter in Limiter} | {INCONCLUSIVE}
+KNOWN_VERDICTS = {v.value for v in Verdict}
 NONE_YET = ("no real-GPU recordings in tests/fixtures/gpu yet: run `diagnoser selftest --record tests/fixtures/gpu` "
             "on a GPU machine (../shared/gpu-recording.md)")
 

@@ -124,7 +124,6 @@ def hostile_capture() -> Capture:
     capture.trace.path = f"/traces/{XSS_IMG}.json"
     capture.trace.kernel_share = {**capture.trace.kernel_share, KERNEL: 0.05, XSS_SCRIPT: 0.01}
     capture.trace.skipped = [f"kernel {KERNEL} has no shapes", XSS_SVG]
-    capture.trace.extra = {XSS_IMG: 1.0}
     for s in capture.series:
         s.labels = {**s.labels, "pod": f"vllm-{XSS_SCRIPT}", "container": XSS_IMG}
     capture.gpus[0].uuid = XSS_IMG

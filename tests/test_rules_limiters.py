@@ -3,7 +3,7 @@
 import pytest
 
 from diagnoser.capture import ModelInfo, TraceSummary
-from diagnoser.diagnosis import INCONCLUSIVE, Limiter
+from diagnoser.diagnosis import Limiter, Verdict
 from diagnoser.rules import diagnose
 from tests.factories import H100_BYTES, llama_7b, make_capture
 
@@ -120,14 +120,14 @@ def test_contradictory_capture_has_low_confidence():
     # saturated serving thread too and an idle reading, strong limiters contradict each other.
     d = diagnose(make_capture({"gpu.busy": 0.05, "gpu.sm_active": 0.9, "gpu.tensor_active": 0.75,
                                "gpu.dram_active": 0.1}))
-    assert d.verdict in (INCONCLUSIVE, Limiter.IDLE.value)
+    assert d.verdict in (Verdict.INCONCLUSIVE, Limiter.IDLE.value)
     assert d.confidence < 0.45
-    assert any("almost as well" in r for r in d.confidence_reasons) or d.verdict == INCONCLUSIVE
+    assert any("almost as well" in r for r in d.confidence_reasons) or d.verdict == Verdict.INCONCLUSIVE
 
 
 def test_thin_capture_is_inconclusive_and_says_what_to_collect():
     d = diagnose(make_capture({"gpu.mem_used_bytes": 0.5 * H100_BYTES}, n=2))
-    assert d.verdict == INCONCLUSIVE
+    assert d.verdict == Verdict.INCONCLUSIVE
     assert any("DRAM and tensor" in w for w in d.to_collect)
     assert any("--port" in w for w in d.to_collect)
 
@@ -141,7 +141,7 @@ def test_two_samples_lower_confidence():
 
 def test_empty_capture_is_inconclusive():
     d = diagnose(make_capture({}, gpu=None))
-    assert d.verdict == INCONCLUSIVE
+    assert d.verdict == Verdict.INCONCLUSIVE
     assert d.confidence == 0
     assert "no signals" in d.headline
 

@@ -130,7 +130,7 @@ def test_folder_of_ranks_is_combined(stepped: Path, tmp_path: Path) -> None:
     a = analyze_trace(tmp_path)
     assert [r.rank for r in a.ranks] == [0, 1]
     assert a.summary.decode_batch == BATCH
-    assert a.summary.extra["ranks"] == 2
+    assert a.summary.rank_count == 2
     assert a.world_size == 2
 
 

@@ -207,7 +207,7 @@ def test_cuda_graph_replays_are_recognised_and_their_kernels_attributed(tmp_path
     assert a.summary.short_kernel_frac == 1.0 and a.summary.launch_call_us_p50 == 20
     assert k.count_by_class == {"gemm": 1, "attention": 1, "embedding": 0, "norm_elementwise": 1, "reduction": 1, "comm": 1,
                                 "memcpy": 0, "memset": 0, "other": 0}
-    assert a.summary.extra["graph_kernel_frac"] == pytest.approx(4 / 5)
+    assert a.summary.graph_kernel_count_frac == pytest.approx(4 / 5)
 
 
 @pytest.mark.parametrize("name, expected", [

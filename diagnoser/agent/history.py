@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diagnoser.diagnosis import Verdict
 from diagnoser.errors import InputError
 
 SCHEMA_VERSION = 1
@@ -319,9 +320,10 @@ class HistoryStore:
         """The verdict of the target's newest successful run (optionally skipping inconclusive ones)."""
         sql = "SELECT verdict FROM runs WHERE target = ? AND status = ? AND verdict IS NOT NULL"
         if not include_inconclusive:
-            sql += " AND verdict != 'inconclusive'"
+            sql += " AND verdict != ?"
+        params = (target, OK) if include_inconclusive else (target, OK, Verdict.INCONCLUSIVE.value)
         try:
-            row = self._db.execute(sql + " ORDER BY started_at DESC, id DESC LIMIT 1", (target, OK)).fetchone()
+            row = self._db.execute(sql + " ORDER BY started_at DESC, id DESC LIMIT 1", params).fetchone()
         except sqlite3.Error as exc:
             raise InputError(f"cannot read the history store {self.path}: {exc}.") from None
         return row[0] if row else None

@@ -34,11 +34,11 @@ from prometheus_client.registry import CollectorRegistry
 
 from diagnoser import __version__
 from diagnoser.agent.history import OK, RunRecord
-from diagnoser.diagnosis import INCONCLUSIVE, Limiter
+from diagnoser.diagnosis import Verdict
 from diagnoser.errors import InputError, SourceUnavailable
 from diagnoser.fileio import write_atomic
 
-VERDICTS = tuple(lim.value for lim in Limiter) + (INCONCLUSIVE,)
+VERDICTS = tuple(v.value for v in Verdict)  # the limiters in their order, then inconclusive
 _TARGET_LABELS = ["target", "gpu", "pod"]
 
 

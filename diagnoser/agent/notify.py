@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from diagnoser import __version__
+from diagnoser.diagnosis import Verdict
 
 # Pending changes kept for the next POST while one is in flight; beyond this the oldest are dropped and counted.
 MAX_PENDING = 256
@@ -51,7 +52,7 @@ def is_change(previous: str | None, current: str | None, *, include_inconclusive
     """A verdict change worth telling: both sides known and different; inconclusive only when asked for."""
     if previous is None or current is None or previous == current:
         return False
-    return include_inconclusive or "inconclusive" not in (previous, current)
+    return include_inconclusive or Verdict.INCONCLUSIVE not in (previous, current)
 
 
 class Webhook:

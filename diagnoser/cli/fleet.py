@@ -16,7 +16,7 @@ from diagnoser.cli.output import parse_fail_on
 from diagnoser.collectors.dcgm import GpuSelector
 from diagnoser.collectors.prom_client import PromClient, parse_headers
 from diagnoser.collectors.prometheus_source import resolve_window
-from diagnoser.diagnosis import INCONCLUSIVE
+from diagnoser.diagnosis import Verdict
 from diagnoser.errors import EXIT_FAIL_ON, EXIT_PARTIAL, InputError
 from diagnoser.fleet.model import FleetReport, FleetRow
 from diagnoser.fleet.run import (
@@ -37,7 +37,7 @@ from diagnoser.textsafe import one_line, printable
 SHORT_VERDICT = {
     "vram": "vram", "memory_bandwidth": "bandwidth", "compute": "compute", "batching": "batching",
     "host_launch": "host-bound", "throttling": "throttled", "interconnect": "interconnect", "idle": "idle",
-    "errors": "gpu errors", INCONCLUSIVE: "inconclusive",
+    "errors": "gpu errors", Verdict.INCONCLUSIVE: "inconclusive",
 }
 DEFAULT_TERMINAL_ROWS = 40
 
@@ -71,7 +71,7 @@ def _table(rows: list[FleetRow]) -> Table:
         verdict = SHORT_VERDICT.get(d.verdict, d.verdict) + ("*" if r.partial else "")
         table.add_row(
             _money(r.usd_per_hour_at_stake) if r.usd_per_gpu_hour else "?",
-            Text(verdict, style="yellow" if d.verdict == INCONCLUSIVE else "bold"),
+            Text(verdict, style="yellow" if d.verdict == Verdict.INCONCLUSIVE else "bold"),
             f"{d.confidence:.2f}", f"{r.busy:.0%}" if r.busy is not None else "-",
             # Labels from Prometheus: Text (no markup), control characters shown (diagnoser/textsafe.py).
             Text(one_line(r.node)), Text(one_line(r.gpu)), Text(one_line(_model_short(r.model_name))),
@@ -226,7 +226,7 @@ def register(app: typer.Typer) -> None:
             lost = list(report.lost)
             # Freed while paused: with the collector back on, one full collection walked them all (1 s at 100,000).
             del report, groups
-        if wanted and (("any" in wanted and verdicts - {INCONCLUSIVE}) or verdicts & wanted):
+        if wanted and (("any" in wanted and verdicts - {Verdict.INCONCLUSIVE}) or verdicts & wanted):
             raise typer.Exit(EXIT_FAIL_ON)
         if lost:
             # The report above is whole but for these fields: said on stderr, and in the exit code for scripts.

@@ -8,21 +8,21 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from diagnoser.diagnosis import INCONCLUSIVE, Limiter
+from diagnoser.diagnosis import Verdict
 from diagnoser.errors import EXIT_FAIL_ON, InputError
 
 if TYPE_CHECKING:  # the pipeline (evidence, rules, physics) loads when a command runs, not for its --help
     from diagnoser.pipeline import Outcome
 
 FAIL_ON_HELP = ("Exit 1 when the verdict is one of these (comma-separated): "
-                + ", ".join(lim.value for lim in Limiter) + f", {INCONCLUSIVE}, or 'any'.")
+                + ", ".join(v.value for v in Verdict) + ", or 'any'.")
 
 
 def parse_fail_on(value: str | None) -> set[str]:
     if not value:
         return set()
     names = {v.strip().lower().replace("-", "_") for v in value.split(",") if v.strip()}
-    known = {lim.value for lim in Limiter} | {INCONCLUSIVE, "any"}
+    known = {v.value for v in Verdict} | {"any"}
     unknown = names - known
     if unknown:
         raise InputError(f"--fail-on got unknown limiter(s) {', '.join(sorted(unknown))}; "
@@ -43,5 +43,5 @@ def show(outcome: Outcome, *, as_json: bool, fail_on: set[str], verbose: bool = 
     else:
         TerminalRenderer(color=None if sys.stdout.isatty() else False).render(report, verbose=verbose)
     d = outcome.diagnosis
-    if fail_on and ("any" in fail_on and d.verdict != INCONCLUSIVE or d.verdict in fail_on):
+    if fail_on and ("any" in fail_on and d.verdict != Verdict.INCONCLUSIVE or d.verdict in fail_on):
         raise typer.Exit(EXIT_FAIL_ON)

@@ -17,7 +17,8 @@ from typing import Any, cast
 
 import msgspec
 
-from diagnoser.diagnosis import Diagnosis, Limiter, Skipped
+from diagnoser.capture import Unavailable
+from diagnoser.diagnosis import Diagnosis, Limiter, Skipped, Verdict
 from diagnoser.fleet.model import FleetRow
 
 # FleetRow's fields but the diagnosis, in order: a packed row is these values, then the diagnosis's parts.
@@ -43,7 +44,7 @@ class PackedDiagnosis:
 
     __slots__ = ("verdict", "confidence", "_packed", "_shared", "_full")
 
-    def __init__(self, verdict: str, confidence: float, packed: bytes, shared: SharedParts) -> None:
+    def __init__(self, verdict: Verdict, confidence: float, packed: bytes, shared: SharedParts) -> None:
         self.verdict = verdict
         self.confidence = confidence
         self._packed = packed
@@ -52,7 +53,7 @@ class PackedDiagnosis:
 
     @property
     def limiter(self) -> Limiter | None:
-        return Diagnosis.limiter.fget(self)  # type: ignore[attr-defined]
+        return self.verdict.limiter
 
     @property
     def confidence_label(self) -> str:
@@ -62,7 +63,7 @@ class PackedDiagnosis:
         if self._full is None:
             d = _DECODER.decode(self._packed)
             d.skipped = [Skipped(**s) for s in self._shared.skipped]
-            d.unavailable = [dict(u) for u in self._shared.unavailable]
+            d.unavailable = [Unavailable(**u) for u in self._shared.unavailable]
             self._full = d
         return self._full
 
@@ -85,14 +86,14 @@ class RowPacker:
 
     def __init__(self) -> None:
         self._rows: list[list[Any]] = []
-        self._shared: list[tuple[list[Skipped], list[dict[str, str]]]] = []
+        self._shared: list[tuple[list[Skipped], list[Unavailable]]] = []
         self._index: dict[tuple[Any, ...], int] = {}
 
     def add(self, row: FleetRow) -> None:
         d = row.diagnosis
         skipped, unavailable = d.skipped, d.unavailable
         # The same Skipped objects come from the rule set's cached plan; _shared holds them, so their ids stay theirs.
-        key = (tuple(map(id, skipped)), tuple(tuple(u.values()) for u in unavailable))
+        key = (tuple(map(id, skipped)), tuple(unavailable))
         at = self._index.get(key)
         if at is None:
             at = self._index[key] = len(self._shared)
@@ -113,7 +114,7 @@ def unpack_rows(message: bytes) -> tuple[list[FleetRow], Any]:
     rows = []
     for values in doc["rows"]:
         *fields, verdict, confidence, packed, at = values
-        fields.insert(_DIAGNOSIS_AT, PackedDiagnosis(verdict, confidence, packed, shared[at]))
+        fields.insert(_DIAGNOSIS_AT, PackedDiagnosis(Verdict(verdict), confidence, packed, shared[at]))
         rows.append(FleetRow(*fields))
     return rows, doc["extra"]
 

@@ -43,7 +43,7 @@ from diagnoser.collectors.prom_client import PromClient
 from diagnoser.collectors.prom_stats import FALLBACK, STATS, STATS_BY_KEY, StatsQuery, WindowStats
 from diagnoser.collectors.prometheus_source import Window, WindowData, WindowQuery, matchers_for
 from diagnoser.cores import default_jobs
-from diagnoser.diagnosis import INCONCLUSIVE, SCHEMA_VERSION, Diagnosis, Limiter
+from diagnoser.diagnosis import SCHEMA_VERSION, Diagnosis, Limiter, Verdict
 from diagnoser.errors import InputError, SourceUnavailable
 from diagnoser.evidence_build import build_evidence
 from diagnoser.fleet.model import FleetReport, FleetRow
@@ -108,7 +108,7 @@ def stake_fraction(d: Diagnosis, busy: float | None) -> float:
         return 1.0
     if d.verdict in _UNDERFED:
         return max(0.0, 1.0 - busy) if busy is not None else 0.0
-    if d.verdict == INCONCLUSIVE:
+    if d.verdict == Verdict.INCONCLUSIVE:
         return 0.0
     gain = next((f.gain for f in d.fixes if f.gain is not None), None)
     return max(0.0, 1.0 - 1.0 / gain) if gain and gain > 1.0 else 0.0
@@ -543,7 +543,7 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
     out = d.builtins() if isinstance(d, PackedDiagnosis) else msgspec.to_builtins(d)
     out["schema_version"] = SCHEMA_VERSION
     out["confidence_label"] = d.confidence_label
-    out["verdict_label"] = d.limiter.label if d.limiter else INCONCLUSIVE
+    out["verdict_label"] = d.limiter.label if d.limiter else Verdict.INCONCLUSIVE.value
     return out
 
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from diagnoser import __version__
-from diagnoser.capture import Capture, GpuInfo
+from diagnoser.capture import Capture, GpuInfo, Unavailable
 from diagnoser.characterise import characterise
 from diagnoser.collectors.dcgm import (
     CLOCK_EVENT_BRAKE,
@@ -29,7 +29,7 @@ from diagnoser.collectors.dcgm import (
 )
 from diagnoser.collectors.prom_stats import WindowStats, bit_shares
 from diagnoser.diagnosis import Diagnosis
-from diagnoser.evidence import Evidence, Meta, Signal, Unavailable
+from diagnoser.evidence import Evidence, Meta, Signal
 from diagnoser.evidence_build import build_evidence
 from diagnoser.rules.engine import diagnose_evidence
 from diagnoser.rules.ruleset import RuleSet

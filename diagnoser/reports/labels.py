@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from diagnoser.diagnosis import INCONCLUSIVE, Limiter
+from diagnoser.diagnosis import Limiter, Verdict
 from diagnoser.reports.figdata import PALETTE
 
 VERDICT_FALLBACK_COLOR = "#6e7781"
@@ -51,7 +51,7 @@ VERDICTS: dict[str, VerdictLook] = dict([
     _verdict(Limiter.INTERCONNECT, "#1a7f37", "bold green"),
     _verdict(Limiter.IDLE, "#57606a", "bold"),
     _verdict(Limiter.ERRORS, "#a40e26", "bold red"),
-    (INCONCLUSIVE, VerdictLook(INCONCLUSIVE, VERDICT_FALLBACK_COLOR, "bold yellow")),
+    (Verdict.INCONCLUSIVE.value, VerdictLook(Verdict.INCONCLUSIVE.value, VERDICT_FALLBACK_COLOR, "bold yellow")),
 ])
 VERDICT_COLORS: dict[str, str] = {key: look.color for key, look in VERDICTS.items()}
 

@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from diagnoser import __version__, physics
-from diagnoser.capture import Capture, EngineSteps, TraceSummary
-from diagnoser.diagnosis import INCONCLUSIVE, LIMITER_LABELS, Benefit, Diagnosis, Fix, GainKind, Limiter, Regime
+from diagnoser.capture import TRACE_RESULTS, Capture, EngineSteps, TraceSummary
+from diagnoser.diagnosis import LIMITER_LABELS, Benefit, Diagnosis, Fix, GainKind, Limiter, Regime, Verdict
 from diagnoser.evidence import Evidence
 from diagnoser.fleet.model import FleetReport, FleetRow
 from diagnoser.reports.figdata import Figure, KernelTable, NotDrawn, Segment, StackedBar
@@ -35,7 +35,7 @@ def utc(ts: float | None) -> str:
 
 
 def verdict_label(d: Diagnosis) -> str:
-    return d.limiter.label if d.limiter else INCONCLUSIVE
+    return d.limiter.label if d.limiter else Verdict.INCONCLUSIVE.value
 
 
 def headline_sentence(d: Diagnosis) -> str:
@@ -260,7 +260,7 @@ def _context_views(capture: Capture, ev: Evidence) -> dict[str, Any]:
                      *_engine_rows(t.engine_steps),
                      ("frontends (not ranks)", "; ".join(t.frontends)),
                      ("not read", "; ".join(t.skipped))]
-                    + [(k, f"{v:g}") for k, v in t.extra.items()])
+                    + [(k, f"{v:g}") for k in TRACE_RESULTS if (v := getattr(t, k)) is not None])
     physics_rows = _kv([("regime", _regime_text(ev.regime, None)), ("regime from", ev.regime_basis),
                         ("workload", ev.workload), ("platform", ev.platform)]
                        + [(f"in place: {k.value.replace('_', ' ')}", why) for k, why in ev.in_place.items()]
@@ -421,9 +421,9 @@ def build_fleet_view(report: FleetReport, rules: RuleSet | None = None) -> Fleet
     summary = {
         "gpus": len(rows), "nodes": len({r.node for r in rows}), "usd_h": usd_h, "usd_window": usd_h * window_h,
         "usd_month": usd_h * 730.0, "window": fmt(window_s, "s") if window_s < 3600 else f"{window_h:.1f} h",
-        "idle": counts.get("idle", 0), "big_gain": sum(1 for g in gains if g >= 1.5),
+        "idle": counts.get(Verdict.IDLE, 0), "big_gain": sum(1 for g in gains if g >= 1.5),
         "median_gain": statistics.median(gains) if gains else None,
-        "inconclusive": counts.get(INCONCLUSIVE, 0), "partial": sum(1 for r in rows if r.partial),
+        "inconclusive": counts.get(Verdict.INCONCLUSIVE, 0), "partial": sum(1 for r in rows if r.partial),
         "priced": bool(priced), "price_note": price_note,
     }
     return FleetView(report=report, title=f"Fleet diagnosis: {len(rows)} GPUs", generated=utc(time.time()),

@@ -17,7 +17,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis
+from diagnoser.diagnosis import Diagnosis, Verdict
 from diagnoser.reports.figdata import KernelTable
 from diagnoser.reports.labels import verdict_term_style
 from diagnoser.reports.model import Report, gain_text
@@ -95,7 +95,7 @@ class TerminalRenderer:
         return out
 
     def _verdict(self, d: Diagnosis, regime: str = "") -> RenderableType:
-        label = d.limiter.label if d.limiter else INCONCLUSIVE
+        label = d.limiter.label if d.limiter else Verdict.INCONCLUSIVE.value
         head = Text("VERDICT ", style="bold")
         head.append(label.upper(), style=verdict_term_style(d.verdict))
         head.append(f"   confidence {d.confidence_label} ({d.confidence:.2f})", style="dim" if not self.plain else "")
@@ -209,10 +209,10 @@ class TerminalRenderer:
     def _unavailable(self, d: Diagnosis) -> RenderableType:
         table = self._grid(("source", {"no_wrap": True}), ("what", {"ratio": 1}))
         for u in d.unavailable:
-            text = Text(f"{u.get('what', '')}: {redact(u.get('reason', ''))}")
-            if u.get("hint"):
-                text.append(f"\n-> {redact(u['hint'])}", style="dim")
-            table.add_row(_SOURCES.get(u.get("source", ""), u.get("source", "")), text)
+            text = Text(f"{u.what}: {redact(u.reason)}")
+            if u.hint:
+                text.append(f"\n-> {redact(u.hint)}", style="dim")
+            table.add_row(_SOURCES.get(u.source, u.source), text)
         return table
 
     def _footer(self, d: Diagnosis, verbose: bool) -> RenderableType:

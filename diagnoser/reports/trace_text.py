@@ -187,7 +187,7 @@ def _flops(a: TraceAnalysis) -> list[str]:
     covered = f" launching {s.costed_time_frac:.0%} of the kernel time" if s.costed_time_frac is not None else ""
     out = [f"FLOPs: {len(ops.runs)} matmul/conv/attention ops{covered}, {flop_text(ops.total_flops)}, "
            f"{fmt(ops.total_bytes, 'bytes')}; {intensity}"]
-    below = s.extra.get("time_frac_below_ridge")
+    below = s.time_frac_below_ridge
     if below is not None:
         out.append(f"  {below:.0%} of that time is in ops below the ridge point (memory-bound)")
     for name, agg in sorted(ops.by_op.items(), key=lambda kv: -kv[1]["time_us"])[:4]:

@@ -22,10 +22,12 @@ the verdict's limiter.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from diagnoser import signals as S
-from diagnoser.capture import Capture
+from diagnoser.capture import Capture, Unavailable
 from diagnoser.characterise import LONG_PAUSE
-from diagnoser.diagnosis import INCONCLUSIVE, Diagnosis, Finding, Limiter, Regime, Skipped
+from diagnoser.diagnosis import Diagnosis, Finding, Limiter, Regime, Skipped, Verdict
 from diagnoser.evidence import Evidence
 from diagnoser.evidence_build import build_evidence
 from diagnoser.rules.judge import judge_fixes
@@ -179,6 +181,19 @@ def diagnose(capture: Capture, rules: RuleSet | None = None) -> Diagnosis:
     return diagnose_evidence(build_evidence(capture), rules)
 
 
+class _Common(TypedDict):
+    """The parts of a Diagnosis every verdict path fills the same way."""
+
+    target: str
+    skipped: list[Skipped]
+    passed: list[str]
+    unavailable: list[Unavailable]
+    notes: list[str]
+    context: dict[str, object]
+    workload: str
+    near_tie: str
+
+
 def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
     rules = rules or default_rules()
     results = rules.run(ev)
@@ -196,15 +211,14 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
     if ev.meta.exited_at_s is not None:
         notes.append(f"The target process exited {ev.meta.exited_at_s:.1f} s into the window; the diagnosis covers "
                      "what was captured until then.")
-    unavailable = [{"source": u.source, "what": u.what, "reason": u.reason, "hint": u.hint}
-                   for u in ev.meta.unavailable]
-    common = dict(target=ev.meta.target, skipped=skipped, passed=passed, unavailable=unavailable, notes=notes,
-                  context=_context(ev), workload=ev.workload)
+    common = _Common(target=ev.meta.target, skipped=skipped, passed=passed, unavailable=list(ev.meta.unavailable),
+                     notes=notes, context=_context(ev), workload=ev.workload, near_tie="")
     if primary is None:
         fixes, withheld = judge_fixes(findings, ev, rules)
-        return Diagnosis(verdict=INCONCLUSIVE, confidence=0.0, findings=findings, fixes=fixes, withheld=withheld,
-                         to_collect=_to_collect(ev), headline=_inconclusive_headline(ev, skipped, len(rules), findings),
-                         regime=ev.regime, **common)  # type: ignore[arg-type]
+        return Diagnosis(verdict=Verdict.INCONCLUSIVE, confidence=0.0, findings=findings, fixes=fixes,
+                         withheld=withheld, to_collect=_to_collect(ev),
+                         headline=_inconclusive_headline(ev, skipped, len(rules), findings), regime=ev.regime,
+                         **common)
     confidence, reasons = _confidence(primary, findings, ev)
     secondary = []
     for f in findings:
@@ -216,21 +230,21 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
     regime = primary.regime if primary.regime is not Regime.UNKNOWN else ev.regime
     decisive = (rule := rules.get(primary.code)) is None or rule.decisive
     if not decisive:
-        return Diagnosis(verdict=INCONCLUSIVE, confidence=min(confidence, MIN_CONFIDENCE - 0.01), findings=ordered,
-                         fixes=fixes, withheld=withheld, to_collect=_to_collect(ev), confidence_reasons=reasons,
-                         headline=f"Inconclusive between the roofs: {primary.message}", regime=regime,
-                         saturation=primary.saturation, **common)  # type: ignore[arg-type]
+        return Diagnosis(verdict=Verdict.INCONCLUSIVE, confidence=min(confidence, MIN_CONFIDENCE - 0.01),
+                         findings=ordered, fixes=fixes, withheld=withheld, to_collect=_to_collect(ev),
+                         confidence_reasons=reasons, headline=f"Inconclusive between the roofs: {primary.message}",
+                         regime=regime, saturation=primary.saturation, **common)
     if confidence < MIN_CONFIDENCE:
-        return Diagnosis(verdict=INCONCLUSIVE, confidence=confidence, findings=ordered, fixes=fixes,
+        return Diagnosis(verdict=Verdict.INCONCLUSIVE, confidence=confidence, findings=ordered, fixes=fixes,
                          withheld=withheld, to_collect=_to_collect(ev), confidence_reasons=reasons,
                          headline=f"Inconclusive: the evidence leans {primary.limiter.label} "
                          f"({primary.message}) but is too thin or contradictory to say.", regime=regime,
-                         **common)  # type: ignore[arg-type]
-    return Diagnosis(verdict=primary.limiter.value, confidence=confidence, findings=ordered, secondary=secondary,
+                         **common)
+    return Diagnosis(verdict=Verdict.of(primary.limiter), confidence=confidence, findings=ordered, secondary=secondary,
                      fixes=fixes, withheld=withheld, confidence_reasons=reasons,
                      to_collect=_to_collect(ev) if confidence < 0.6 else [],
                      headline=f"{_capitalised(primary.limiter.label)}: {primary.message}", regime=regime,
-                     saturation=primary.saturation, **common)  # type: ignore[arg-type]
+                     saturation=primary.saturation, **common)
 
 
 def _capitalised(text: str) -> str:

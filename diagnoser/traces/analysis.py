@@ -455,9 +455,9 @@ def _fill_kernels(a: TraceAnalysis, t: Tables, k: KernelStats) -> None:
         s.short_kernel_frac = k.short_kernels / k.launched
         s.launch_call_us_p50 = statistics.median(k.launch_call_us)
         s.launch_delay_us_p50 = statistics.median(k.launch_delay_us)
-    s.extra["comm_exposed_frac"] = ((a.comm_us - a.comm_overlapped_us) / (s.window_s * 1e6 * len(
-        a.timelines))) if a.comm_us and s.window_s > 0 else 0.0
-    s.extra["graph_kernel_frac"] = k.graph_kernels / k.kernels if k.kernels else 0.0
+    s.comm_exposed_frac = ((a.comm_us - a.comm_overlapped_us) / (s.window_s * 1e6 * len(
+        a.timelines)) if a.comm_us else 0.0) if s.window_s > 0 else None
+    s.graph_kernel_count_frac = k.graph_kernels / k.kernels if k.kernels else None
 
 
 def _fill_intensity(a: TraceAnalysis, skipped: list[str]) -> bool:
@@ -466,7 +466,7 @@ def _fill_intensity(a: TraceAnalysis, skipped: list[str]) -> bool:
     s, ops = a.summary, a.ops
     coverage = _costed_coverage(a)
     if coverage is not None:
-        s.extra["costed_gpu_frac"] = coverage
+        s.costed_gemm_attention_frac = coverage
     partial = coverage is not None and coverage < MIN_COSTED_COVERAGE
     if partial:
         graphs = a.kernels is not None and a.kernels.graph_kernels > 0
@@ -482,12 +482,12 @@ def _fill_intensity(a: TraceAnalysis, skipped: list[str]) -> bool:
     if s.window_s > 0:
         s.achieved_flops = ops.total_flops / s.window_s
         s.achieved_bytes_per_s = ops.total_bytes / s.window_s
-    s.extra["costed_ops"] = float(len(ops.runs))
+    s.costed_op_count = len(ops.runs)
     if a.ridge_flop_per_byte:
-        s.extra["ridge_flop_per_byte"] = a.ridge_flop_per_byte
+        s.ridge_flop_per_byte = a.ridge_flop_per_byte
         below = sum(r.time_us for r in ops.runs if r.cost.intensity < a.ridge_flop_per_byte)
         if ops.weighted_time_us > 0:
-            s.extra["time_frac_below_ridge"] = below / ops.weighted_time_us
+            s.time_frac_below_ridge = below / ops.weighted_time_us
     return partial
 
 
@@ -504,8 +504,8 @@ def _fill_phases(a: TraceAnalysis, partial: bool) -> None:
     s.attention_frac = ph.attention_frac
     if ph.context_growth is not None:
         (kv0, f0), (kv1, f1) = ph.context_growth
-        s.extra.update({"context_first": float(kv0), "context_last": float(kv1),
-                        "attention_frac_first": f0, "attention_frac_last": f1})
+        s.context_tokens_first, s.context_tokens_last = kv0, kv1
+        s.attention_frac_first, s.attention_frac_last = f0, f1
 
 
 def _temporal(s: TraceSummary, timelines: list[DeviceTimeline]) -> None:

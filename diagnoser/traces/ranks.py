@@ -120,13 +120,13 @@ def combine(path: Path, files: list[TraceAnalysis]) -> TraceAnalysis:
     _uncomparable(s, ranks)
     s.straggler = _straggler(s.ranks)
     s.frontends = [f"{a.path.name}: {why}" for a, why in fronts]
-    s.extra["ranks"] = float(len(ranks))
+    s.rank_count = len(ranks)
     exposed = [st.comm_exposed_frac for st in s.ranks if st.comm_exposed_frac is not None]
     if exposed:
         # Each rank's own exposed communication, averaged: the job's is measured, not "not measured".
-        s.extra["comm_exposed_frac"] = statistics.fmean(exposed)
+        s.comm_exposed_frac = statistics.fmean(exposed)
     if grand > 0:
-        s.extra["comm_share_max_rank"] = max((r.summary.kernel_share.get(COMM, 0.0) for r in ranks), default=0.0)
+        s.comm_share_max_rank = max((r.summary.kernel_share.get(COMM, 0.0) for r in ranks), default=0.0)
     return TraceAnalysis(path=path, summary=s, window=first.window, window_policy=first.window_policy,
                          devices=first.devices, ranks=ranks, ridge_flop_per_byte=first.ridge_flop_per_byte,
                          gpu_spec=first.gpu_spec, world_size=first.world_size, snapshot=first.snapshot,
