@@ -16,6 +16,7 @@ from diagnoser import signals as S
 from diagnoser.diagnosis import FixKind, Regime
 from diagnoser.evidence import Evidence, Quality
 from diagnoser.physics.precision import weight_only
+from diagnoser.units import fmt
 
 if TYPE_CHECKING:
     from diagnoser.capture import TraceSummary
@@ -80,7 +81,7 @@ def _regime(ev: Evidence) -> tuple[Regime, str]:
         return Regime.COMPUTE, f"{why}; prefill multiplies each weight by every prompt token"
     if intensity is not None and ridge:
         regime = Regime.MEMORY if intensity < ridge else Regime.COMPUTE
-        where = f" (batch {batch:.1f} against a ridge batch of {rb:.0f})" if batch is not None and rb else ""
+        where = f" (batch {fmt(batch)} against a ridge batch of {fmt(rb)})" if batch is not None and rb else ""
         return regime, (f"decode does {intensity:.1f} FLOP per byte read{where}, "
                         f"{'below' if regime is Regime.MEMORY else 'above'} the ridge point {ridge:.0f}")
     traced = ev.value(S.TRACE_INTENSITY)

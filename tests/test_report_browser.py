@@ -8,7 +8,9 @@ $DIAGNOSER_SCREENSHOTS when set, for a person to look at.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -223,6 +225,7 @@ WIDTHS = (390, 768, 1280)
 A4_CSS_PX = 703  # 210 mm less the 12 mm margins on each side, at 96 px per inch
 GPU = Path(__file__).resolve().parent / "fixtures" / "gpu"
 _TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
+H100 = ("decode-b1", "decode-b16", "decode-fp8", "prefill", "kv-full", "host-bound", "launch", "demo")
 TRACES = {"trace-h100-decode-b1": GPU / "traces" / "h100-decode-b1-30ms.json.gz",
           "trace-h100-launch": GPU / "traces" / "h100-launch-30ms.json.gz",
           "trace-recsys-2-ranks": _TRACES / "recsys-sampled-2of128",
@@ -259,8 +262,8 @@ LAYOUT_JS = """() => {
         out.push(`${where}: "${t.textContent}" runs out of the drawing ` +
                  `(${b.x.toFixed(0)}..${(b.x + b.width).toFixed(0)} of ${view.width})`);
     }
-    // Labels that name marks and points on the plot never sit on one another.
-    const labels = [...svg.querySelectorAll('text.marknum, text.pt, text.lane, text.tick')]
+    // Labels that name marks, points and thresholds on the plot never sit on one another.
+    const labels = [...svg.querySelectorAll('text.marknum, text.pt, text.lane, text.tick, text.ref')]
       .filter(t => !t.hasAttribute('transform')).map(t => [t.textContent, t.getBBox()]);
     for (let i = 0; i < labels.length; i++) for (let j = i + 1; j < labels.length; j++) {
       const [ta, a] = labels[i], [tb, b] = labels[j];
@@ -295,8 +298,9 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert long_names.model is not None
     long_names.model.name = "org-" + "Meta-Llama-3.1-405B-Instruct-FP8-dynamic-" * 2
     out["long-names"] = write_html(diagnose(long_names), long_names, folder / "long-names.html")
-    for name in ("decode-b1", "prefill"):
-        outcome = diagnose_capture(load(GPU / f"nvidia-h100-80gb-hbm3-{name}.dgc"))
+    # Every H100 recording: their roofline points sit at batch 1 to 509, their thresholds close together.
+    recorded = {name: diagnose_capture(load(GPU / f"nvidia-h100-80gb-hbm3-{name}.dgc")) for name in H100}
+    for name, outcome in recorded.items():
         out[f"h100-{name}"] = html.write_html(outcome.report(), folder / f"h100-{name}.html")
     # Real traces through `analyze`'s path: H100 decode windows without and with recorded shapes, a two-rank job
     # with a straggler, an eight-rank ROCm training step.
@@ -310,8 +314,9 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         outcome = diagnose_capture(capture_from_trace(analyze_trace(copy, jobs=1)))
         out[name] = html.write_html(outcome.report(), folder / f"{name}.html")
     out["fleet"] = write_fleet_html(fleet_report(), folder / "fleet.html")
-    b1, fp8 = (load(GPU / f"nvidia-h100-80gb-hbm3-{n}.dgc") for n in ("decode-b1", "decode-fp8"))
-    out["compare"] = write_compare_html(compare(diagnose_capture(b1), diagnose_capture(fp8)), folder / "compare.html")
+    for after in ("decode-fp8", "decode-b16"):  # batch 16 predicts x15: a bar across most of the axis
+        out[f"compare-{after}"] = write_compare_html(compare(recorded["decode-b1"], recorded[after]),
+                                                     folder / f"compare-{after}.html")
     return out
 
 
@@ -358,7 +363,7 @@ def test_pages_fit_when_the_fonts_run_wider(browser: Any, pages: dict[str, Path]
         context.close()
 
 
-@pytest.mark.parametrize("name", ["fleet", "memory_bandwidth", "h100-decode-b1"])
+@pytest.mark.parametrize("name", ["fleet", "memory_bandwidth", "h100-decode-b1", "h100-kv-full"])
 def test_print_keeps_every_column(browser: Any, shots: Path, pages: dict[str, Path], name: str) -> None:
     context = browser.new_context(viewport={"width": A4_CSS_PX, "height": 1000})
     try:
@@ -415,3 +420,140 @@ def test_crowded_marks_and_labels_do_not_overlap(browser: Any, shots: Path, tmp_
             assert page.locator("#fig-throughput svg.chart:visible text.marknum").count() == len(marks)
         finally:
             context.close()
+
+
+# --- issue-sized checks: each names the chart and the measure --------------------------------------------------
+
+# The boxes of a drawing's texts of some classes, in its own units, with the drawing's width.
+TEXT_BOXES_JS = """([figure, classes]) => {
+  const svg = [...document.querySelectorAll(`#${figure} svg.chart`)].find(s => s.getBoundingClientRect().width > 0);
+  const view = svg.viewBox.baseVal;
+  return [view.width, [...svg.querySelectorAll(classes)].map(t => {
+    const b = t.getBBox();
+    return {text: t.lastChild.textContent, x0: b.x, x1: b.x + b.width, y0: b.y, y1: b.y + b.height};
+  })];
+}"""
+
+
+def _text_boxes(page: Any, figure: str, classes: str) -> tuple[float, list[dict[str, Any]]]:
+    width, boxes = page.evaluate(TEXT_BOXES_JS, [figure, classes])
+    return width, boxes
+
+
+def _overlaps(boxes: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(a["text"], b["text"]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+            if a["x0"] < b["x1"] and b["x0"] < a["x1"] and a["y0"] < b["y1"] and b["y0"] < a["y1"]]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_roofline_names_stay_inside_the_chart(browser: Any, pages: dict[str, Path], width: int) -> None:
+    """A point at batch 509 sits near the right of the plot: its name ("decode at batch 509 (physics)") went 76 px
+    out of the drawing's left edge at 390 px. Every point's name lies inside the drawing and clear of the roofs'
+    labels and of the other names."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        for name in ("h100-kv-full", "h100-decode-b16", "h100-demo", "h100-launch"):
+            page.goto(pages[name].resolve().as_uri(), wait_until="load")
+            view, names = _text_boxes(page, "fig-roofline", "text.pt")
+            assert names, name
+            outside = [n["text"] for n in names if n["x0"] < 0 or n["x1"] > view]
+            assert not outside, (name, width, outside)
+            _, labels = _text_boxes(page, "fig-roofline", "text.pt, text.ref:not([transform]), text.tick")
+            assert not _overlaps(labels), (name, width, _overlaps(labels))
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("media", ["390", "768", "1280", "print"])
+def test_compare_values_read_in_full(browser: Any, pages: dict[str, Path], media: str) -> None:
+    """Batch 1 -> 16 predicts x15.0: the bar spans most of the axis, and its value written left of the bar ran out of
+    the drawing, so the page showed "d x15.0" at every width and on paper. Each value lies inside its drawing."""
+    width = A4_CSS_PX if media == "print" else int(media)
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        if media == "print":
+            page.emulate_media(media="print")
+        page.goto(pages["compare-decode-b16"].resolve().as_uri(), wait_until="load")
+        view, values = _text_boxes(page, "fig-gains", "text.value")
+        assert sorted(v["text"].split(" ")[0] for v in values) == ["predicted", "realised"]
+        assert [v["text"] for v in values if v["x0"] < 0 or v["x1"] > view] == []
+        assert not _overlaps(values)
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_threshold_labels_do_not_overlap(browser: Any, pages: dict[str, Path], width: int) -> None:
+    """LAT001 draws four thresholds on the activity chart, two at the same 60 % (DRAM and tensor pipes) and the others
+    at 70 and 80 %: their labels were drawn on top of one another."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(pages["h100-decode-b1"].resolve().as_uri(), wait_until="load")
+        view, refs = _text_boxes(page, "fig-activity", "text.ref")
+        assert sum(r["text"].startswith("LAT001") for r in refs) == 4
+        assert _overlaps(refs) == []
+        _, with_ticks = _text_boxes(page, "fig-activity", "text.ref, text.tick")
+        assert _overlaps(with_ticks) == []
+        assert all(r["x0"] >= 0 and r["x1"] <= view for r in refs)
+    finally:
+        context.close()
+
+
+A4_CONTENT_PX = (297 - 2 * 14) * 96 / 25.4  # the page's height less its margins (report.css @page)
+
+# Words cut across two lines although the whitespace-separated run holding them fits the cell's width.
+BROKEN_WORDS_JS = """() => {
+  const out = [];
+  for (const cell of document.querySelectorAll('td, th, dd, dt')) {
+    const style = getComputedStyle(cell);
+    const room = cell.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const run of node.textContent.matchAll(/\\S+/g)) {
+        const whole = document.createRange();
+        whole.setStart(node, run.index); whole.setEnd(node, run.index + run[0].length);
+        const width = [...whole.getClientRects()].reduce((sum, r) => sum + r.width, 0);
+        if (width > room) continue;  // wider than the column: it has to break somewhere
+        for (const word of run[0].matchAll(/[\\p{L}\\p{N}]{2,}/gu)) {
+          const range = document.createRange();
+          range.setStart(node, run.index + word.index); range.setEnd(node, run.index + word.index + word[0].length);
+          const lines = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+          if (lines.size > 1) out.push(`${cell.tagName.toLowerCase()}: "${word[0]}" of "${run[0]}"`);
+        }
+      }
+    }
+  }
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("name", ["h100-kv-full", "h100-decode-b1", "memory_bandwidth"])
+def test_print_fills_its_pages_and_keeps_words_whole(browser: Any, shots: Path, pages: dict[str, Path],
+                                                    name: str) -> None:
+    """On paper a long card kept whole jumped to the next page and left the one before half empty (kv-full printed
+    19 pages for 14.7 pages of content), and table columns shrank until a rule code broke mid-word ("VRAM0|01")."""
+    context = browser.new_context(viewport={"width": A4_CSS_PX, "height": 1000})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(pages[name].resolve().as_uri(), wait_until="load")
+        page.emulate_media(media="print")
+        page.evaluate("document.querySelectorAll('details').forEach(d => { d.open = true; })")
+        assert page.evaluate(BROKEN_WORDS_JS) == []
+        # Nothing wider than the paper: Chromium would shrink every page to fit it, and the count below with it.
+        assert page.evaluate("document.documentElement.scrollWidth") <= A4_CSS_PX
+        content = page.evaluate("document.documentElement.scrollHeight") / A4_CONTENT_PX
+        pdf = page.pdf(format="A4", print_background=True)
+        (shots / f"{name}-pages.pdf").write_bytes(pdf)
+        counts = [int(n) for n in re.findall(rb"/Count\s+(\d+)", pdf)]
+        assert counts, "no page tree in the PDF"
+        # What breaks fall between small blocks costs part of a page each; a half-empty page costs about one.
+        assert max(counts) <= math.ceil(content) + 1, (max(counts), round(content, 2))
+    finally:
+        context.close()

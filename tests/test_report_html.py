@@ -137,9 +137,9 @@ def test_numbers_in_charts_match_the_evidence() -> None:
     # The counters' ratio is drawn hollow: with the model known, the physics of the decode step is the trusted point.
     assert (f"counters (est.): {intensity:,.1f} FLOP/B, {fmt(flops, 'FLOP/s')}, {flops / attainable:.0%} of its roof; "
             "not representative" in roofline)
-    physics_point = f"decode at batch {ev.observed_batch():.0f} (physics): {ev['theory.intensity'].value:,.1f} FLOP/B"
+    physics_point = f"decode at batch {fmt(ev.observed_batch())} (physics): {ev['theory.intensity'].value:,.1f} FLOP/B"
     assert physics_point in roofline and "The filled point (decode at batch" in roofline
-    assert f"ridge {physics.ridge_point(gpu, 'bf16'):.0f} FLOP/B" in roofline
+    assert f"ridge {fmt(physics.ridge_point(gpu, 'bf16'), 'FLOP/B')}" in roofline
     throughput = _figure(page, "throughput")
     assert f"achieved: {ev['server.gen_tokens_per_s'].mean:,.0f} tokens/s" in throughput
     ceiling = ev["theory.decode_ceiling_tokens_per_s"].values[0]
@@ -148,15 +148,15 @@ def test_numbers_in_charts_match_the_evidence() -> None:
     activity = _figure(page, "activity")
     assert "BW001: DRAM active mean \u2265 60 %" in activity  # the rule's threshold, drawn on its signal
     timeline = _figure(page, "timeline")
-    assert f"busy  {ev['gpu.busy'].mean:.1%}" in timeline
+    assert f"busy  {fmt(ev['gpu.busy'].mean, 'ratio')}" in timeline
 
 
 def test_trace_time_share_and_kernel_classes() -> None:
     capture, d = case_diagnosis("host_launch")
     page = render_html(d, capture)
     timeline = _figure(page, "timeline")
-    assert "busy  55.0%" in timeline and "idle: host launch gaps  30.0%" in timeline
-    assert "idle: host syncs  10.0%" in timeline and "idle: not attributed  5.0%" in timeline
+    assert "busy in the trace  55 %" in timeline and "idle: host launch gaps  30 %" in timeline
+    assert "idle: host syncs  10 %" in timeline and "idle: not attributed  5.0 %" in timeline
     kernels = _figure(page, "kernels")
     assert "GEMM (matmul)" in kernels and "50 %" in kernels and "12,000 kernels" in kernels
 
@@ -264,3 +264,77 @@ def test_fleet_priced_per_row_from_the_list_price_table() -> None:
     total = sum(r.usd_per_hour_at_stake for r in report.rows)
     assert f"${total:,.2f}/h" in page and "rough cloud list prices" in page and "1 GPU without a price" in page
     assert "&ndash;</td>" in page and "not priced" not in page
+
+
+# --- one number for one quantity: real H100 recordings ----------------------------------------------------------
+
+GPU = Path(__file__).resolve().parent / "fixtures" / "gpu"
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, tuple[object, str]]:
+    """Outcomes of H100 recordings with their HTML pages: decode at a running batch of 509 with a trace whose own
+    shapes say 1.3 (kv-full), and a host-bound decode whose 2 s trace saw the GPU busy 30 % of an 8 s window that
+    NVML saw it busy 39 % (host-bound)."""
+    from diagnoser.capture import load
+    from diagnoser.pipeline import diagnose_capture
+    from diagnoser.reports.html import HtmlRenderer
+
+    out = {}
+    for name in ("kv-full", "host-bound"):
+        outcome = diagnose_capture(load(GPU / f"nvidia-h100-80gb-hbm3-{name}.dgc"))
+        out[name] = (outcome, HtmlRenderer().render(outcome.report()))
+    return out
+
+
+def _text(html: str) -> str:
+    """What a reader sees: tags gone, entities read, runs of space as one."""
+    return re.sub(r"\s+", " ", htmllib.unescape(re.sub(r"<[^>]+>", " ", html)))
+
+
+def _card(page: str, heading: str) -> str:
+    start = page.index(f"<h3>{heading}</h3>")
+    return page[start: page.index("</dl>", start)]
+
+
+def test_the_observed_batch_reads_the_same_everywhere(recorded) -> None:  # type: ignore[no-untyped-def]
+    outcome, page = recorded["kv-full"]
+    ev = outcome.evidence
+    batch, ridge_batch = fmt(ev.observed_batch()), fmt(ev["theory.ridge_batch"].values[0])
+    assert batch == "509" and ridge_batch == "262"
+    text = _text(page)
+    # The regime sentence, the roofline's point and the throughput marks write the one batch and the one ridge batch
+    # with one formatter (the regime sentence once wrote "batch 509.0").
+    assert f"(batch {batch} against a ridge batch of {ridge_batch})" in text
+    assert f"decode at batch {batch} (physics)" in _text(_figure(page, "roofline"))
+    marks = _text(_figure(page, "throughput"))
+    assert f"batch {batch} (observed)" in marks and f"batch {ridge_batch} (ridge)" in marks
+    assert not re.search(r"batch \d+\.0\b", text)
+    # The trace's own decode batch is another quantity (what the traced steps' shapes show), and is labelled so.
+    trace = _text(_card(page, "Trace"))
+    assert f"decode batch (from the trace) {fmt(outcome.capture.trace.decode_batch)}" in trace
+    assert not re.search(r"decode batch \d", trace)
+
+
+def test_ridges_are_rounded_and_say_which_roofs(recorded) -> None:  # type: ignore[no-untyped-def]
+    outcome, page = recorded["kv-full"]
+    ev, trace = outcome.evidence, outcome.capture.trace
+    ridge = fmt(ev["theory.ridge_flop_per_byte"].values[0], "FLOP/B")
+    assert f"ridge {ridge}" in _text(_figure(page, "roofline"))
+    # The trace analysis held its ops against the datasheet's ridge, not the measured roofs' one: labelled, and
+    # rounded like every other (it was printed "ridge_flop_per_byte 295.343").
+    card = _text(_card(page, "Trace"))
+    assert f"ridge (datasheet roofs) {fmt(trace.ridge_flop_per_byte, 'FLOP/B')}" in card
+    assert fmt(trace.ridge_flop_per_byte, "FLOP/B") != ridge
+    assert not re.search(r"\d\.\d{3}", card) and "_" not in card.replace(trace.path, "")
+
+
+def test_busy_shares_of_two_windows_are_labelled(recorded) -> None:  # type: ignore[no-untyped-def]
+    outcome, page = recorded["host-bound"]
+    trace_busy, counter_busy = outcome.capture.trace.gpu_busy_frac, outcome.evidence["gpu.busy"].mean
+    assert fmt(trace_busy, "ratio") == "30 %" and fmt(counter_busy, "ratio") == "39 %"
+    timeline = _figure(page, "timeline")
+    # The chart reads the trace's share, says so, and names the counter's share of the whole window beside it.
+    assert f"busy in the trace  {fmt(trace_busy, 'ratio')}" in timeline
+    assert f"gpu.busy from NVML reads {fmt(counter_busy, 'ratio')}" in _text(timeline)
+    assert "30.2%" not in timeline

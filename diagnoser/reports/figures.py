@@ -229,7 +229,8 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     title = "Where the GPU's time went"
     trace = capture.trace
     if trace is not None and trace.gpu_busy_frac is not None:
-        segments = [Segment("busy", trace.gpu_busy_frac, BUSY_COLOR, "kernels or copies running")]
+        # The trace's busy share is of its own window; the counter's (said in the caption) is of the whole capture.
+        segments = [Segment("busy in the trace", trace.gpu_busy_frac, BUSY_COLOR, "kernels or copies running")]
         attributed = 0.0
         for cause, frac in sorted(trace.idle_frac_by_cause.items(), key=lambda kv: -kv[1]):
             look = idle_look(cause)
@@ -242,7 +243,7 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
         chart = StackedBar(title, segments)
         return Figure("timeline", title, chart, f"Share{window}, from the torch.profiler trace"
                       + (f" ({trace.path})" if trace.path else "") + ": idle time split by what the GPU was waiting "
-                      "for.")
+                      "for." + _counter_busy_note(ev))
     busy = ev.get(S.GPU_BUSY)
     if busy is not None:
         segments = [Segment("busy", busy.mean, BUSY_COLOR, "a kernel was running"),
@@ -251,6 +252,15 @@ def timeline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
         return Figure("timeline", title, chart, f"Mean of gpu.busy from {source_name(busy.source)} over "
                       f"{busy.n} samples. A torch.profiler trace (attach --trace 5) splits the idle time by cause.")
     return NotDrawn(title, "needs gpu.busy or a torch.profiler trace: " + ev.why_missing(S.GPU_BUSY))
+
+
+def _counter_busy_note(ev: Evidence) -> str:
+    """The counter's busy share beside the trace's: a different window, so a different number, said as such (a
+    fix's gain may quote either)."""
+    busy = ev.get(S.GPU_BUSY)
+    if busy is None:
+        return ""
+    return f" Over the whole capture window, gpu.busy from {source_name(busy.source)} reads {fmt(busy.mean, 'ratio')}."
 
 
 def kernel_figure(capture: Capture) -> Figure | NotDrawn:
@@ -301,7 +311,7 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     if intensity is not None and intensity > 0:
         frac = ev.value(S.THEORY_COMPUTE_ROOF_FRAC)
         batch = ev.observed_batch()
-        points.append(RoofPoint(f"decode at batch {batch:.0f} (physics)" if batch else "decode (physics)", intensity,
+        points.append(RoofPoint(f"decode at batch {fmt(batch)} (physics)" if batch else "decode (physics)", intensity,
                                 frac * flops[compute] if frac else None, color=PALETTE[0]))
         sources.append("physics: 2 x active parameters x batch FLOP over the weight and KV bytes a decode step reads"
                        + (", achieved FLOP/s from the measured token rate" if frac else ""))
@@ -345,7 +355,7 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
     roofs_from = "measured by diagnoser calibrate" if ev.meta.measured_roofs else gspec.source
     caption = (f"Roofs of the {gspec.name} ({roofs_from}): "
                f"{fmt(bandwidth, 'B/s')} memory, {fmt(flops[compute], 'FLOP/s')} {compute.upper()} dense tensor "
-               f"peak; ridge {flops[compute] / bandwidth:.0f} FLOP/byte. Left of the ridge work waits on memory, "
+               f"peak; ridge {fmt(flops[compute] / bandwidth, 'FLOP/B')}. Left of the ridge work waits on memory, "
                f"right of it on math. Points: " + "; ".join(sources) + ". ")
     if trusted is not None:
         caption += f"The filled point ({trusted.label}) is the one that describes the workload"
@@ -362,10 +372,6 @@ def roofline_figure(capture: Capture, ev: Evidence) -> Figure | NotDrawn:
 
 # Each ceiling keeps its key and colour in every report (Okabe-Ito, apart from the achieved bar's blue).
 MARK_COLORS = {"batch1": PALETTE[1], "observed": PALETTE[5], "ridge": PALETTE[3]}
-
-
-def _batch_text(batch: float) -> str:
-    return f"{batch:.0f}" if abs(batch - round(batch)) < 0.05 else f"{batch:.1f}"
 
 
 def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
@@ -393,7 +399,7 @@ def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
         marks.append(Mark("ceiling for one sequence (batch 1)", single, "what a single stream can reach",
                           key="batch1", short="batch 1", color=MARK_COLORS["batch1"]))
     observed = ceiling.values[0]
-    b = _batch_text(batch) if batch else ""
+    b = fmt(batch) if batch else ""  # the batch as every other view of the report writes it
     obs = Mark(f"ceiling at the observed batch {b}".rstrip(), observed,
                "each step reads the weights and KV cache at full bandwidth", key="observed",
                short=f"batch {b} (observed)" if b else "observed batch", color=MARK_COLORS["observed"])
@@ -407,7 +413,7 @@ def throughput_marks(capture: Capture, ev: Evidence) -> list[Mark]:
     if ridge is not None and math.isfinite(ridge.values[0]) and ridge.values[0] >= 1:
         top = at(ridge.values[0])
         if top is not None and all(abs(m.value - top) > 0.005 * top for m in marks):
-            r = f"{ridge.values[0]:.0f}"
+            r = fmt(ridge.values[0])
             marks.append(Mark(f"ceiling at the ridge batch {r}", top, "where decode turns compute-bound",
                               key="ridge", short=f"batch {r} (ridge)", color=MARK_COLORS["ridge"]))
     return marks

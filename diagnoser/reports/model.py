@@ -255,18 +255,43 @@ def _context_views(capture: Capture, ev: Evidence) -> dict[str, Any]:
                      ("CUDA graph launches", f"{t.cuda_graph_launches:,}"),
                      ("launch call p50", f"{t.launch_call_us_p50:.1f} µs" if t.launch_call_us_p50 else ""),
                      ("launch delay p50", f"{t.launch_delay_us_p50:.1f} µs" if t.launch_delay_us_p50 else ""),
-                     ("decode batch", f"{t.decode_batch:.1f}" if t.decode_batch else ""),
+                     # Not the server's running batch: the batch of the decode-like steps the trace's shapes show.
+                     ("decode batch (from the trace)", fmt(t.decode_batch) if t.decode_batch else ""),
                      ("temporal breakdown", _temporal(t)),
                      *_engine_rows(t.engine_steps),
                      ("frontends (not ranks)", "; ".join(t.frontends)),
                      ("not read", "; ".join(t.skipped))]
-                    + [(k, f"{v:g}") for k in TRACE_RESULTS if (v := getattr(t, k)) is not None])
+                    + [_trace_result(k, v) for k in TRACE_RESULTS if (v := getattr(t, k)) is not None])
     physics_rows = _kv([("regime", _regime_text(ev.regime, None)), ("regime from", ev.regime_basis),
                         ("workload", ev.workload), ("platform", ev.platform)]
                        + [(f"in place: {k.value.replace('_', ' ')}", why) for k, why in ev.in_place.items()]
                        + [("data quality", q.reason) for q in ev.quality])
     return {"window": window, "gpus": gpus, "process": process, "server": server, "model": model,
             "serving": serving, "trace": trace, "physics": physics_rows, "roofs_note": "; ".join(ev.notes)}
+
+
+# The trace's own results as a reader names them, with the unit `units.fmt` writes them in. Its ridge is the one the
+# trace analysis held the ops against (the physics table's datasheet roofs), which differs from the roofline's when
+# the capture carries measured roofs: the label says which it is.
+TRACE_RESULT_LABELS: dict[str, tuple[str, str]] = {
+    "comm_exposed_frac": ("communication not overlapped", "ratio"),
+    "graph_kernel_count_frac": ("kernels from graph replays", "ratio"),
+    "costed_gemm_attention_frac": ("GEMM + attention time costed", "ratio"),
+    "costed_op_count": ("ops with known FLOPs, bytes", ""),
+    "ridge_flop_per_byte": ("ridge (datasheet roofs)", "FLOP/B"),
+    "time_frac_below_ridge": ("costed time below that ridge", "ratio"),
+    "context_tokens_first": ("context, first decode step", "tokens"),
+    "context_tokens_last": ("context, last decode step", "tokens"),
+    "attention_frac_first": ("attention, first decode step", "ratio"),
+    "attention_frac_last": ("attention, last decode step", "ratio"),
+    "rank_count": ("ranks combined", ""),
+    "comm_share_max_rank": ("most communication of a rank", "ratio"),
+}
+
+
+def _trace_result(key: str, value: float) -> tuple[str, str]:
+    label, unit = TRACE_RESULT_LABELS.get(key, (key, ""))
+    return label, f"{int(value):,}" if not unit and float(value).is_integer() else fmt(value, unit)
 
 
 def _temporal(t: TraceSummary) -> str:
@@ -284,7 +309,7 @@ def _engine_rows(e: EngineSteps | None) -> list[tuple[str, str]]:
             ("steps with a prefill", f"{e.prefill_steps} ({e.prompt_tokens:,} prompt tokens, "
              f"{e.prefill_time_frac:.1%} of the steps' time); {e.generated_tokens:,} tokens generated")]
     if e.decode_batch is not None:
-        rows.append(("decode-only steps", f"batch {e.decode_batch:.1f}, p50 {e.decode_step_ms_p50 or 0:.2f} ms"))
+        rows.append(("decode-only steps", f"batch {fmt(e.decode_batch)}, p50 {e.decode_step_ms_p50 or 0:.2f} ms"))
     if e.op_share:
         rows.append(("steps' time by CPU op", ", ".join(
             f"{k} {v:.1%}" for k, v in sorted(e.op_share.items(), key=lambda kv: -kv[1]))))

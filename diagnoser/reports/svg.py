@@ -45,6 +45,8 @@ NARROW_BELOW = 420.0
 FULL = 1080.0  # a chart across a whole page (the fleet's verdicts, a window of the trace)
 FULL_FROM = 800.0
 
+Box = tuple[float, float, float, float]  # a label's or a mark's extent: x0, y0, x1, y1
+
 
 def _num(x: float) -> str:
     return f"{x:.1f}".rstrip("0").rstrip(".") if abs(x) < 1e6 else f"{x:.0f}"
@@ -296,10 +298,27 @@ def time_series(title: str, lines: Sequence[Line], *, unit: str, x_max: float | 
     for h in hlines:
         y = sy(h.value)
         svg.el("line", x1=left, y1=y, x2=right, y2=y, stroke=h.color, stroke_width="1.3", stroke_dasharray="6 4")
-        # Near the top the label goes under its line, so it stays inside the plot.
-        svg.text(right - 4, y + 13 if y - top < 16 else y - 4, ellipsize(h.label, right - left - 8, 11), tip=h.label,
-                 class_="ref", text_anchor="end")
+    for h, ty in zip(hlines, _ref_baselines([sy(h.value) for h in hlines], top, bottom), strict=True):
+        # Bold text is wider: shortened to the bold width, it ends clear of the value axis's labels.
+        svg.text(right - 4, ty, ellipsize(h.label, (right - left - 20) / BOLD, 11), tip=h.label, class_="ref",
+                 text_anchor="end")
     return svg.render()
+
+
+def _ref_baselines(ys: Sequence[float], top: float, bottom: float, gap: float = 14.0) -> list[float]:
+    """Baselines for the threshold labels, each just over its line (under it near the top), moved apart so no two
+    overlap when thresholds lie close (three of one rule at 60, 70 and 80 %, or two at the same value)."""
+    wanted = [y + 13 if y - top < 16 else y - 4 for y in ys]
+    order = sorted(range(len(ys)), key=lambda i: wanted[i])
+    placed = [0.0] * len(ys)
+    last = -math.inf
+    for i in order:  # top down: each at least a line under the one above
+        last = placed[i] = max(wanted[i], top + 11, last + gap)
+    limit = bottom - 3
+    for i in reversed(order):  # bottom up: back inside the plot, pushing the ones above up
+        limit = placed[i] = min(placed[i], limit)
+        limit -= gap
+    return placed
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -417,6 +436,7 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
             f"L{_num(right)} {_num(sy(primary.flops))} L{_num(right)} {_num(bottom)} L{_num(sx(x_start))} "
             f"{_num(bottom)} Z")
     svg.el("path", d=area, fill="#0072B2", fill_opacity="0.06", stroke="none")
+    roof_boxes: list[Box] = []
     for roof in sorted(roofs, key=lambda r: r.flops):
         r_ridge = roof.flops / bandwidth
         dash = None if roof.primary else "6 4"
@@ -424,8 +444,9 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
                f"{_num(sy(roof.flops))} L{_num(right)} {_num(sy(roof.flops))}", fill="none", stroke=ROOF,
                stroke_width="2.2" if roof.primary else "1.4", stroke_dasharray=dash)
         # The primary roof's label sits under it (inside the attainable region), others above theirs.
-        svg.text(right - 4, sy(roof.flops) + (15 if roof.primary else -6), f"{roof.label} {fmt(roof.flops, 'FLOP/s')}",
-                 class_="ref", text_anchor="end")
+        text, ty = f"{roof.label} {fmt(roof.flops, 'FLOP/s')}", sy(roof.flops) + (15 if roof.primary else -6)
+        svg.text(right - 4, ty, text, class_="ref", text_anchor="end")
+        roof_boxes.append((right - 4 - _text_width(text, 11) * BOLD, ty - 11, right - 4, ty + 3))
     # Label the memory roof along its slope, left of the ridge.
     lx = 10 ** ((math.log10(x_start) + math.log10(ridge)) / 2)
     angle = -math.degrees(math.atan2(sy(bandwidth * x_start) - sy(primary.flops), sx(ridge) - sx(x_start)))
@@ -433,49 +454,86 @@ def roofline(title: str, bandwidth: float, roofs: Sequence[Roof], points: Sequen
              text_anchor="middle", transform=f"rotate({_num(angle)} {_num(sx(lx))} {_num(sy(bandwidth * lx) - 7)})")
     svg.el("line", x1=sx(ridge), y1=sy(primary.flops), x2=sx(ridge), y2=bottom, stroke=MUTED, stroke_width="1",
            stroke_dasharray="2 3")
-    label_slots: list[float] = []
-    boxes: list[tuple[float, float, float, float]] = []  # the point labels drawn, so the ridge's avoids them
+    # Every mark first, then the names: a name never covers another point, a roof's label or another name.
+    marks = [_roof_mark(svg, p, detail, sx(p.intensity), sy(p.flops) if p.flops and p.flops > 0 else None, top,
+                        bottom) for p, detail in zip(shown, details, strict=True)]
+    boxes = roof_boxes + [m for m in marks if m is not None]
+    frame = (left, right, top, bottom)
+    for p in shown:
+        boxes.append(_roof_point_name(svg, p, sx(p.intensity), sy(p.flops) if p.flops and p.flops > 0 else None,
+                                      frame, boxes))
     legend_y = bottom + 56
     for p, detail, lines in zip(shown, details, legend_lines, strict=True):
-        x = sx(p.intensity)
         # A point that does not describe the workload is hollow, and the legend says why.
-        fill, stroke = (p.color, "#ffffff") if p.trusted else ("#ffffff", p.color)
-        svg.el("circle", cx=22.0, cy=legend_y - 4, r="5", fill=fill, stroke=p.color,
+        svg.el("circle", cx=22.0, cy=legend_y - 4, r="5", fill=p.color if p.trusted else "#ffffff", stroke=p.color,
                stroke_width="1.5")
-        if p.flops and p.flops > 0:
-            y = sy(p.flops)
-            svg.open_group(tip=detail)
-            svg.el("circle", cx=x, cy=y, r="6", fill=fill, stroke=stroke if p.trusted else p.color,
-                   stroke_width="1.5" if p.trusted else "2")
-            svg.close_group()
-            w = _text_width(p.label, 12) * BOLD
-            fits_right = x + 9 + w < right
-            anchor, tx = ("start", x + 9) if fits_right else ("end", x - 9)
-            ty = _free_slot(y - 8, label_slots)
-            svg.text(tx, ty, p.label, class_="pt", text_anchor=anchor, fill=p.color)
-            boxes.append((tx if fits_right else tx - w, ty - 12, tx + w if fits_right else tx, ty + 3))
-            boxes.append((x - 7, y - 7, x + 7, y + 7))
-        else:
-            svg.open_group(tip=detail)
-            svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=p.color, stroke_width="2" if p.trusted else "1",
-                   stroke_dasharray="4 3" if p.trusted else "1 4")
-            svg.close_group()
-            anchor, tx = ("end", x - 6) if x > (left + right) / 2 else ("start", x + 6)
-            ty = _free_slot(top + 28, label_slots)
-            svg.text(tx, ty, p.label, class_="pt", text_anchor=anchor, fill=p.color)
-            w = _text_width(p.label, 12) * BOLD
-            boxes.append((tx - w if anchor == "end" else tx, ty - 12, tx if anchor == "end" else tx + w, ty + 3))
-            boxes.append((x - 2, top, x + 2, bottom))
         for i, line in enumerate(lines):
             svg.text(32, legend_y + line_h * i, line, class_="legend", tip=detail if i == 0 else None)
         legend_y += line_h * len(lines) + 5
     ys = [bottom - 6, bottom - 22, sy(primary.flops) + 32, (sy(primary.flops) + bottom) / 2]
-    _ridge_label(svg, sx(ridge), ys, f"ridge {ridge:.0f} FLOP/B", left, right, boxes)
+    boxes += [(sx(p.intensity) - 2, top, sx(p.intensity) + 2, bottom) for p in shown if not (p.flops and p.flops > 0)]
+    _ridge_label(svg, sx(ridge), ys, f"ridge {fmt(ridge, 'FLOP/B')}", left, right, boxes)
     return svg.render()
 
 
+def _roof_mark(svg: _Svg, p: RoofPoint, detail: str, x: float, y: float | None, top: float,
+               bottom: float) -> Box | None:
+    """A point on the roofline (a line across the plot when its FLOP/s is unknown); returns a dot's box."""
+    svg.open_group(tip=detail)
+    if y is None:
+        svg.el("line", x1=x, y1=top, x2=x, y2=bottom, stroke=p.color, stroke_width="2" if p.trusted else "1",
+               stroke_dasharray="4 3" if p.trusted else "1 4")
+        svg.close_group()
+        return None
+    svg.el("circle", cx=x, cy=y, r="6", fill=p.color if p.trusted else "#ffffff",
+           stroke="#ffffff" if p.trusted else p.color, stroke_width="1.5" if p.trusted else "2")
+    svg.close_group()
+    return x - 7, y - 7, x + 7, y + 7
+
+
+def _roof_point_name(svg: _Svg, p: RoofPoint, x: float, y: float | None, frame: Box, taken: Sequence[Box]) -> Box:
+    """A point's name beside it, inside the plot and clear of what is drawn already; returns its box."""
+    left, right, top, bottom = frame
+    w = _text_width(p.label, 12) * BOLD
+    if y is None:  # a line: the name near the top, on the side with more room
+        x0, ty = _inside(x - 6 - w if x > (left + right) / 2 else x + 6, w, left, right), top + 28
+    else:
+        x0, ty = _point_label_at(x, y, w, left, right, top, bottom)
+    ty = _clear_baseline(x0, w, ty, taken, top + 12, bottom - 4)
+    svg.text(x0, ty, p.label, class_="pt", text_anchor="start", fill=p.color)
+    return x0, ty - 12, x0 + w, ty + 3
+
+
+def _clear_baseline(x0: float, w: float, ty: float, taken: Sequence[Box], lo: float, hi: float,
+                    step: float = 15) -> float:
+    """The baseline nearest `ty` (between lo and hi) at which a label from x0, w wide, overlaps nothing taken."""
+    ty = min(max(ty, lo), hi)
+    tries = sorted((ty + step * k for k in range(-40, 41)), key=lambda t: (abs(t - ty), t < ty))
+    for t in tries:
+        if lo <= t <= hi and not any(x0 < b[2] and b[0] < x0 + w and t - 12 < b[3] and b[1] < t + 3 for b in taken):
+            return t
+    return ty
+
+
+def _inside(x0: float, w: float, left: float, right: float) -> float:
+    """The left edge of a label `w` wide moved as little as it takes to lie between the axes."""
+    return max(left + 2, min(x0, right - 2 - w))
+
+
+def _point_label_at(x: float, y: float, w: float, left: float, right: float, top: float,
+                    bottom: float) -> tuple[float, float]:
+    """Where a point's label starts (left edge, baseline): beside the point where it fits between the axes, else
+    under (or over) it, moved along so it stays inside the plot at any drawing width. Under first: the memory roof
+    and its label run above the points."""
+    if x + 9 + w <= right:
+        return x + 9, y - 8
+    if x - 9 - w >= left + 2:
+        return x - 9 - w, y - 8
+    return _inside(x - w / 2, w, left, right), (y + 20 if y + 20 <= bottom - 4 else y - 11)
+
+
 def _ridge_label(svg: _Svg, x: float, ys: Sequence[float], text: str, left: float, right: float,
-                 boxes: Sequence[tuple[float, float, float, float]]) -> None:
+                 boxes: Sequence[Box]) -> None:
     """The ridge's label beside its line, on whichever side and at whichever height clears the points' labels."""
     w = _text_width(text, 11)
     candidates = [(x + 4, y, "start") for y in ys] + [(x - 4, y, "end") for y in ys]
@@ -489,13 +547,6 @@ def _ridge_label(svg: _Svg, x: float, ys: Sequence[float], text: str, left: floa
     tx, ty, anchor = next(((tx, ty, a) for tx, ty, a in candidates if (tx + w if a == "start" else tx) <= right),
                           candidates[-1])
     svg.text(tx, ty, text, class_="tick", text_anchor=anchor)
-
-
-def _free_slot(y: float, used: list[float], gap: float = 15) -> float:
-    while any(abs(y - u) < gap for u in used):
-        y += gap
-    used.append(y)
-    return y
 
 
 # --- shares --------------------------------------------------------------------------------------------------
@@ -513,11 +564,11 @@ def stacked_bar(title: str, segments: Sequence[Segment], *, width: float = 520, 
     x = left
     for s in segments:
         w = s.value * scale
-        svg.open_group(tip=f"{s.label}: {s.value:.1%}" + (f" ({s.detail})" if s.detail else ""))
+        svg.open_group(tip=f"{s.label}: {fmt(s.value, 'ratio')}" + (f" ({s.detail})" if s.detail else ""))
         svg.el("rect", x=x, y=y, width=max(0.5, w), height=bar_h, fill=s.color, stroke="#ffffff",
                stroke_width="1")
         svg.close_group()
-        share = f"{s.value:.0%}"
+        share = fmt(s.value, "ratio")
         if w > _text_width(share, 12) + 8:
             svg.text(x + w / 2, y + 20, share, class_="onbar", text_anchor="middle")
         x += w
@@ -526,7 +577,7 @@ def stacked_bar(title: str, segments: Sequence[Segment], *, width: float = 520, 
         lx = left + (i % columns) * col_w
         ly = y + bar_h + 22 + 20 * (i // columns)
         svg.el("rect", x=lx, y=ly - 10, width="12", height="12", fill=s.color)
-        text = f"{s.label}  {s.value:.1%}"
+        text = f"{s.label}  {fmt(s.value, 'ratio')}"  # as the tables and the text write a share
         svg.text(lx + 18, ly, ellipsize(text, col_w - 22, 11.5), class_="legend",
                  tip=text + (f" ({s.detail})" if s.detail else ""))
     if note:
@@ -679,11 +730,21 @@ def _x_label(value: float) -> str:
     return f"x{value:.2f}" if value < 10 else f"x{value:.1f}"
 
 
+def _pair_texts(p: GainPair) -> tuple[str, str]:
+    """The predicted and realised values as written beside their bars."""
+    def one(value: float | None, what: str) -> str:
+        if value is None or value <= 0:
+            return f"{what}: none"
+        return f"{what} {_x_label(value)}" + (" (bound)" if what == "predicted" and p.upper_bound else "")
+    return one(p.predicted, "predicted"), one(p.realised, "realised")
+
+
 def gain_pairs(title: str, pairs: Sequence[GainPair], *, band: float = 0.25, width: float = WIDE) -> Markup:
     """Per fix, the predicted gain (outlined) and the realised one (filled) from x1, on one log axis, over the band in
     which the prediction counts as holding (shaded): +-`band` around an estimate, under an upper bound."""
     size, row = 11.5, 62.0
-    left, right = 12.0, width - 12
+    # Each value is written right of its bar's end: the axis stops short of the widest, so none runs out.
+    left, right = 12.0, width - 12 - 6 - max((_text_width(t, 11) for p in pairs for t in _pair_texts(p)), default=0)
     lo, hi = _log_axis([v for p in pairs for v in (p.predicted, p.realised) if v is not None]
                        + [p.predicted * (1 + band) for p in pairs if p.predicted])
     top = 20.0
@@ -712,13 +773,13 @@ def gain_pairs(title: str, pairs: Sequence[GainPair], *, band: float = 0.25, wid
             svg.el("rect", x=lo_band, y=bar_y - 3, width=max(1.0, hi_band - lo_band), height="34", fill=GOOD,
                    fill_opacity="0.10")
             svg.close_group()
-        for j, (value, what) in enumerate(((p.predicted, "predicted"), (p.realised, "realised"))):
+        for j, ((value, what), text) in enumerate(zip(((p.predicted, "predicted"), (p.realised, "realised")),
+                                                      _pair_texts(p), strict=True)):
             if value is None or value <= 0:
-                svg.text(one + 4, bar_y + 10 + 15 * j, f"{what}: none", class_="note")
+                svg.text(one + 4, bar_y + 10 + 15 * j, text, class_="note")
                 continue
             x0, x1 = sorted((one, sx(value)))
             by = bar_y + 15 * j
-            text = f"{what} {_x_label(value)}" + (" (bound)" if what == "predicted" and p.upper_bound else "")
             svg.open_group(tip=text)
             if what == "predicted":
                 svg.el("rect", x=x0, y=by, width=max(1.0, x1 - x0), height="12", fill="#ffffff", stroke=INK,
@@ -726,12 +787,8 @@ def gain_pairs(title: str, pairs: Sequence[GainPair], *, band: float = 0.25, wid
             else:
                 svg.el("rect", x=x0, y=by, width=max(1.0, x1 - x0), height="12", fill=color)
             svg.close_group()
-            end = sx(value)
-            w = _text_width(text, 11)
-            if end + 6 + w <= right:
-                svg.text(end + 6, by + 10, text, class_="value")
-            else:
-                svg.text(min(x0, end) - 6, by + 10, text, class_="value", text_anchor="end")
+            # Right of the bar: past its end, or past x1 for a bar that shrinks (its end is left of x1).
+            svg.text(x1 + 6, by + 10, text, class_="value")
     svg.text(left, height - 4, "outlined: predicted for the change made; filled: realised; shaded: where the "
              "prediction holds" if width >= NARROW_BELOW else "outlined predicted, filled realised, shaded holds",
              class_="note")
