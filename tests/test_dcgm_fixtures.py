@@ -65,10 +65,10 @@ def test_t4_scrape_selected_by_pod_is_diagnosed_idle_and_names_what_is_missing()
     d = diagnose(cap)
     # SM activity 0 with nothing queued: the engine says idle, from one sample so with reduced confidence.
     assert d.verdict == "idle"
-    missing = {u["what"]: u for u in d.unavailable}
+    missing = {u.what: u for u in d.unavailable}
     assert "gpu.dram_active" in missing and "gpu.busy" in missing
-    assert "dcgm-counters.csv" in missing["gpu.dram_active"]["hint"]
-    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in missing["gpu.busy"]["reason"]
+    assert "dcgm-counters.csv" in missing["gpu.dram_active"].hint
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in missing["gpu.busy"].reason
 
 
 def test_h100_mig_scrape_gives_three_instances_of_one_gpu() -> None:

@@ -195,7 +195,7 @@ def test_prometheus_stopped_mid_query_keeps_partial_results(own_stack) -> None: 
     idle = next(g for g in exporter.fleet.gpus if g.profile == "idle")
     row = by_uuid[(idle.uuid, str(idle.index))]
     assert row.diagnosis.verdict == "idle"  # busy was read before the crash
-    reasons = {u["what"]: u["reason"] for u in row.diagnosis.unavailable}
+    reasons = {u.what: u.reason for u in row.diagnosis.unavailable}
     assert "query for DCGM_FI_PROF_DRAM_ACTIVE failed" in reasons["gpu.dram_active"]
     # Once it is gone for good, the command says so in one sentence.
     r = cli("fleet", "--prometheus", prom.url, "--since", "1m")

@@ -6,6 +6,7 @@ from diagnoser.diagnosis import Benefit, Finding, Fix, FixKind, GainKind, Limite
 from diagnoser.errors import InputError
 from diagnoser.evidence_build import build_evidence
 from diagnoser.rules import Check, Page, RuleSet, Threshold, default_rules, diagnose, load_thresholds, rule
+from diagnoser.rules.base import MEAN
 from diagnoser.rules.judge import judge_fixes
 from tests.factories import make_capture
 
@@ -105,7 +106,7 @@ def test_a_rule_gets_its_required_signals_present_and_cannot_read_undeclared_one
     seen = []
 
     @rule(code="TST001", name="t", limiter=Limiter.IDLE, summary="s", requires=(S.GPU_BUSY,),
-          uses=(S.SERVER_WAITING,), thresholds={"x": Threshold(1.0, "m")}, page=_PAGE)
+          uses=(S.SERVER_WAITING,), reads={S.GPU_BUSY: (MEAN,)}, thresholds={"x": Threshold(1.0, "m")}, page=_PAGE)
     def probe(c: Check) -> Finding | None:
         seen.append(c.req(S.GPU_BUSY).mean)
         assert c.opt(S.SERVER_WAITING) is None

@@ -33,6 +33,7 @@ from diagnoser.collectors.dcgm import (
     GpuKey,
     parent_key,
 )
+from diagnoser.collectors.dcgm_stats import GPU_UTIL, Stat, bit_shares, stats_for
 from diagnoser.collectors.prom_client import KeyedSeries, PromClient, PromError, vector_values
 from diagnoser.collectors.prometheus_source import (
     ANCHORS,
@@ -47,6 +48,7 @@ from diagnoser.collectors.prometheus_source import (
     typical_interval,
 )
 from diagnoser.errors import SourceUnavailable
+from diagnoser.rules.ruleset import default_rules
 
 KEY_LABELS = "UUID, uuid, GPU_I_ID"
 Select = Callable[[list[GpuIdentity]], list[GpuIdentity]]
@@ -57,50 +59,11 @@ MAX_MATCHED_GPUS = 2000
 LAST_LOOKBACK_S = 300.0
 
 
-@dataclass(frozen=True)
-class Stat:
-    """One statistic of one field over the window. `field` is a DCGM field key, or `fb_total` (used + free memory,
-    the board or MIG slice less its reserve)."""
-
-    field: str
-    stat: str  # avg, p90, max, last, rate, increase
-
-    @property
-    def key(self) -> str:
-        return f"{self.field}.{self.stat}"
-
-
-# What the rules read from DCGM, as statistics. The engine's fleet path builds each GPU's signals from these.
-STATS: tuple[Stat, ...] = (
-    Stat("gr_engine_active", "avg"),
-    Stat("sm_active", "avg"),
-    Stat("tensor_active", "avg"),
-    Stat("dram_active", "avg"),
-    Stat("fb_used", "avg"),
-    Stat("fb_used", "p90"),
-    Stat("fb_total", "last"),
-    Stat("sm_clock", "avg"),
-    Stat("max_sm_clock", "last"),
-    Stat("power_violation", "rate"),
-    Stat("thermal_violation", "rate"),
-    # The clock event mask, as numbers: testing its bits sample by sample takes a subquery, which costs Prometheus
-    # 30-50 times an average (benchmarks/FLEET.md). Its minimum, maximum and mean give each group of bits' share of
-    # the window exactly while the mask takes at most two values (one held all window, or clocks held and
-    # released), which is how it moves (`bit_shares`).
-    Stat("reasons_power", "min"),
-    Stat("reasons_power", "max"),
-    Stat("reasons_power", "avg"),
-    Stat("pcie_tx", "avg"),
-    Stat("pcie_tx", "p90"),
-    Stat("pcie_rx", "avg"),
-    Stat("pcie_rx", "p90"),
-    Stat("pcie_tx_total", "rate"),
-    Stat("pcie_rx_total", "rate"),
-    Stat("xid", "max"),
-    Stat("ecc_dbe", "increase"),
-)
+# What the rules read from DCGM, as statistics: those the default rules' declared reads need through the fleet's table
+# (dcgm_stats.py), in its order. The engine's fleet path builds each GPU's signals from these.
+STATS: tuple[Stat, ...] = stats_for(default_rules().rules)
 # GPU_UTIL stands in for GR_ENGINE_ACTIVE, asked only for the GPUs that lack the latter.
-FALLBACK = Stat("gpu_util", "avg")
+FALLBACK = GPU_UTIL
 STATS_BY_KEY: dict[str, Stat] = {s.key: s for s in (*STATS, FALLBACK)}
 _FUNCTION = {"avg": "avg_over_time", "max": "max_over_time", "min": "min_over_time", "last": "last_over_time",
              "rate": "rate", "increase": "increase"}
@@ -150,16 +113,6 @@ def stat_expr(stat: Stat, names: Sequence[str], window_s: float, *, matchers: st
         better = f"count_over_time({selector(unless_names, matchers)}[{w}])"
         expr += f" unless on ({KEY_LABELS}) count by ({KEY_LABELS}) ({better})"
     return expr
-
-
-def bit_shares(low: float, high: float, mean: float, mask: int) -> float:
-    """The share of the window a clock event mask had one of `mask`'s bits set, from the mask's minimum, maximum and
-    mean over the window: exact while it took at most two values (the time at the maximum is (mean - min) /
-    (max - min)), an estimate otherwise."""
-    at_low, at_high = float(bool(int(low) & mask)), float(bool(int(high) & mask))
-    if high <= low:
-        return at_high
-    return min(1.0, max(0.0, (at_low * (high - mean) + at_high * (mean - low)) / (high - low)))
 
 
 def identity_expr(names: Sequence[str], window_s: float, matchers: str = "") -> str:

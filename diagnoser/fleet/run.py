@@ -45,12 +45,11 @@ from diagnoser.collectors.prometheus_source import Window, WindowData, WindowQue
 from diagnoser.cores import default_jobs
 from diagnoser.diagnosis import SCHEMA_VERSION, Diagnosis, Limiter, Verdict
 from diagnoser.errors import InputError, SourceUnavailable
-from diagnoser.evidence_build import build_evidence
 from diagnoser.fleet.model import FleetReport, FleetRow
 from diagnoser.fleet.pack import PackedDiagnosis, RowPacker, unpack_rows
 from diagnoser.fleet.triage import Triage
 from diagnoser.physics import match_gpu
-from diagnoser.rules.engine import diagnose_evidence
+from diagnoser.pipeline import Pipeline
 from diagnoser.rules.ruleset import Overrides as Thresholds
 from diagnoser.rules.ruleset import RuleSet, default_rules
 
@@ -137,10 +136,9 @@ def _row(data: WindowData, ident: GpuIdentity, usd_per_gpu_hour: float | None,
         cap.notes.append(f"DCGM series are partial: {gaps}.")
     if data.failed:
         notes.append("some field queries failed: " + ", ".join(sorted(data.failed)))
-    ev = build_evidence(cap)
-    diagnosis = diagnose_evidence(ev, _rules_for(thresholds))
-    return _fleet_row(ident, diagnosis, _busy(ev), usd_per_gpu_hour, notes=notes, partial=bool(gaps or data.failed),
-                      basis="points")
+    outcome = Pipeline(_rules_for(thresholds)).diagnose(cap)  # as any command diagnoses a capture
+    return _fleet_row(ident, outcome.diagnosis, _busy(outcome.evidence), usd_per_gpu_hour, notes=notes,
+                      partial=bool(gaps or data.failed), basis="points")
 
 
 # The basis of a row whose GPU reports no field the fleet reads (only its temperature, say, or free memory without

@@ -1,9 +1,11 @@
 """The fleet's triage: each GPU diagnosed by the normal rule engine from the window statistics the time-series engine
 computed (collectors/prom_stats.py), with no samples in hand.
 
-Each statistic becomes a `Signal.from_stats` (mean, p90, max answer from it; the throttled share answers the rules'
-"share of samples above 0.5" exactly, being the mean of a 0/1 signal), the GPU gets evidence of its own (its identity,
-what is missing and why, what the counters say of its regime), and `diagnose_evidence` runs as for any capture. What
+Each GPU's signals are made by walking the fleet's table (collectors/dcgm_stats.py: which DCGM statistics each
+(signal, statistic) the rules declare is computed from, and how), each a `Signal.from_stats` (mean, p90, max answer
+from it; the throttled share answers the rules' "share of samples above 0.5" exactly, being the mean of a 0/1
+signal), the GPU gets evidence of its own (its identity,
+what is missing and why, what the counters say of its regime), and the Pipeline judges it as any capture's. What
 is shared by most GPUs is built once: the physics signals per GPU model, and the list of missing signals per set of
 signals present.
 """
@@ -16,22 +18,13 @@ from dataclasses import dataclass, field
 from diagnoser import __version__
 from diagnoser.capture import Capture, GpuInfo, Unavailable
 from diagnoser.characterise import characterise
-from diagnoser.collectors.dcgm import (
-    CLOCK_EVENT_BRAKE,
-    CLOCK_EVENT_OTHER,
-    CLOCK_EVENT_POWER,
-    CLOCK_EVENT_THERMAL,
-    MIB,
-    GpuIdentity,
-    gpu_info,
-    mark_missing,
-    spec_max_clock,
-)
-from diagnoser.collectors.prom_stats import WindowStats, bit_shares
+from diagnoser.collectors.dcgm import GpuIdentity, gpu_info, mark_missing, spec_max_clock
+from diagnoser.collectors.dcgm_stats import FLEET_SIGNALS, MAX_SM_CLOCK, SM_CLOCK, TABLE, XID, Stat
+from diagnoser.collectors.prom_stats import WindowStats
 from diagnoser.diagnosis import Diagnosis
 from diagnoser.evidence import Evidence, Meta, Signal
 from diagnoser.evidence_build import build_evidence
-from diagnoser.rules.engine import diagnose_evidence
+from diagnoser.pipeline import Pipeline
 from diagnoser.rules.ruleset import RuleSet
 from diagnoser.signals import spec
 
@@ -53,6 +46,7 @@ class Triage:
 
     def __post_init__(self) -> None:
         self.most_samples = max(self.stats.samples, default=0.0)
+        self.pipeline = Pipeline(self.rules)  # each GPU's evidence is judged as every command's is
 
     def _template(self, info: GpuInfo) -> Evidence:
         """Physics signals and the GPU spec of one model: the same for all its GPUs."""
@@ -75,42 +69,24 @@ class Triage:
         return found
 
     def signals(self, i: int, ident: GpuIdentity) -> tuple[dict[str, Signal], list[str], float | None]:
-        """One GPU's signals from its statistics, notes about it, and its maximum SM clock."""
+        """One GPU's signals from its statistics (each group of the fleet's table in turn), notes about it, and its
+        maximum SM clock."""
         s = self.stats
         out = _GpuSignals(max(1, int(s.samples[i])) if i < len(s.samples) else 1)
-        busy = s.get("gr_engine_active.avg", i)
-        if math.isnan(busy):
-            busy = s.get("gpu_util.avg", i) * 0.01
-        out.add("gpu.busy", busy)
-        for name, key in (("gpu.sm_active", "sm_active.avg"), ("gpu.tensor_active", "tensor_active.avg"),
-                          ("gpu.dram_active", "dram_active.avg")):
-            out.add(name, s.get(key, i))
-        # Only what the rules read: the bytes and MHz themselves are for plots, which a fleet row has none of.
-        used, used_p90, total = s.get("fb_used.avg", i), s.get("fb_used.p90", i), s.get("fb_total.last", i)
-        if total > 0:
-            out.add("gpu.mem_total_bytes", total * MIB)
-            out.add("gpu.mem_used_frac", used / total, p90=_or_none(used_p90 / total))
-        max_clock = self._clock(i, ident, out)
-        _throttling(s, i, out)
-        for name, direction in (("gpu.pcie_tx_bps", "tx"), ("gpu.pcie_rx_bps", "rx")):
-            mean, p90 = s.get(f"pcie_{direction}.avg", i), s.get(f"pcie_{direction}.p90", i)
-            if math.isnan(mean):
-                mean, p90 = s.get(f"pcie_{direction}_total.rate", i), math.nan
-            out.add(name, mean, p90=_or_none(p90))
-        notes = _errors(s, i, ident, out)
-        return out.signals, notes, max_clock or None
+        gpu = _Gpu(s, i, self._max_clock(i, ident))
+        add = out.add
+        for group in TABLE:
+            group.make(gpu, add)
+        return out.signals, _xid_note(s, i, ident), gpu.max_clock or None
 
-    def _clock(self, i: int, ident: GpuIdentity, out: _GpuSignals) -> float | None:
-        """The SM clock as a share of the maximum (the spec table's where DCGM does not export it); the maximum."""
+    def _max_clock(self, i: int, ident: GpuIdentity) -> float | None:
+        """The maximum SM clock: DCGM's, else the spec table's (noted where a clock share is made from it)."""
         s = self.stats
-        clock = s.get("sm_clock.avg", i)
-        max_clock: float | None = s.get("max_sm_clock.last", i)
+        max_clock: float | None = s.get(MAX_SM_CLOCK.key, i)
         if max_clock is None or math.isnan(max_clock) or max_clock <= 0:
             max_clock, _ = spec_max_clock(ident.model)
-            if max_clock and not math.isnan(clock):
+            if max_clock and not math.isnan(s.get(SM_CLOCK.key, i)):
                 self.spec_clock_models.add(ident.model)
-        if max_clock and not math.isnan(clock):
-            out.add("gpu.sm_clock_frac", clock / max_clock)
         return max_clock
 
     def diagnose(self, i: int, ident: GpuIdentity) -> tuple[Diagnosis, float | None, bool, bool]:
@@ -135,8 +111,20 @@ class Triage:
                       notes=list(template.notes))
         characterise(ev)  # the regime, from the counters, as for any capture
         busy = signals.get("gpu.busy") or signals.get("gpu.sm_active")
-        return diagnose_evidence(ev, self.rules), busy.mean if busy is not None else None, \
+        return self.pipeline.judge(ev), busy.mean if busy is not None else None, \
             bool(produced & _ACTIVITY), bool(produced)
+
+
+class _Gpu:
+    """One GPU's statistics as the table's groups read them."""
+
+    __slots__ = ("i", "max_clock", "stats")
+
+    def __init__(self, stats: WindowStats, i: int, max_clock: float | None) -> None:
+        self.stats, self.i, self.max_clock = stats, i, max_clock
+
+    def get(self, stat: Stat) -> float:
+        return self.stats.get(stat.key, self.i)
 
 
 @dataclass
@@ -153,47 +141,17 @@ class _GpuSignals:
                                                    n=self.n, frac_above=frac_above)
 
 
-def _throttling(s: WindowStats, i: int, out: _GpuSignals) -> None:
-    """The throttled shares of time: from the violation counters, else from the clock-event mask's statistics."""
-    low, high, mean = s.get("reasons_power.min", i), s.get("reasons_power.max", i), s.get("reasons_power.avg", i)
-    for name, counter, mask in (("gpu.throttle.power", "power_violation.rate", CLOCK_EVENT_POWER),
-                                ("gpu.throttle.thermal", "thermal_violation.rate", CLOCK_EVENT_THERMAL),
-                                ("gpu.throttle.power_brake", "", CLOCK_EVENT_BRAKE),
-                                ("gpu.throttle.other", "", CLOCK_EVENT_OTHER)):
-        share = s.get(counter, i) * 1e-9 if counter else math.nan  # ns of throttling per second
-        if math.isnan(share) and not (math.isnan(low) or math.isnan(high) or math.isnan(mean)):
-            share = bit_shares(low, high, mean, mask)
-        if not math.isnan(share):
-            share = min(1.0, max(0.0, share))
-            # The share of time throttled is the mean of a 0/1 signal: exactly what "samples above 0.5" asks.
-            out.add(name, share, frac_above={0.5: share})
-
-
-def _errors(s: WindowStats, i: int, ident: GpuIdentity, out: _GpuSignals) -> list[str]:
-    """The XID and double-bit ECC signals; a note naming the XID DCGM reports."""
-    notes: list[str] = []
-    xid = s.get("xid.max", i)
-    if not math.isnan(xid):
-        flag = float(xid > 0)
-        out.add("gpu.xid_errors", flag, high=flag)
-        if xid > 0:
-            notes.append(f"DCGM reports XID {int(xid)} on {ident.describe()} (DCGM_FI_DEV_XID_ERRORS holds the "
-                         "last XID seen, which may predate the window).")
-    ecc = s.get("ecc_dbe.increase", i)
-    if not math.isnan(ecc):
-        out.add("gpu.ecc_dbe", max(0.0, ecc), high=max(0.0, ecc))
-    return notes
+def _xid_note(s: WindowStats, i: int, ident: GpuIdentity) -> list[str]:
+    """A note naming the XID DCGM reports."""
+    xid = s.get(XID.key, i)
+    if xid > 0:
+        return [f"DCGM reports XID {int(xid)} on {ident.describe()} (DCGM_FI_DEV_XID_ERRORS holds the last XID seen, "
+                "which may predate the window)."]
+    return []
 
 
 _ACTIVITY = frozenset({"gpu.busy", "gpu.sm_active", "gpu.dram_active", "gpu.tensor_active"})
-_UNITS = {name: spec(name).unit for name in (
-    "gpu.busy", "gpu.sm_active", "gpu.tensor_active", "gpu.dram_active", "gpu.mem_total_bytes", "gpu.mem_used_frac",
-    "gpu.sm_clock_frac", "gpu.throttle.power", "gpu.throttle.thermal", "gpu.throttle.power_brake",
-    "gpu.throttle.other", "gpu.pcie_tx_bps", "gpu.pcie_rx_bps", "gpu.xid_errors", "gpu.ecc_dbe")}
-
-
-def _or_none(value: float) -> float | None:
-    return None if math.isnan(value) else value
+_UNITS = {name: spec(name).unit for name in FLEET_SIGNALS}
 
 
 __all__ = ["Triage"]

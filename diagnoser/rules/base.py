@@ -5,6 +5,8 @@ Writing a rule:
 
     @rule(code="BW001", name="dram-bandwidth-saturated", limiter=Limiter.MEMORY_BANDWIDTH, summary="...",
           requires=(S.GPU_DRAM_ACTIVE, AnyOf(S.GPU_BUSY, S.GPU_SM_ACTIVE)), uses=(S.GPU_TENSOR_ACTIVE,),
+          reads={S.GPU_DRAM_ACTIVE: (MEAN,), S.GPU_BUSY: (MEAN,), S.GPU_SM_ACTIVE: (MEAN,),
+                 S.GPU_TENSOR_ACTIVE: (MEAN,)},
           thresholds={"dram_active_mean": Threshold(0.6, "DRAM activity at or above which ...", "ratio")},
           page=Page(detects="DRAM activity at or above {dram_active_mean} ...", why=..., fixes=..., sources=...))
     def dram_bandwidth_saturated(c: Check) -> Finding | None:
@@ -16,8 +18,13 @@ Writing a rule:
         return c.finding(0.8, "one sentence")
 
 Signals are named by their constants in diagnoser.signals (S); `@rule` rejects a name that is not registered, a
-threshold the page names but the rule lacks, and a duplicate requirement. `@rule` returns the Rule; it registers
-nothing: each rule module lists its rules in `RULES`, and diagnoser.rules.ruleset.RuleSet runs a tuple of them.
+threshold the page names but the rule lacks, and a duplicate requirement. `reads` declares, per signal, the statistics
+the predicate reads (MEAN, P90, FRAC_ABOVE, ...): `req`/`first`/`opt` hand the predicate a `Reading` that answers
+those only, and reading another raises `UndeclaredStatistic` naming the rule, so what a rule reads is known without
+running it (the fleet derives its DCGM statistics from it, and RuleSet refuses a rule whose reads the fleet cannot
+produce). A signal read only for its presence needs no entry; its name, unit, sources and sample count are free.
+`@rule` returns the Rule; it registers nothing: each rule module lists its rules in `RULES`, and
+diagnoser.rules.ruleset.RuleSet runs a tuple of them.
 A page's text may name thresholds in braces, `{dram_active_mean}`: `Rule.page_for(thresholds)` fills in the values in
 force (with the threshold's unit), so an overridden threshold reads right on the page too.
 """
@@ -29,6 +36,7 @@ import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 from diagnoser.diagnosis import Benefit, Citation, Finding, Fix, FixKind, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence, Signal
@@ -101,11 +109,119 @@ class Gain:
         return replace(self, benefit=Benefit.CAPACITY, basis=f"{self.basis}; {why}" if self.basis else why)
 
 
+class Statistic(str, Enum):
+    """What a rule may read of a signal (`reads=`): each a property or method of `Signal`."""
+
+    MEAN = "mean"
+    VALUE = "value"  # the one number of a one-number signal (trace, physics), else the mean
+    P50 = "p50"
+    P90 = "p90"
+    P99 = "p99"
+    MIN = "min"
+    MAX = "max"
+    QUANTILE = "quantile"  # quantile(q) at any q
+    FRAC_ABOVE = "frac_above"  # frac_above(t): the share of samples at or above t
+    FRAC_BELOW = "frac_below"
+    LOWEST = "lowest"  # a histogram quantile's bucket bounds (Signal.lowest / highest)
+    HIGHEST = "highest"
+    SAMPLES = "samples"  # the samples themselves: values and times
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MEAN, VALUE, P50, P90, P99, MIN, MAX = (Statistic.MEAN, Statistic.VALUE, Statistic.P50, Statistic.P90, Statistic.P99,
+                                        Statistic.MIN, Statistic.MAX)
+QUANTILE, FRAC_ABOVE, FRAC_BELOW, LOWEST, HIGHEST, SAMPLES = (
+    Statistic.QUANTILE, Statistic.FRAC_ABOVE, Statistic.FRAC_BELOW, Statistic.LOWEST, Statistic.HIGHEST,
+    Statistic.SAMPLES)
+Reads = Mapping[Sig, tuple[Statistic, ...]]
+
+
+class UndeclaredStatistic(LookupError):
+    """A rule read a statistic of a signal that its `reads=` does not declare: a bug in the rule."""
+
+
+def _statistic_of(stat: str) -> str:
+    """The declared statistic a `Signal.stat` name reads ('frac_above:0.5' -> 'frac_above')."""
+    return stat.split(":", 1)[0]
+
+
+class Reading(Signal):
+    """A rule's view of one signal: the statistics the rule declared answer from the signal, any other raises.
+
+    Made by Check (`_reading`) without the dataclass __init__: a fleet makes dozens per GPU."""
+
+    def _allowed(self, stat: str) -> Signal:
+        d = self.__dict__
+        if stat not in d["_ok"]:
+            signal = d["_signal"]
+            declared = ", ".join(sorted(d["_ok"])) or "none"
+            raise UndeclaredStatistic(f"rule {d['_code']} reads {stat} of {signal.name} but declares only "
+                                      f"{declared} (add it to the rule's reads=)")
+        signal_: Signal = d["_signal"]
+        return signal_
+
+    # What a rule may read freely: which signal, its unit, sources and how many samples it pools.
+    name = property(lambda self: self.__dict__["_signal"].name)
+    unit = property(lambda self: self.__dict__["_signal"].unit)
+    sources = property(lambda self: self.__dict__["_signal"].sources)
+    bucket = property(lambda self: self.__dict__["_signal"].bucket)
+    n = property(lambda self: self.__dict__["_signal"].n)
+    source = property(lambda self: self.__dict__["_signal"].source)
+    from_samples = property(lambda self: self.__dict__["_signal"].from_samples)
+
+    # The statistics: each only where declared.
+    mean = property(lambda self: self._allowed("mean").mean)
+    value = property(lambda self: self._allowed("value").value)
+    p50 = property(lambda self: self._allowed("p50").p50)
+    p90 = property(lambda self: self._allowed("p90").p90)
+    p99 = property(lambda self: self._allowed("p99").p99)
+    min = property(lambda self: self._allowed("min").min)
+    max = property(lambda self: self._allowed("max").max)
+    lowest = property(lambda self: self._allowed("lowest").lowest)
+    highest = property(lambda self: self._allowed("highest").highest)
+    values = property(lambda self: self._allowed("samples").values)
+    times = property(lambda self: self._allowed("samples").times)
+
+    def quantile(self, q: float) -> float:
+        return self._allowed("quantile").quantile(q)
+
+    def frac_above(self, threshold: float) -> float:
+        return self._allowed("frac_above").frac_above(threshold)
+
+    def frac_below(self, threshold: float) -> float:
+        return self._allowed("frac_below").frac_below(threshold)
+
+    def stat(self, name: str) -> float:
+        return self._allowed(_statistic_of(name)).stat(name)
+
+    def unwrap(self, stat: str) -> Signal:
+        """The signal itself, once `stat` is checked as declared (Check.cite reads through it)."""
+        return self._allowed(_statistic_of(stat))
+
+    def __repr__(self) -> str:
+        return f"Reading({self.__dict__['_code']}, {self.__dict__['_signal']!r})"
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+def _reading(signal: Signal, ok: frozenset[str], code: str) -> Signal:
+    view = object.__new__(Reading)
+    d = view.__dict__  # set directly: the frozen dataclass's __setattr__ refuses, and kwargs cost a dict
+    d["_signal"], d["_ok"], d["_code"] = signal, ok, code
+    return view
+
+
 class Check:
     """What a predicate gets: the evidence, the thresholds in force, and helpers to read, cite and conclude.
 
     `req` and `first` return signals the rule requires (present: the engine checked); `opt` one it uses (maybe
-    absent). Asking for a signal the rule did not declare is a bug in the rule, and raises."""
+    absent), each as a `Reading` that answers the statistics the rule declares of it (`reads=`). Asking for a signal
+    the rule did not declare, or for a statistic of it the rule did not declare, is a bug in the rule, and raises."""
 
     def __init__(self, rule: Rule, ev: Evidence, thresholds: Mapping[str, float]) -> None:
         self.rule = rule
@@ -117,7 +233,7 @@ class Check:
     def req(self, name: Sig) -> Signal:
         if name not in self.rule.required_names:
             raise KeyError(f"{self.rule.code} reads {name} with req() but does not require it")
-        return self.ev.signals[name]
+        return _reading(self.ev.signals[name], self.rule.statistics[name], self.rule.code)
 
     def first(self, *names: Sig) -> Signal:
         for name in names:
@@ -125,16 +241,19 @@ class Check:
                 raise KeyError(f"{self.rule.code} reads {name} with first() but does not require it")
             found = self.ev.signals.get(name)
             if found is not None:
-                return found
+                return _reading(found, self.rule.statistics[name], self.rule.code)
         raise KeyError(f"{self.rule.code}: none of {', '.join(names)} is present")
 
     def opt(self, name: Sig) -> Signal | None:
         if name not in self.rule.declared:
             raise KeyError(f"{self.rule.code} reads {name} but neither requires nor uses it")
-        return self.ev.signals.get(name)
+        found = self.ev.signals.get(name)
+        return None if found is None else _reading(found, self.rule.statistics[name], self.rule.code)
 
     def cite(self, signal: Signal, stat: str = "mean", op: str = "", threshold: float | None = None) -> float:
         """Record a number this finding stands on, and return it."""
+        if isinstance(signal, Reading):
+            signal = signal.unwrap(stat)  # a cited statistic is a read statistic: declared
         if signal.n == 1 and signal.from_samples and (stat == "value" or stat in _POINT_STATS):
             value, shown = signal.values[0], "value"  # a one-number signal (trace, physics) has no statistics
         else:
@@ -186,6 +305,8 @@ class Rule:
     # An advisory rule reports a latency tail or a client-side effect: its finding and fixes are listed, but it never
     # names the verdict (a server with a slow p99 and nothing waiting is not "batching-limited").
     advisory: bool = False
+    # The statistics the predicate reads of each signal (a signal absent here is read for its presence only).
+    reads: Mapping[str, tuple[Statistic, ...]] = field(default_factory=dict, compare=False)
 
     # Cached (the fields are frozen): a fleet asks each rule for these about ten times per GPU.
     @functools.cached_property
@@ -198,6 +319,15 @@ class Rule:
     @functools.cached_property
     def declared(self) -> frozenset[str]:
         return self.required_names | frozenset(self.uses)
+
+    @functools.cached_property
+    def statistics(self) -> dict[str, frozenset[str]]:
+        """Each declared signal's readable statistics, as the names Reading checks."""
+        return {name: frozenset(str(s) for s in self.reads.get(name, ())) for name in self.declared}
+
+    def read_pairs(self) -> list[tuple[str, Statistic]]:
+        """Every (signal, statistic) the rule declares it reads, in declaration order."""
+        return [(name, stat) for name, stats in self.reads.items() for stat in stats]
 
     def missing(self, ev: Evidence) -> list[Requirement]:
         signals = ev.signals
@@ -234,6 +364,24 @@ def _check_names(code: str, what: str, names: tuple[str, ...]) -> None:
             raise ValueError(f"rule {code} {what} unknown signal '{name}'") from None
 
 
+def _check_reads(code: str, declared: set[str], reads: Reads) -> dict[str, tuple[Statistic, ...]]:
+    """The rule's reads, checked: statistics of its own signals only, each a known statistic, none twice."""
+    out: dict[str, tuple[Statistic, ...]] = {}
+    for name, stats in reads.items():
+        if name not in declared:
+            raise ValueError(f"rule {code} declares statistics of {name}, which it neither requires nor uses")
+        if isinstance(stats, str):
+            raise ValueError(f"rule {code} declares the statistics of {name} as a string, not a tuple")
+        for stat in stats:
+            if not isinstance(stat, Statistic):
+                raise ValueError(f"rule {code} declares an unknown statistic {stat!r} of {name} "
+                                 f"(one of {', '.join(s.value for s in Statistic)})")
+        if len(set(stats)) != len(stats):
+            raise ValueError(f"rule {code} declares a statistic of {name} twice")
+        out[name] = tuple(stats)
+    return out
+
+
 def rule(
     *,
     code: str,
@@ -242,6 +390,7 @@ def rule(
     summary: str,
     requires: tuple[Requirement, ...],
     uses: tuple[Sig, ...] = (),
+    reads: Reads | None = None,
     thresholds: Mapping[str, Threshold],
     page: Page,
     decisive: bool = True,
@@ -261,12 +410,15 @@ def rule(
     unknown = fields - set(thresholds)
     if unknown:
         raise ValueError(f"rule {code}'s page names thresholds it does not have: {', '.join(sorted(unknown))}")
+    declared_reads = _check_reads(code, set(flat) | set(uses), reads or {})
 
     def make(predicate: Predicate) -> Rule:
         return Rule(code, name, limiter, summary, tuple(requires), tuple(uses), dict(thresholds), page, predicate,
-                    decisive, advisory)
+                    decisive, advisory, declared_reads)
 
     return make
 
 
-__all__ = ["AnyOf", "Check", "Gain", "Page", "Requirement", "Rule", "Threshold", "rule"]
+__all__ = ["FRAC_ABOVE", "FRAC_BELOW", "HIGHEST", "LOWEST", "MAX", "MEAN", "MIN", "P50", "P90", "P99", "QUANTILE",
+           "SAMPLES", "VALUE", "AnyOf", "Check", "Gain", "Page", "Reading", "Reads", "Requirement", "Rule", "Statistic",
+           "Threshold", "UndeclaredStatistic", "rule"]

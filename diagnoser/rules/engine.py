@@ -22,6 +22,7 @@ the verdict's limiter.
 
 from __future__ import annotations
 
+import functools
 from typing import TypedDict
 
 from diagnoser import signals as S
@@ -112,29 +113,15 @@ def _confidence(primary: Finding, findings: list[Finding], ev: Evidence) -> tupl
     return round(conf, 3), reasons
 
 
-def _to_collect(ev: Evidence) -> list[str]:
+def _to_collect(ev: Evidence, rules: RuleSet | None = None) -> list[str]:
+    """What to collect for a firmer verdict: the signals the rules that could not run declare and the evidence lacks
+    (by family, with where to get them), then what limits the data (a cut-short trace, a short window)."""
     wants = []
     if ev.trace is not None and ev.trace.truncated:
         wants.append("The whole trace: this file is cut short (copy or export it again); only what was read is "
                      "analysed.")
     trace_only = not any(n for n in ev.signals if not n.startswith(("trace.", "theory."))) and ev.trace is not None
-    if not any(n in ev for n in _ACTIVITY):
-        wants.append("GPU activity counters: run on the GPU's host with NVML access (diagnoser doctor says what "
-                     "is missing)" + (", e.g. diagnoser attach PID --trace 5 to a running server." if trace_only
-                                      else "."))
-    if S.GPU_DRAM_ACTIVE not in ev and S.GPU_TENSOR_ACTIVE not in ev:
-        wants.append("DRAM and tensor-pipe activity, which tell memory-bound from compute-bound kernels: GPM on "
-                     "Hopper or newer, or DCGM_FI_PROF_DRAM_ACTIVE and DCGM_FI_PROF_PIPE_TENSOR_ACTIVE from "
-                     "dcgm-exporter (--dcgm-exporter/--prometheus).")
-    if trace_only and ev.trace is not None and ev.trace.intensity_flop_per_byte is None:
-        wants.append("The ops' input shapes (torch.profiler record_shapes=True), so FLOPs and bytes per op, and so the "
-                     "roof, can be computed.")
-    if S.SERVER_WAITING not in ev and ev.workload != "training":
-        wants.append("Server metrics (queue, running batch, KV cache): attach with --port to the server's /metrics.")
-    if ev.trace is None:
-        wants.append("A short torch.profiler trace (attach --trace 5) to attribute idle time and measure intensity.")
-    if ev.model is None and ev.workload != "training":
-        wants.append("The model's shape (--model config.json) for the physical floor and predicted gains.")
+    wants += _signal_wants(ev, (rules or default_rules()).unmet(ev), trace_only)
     if trace_only or ev.meta.origin == "trace":
         if ev.trace is not None and 0 < ev.trace.window_s < 0.5:
             wants.append("A longer trace window (several steps of the workload).")
@@ -143,6 +130,37 @@ def _to_collect(ev: Evidence) -> list[str]:
                          "call); torch.profiler's schedule(wait=1, warmup=1, active=3) records steps after it.")
     elif ev.meta.window_s < 5 and ev.meta.origin not in _NO_DURATION:
         wants.append("A longer window (--duration 10 or more).")
+    return wants
+
+
+@functools.lru_cache(maxsize=256)
+def _families(names: frozenset[str]) -> frozenset[str]:
+    """The signal families ('server', 'trace', ...) of `names`: a fleet's GPUs mostly share one set."""
+    return frozenset(n.split(".", 1)[0] for n in names)
+
+
+def _signal_wants(ev: Evidence, unmet: frozenset[str], trace_only: bool) -> list[str]:
+    """Where to get the signals `unmet` (declared by rules that could not run, absent here), family by family."""
+    wants = []
+    if unmet.intersection(_ACTIVITY) and not any(n in ev for n in _ACTIVITY):
+        wants.append("GPU activity counters: run on the GPU's host with NVML access (diagnoser doctor says what "
+                     "is missing)" + (", e.g. diagnoser attach PID --trace 5 to a running server." if trace_only
+                                      else "."))
+    if unmet.intersection((S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE)) and S.GPU_DRAM_ACTIVE not in ev \
+            and S.GPU_TENSOR_ACTIVE not in ev:
+        wants.append("DRAM and tensor-pipe activity, which tell memory-bound from compute-bound kernels: GPM on "
+                     "Hopper or newer, or DCGM_FI_PROF_DRAM_ACTIVE and DCGM_FI_PROF_PIPE_TENSOR_ACTIVE from "
+                     "dcgm-exporter (--dcgm-exporter/--prometheus).")
+    if trace_only and ev.trace is not None and ev.trace.intensity_flop_per_byte is None:
+        wants.append("The ops' input shapes (torch.profiler record_shapes=True), so FLOPs and bytes per op, and so the "
+                     "roof, can be computed.")
+    families = _families(unmet)
+    if "server" in families and S.SERVER_WAITING not in ev and ev.workload != "training":
+        wants.append("Server metrics (queue, running batch, KV cache): attach with --port to the server's /metrics.")
+    if "trace" in families and ev.trace is None:
+        wants.append("A short torch.profiler trace (attach --trace 5) to attribute idle time and measure intensity.")
+    if "theory" in families and ev.model is None and ev.workload != "training":
+        wants.append("The model's shape (--model config.json) for the physical floor and predicted gains.")
     return wants
 
 

@@ -6,7 +6,7 @@ from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Evidence
 from diagnoser.rules import gains
-from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import FRAC_ABOVE, MAX, MEAN, P90, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
 
 
 @rule(
@@ -17,6 +17,9 @@ from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
     requires=(AnyOf(S.GPU_THROTTLE_POWER, S.GPU_THROTTLE_THERMAL), S.GPU_SM_CLOCK_FRAC),
     uses=(S.GPU_BUSY, S.GPU_POWER_W, S.GPU_POWER_LIMIT_W, S.GPU_POWER_DEFAULT_LIMIT_W, S.GPU_TEMP_C,
           S.GPU_THROTTLE_BRAKE),
+    reads={S.GPU_SM_CLOCK_FRAC: (MEAN,), S.GPU_THROTTLE_POWER: (FRAC_ABOVE,), S.GPU_THROTTLE_THERMAL: (FRAC_ABOVE,),
+           S.GPU_THROTTLE_BRAKE: (FRAC_ABOVE,), S.GPU_BUSY: (MEAN,), S.GPU_POWER_LIMIT_W: (MAX,),
+           S.GPU_POWER_DEFAULT_LIMIT_W: (MAX,)},
     thresholds={
         "throttled_frac": Threshold(0.20, "share of samples with a power or thermal clock event reason", "ratio"),
         "clock_frac_mean": Threshold(0.90, "SM clock over max (mean) below which throttling costs speed", "ratio"),
@@ -107,6 +110,7 @@ def clocks_throttled(c: Check) -> Finding | None:
     summary="Communication kernels (NCCL) take a large share of GPU time.",
     requires=(S.TRACE_SHARE_COMM,),
     uses=(S.TRACE_COMM_EXPOSED_FRAC,),
+    reads={S.TRACE_SHARE_COMM: (VALUE,), S.TRACE_COMM_EXPOSED_FRAC: (VALUE,)},
     thresholds={"comm_share": Threshold(0.30, "share of GPU busy time in communication kernels", "ratio")},
     page=Page(
         detects="NCCL/communication kernels at or above {comm_share} of GPU busy time in the trace.",
@@ -162,6 +166,7 @@ def communication_bound(c: Check) -> Finding | None:
     limiter=Limiter.INTERCONNECT,
     summary="PCIe traffic is near the link's bandwidth.",
     requires=(AnyOf(S.GPU_PCIE_RX_BPS, S.GPU_PCIE_TX_BPS),),
+    reads={S.GPU_PCIE_RX_BPS: (P90,), S.GPU_PCIE_TX_BPS: (P90,)},
     thresholds={"link_frac_p90": Threshold(0.60, "PCIe traffic (p90, one direction) over the link's bandwidth",
                                            "ratio")},
     page=Page(
@@ -196,6 +201,7 @@ def pcie_saturated(c: Check) -> Finding | None:
     summary="The GPU reported XID or uncorrectable ECC errors during the window.",
     requires=(AnyOf(S.GPU_XID_ERRORS, S.GPU_ECC_DBE),),
     uses=(S.GPU_PCIE_REPLAYS,),
+    reads={S.GPU_XID_ERRORS: (MAX,), S.GPU_ECC_DBE: (MAX,)},
     thresholds={"errors": Threshold(0.0, "any XID or double-bit ECC error above this count", "count")},
     page=Page(
         detects="XID errors or uncorrectable (double-bit) ECC errors above {errors} during the window.",
@@ -227,6 +233,7 @@ def gpu_errors(c: Check) -> Finding | None:
     summary="The GPU idles with work queued, waiting on another stream or a collective, not on the host.",
     requires=(S.TRACE_IDLE_STREAM_WAIT_FRAC, S.TRACE_SHARE_COMM),
     uses=(S.TRACE_RANK_IMBALANCE, S.TRACE_SHARE_ALL_TO_ALL),
+    reads={S.TRACE_IDLE_STREAM_WAIT_FRAC: (VALUE,), S.TRACE_SHARE_COMM: (VALUE,)},
     thresholds={
         "wait_frac": Threshold(0.15, "share of the window idle with work queued on the device", "ratio"),
         "comm_share": Threshold(0.05, "communication kernels' share of busy time that makes the waits collective "
@@ -287,6 +294,7 @@ def _read_back(ev: Evidence, waited: float) -> tuple[str, float] | None:
     limiter=Limiter.INTERCONNECT,
     summary="One rank of a multi-rank job computes clearly longer than the others: they wait for it in collectives.",
     requires=(S.TRACE_RANK_IMBALANCE,),
+    reads={S.TRACE_RANK_IMBALANCE: (VALUE,)},
     thresholds={"imbalance": Threshold(1.10, "busiest rank's compute share over the median rank's")},
     page=Page(
         detects="In a trace of several ranks of one job, the busiest rank's compute share at least {imbalance}x the "

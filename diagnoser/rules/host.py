@@ -11,7 +11,7 @@ from diagnoser import signals as S
 from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Evidence
 from diagnoser.rules import gains
-from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import MEAN, P50, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
 from diagnoser.stacks import HotCode, hot_code
 from diagnoser.traces.timeline import BLOCKS_HOST
 
@@ -141,6 +141,8 @@ def _offload(c: Check, g: Gain, hot: HotCode | None = None) -> None:
     summary="A thread of the server is pinned near 100 % of a core while the GPU is not fully busy.",
     requires=(S.HOST_TARGET_BUSIEST_THREAD, AnyOf(S.GPU_BUSY, S.GPU_SM_ACTIVE, S.TRACE_GPU_IDLE_FRAC)),
     uses=(S.HOST_TARGET_CPU,),
+    reads={S.HOST_TARGET_BUSIEST_THREAD: (P50,), S.GPU_BUSY: (MEAN,), S.GPU_SM_ACTIVE: (MEAN,), S.TRACE_GPU_IDLE_FRAC:
+           (VALUE,)},
     thresholds={
         "thread_p50": Threshold(0.90, "busiest thread's share of one core (median) that counts as saturated",
                                 "ratio"),
@@ -187,6 +189,7 @@ def serving_thread_saturated(c: Check) -> Finding | None:
     summary="The trace shows the GPU idle because the host had not launched the next kernel yet.",
     requires=(S.TRACE_IDLE_HOST_FRAC,),
     uses=(S.TRACE_GPU_IDLE_FRAC, S.TRACE_KERNELS_PER_S, S.TRACE_IDLE_SYNC_FRAC),
+    reads={S.TRACE_IDLE_HOST_FRAC: (VALUE,), S.TRACE_IDLE_SYNC_FRAC: (VALUE,)},
     thresholds={"host_idle_frac": Threshold(0.15, "share of the window idle waiting for launches", "ratio")},
     page=Page(
         detects="At least {host_idle_frac} of the traced window with the GPU idle while the host was still preparing "
@@ -229,6 +232,8 @@ def launch_gaps(c: Check) -> Finding | None:
     summary="Most kernels are shorter than their own launch call and no graphs are replayed.",
     requires=(S.TRACE_SHORT_KERNEL_FRAC, S.TRACE_CUDA_GRAPH_LAUNCHES),
     uses=(S.TRACE_KERNELS_PER_S, S.TRACE_IDLE_HOST_FRAC, S.TRACE_GPU_IDLE_FRAC),
+    reads={S.TRACE_SHORT_KERNEL_FRAC: (VALUE,), S.TRACE_CUDA_GRAPH_LAUNCHES: (VALUE,), S.TRACE_IDLE_HOST_FRAC:
+           (VALUE,)},
     thresholds={"short_kernel_frac": Threshold(0.50, "share of kernels shorter than their launch call", "ratio")},
     page=Page(
         detects="At least {short_kernel_frac} of the kernels run for less time than the CPU spends launching them, "
@@ -299,6 +304,7 @@ def _unsynced(c: Check, sync: float) -> Gain:
     summary="The GPU idles in gaps that begin with the host in a synchronisation or a blocking copy.",
     requires=(S.TRACE_IDLE_SYNC_FRAC,),
     uses=(S.TRACE_IDLE_HOST_FRAC, S.TRACE_GPU_IDLE_FRAC),
+    reads={S.TRACE_GPU_IDLE_FRAC: (VALUE,), S.TRACE_IDLE_HOST_FRAC: (VALUE,), S.TRACE_IDLE_SYNC_FRAC: (VALUE,)},
     thresholds={"sync_idle_frac": Threshold(0.10, "share of the window idle after host synchronisations", "ratio")},
     page=Page(
         detects="At least {sync_idle_frac} of the traced window idle around cudaStreamSynchronize / "
@@ -342,6 +348,7 @@ def host_sync_stalls(c: Check) -> Finding | None:
     limiter=Limiter.HOST_LAUNCH,
     summary="Copies from pageable host memory stall the GPU.",
     requires=(S.TRACE_IDLE_PAGEABLE_MEMCPY_FRAC,),
+    reads={S.TRACE_IDLE_PAGEABLE_MEMCPY_FRAC: (VALUE,)},
     thresholds={"pageable_idle_frac": Threshold(0.05, "share of the window idle around pageable copies", "ratio")},
     page=Page(
         detects="At least {pageable_idle_frac} of the traced window idle around host-to-device copies from pageable "

@@ -7,7 +7,7 @@ from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
 from diagnoser.evidence import Signal
 from diagnoser.physics import MigSlice, mig_slice
 from diagnoser.rules import gains
-from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import MEAN, P90, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
 
 _BUSY = AnyOf(S.GPU_BUSY, S.GPU_SM_ACTIVE)
 _BATCH_SOURCES = "Seed physics: 'if the GPU is busy < 50 % of the time, fix batching before hardware'; Nsight " \
@@ -42,6 +42,7 @@ def _batching_fixes(c: Check, busy: float | None) -> None:
     summary="The GPU is busy less than half the time while requests sit in the queue.",
     requires=(_BUSY, S.SERVER_WAITING),
     uses=(S.SERVER_RUNNING, S.SERVER_KV_USAGE),
+    reads={S.GPU_BUSY: (MEAN,), S.GPU_SM_ACTIVE: (MEAN,), S.SERVER_WAITING: (MEAN,), S.SERVER_KV_USAGE: (P90,)},
     thresholds={
         "busy_mean": Threshold(0.50, "GPU busy fraction below which the GPU is underused", "ratio"),
         "waiting_mean": Threshold(1.0, "mean queued requests that show demand is there", "requests"),
@@ -81,6 +82,8 @@ def gpu_idle_while_requests_wait(c: Check) -> Finding | None:
     summary="Requests wait while the running batch is far below the batch the GPU could serve efficiently.",
     requires=(S.SERVER_RUNNING, S.SERVER_WAITING, S.THEORY_RIDGE_BATCH),
     uses=(S.SERVER_KV_USAGE,),
+    reads={S.SERVER_RUNNING: (MEAN,), S.SERVER_WAITING: (MEAN,), S.THEORY_RIDGE_BATCH: (VALUE,), S.SERVER_KV_USAGE:
+           (P90,)},
     thresholds={
         "batch_over_ridge": Threshold(0.25, "running batch below this fraction of the ridge batch counts as small"),
         "waiting_mean": Threshold(1.0, "mean queued requests that show demand is there", "requests"),
@@ -123,6 +126,7 @@ def batch_below_ridge(c: Check) -> Finding | None:
     summary="The GPU is busy less than half the time (no queue metric to tell batching from a light load).",
     requires=(_BUSY,),
     uses=(S.SERVER_WAITING,),
+    reads={S.GPU_BUSY: (MEAN,), S.GPU_SM_ACTIVE: (MEAN,)},
     thresholds={
         "busy_mean": Threshold(0.50, "GPU busy fraction below which the GPU is underused", "ratio"),
         "idle_below": Threshold(0.10, "below this the GPU is idle rather than underfed (IDLE001)", "ratio"),
@@ -191,6 +195,7 @@ def _right_size_action(c: Check) -> str:
     summary="The GPU is nearly idle and nothing waits: the load is small for this GPU.",
     requires=(_BUSY,),
     uses=(S.SERVER_WAITING, S.SERVER_RUNNING, S.GPU_POWER_W),
+    reads={S.GPU_BUSY: (MEAN,), S.GPU_SM_ACTIVE: (MEAN,), S.SERVER_WAITING: (MEAN,)},
     thresholds={
         "busy_mean": Threshold(0.10, "GPU busy fraction below which the GPU is idle", "ratio"),
         "waiting_mean": Threshold(0.5, "mean queued requests below which nothing is waiting", "requests"),

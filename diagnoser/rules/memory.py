@@ -5,7 +5,7 @@ from __future__ import annotations
 from diagnoser import signals as S
 from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
 from diagnoser.rules import gains
-from diagnoser.rules.base import Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import MAX, MEAN, P90, VALUE, Check, Gain, Page, Threshold, rule
 
 
 def _kv_knob(c: Check, mem_used: float | None) -> str:
@@ -67,6 +67,8 @@ def _kv_fixes(c: Check) -> None:
     summary="The KV cache is full while requests wait or get preempted.",
     requires=(S.SERVER_KV_USAGE,),
     uses=(S.SERVER_WAITING, S.SERVER_PREEMPTIONS_PER_S, S.SERVER_RUNNING, S.GPU_MEM_USED_FRAC),
+    reads={S.SERVER_KV_USAGE: (P90, MAX,), S.SERVER_WAITING: (MEAN,), S.SERVER_PREEMPTIONS_PER_S: (MAX,),
+           S.GPU_MEM_USED_FRAC: (P90,)},
     thresholds={
         "kv_usage_p90": Threshold(0.90, "KV-cache use (p90) at or above which the cache counts as full", "ratio"),
         "waiting_mean": Threshold(1.0, "mean queued requests that count as pressure", "requests"),
@@ -132,6 +134,7 @@ def kv_cache_full(c: Check) -> Finding | None:
     limiter=Limiter.VRAM,
     summary="The model's weights alone do not fit in the GPU memory.",
     requires=(S.THEORY_WEIGHT_BYTES, S.GPU_MEM_TOTAL_BYTES),
+    reads={S.THEORY_WEIGHT_BYTES: (VALUE,), S.GPU_MEM_TOTAL_BYTES: (MAX,)},
     thresholds={"weights_frac": Threshold(0.95, "weights over device memory at which nothing is left for the KV "
                                           "cache", "ratio")},
     page=Page(
@@ -167,6 +170,7 @@ def weights_do_not_fit(c: Check) -> Finding | None:
     summary="Device memory is nearly full and no KV-cache metric tells whether that is pressure or preallocation.",
     requires=(S.GPU_MEM_USED_FRAC,),
     uses=(S.SERVER_KV_USAGE,),
+    reads={S.GPU_MEM_USED_FRAC: (P90,)},
     thresholds={"mem_used_p90": Threshold(0.97, "device memory in use (p90) that counts as full", "ratio")},
     page=Page(
         detects="Device memory at or above {mem_used_p90} with no server KV-cache metric to say whether the memory "

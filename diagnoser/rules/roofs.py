@@ -16,7 +16,7 @@ from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence
 from diagnoser.physics import bytes_per_element, fp32_matmul_dtype, peak_flops, sixteen_bit_dtype
 from diagnoser.rules import gains
-from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import MEAN, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
 
 _NCU = "Nsight Compute speed-of-light: under 60 % of peak reads as latency issues, a 10-point split names the " \
     "heavier unit; XProf: memory- or compute-bound when HBM or the MXU exceeds 70 % with the other under 50 %, " \
@@ -118,6 +118,7 @@ def _compute_fixes(c: Check) -> None:
     summary="The memory interface is near its roof and clearly busier than the tensor pipes.",
     requires=(S.GPU_DRAM_ACTIVE,),
     uses=(S.GPU_TENSOR_ACTIVE, S.GPU_SM_ACTIVE, S.THEORY_RIDGE_BATCH, S.SERVER_WAITING),
+    reads={S.GPU_DRAM_ACTIVE: (MEAN,), S.GPU_TENSOR_ACTIVE: (MEAN,)},
     thresholds={
         "dram_active_mean": Threshold(0.60, "DRAM activity (mean) at or above which HBM counts as saturated",
                                       "ratio"),
@@ -160,6 +161,7 @@ def dram_bandwidth_saturated(c: Check) -> Finding | None:
     summary="Decode reads its bytes at most of the bandwidth roof: it runs near its physical floor.",
     requires=(S.THEORY_HBM_ROOF_FRAC, S.THEORY_RIDGE_BATCH),
     uses=(S.THEORY_EFFICIENCY, S.SERVER_WAITING),
+    reads={S.THEORY_HBM_ROOF_FRAC: (VALUE,), S.THEORY_RIDGE_BATCH: (VALUE,)},
     thresholds={
         "hbm_roof_frac": Threshold(0.60, "bytes read per second over the bandwidth roof at or above which decode is "
                                    "at its floor", "ratio"),
@@ -197,6 +199,8 @@ def decode_at_bandwidth_floor(c: Check) -> Finding | None:
     requires=(AnyOf(S.GPU_TENSOR_ACTIVE, S.GPU_SM_ACTIVE, S.THEORY_COMPUTE_ROOF_FRAC),),
     uses=(S.GPU_DRAM_ACTIVE, S.TRACE_SHARE_GEMM, S.TRACE_SHARE_ATTENTION, S.TRACE_SHARE_ELEMENTWISE,
           S.SERVER_GEN_TOKENS_PER_S),
+    reads={S.GPU_DRAM_ACTIVE: (MEAN,), S.GPU_SM_ACTIVE: (MEAN,), S.GPU_TENSOR_ACTIVE: (MEAN,),
+           S.THEORY_COMPUTE_ROOF_FRAC: (VALUE,)},
     thresholds={
         "tensor_active_mean": Threshold(0.60, "tensor-pipe activity (mean) at or above which math is saturated",
                                         "ratio"),
@@ -265,6 +269,9 @@ def compute_saturated(c: Check) -> Finding | None:
               AnyOf(S.GPU_DRAM_ACTIVE, S.GPU_SM_ACTIVE, S.THEORY_HBM_ROOF_FRAC, S.THEORY_COMPUTE_ROOF_FRAC)),
     uses=(S.GPU_TENSOR_ACTIVE, S.THEORY_EFFICIENCY, S.THEORY_RIDGE_BATCH, S.TRACE_SHARE_ELEMENTWISE,
           S.TRACE_IDLE_KERNEL_OVERHEAD_FRAC, S.TRACE_IDLE_HOST_FRAC, S.SERVER_WAITING),
+    reads={S.GPU_BUSY: (MEAN,), S.TRACE_GPU_IDLE_FRAC: (VALUE,), S.GPU_SM_ACTIVE: (MEAN,), S.GPU_DRAM_ACTIVE: (MEAN,),
+           S.GPU_TENSOR_ACTIVE: (MEAN,), S.THEORY_HBM_ROOF_FRAC: (VALUE,), S.THEORY_COMPUTE_ROOF_FRAC: (VALUE,),
+           S.TRACE_SHARE_ELEMENTWISE: (VALUE,)},
     thresholds={
         "busy_min": Threshold(0.70, "share of the time a kernel runs at or above which the GPU sets the pace",
                               "ratio"),
@@ -360,6 +367,8 @@ def kernel_bound(c: Check) -> Finding | None:
           S.THEORY_COMPUTE_ROOF_FRAC, S.TRACE_SHARE_ELEMENTWISE, S.TRACE_SHARE_GEMM, S.TRACE_IDLE_KERNEL_OVERHEAD_FRAC,
           S.TRACE_IDLE_HOST_FRAC),
     # The same bar as LAT001's: between two different bars a GPU busy 70-85 % of the time had no finding at all.
+    reads={S.GPU_BUSY: (MEAN,), S.TRACE_GPU_IDLE_FRAC: (VALUE,), S.TRACE_SHARE_GEMM: (VALUE,),
+           S.TRACE_SHARE_ELEMENTWISE: (VALUE,)},
     thresholds={"busy_min": Threshold(0.70, "share of the time a kernel runs at or above which the GPU is the "
                                       "bottleneck", "ratio")},
     decisive=False,
@@ -462,6 +471,8 @@ def _precision_fix(c: Check, half: str | None, gain: Gain) -> None:
     summary="The GPU's matmuls run on FP32 data (FP32 or TF32 GEMMs) where 16-bit data would double their rate.",
     requires=(S.TRACE_FP32_SHARE, AnyOf(S.GPU_BUSY, S.TRACE_GPU_IDLE_FRAC)),
     uses=(S.TRACE_SHARE_ELEMENTWISE, S.TRACE_SHARE_GEMM),
+    reads={S.GPU_BUSY: (MEAN,), S.TRACE_GPU_IDLE_FRAC: (VALUE,), S.TRACE_FP32_SHARE: (VALUE,), S.TRACE_SHARE_GEMM:
+           (VALUE,), S.TRACE_SHARE_ELEMENTWISE: (VALUE,)},
     thresholds={"fp32_share": Threshold(0.10, "share of GPU busy time in FP32/TF32 GEMMs (by kernel name)",
                                         "ratio")},
     page=Page(

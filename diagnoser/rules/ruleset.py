@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from diagnoser.collectors.dcgm_stats import check_fleet_reads
 from diagnoser.diagnosis import Finding, Skipped
 from diagnoser.errors import InputError
 from diagnoser.evidence import Evidence
@@ -46,6 +47,8 @@ class RuleSet:
         duplicate = {c for c in codes if codes.count(c) > 1}
         if duplicate:
             raise ValueError(f"duplicate rule code(s) {', '.join(sorted(duplicate))}")
+        # A rule reading a DCGM statistic the fleet cannot compute would get one interpolated from the mean there.
+        check_fleet_reads(self.rules)
         self._by_code = {r.code: r for r in self.rules}
         self._order = {r.code: i for i, r in enumerate(self.rules)}
         self._thresholds: dict[str, Mapping[str, float]] = {}
@@ -64,6 +67,7 @@ class RuleSet:
         # capture says is unavailable; a fleet's GPUs mostly share both, so the plan is made once per case.
         self._plans: dict[tuple[frozenset[str], tuple[tuple[str, str, str], ...]],
                           tuple[tuple[Rule, Skipped | None], ...]] = {}
+        self._unmet: dict[tuple[frozenset[str], tuple[tuple[str, str, str], ...]], frozenset[str]] = {}
 
     # --- lookup -------------------------------------------------------------------------------------------
 
@@ -108,6 +112,20 @@ class RuleSet:
             first = req.names[0] if isinstance(req, AnyOf) else req
             parts.append(f"{req} ({ev.why_missing(first)})")
         return Skipped(r.code, "needs " + "; ".join(parts))
+
+    def unmet(self, ev: Evidence) -> frozenset[str]:
+        """The signals that the rules which cannot run on this evidence declare (required or used) and it lacks:
+        what to collect for them to run. Made once per plan, as the plan is."""
+        key = (frozenset(ev.signals), ev.absent_key())
+        found = self._unmet.get(key)
+        if found is None:
+            signals = ev.signals
+            found = frozenset(n for r, skip in self._plan(ev) if skip is not None for n in r.declared
+                              if n not in signals)
+            if len(self._unmet) >= self._PLANS_MAX:
+                self._unmet.clear()
+            self._unmet[key] = found
+        return found
 
     def run(self, ev: Evidence) -> RuleResults:
         findings: list[Finding] = []

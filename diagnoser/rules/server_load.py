@@ -9,7 +9,7 @@ from __future__ import annotations
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
 from diagnoser.rules import gains
-from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import MAX, MEAN, P50, P90, AnyOf, Check, Gain, Page, Threshold, rule
 
 
 @rule(
@@ -19,6 +19,7 @@ from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
     summary="The running batch sits at the server's configured limit while requests queue and the KV cache has room.",
     requires=(S.SERVER_RUNNING, S.SERVER_WAITING),
     uses=(S.SERVER_KV_USAGE, S.SERVER_GEN_TOKENS_PER_S),
+    reads={S.SERVER_RUNNING: (MEAN, P50,), S.SERVER_WAITING: (MEAN,), S.SERVER_KV_USAGE: (P90,)},
     thresholds={
         "at_cap": Threshold(0.9, "running batch (median) over the configured limit that counts as pinned", "ratio"),
         "waiting_mean": Threshold(1.0, "mean queued requests that show demand beyond the limit", "requests"),
@@ -80,6 +81,7 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
     summary="Requests come one at a time or fewer and nothing waits: the offered load, not the server, sets the pace.",
     requires=(S.SERVER_RUNNING, S.SERVER_WAITING),
     uses=(S.SERVER_REQUESTS_PER_S,),
+    reads={S.SERVER_RUNNING: (MEAN,), S.SERVER_WAITING: (MEAN,)},
     thresholds={
         "running_mean": Threshold(1.5, "requests in flight (mean) at or below which the server serves them about one "
                                   "at a time", "requests"),
@@ -122,6 +124,8 @@ def server_under_loaded(c: Check) -> Finding | None:
     requires=(AnyOf(S.SERVER_ABORTS_PER_S, S.SERVER_HTTP_REQUESTS_PER_S),),
     uses=(S.SERVER_REQUESTS_PER_S, S.SERVER_REQUEST_ERRORS_PER_S, S.SERVER_WAITING),
     advisory=True,
+    reads={S.SERVER_ABORTS_PER_S: (MEAN,), S.SERVER_HTTP_REQUESTS_PER_S: (MEAN,), S.SERVER_REQUESTS_PER_S: (MEAN,),
+           S.SERVER_REQUEST_ERRORS_PER_S: (MEAN,)},
     thresholds={
         "abort_share": Threshold(0.10, "aborted share of the requests that ended in the window that counts", "ratio"),
     },
@@ -167,6 +171,8 @@ def clients_give_up(c: Check) -> Finding | None:
     summary="The host's CPU is saturated and other processes take a large share of it: the server is starved of CPU.",
     requires=(S.HOST_CPU_FRAC, S.HOST_OTHERS_CPU, S.HOST_CORES),
     uses=(S.HOST_TARGET_CPU, S.HOST_TARGET_CPU_WAIT),
+    reads={S.HOST_CORES: (MAX,), S.HOST_CPU_FRAC: (MEAN,), S.HOST_OTHERS_CPU: (MEAN,), S.HOST_TARGET_CPU: (MEAN,),
+           S.HOST_TARGET_CPU_WAIT: (MEAN,)},
     thresholds={
         "host_busy": Threshold(0.90, "whole-host CPU use (mean) at which the host is saturated", "ratio"),
         "others_share": Threshold(0.25, "share of the host's cores used by other processes (mean) that counts as "

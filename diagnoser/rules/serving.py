@@ -13,7 +13,7 @@ from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Signal
 from diagnoser.rules import gains
-from diagnoser.rules.base import AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import HIGHEST, LOWEST, MAX, MEAN, P90, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
 from diagnoser.units import fmt
 
 # Engines whose scheduler admits a request only with room for its prompt plus max_tokens (TGI's token budget,
@@ -28,7 +28,7 @@ def _prefill_share(c: Check) -> tuple[float, str] | None:
     and GPU are known, else from the engine's per-request prefill and decode times (a proxy)."""
     decode = c.opt(S.THEORY_DECODE_SHARE)
     if decode is not None:
-        return 1.0 - decode.values[0], "prefill's share of the least GPU time the served tokens need"
+        return 1.0 - decode.value, "prefill's share of the least GPU time the served tokens need"
     pre, dec = c.opt(S.SERVER_PREFILL_TIME_MEAN_S), c.opt(S.SERVER_DECODE_TIME_MEAN_S)
     if pre is not None and dec is not None and pre.mean + dec.mean > 0:
         c.cite(pre, "value")
@@ -80,6 +80,9 @@ def _number(text: str | None) -> float | None:
     requires=(S.SERVER_PROMPT_LEN_MEAN,),
     uses=(S.SERVER_PREFIX_CACHE_HIT_RATE, S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_GEN_TOKENS_PER_S,
           S.THEORY_DECODE_SHARE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
+    reads={S.SERVER_PROMPT_LEN_MEAN: (VALUE,), S.SERVER_PREFIX_CACHE_HIT_RATE: (VALUE,), S.SERVER_PROMPT_TOKENS_PER_S:
+           (MEAN,), S.SERVER_GEN_TOKENS_PER_S: (MEAN,), S.THEORY_DECODE_SHARE: (VALUE,), S.SERVER_PREFILL_TIME_MEAN_S:
+           (MEAN, VALUE,), S.SERVER_DECODE_TIME_MEAN_S: (MEAN, VALUE,)},
     thresholds={
         "hit_rate_max": Threshold(0.20, "prefix-cache hit rate below which the cache saves little prefill", "ratio"),
         "target_hit_rate": Threshold(0.50, "hit rate a workload with shared prompts reaches (system prompt, "
@@ -160,6 +163,7 @@ def prefix_cache_missing(c: Check) -> Finding | None:
     summary="Time to first token is mostly time spent waiting to be scheduled: the server lacks capacity.",
     requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_QUEUE_TIME_MEAN_S),
     uses=(S.SERVER_KV_USAGE, S.SERVER_WAITING, S.SERVER_PREFILL_TIME_MEAN_S),
+    reads={S.SERVER_TTFT_MEAN_S: (VALUE,), S.SERVER_QUEUE_TIME_MEAN_S: (VALUE,), S.SERVER_KV_USAGE: (P90,)},
     thresholds={
         "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making", "s"),
         "queue_share": Threshold(0.5, "queue time's share of TTFT at which waiting dominates", "ratio"),
@@ -208,6 +212,7 @@ def ttft_dominated_by_queueing(c: Check) -> Finding | None:
     summary="Time to first token is mostly the prompt's own prefill, not waiting.",
     requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_PREFILL_TIME_MEAN_S),
     uses=(S.SERVER_QUEUE_TIME_MEAN_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S),
+    reads={S.SERVER_TTFT_MEAN_S: (VALUE,), S.SERVER_PREFILL_TIME_MEAN_S: (VALUE,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,)},
     thresholds={
         "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making", "s"),
         "prefill_share": Threshold(0.5, "prefill time's share of TTFT at which prefill dominates", "ratio"),
@@ -255,6 +260,10 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
               AnyOf(S.SERVER_RUNNING, S.SERVER_BATCH_SIZE)),
     uses=(S.SERVER_ITERATION_TOKENS_P50, S.SERVER_DECODE_STEP_MEAN_S, S.SERVER_PROMPT_TOKENS_PER_S),
     advisory=True,
+    reads={S.SERVER_RUNNING: (MAX,), S.SERVER_BATCH_SIZE: (MAX,), S.SERVER_ITL_P50_S: (VALUE, HIGHEST,),
+           S.SERVER_ITL_P99_S: (VALUE, LOWEST,), S.SERVER_ITERATION_TOKENS_P50: (VALUE, HIGHEST,),
+           S.SERVER_ITERATION_TOKENS_P99: (VALUE, LOWEST,), S.SERVER_DECODE_STEP_MEAN_S: (VALUE, HIGHEST,),
+           S.SERVER_PREFILL_STEP_MEAN_S: (VALUE, LOWEST,)},
     thresholds={
         "itl_ratio": Threshold(3.0, "p99 / p50 inter-token latency at which the tail counts as inflated"),
         "step_ratio": Threshold(4.0, "tokens of the p99 step over the median step (vLLM), or prefill over decode "
@@ -327,6 +336,8 @@ def _spec_speedup(alpha: float, k: int, cost: float) -> float:
     summary="Speculative decoding's accepted tokens do not pay for the drafting, or a shorter draft would pay more.",
     requires=(AnyOf(S.SERVER_SPEC_MEAN_ACCEPT_LEN, S.SERVER_SPEC_ACCEPTANCE_RATE),),
     uses=(S.SERVER_SPEC_DRAFT_LEN,),
+    reads={S.SERVER_SPEC_MEAN_ACCEPT_LEN: (VALUE,), S.SERVER_SPEC_ACCEPTANCE_RATE: (VALUE,), S.SERVER_SPEC_DRAFT_LEN:
+           (VALUE,)},
     thresholds={
         "draft_cost": Threshold(0.10, "cost of one draft token as a share of a target-model step (EAGLE-style "
                                 "heads ~0.05-0.1; a separate draft model ~ its size over the target's)"),
@@ -401,6 +412,10 @@ def speculative_decoding_not_paying(c: Check) -> Finding | None:
                     S.SERVER_PAUSED),),
     uses=(S.SERVER_REQUESTS_PER_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_GEN_LEN_MEAN, S.SERVER_PROMPT_TOKENS_PER_S,
           S.THEORY_DECODE_SHARE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
+    reads={S.SERVER_PREEMPTIONS_PER_S: (MEAN,), S.SERVER_RETRACTIONS_PER_S: (MEAN,), S.SERVER_SWAPPED: (MEAN,),
+           S.SERVER_RETRACTED: (MEAN,), S.SERVER_PAUSED: (MEAN,), S.SERVER_REQUESTS_PER_S: (MEAN,),
+           S.SERVER_PROMPT_LEN_MEAN: (VALUE,), S.SERVER_GEN_LEN_MEAN: (VALUE,), S.THEORY_DECODE_SHARE: (VALUE,),
+           S.SERVER_PREFILL_TIME_MEAN_S: (MEAN, VALUE,), S.SERVER_DECODE_TIME_MEAN_S: (MEAN, VALUE,)},
     thresholds={
         "per_request": Threshold(0.05, "preemptions (or retractions) per finished request that count as churn"),
         "held_mean": Threshold(1.0, "requests swapped out, retracted or paused at a time (mean) that count"),
@@ -460,6 +475,8 @@ def kv_preemption_churn(c: Check) -> Finding | None:
     summary="Requests ask for far more tokens than they generate, and the engine reserves KV space for all of them.",
     requires=(S.SERVER_MAX_TOKENS_MEAN, S.SERVER_GEN_LEN_MEAN),
     uses=(S.SERVER_WAITING, S.SERVER_BATCH_RESERVED_TOKENS, S.SERVER_PROMPT_LEN_MEAN),
+    reads={S.SERVER_MAX_TOKENS_MEAN: (VALUE,), S.SERVER_GEN_LEN_MEAN: (VALUE,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,),
+           S.SERVER_WAITING: (MEAN,)},
     thresholds={
         "over_ratio": Threshold(4.0, "max_tokens asked over tokens generated (means) that counts as over-reserved"),
         "waiting_mean": Threshold(1.0, "mean queued requests that show the reservation turns work away"),
@@ -515,6 +532,8 @@ def max_tokens_over_reserved(c: Check) -> Finding | None:
     summary="Requests wait for a LoRA adapter slot: the adapters per batch cap the batch.",
     requires=(S.SERVER_LORA_RUNNING_ADAPTERS,),
     uses=(S.SERVER_LORA_WAITING_ADAPTERS, S.SERVER_WAITING_DEFERRED, S.SERVER_WAITING, S.SERVER_RUNNING),
+    reads={S.SERVER_LORA_RUNNING_ADAPTERS: (MAX,), S.SERVER_LORA_WAITING_ADAPTERS: (MEAN,), S.SERVER_WAITING_DEFERRED:
+           (MEAN,), S.SERVER_RUNNING: (MEAN,)},
     thresholds={
         "slots_full": Threshold(1.0, "running adapters over the batch's adapter slots (max_loras) that count as "
                                 "full"),

@@ -1,0 +1,129 @@
+"""Rules declare the (signal, statistic) pairs they read; the fleet's DCGM statistics follow from the declarations.
+
+A rule reading a statistic it did not declare raises, naming the rule; a declaration the fleet cannot compute is
+refused when the rule set is made; prom_stats.STATS is what the default rules' declarations need; what to collect for
+an inconclusive verdict is what the rules that could not run declare.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from diagnoser import signals as S
+from diagnoser.collectors import dcgm_stats
+from diagnoser.collectors.prom_stats import FALLBACK, STATS
+from diagnoser.diagnosis import Finding, Limiter
+from diagnoser.evidence_build import build_evidence
+from diagnoser.rules import Check, Page, RuleSet, Threshold, default_rules, rule
+from diagnoser.rules.base import MEAN, P99, Rule, Statistic, UndeclaredStatistic
+from diagnoser.rules.engine import _to_collect
+from tests.factories import make_capture
+
+_PAGE = Page(detects="d", why="w", fixes="f", sources="s")
+
+
+def _probe(code: str, read, **declared) -> Rule:  # type: ignore[no-untyped-def]
+    @rule(code=code, name="probe", limiter=Limiter.IDLE, summary="s", thresholds={"x": Threshold(1.0, "m")},
+          page=_PAGE, **declared)
+    def probe(c: Check) -> Finding | None:
+        read(c)
+        return None
+
+    return probe
+
+
+def test_a_rule_reading_an_undeclared_statistic_raises_naming_the_rule() -> None:
+    ev = build_evidence(make_capture({"gpu.busy": 0.5, "server.waiting": 2.0}))
+    ok = _probe("TST101", lambda c: c.req(S.GPU_BUSY).mean, requires=(S.GPU_BUSY,), reads={S.GPU_BUSY: (MEAN,)})
+    assert RuleSet([ok]).run(ev).passed == ["TST101"]
+    for code, read in (("TST102", lambda c: c.req(S.GPU_BUSY).p90),
+                       ("TST103", lambda c: c.req(S.GPU_BUSY).frac_above(0.5)),
+                       ("TST104", lambda c: c.cite(c.req(S.GPU_BUSY), "max")),
+                       ("TST105", lambda c: c.opt(S.SERVER_WAITING).mean)):  # type: ignore[union-attr]
+        bad = _probe(code, read, requires=(S.GPU_BUSY,), uses=(S.SERVER_WAITING,), reads={S.GPU_BUSY: (MEAN,)})
+        with pytest.raises(UndeclaredStatistic, match=f"rule {code} reads .* of (gpu.busy|server.waiting)"):
+            RuleSet([bad]).run(ev)
+
+
+def test_what_a_signal_is_reads_freely_and_a_reading_answers_like_the_signal() -> None:
+    seen: list[object] = []
+
+    def read(c: Check) -> None:
+        busy = c.req(S.GPU_BUSY)
+        seen.extend((busy.name, busy.unit, busy.n, busy.source, busy.mean, c.cite(busy, "mean")))
+
+    ev = build_evidence(make_capture({"gpu.busy": [0.2, 0.4, 0.6]}, n=3))
+    RuleSet([_probe("TST106", read, requires=(S.GPU_BUSY,), reads={S.GPU_BUSY: (MEAN,)})]).run(ev)
+    signal = ev.signals[S.GPU_BUSY]
+    assert seen == [S.GPU_BUSY, signal.unit, 3, signal.source, signal.mean, signal.mean]
+
+
+def test_a_malformed_declaration_is_refused_when_the_rule_is_made() -> None:
+    for reads, match in (({S.GPU_DRAM_ACTIVE: (MEAN,)}, "neither requires nor uses"),
+                         ({S.GPU_BUSY: ("p95",)}, "unknown statistic 'p95'"),
+                         ({S.GPU_BUSY: "mean"}, "as a string"),
+                         ({S.GPU_BUSY: (MEAN, MEAN)}, "twice")):
+        with pytest.raises(ValueError, match=match):
+            _probe("TST107", lambda c: None, requires=(S.GPU_BUSY,), reads=reads)
+
+
+def test_a_declaration_the_fleet_cannot_compute_is_refused_in_one_sentence() -> None:
+    bad = _probe("TST108", lambda c: None, requires=(S.GPU_MEM_USED_FRAC,), reads={S.GPU_MEM_USED_FRAC: (P99,)})
+    with pytest.raises(ValueError) as err:
+        RuleSet([bad])
+    message = str(err.value)
+    assert message.count(". ") == 0 and message.endswith(".")
+    assert "rule TST108 reads p99 of gpu.mem_used_frac" in message and "dcgm_stats.py" in message
+    # A DCGM signal the fleet does not ask for: refused too, until the table makes it (or says why it need not).
+    power = _probe("TST111", lambda c: None, requires=(S.GPU_BUSY,), uses=(S.GPU_POWER_W,),
+                   reads={S.GPU_POWER_W: (MEAN,)})
+    with pytest.raises(ValueError, match="rule TST111 reads mean of gpu.power_w, .* makes no such signal"):
+        RuleSet([power])
+    # A statistic of a signal that is not DCGM's (a server's) is not the fleet's concern.
+    RuleSet([_probe("TST109", lambda c: None, requires=(S.SERVER_WAITING,), reads={S.SERVER_WAITING: (P99,)})])
+
+
+def test_every_shipped_rule_reads_only_what_the_fleet_can_compute() -> None:
+    assert dcgm_stats.unproducible(default_rules()) == []
+
+
+def test_the_fleet_statistics_are_what_the_declarations_need() -> None:
+    rules = default_rules().rules
+    assert dcgm_stats.stats_for(rules) == STATS
+    assert FALLBACK == dcgm_stats.GPU_UTIL and FALLBACK not in STATS  # GR_ENGINE_ACTIVE's stand-in, asked apart
+    # Without the PCIe rule nobody reads the PCIe p90: it is not asked for, and the mean still is (NET002's signal
+    # is made with its mean, so a rule reading only the p90 costs both).
+    keys = {s.key for s in dcgm_stats.stats_for([r for r in rules if r.code != "NET002"])}
+    assert "pcie_tx.p90" not in keys and "pcie_rx.p90" not in keys
+    assert {"pcie_tx.p90", "pcie_tx.avg", "pcie_tx_total.rate"} <= {s.key for s in STATS}
+    # Nothing the engine itself reads: still the activity counters and the memory size.
+    bare = {s.key for s in dcgm_stats.stats_for([])}
+    assert bare == {"gr_engine_active.avg", "sm_active.avg", "tensor_active.avg", "dram_active.avg", "fb_total.last"}
+
+
+def test_every_field_the_fleet_asks_for_is_one_it_reads_from_prometheus() -> None:
+    from diagnoser.collectors.dcgm import FIELDS_BY_KEY
+
+    for stat in (*STATS, FALLBACK):
+        fields = ("fb_used", "fb_free") if stat.field == "fb_total" else (stat.field,)
+        assert all(FIELDS_BY_KEY[f].fleet for f in fields), stat
+
+
+def test_the_table_names_known_statistics_signals_and_inputs() -> None:
+    statistics = {s.value for s in Statistic}
+    inputs = {s for g in dcgm_stats.TABLE for s in g.inputs} | {dcgm_stats.GPU_UTIL}
+    for (name, stat), stats in dcgm_stats.PRODUCES.items():
+        assert stat in statistics, (name, stat)
+        S.known(name)
+        assert set(stats) <= inputs, (name, stat)
+
+
+def test_what_to_collect_is_what_the_rules_that_could_not_run_declare() -> None:
+    ev = build_evidence(make_capture({"gpu.busy": 0.5}, model=None))
+    wants = _to_collect(ev, default_rules())
+    assert any(w.startswith("Server metrics") for w in wants) and any(w.startswith("A short torch") for w in wants)
+    # A rule set whose only rule needs a trace: the server's metrics would serve none of them.
+    traced = _probe("TST110", lambda c: None, requires=(S.TRACE_IDLE_HOST_FRAC,))
+    wants = _to_collect(ev, RuleSet([traced]))
+    assert not any(w.startswith("Server metrics") for w in wants)
+    assert any(w.startswith("A short torch") for w in wants)
