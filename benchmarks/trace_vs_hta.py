@@ -26,6 +26,11 @@ and are summarised in benchmarks/TRACES.md. Not part of the test suite.
     python benchmarks/trace_vs_hta.py                       # the A100 traces in tests/fixtures/traces
     python benchmarks/trace_vs_hta.py --make-big 80         # plus a ~700 MB trace made from the DDP fixture
     python benchmarks/trace_vs_hta.py --traces a.json.gz --repeat 3
+    python benchmarks/trace_vs_hta.py --shape kernel-heavy=a100_ddp_2rank_nccl_rank0.json.gz:52 \
+        many-ranks=a100_ddp_2rank_nccl_rank0.json.gz:7:8 --baseline ../before   # shapes of TRACES.md, + old code
+
+A shape (`--shape NAME=SOURCE:COPIES[:RANKS]`, the set in TRACES.md is SHAPES) is a real trace repeated COPIES
+times, or RANKS files of it with distributedInfo.rank 0..RANKS-1 in one folder, which both tools are given whole.
 """
 
 from __future__ import annotations
@@ -55,21 +60,26 @@ A100_TRACES = ("a100_alexnet_forward.json.gz", "a100_ddp_2rank_nccl_rank0.json.g
 OUT = ROOT / "benchmarks" / "out" / "traces"
 HTA_PYTHON = ROOT / "benchmarks" / ".venv-hta" / "bin" / "python"
 BIG_SOURCE = "a100_ddp_2rank_nccl_rank0.json.gz"
+# The trace shapes of benchmarks/TRACES.md, each ~450 MB of JSON: CPU-op heavy (AlexNet forward: four CPU events
+# to a kernel), kernel heavy (DDP), many streams (recsys all-to-all, five streams), many ranks (eight rank files).
+SHAPES = ("cpu-op-heavy=a100_alexnet_forward.json.gz:1600", f"kernel-heavy={BIG_SOURCE}:52",
+          "many-streams=a100-recsys-alltoall-16rank-rank0-step552.json.gz:55", f"many-ranks={BIG_SOURCE}:7:8")
 
 _HTA_SCRIPT = r"""
 import json, logging, os, sys, tempfile, time, warnings
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 path = os.path.abspath(sys.argv[1])
-d = tempfile.mkdtemp()
-os.symlink(path, os.path.join(d, os.path.basename(path)))
+d = path if os.path.isdir(path) else tempfile.mkdtemp()  # a folder of rank files is HTA's own input
+if d != path:
+    os.symlink(path, os.path.join(d, os.path.basename(path)))
 from hta.trace_analysis import TraceAnalysis
 t0 = time.perf_counter()
 ta = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)
 load_s = time.perf_counter() - t0
 tb = ta.get_temporal_breakdown(visualize=False)
 types, per_kernel = ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)
-idle = ta.get_idle_time_breakdown(visualize=False)[0]
+idle = ta.get_idle_time_breakdown(ranks=sorted(ta.t.traces), visualize=False)[0]  # every rank (default: rank 0)
 summed = per_kernel.groupby("kernel_type")["sum (us)"].sum().to_dict()
 idle_by = idle.groupby("idle_category")["idle_time"].sum().to_dict()
 print(json.dumps({
@@ -82,10 +92,16 @@ print(json.dumps({
 }))
 """
 
-_DECODE_WHOLE = "import sys; from diagnoser.traces.decode import decode_whole; print(len(decode_whole(sys.argv[1])))"
-_DECODE_STREAM = ("import sys; from diagnoser.traces.decode import iter_event_chunks\n"
-                  "tf, chunks = iter_event_chunks(sys.argv[1], max_bytes=1 << 40)\n"
-                  "print(sum(len(c) for c in chunks))")
+# `python -m diagnoser.traces` of the checkout named first.
+_FROM_CHECKOUT = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+                  "runpy.run_module('diagnoser.traces', run_name='__main__', alter_sys=True)")
+# The bare decodes take a file or a folder of rank files (each file in turn, as one process would read them).
+_FILES = ("import sys; from pathlib import Path\n"
+          "p = Path(sys.argv[1]); files = sorted(p.glob('*.json')) if p.is_dir() else [p]\n")
+_DECODE_WHOLE = _FILES + ("from diagnoser.traces.decode import decode_whole\n"
+                          "print(sum(len(decode_whole(str(f))) for f in files))")
+_DECODE_STREAM = _FILES + ("from diagnoser.traces.decode import iter_event_chunks\n"
+                           "print(sum(len(c) for f in files for c in iter_event_chunks(str(f), max_bytes=1 << 40)[1]))")
 # The bare typed decode on N processes: the parallel reader's ranges (plain files) or chunks (gzip), decoded into the
 # same structs and counted; no columns, no analysis.
 _DECODE_PAR = r"""
@@ -148,12 +164,14 @@ def run_measured(cmd: list[str], timeout: float, env: dict[str, str] | None = No
                 "stdout": out.read().decode(errors="replace"), "stderr": err.read().decode(errors="replace")[-2000:]}
 
 
-def make_big(source: Path, copies: int, dest: Path) -> Path:
-    """Repeat a real trace `copies` times back to back (see the module docstring)."""
-    out = dest / f"{source.name.split('.')[0]}_x{copies}.json"
+def make_big(source: Path, copies: int, out: Path, rank: int | None = None) -> Path:
+    """Repeat a real trace `copies` times back to back (see the module docstring); `rank` rewrites
+    distributedInfo.rank, so copies of one rank's trace make the files of a many-rank job."""
     if out.exists():
         return out
     data = json.loads(gzip.decompress(source.read_bytes()) if source.suffix == ".gz" else source.read_bytes())
+    if rank is not None:
+        data["distributedInfo"] = {**data.get("distributedInfo", {}), "rank": rank}
     events = data.pop("traceEvents")
     meta = [e for e in events if e.get("ph") == "M"]
     body = [e for e in events if e.get("ph") != "M" and e.get("cat") != "Trace"]
@@ -161,11 +179,11 @@ def make_big(source: Path, copies: int, dest: Path) -> Path:
     t0 = min(e["ts"] for e in timed)
     span = max(e["ts"] + e.get("dur", 0) for e in timed) - t0
     args = [e.get("args", {}) for e in body]
-    corr_step = max((a.get("correlation", 0) for a in args), default=0) + 1
-    ext_step = max((a.get("External id", 0) for a in args), default=0) + 1
-    flow_step = max((e["id"] for e in body if isinstance(e.get("id"), int)), default=0) + 1
     steps = [int(m.group(1)) for e in body if (m := re.match(r"ProfilerStep#(\d+)", e.get("name", "")))]
-    step_step = (max(steps) - min(steps) + 1) if steps else 0
+    offsets = {"ts": span, "correlation": max((a.get("correlation", 0) for a in args), default=0) + 1,
+               "External id": max((a.get("External id", 0) for a in args), default=0) + 1,
+               "id": max((e["id"] for e in body if isinstance(e.get("id"), int)), default=0) + 1,
+               "step": (max(steps) - min(steps) + 1) if steps else 0}
     tmp = out.with_suffix(".part")
     with open(tmp, "w") as f:
         f.write("{\n")
@@ -173,23 +191,7 @@ def make_big(source: Path, copies: int, dest: Path) -> Path:
         f.write('  "traceEvents": [\n')
         f.write(",\n".join("  " + json.dumps(e) for e in meta))
         for c in range(copies):
-            for e in body:
-                e = dict(e)
-                if "ts" in e:
-                    e["ts"] = e["ts"] + c * span
-                if "args" in e:
-                    a = dict(e["args"])
-                    if "correlation" in a:
-                        a["correlation"] += c * corr_step
-                    if "External id" in a:
-                        a["External id"] += c * ext_step
-                    e["args"] = a
-                if isinstance(e.get("id"), int):
-                    e["id"] += c * flow_step
-                m = re.match(r"ProfilerStep#(\d+)", e.get("name", ""))
-                if m:
-                    e["name"] = f"ProfilerStep#{int(m.group(1)) + c * step_step}"
-                f.write(",\n  " + json.dumps(e))
+            f.writelines(",\n  " + json.dumps(_shifted(e, c, offsets)) for e in body)
         trace_span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
                       "tid": "PyTorch Profiler", "ts": t0, "dur": span * copies, "args": {"Op count": 0}}
         f.write(",\n  " + json.dumps(trace_span) + "\n  ]\n}\n")
@@ -197,10 +199,55 @@ def make_big(source: Path, copies: int, dest: Path) -> Path:
     return out
 
 
+def _shifted(e: dict[str, Any], c: int, offsets: dict[str, Any]) -> dict[str, Any]:
+    """Event `e` of copy `c`: its time, correlation, External id, flow id and ProfilerStep number moved on."""
+    e = dict(e)
+    if "ts" in e:
+        e["ts"] = e["ts"] + c * offsets["ts"]
+    if "args" in e:
+        a = dict(e["args"])
+        for key in ("correlation", "External id"):
+            if isinstance(a.get(key), int):
+                a[key] += c * offsets[key]
+        e["args"] = a
+    if isinstance(e.get("id"), int):
+        e["id"] += c * offsets["id"]
+    m = re.match(r"ProfilerStep#(\d+)", e.get("name", ""))
+    if m:
+        e["name"] = f"ProfilerStep#{int(m.group(1)) + c * offsets['step']}"
+    return e
+
+
+def make_shape(spec: str, dest: Path) -> Path:
+    """`NAME=SOURCE:COPIES[:RANKS]`: SOURCE (a path, or a file of tests/fixtures/traces) repeated COPIES times, as one
+    file, or as a folder of RANKS rank files (rank-0.json ...), the input both tools take for a many-rank job."""
+    name, _, rest = spec.partition("=")
+    parts = rest.split(":")
+    counts = parts[1:]
+    if not name or len(parts) not in (2, 3) or not all(c.isdigit() and int(c) > 0 for c in counts):
+        raise SystemExit(f"--shape {spec!r}: expected NAME=SOURCE:COPIES[:RANKS], counts above 0")
+    source = Path(parts[0]) if Path(parts[0]).is_file() else FIXTURES / parts[0]
+    if not source.is_file():
+        raise SystemExit(f"--shape {spec!r}: no trace at {parts[0]} (a path, or a file of {FIXTURES})")
+    copies, ranks = int(counts[0]), int(counts[1]) if len(counts) == 2 else 1
+    if ranks == 1:
+        return make_big(source, copies, dest / f"{name}_x{copies}.json")
+    folder = dest / f"{name}_x{copies}_r{ranks}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in range(ranks):
+        make_big(source, copies, folder / f"rank-{r}.json", rank=r)
+    return folder
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.json")) if path.is_dir() else path.stat().st_size
+
+
 def ours_numbers(analysis: dict[str, Any]) -> dict[str, Any]:
     """Our numbers in HTA's terms: idle %, summed time by HTA kernel type, host-wait share of idle."""
     s = analysis["summary"]
-    k = analysis.get("kernels", {}).get("time_us_by_class", {})
+    # one file's kernel time by class, or a job's pooled shares (a folder of ranks has no single kernels table)
+    k = (analysis.get("kernels") or {}).get("time_us_by_class") or s.get("kernel_share") or {}
     total = sum(k.values()) or 1.0
     comm = k.get("comm", 0.0)
     mem = k.get("memcpy", 0.0) + k.get("memset", 0.0)
@@ -231,22 +278,26 @@ def hta_numbers(h: dict[str, Any]) -> dict[str, Any]:
 
 
 def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeout: float, whole_max_mb: float,
-                hta_max_mb: float) -> dict[str, Any]:
+                hta_max_mb: float, only: list[str], baseline: Path | None = None) -> dict[str, Any]:
     diagnoser = str(Path(sys.executable).with_name("diagnoser"))
-    mb = path.stat().st_size / 1e6
+    mb = _size(path) / 1e6
     tools: dict[str, list[str]] = {}
     for n in jobs:
         tools[f"cli-j{n or 'all'}"] = [diagnoser, "analyze", str(path), "--json", "-j", str(n or os.cpu_count())]
         tools[f"lib-j{n or 'all'}"] = [sys.executable, "-m", "diagnoser.traces", str(path), "-j",
                                        str(n or os.cpu_count())]
+        if baseline is not None:  # the same analysis from another checkout (the code before a change)
+            tools[f"base-lib-j{n or 'all'}"] = [sys.executable, "-c", _FROM_CHECKOUT, str(baseline), str(path), "-j",
+                                                str(n or os.cpu_count())]
     tools["decode-stream"] = [sys.executable, "-c", _DECODE_STREAM, str(path)]
     if mb <= whole_max_mb:
         tools["decode-whole"] = [sys.executable, "-c", _DECODE_WHOLE, str(path)]
     for n in jobs:
-        if n != 1:
+        if n != 1 and path.is_file():
             tools[f"decode-j{n or 'all'}"] = [sys.executable, "-c", _DECODE_PAR, str(path), str(n)]
     if not skip_hta and mb <= hta_max_mb:
         tools["hta"] = [str(HTA_PYTHON), "-c", _HTA_SCRIPT, str(path)]
+    tools = {name: cmd for name, cmd in tools.items() if not only or name in only}
     # this checkout first on the path, so a shared virtual environment runs this code
     env = {**os.environ, "DIAGNOSER_TRACE_MAX_BYTES": "64G", "PYTHONPATH": str(ROOT)}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in tools}
@@ -260,7 +311,7 @@ def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeou
             runs[name].append(r)
             print(f"  {name}: {r['wall_s']:.2f} s, {r['rss_mb']:.0f} MB, load {r['load']:.1f}", file=sys.stderr,
                   flush=True)
-    result: dict[str, Any] = {"trace": str(path), "bytes": path.stat().st_size, "tools": {}}
+    result: dict[str, Any] = {"trace": str(path), "bytes": _size(path), "tools": {}}
     for name, rs in runs.items():
         ok = [r for r in rs if r["rc"] == 0]
         if not ok:
@@ -279,6 +330,29 @@ def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeou
     return result
 
 
+def _ratios(t: dict[str, Any], cli: str) -> str:
+    """One line of ratios for `cli` (cli-jN): HTA over it (wall and CPU), and lib-jN against the code before, the
+    bare decodes and HTA's memory."""
+    n = cli.removeprefix("cli-")
+
+    def of(name: str, key: str = "wall_s") -> float | None:
+        return t.get(name, {}).get(key)
+
+    pairs = [("HTA/ours", "hta", cli), ("HTA/ours CPU", "hta", cli), ("HTA/lib", "hta", f"lib-{n}"),
+             ("base-lib/lib", f"base-lib-{n}", f"lib-{n}"), ("lib/decode-whole", f"lib-{n}", "decode-whole"),
+             ("lib/decode-stream", f"lib-{n}", "decode-stream"), (f"lib/decode-{n}", f"lib-{n}", f"decode-{n}")]
+    parts = [f"{cli}:"]
+    for label, top, bottom in pairs:
+        key = "cpu_s" if label.endswith("CPU") else "wall_s"
+        x, y = of(top, key), of(bottom, key)
+        if x and y:
+            parts.append(f"{label} {x / y:.2f}x")
+    rss, hrss = of(cli, "rss_mb"), of("hta", "rss_mb")
+    if rss and hrss:
+        parts.append(f"RSS ours/HTA {rss / hrss:.2f}")
+    return " ".join(parts)
+
+
 def report(results: list[dict[str, Any]]) -> str:
     lines = [("Wall seconds, CPU seconds of the whole process tree (user+sys, children included), peak RSS of the "
               "largest process, load average while it ran."), ""]
@@ -293,29 +367,7 @@ def report(results: list[dict[str, Any]]) -> str:
                 lines.append(f"| {name} | failed | | | |")
                 continue
             lines.append(f"| {name} | {v['wall_s']:.2f} | {v['cpu_s']:.2f} | {v['rss_mb']:.0f} | {v['load']:.1f} |")
-        ratios = []
-
-        def wall(name: str, t: dict[str, Any] = t) -> float | None:
-            return t.get(name, {}).get("wall_s")
-
-        for name in t:
-            if not name.startswith("cli-"):
-                continue
-            n = name.removeprefix("cli-")
-            parts = [f"{name}:"]
-            if wall("hta") and wall(name):
-                parts.append(f"HTA/ours {wall('hta') / wall(name):.1f}x")  # type: ignore[operator]
-            lib = wall(f"lib-{n}")
-            if lib and wall("decode-whole"):
-                parts.append(f"lib/decode-whole {lib / wall('decode-whole'):.2f}x")  # type: ignore[operator]
-            if lib and wall("decode-stream"):
-                parts.append(f"lib/decode-stream {lib / wall('decode-stream'):.2f}x")  # type: ignore[operator]
-            if lib and wall(f"decode-{n}"):
-                parts.append(f"lib/decode-{n} {lib / wall(f'decode-{n}'):.2f}x")  # type: ignore[operator]
-            rss, hrss = t.get(name, {}).get("rss_mb"), t.get("hta", {}).get("rss_mb")
-            if rss and hrss:
-                parts.append(f"RSS ours/HTA {rss / hrss:.2f}")
-            ratios.append(" ".join(parts))
+        ratios = [_ratios(t, name) for name in t if name.startswith("cli-")]
         lines += [""] + [f"- {x}" for x in ratios] + [""]
     lines += [("| trace | tool | window ms | idle % | COMPUTATION % | COMMUNICATION % | MEMORY % "
                "| host-wait % of idle | kernel-wait % of idle |"), "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -337,9 +389,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", nargs="*", type=Path, help="traces to run (default: the kineto fixtures)")
     ap.add_argument("--make-big", type=int, nargs="*", default=[], metavar="COPIES",
                     help=f"also make and run traces of {BIG_SOURCE} repeated COPIES times")
+    ap.add_argument("--shape", nargs="*", default=[], metavar="NAME=SOURCE:COPIES[:RANKS]",
+                    help=("also make and run SOURCE (a path or a fixture's name) repeated COPIES times, as one file "
+                          "or as a folder of RANKS rank files; e.g. " + " ".join(SHAPES)))
     ap.add_argument("--repeat", type=int, default=3, help="runs per tool per trace (median reported)")
     ap.add_argument("--big-repeat", type=int, default=1, help="runs per tool on traces over 100 MB")
     ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--baseline", type=Path, default=None, metavar="CHECKOUT",
+                    help="also time the analysis of another checkout of this repository (base-lib-jN), e.g. a "
+                         "worktree of the commit before a change")
+    ap.add_argument("--only", nargs="*", default=[], metavar="TOOL", help="run only these tools (e.g. lib-j1 hta)")
     ap.add_argument("--jobs", type=int, nargs="*", default=[1, 2, 0], help="processes for ours (0: all cores)")
     ap.add_argument("--whole-max-mb", type=float, default=1000.0, help="skip decode-whole above this size")
     ap.add_argument("--hta-max-mb", type=float, default=1000.0, help="skip HTA above this size (it needs ~5x in RAM)")
@@ -352,19 +411,20 @@ def main(argv: list[str] | None = None) -> int:
     traces = list(args.traces or [FIXTURES / name for name in A100_TRACES if (FIXTURES / name).is_file()])
     OUT.mkdir(parents=True, exist_ok=True)
     for copies in args.make_big:
-        traces.append(make_big(FIXTURES / BIG_SOURCE, copies, OUT))
+        traces.append(make_big(FIXTURES / BIG_SOURCE, copies, OUT / f"{BIG_SOURCE.split('.')[0]}_x{copies}.json"))
+    traces += [make_shape(spec, OUT) for spec in args.shape]
     if not traces:
         print("no traces: pass --traces (tests/fixtures/traces has none of the A100 traces)", file=sys.stderr)
         return 2
     results = []
     for path in traces:
-        repeat = args.big_repeat if path.stat().st_size > 100e6 else args.repeat
-        print(f"{path.name} ({path.stat().st_size / 1e6:.1f} MB) x{repeat} ...", file=sys.stderr, flush=True)
+        repeat = args.big_repeat if _size(path) > 100e6 else args.repeat
+        print(f"{path.name} ({_size(path) / 1e6:.1f} MB) x{repeat} ...", file=sys.stderr, flush=True)
         jobs = sorted(set(args.jobs), key=lambda n: n or 1 << 30)
         if (os.cpu_count() or 1) <= 2:
             jobs = [n for n in jobs if n != 0] or [1]  # "all" is 2 here: the same run as -j 2
         results.append(bench_trace(path, repeat, jobs, args.skip_hta, args.timeout, args.whole_max_mb,
-                                   args.hta_max_mb))
+                                   args.hta_max_mb, args.only, args.baseline))
     machine = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
                "date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_at_end": os.getloadavg()}
     (OUT / "results.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1))

@@ -19,6 +19,7 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from operator import add
 from pathlib import Path
 from typing import Any
@@ -111,17 +112,26 @@ def analyze_trace(path: str | Path | Sequence[str | Path], *, window: str = "aut
                 raise TraceError(f"{f} is a folder; give either one folder of ranks or several trace files.")
         from diagnoser.traces.ranks import combine
 
-        return combine(_common_parent(files), [analyze_file(f, window=window, gpu_name=gpu_name,
-                                                            max_bytes=max_bytes, jobs=jobs) for f in files])
+        return combine(_common_parent(files), _analyze_files(files, window, gpu_name, max_bytes, jobs))
     path = Path(path)
     if path.is_dir():
         from diagnoser.traces.ranks import combine
 
-        ranks = [analyze_file(p, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
-                 for p in trace_files(path)]
-        return combine(path, ranks)
+        return combine(path, _analyze_files(trace_files(path), window, gpu_name, max_bytes, jobs))
     if not path.exists():
         raise TraceError(f"no trace file at {path}.")
+    return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
+
+
+def _analyze_files(files: list[Path], window: str, gpu_name: str | None, max_bytes: int | None,
+                   jobs: int | None) -> list[TraceAnalysis]:
+    """Each rank's analysis, the ranks spread over the jobs' processes (parallel.each_file)."""
+    from diagnoser.traces.parallel import each_file
+
+    return each_file(partial(_analyze_one, window=window, gpu_name=gpu_name, max_bytes=max_bytes), files, jobs)
+
+
+def _analyze_one(path: Path, jobs: int, *, window: str, gpu_name: str | None, max_bytes: int | None) -> TraceAnalysis:
     return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
 
 

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from diagnoser.cores import default_jobs
 from diagnoser.traces.decode import (
@@ -77,6 +77,35 @@ def collect_parallel(path: str | Path, *, jobs: int | None = None, max_bytes: in
     if gz:
         return _collect_gzip(path, jobs, limit, chunk_bytes)
     return _collect_mapped(path, jobs, limit, chunk_bytes, range_bytes)
+
+
+_T = TypeVar("_T")
+
+
+def each_file(fn: Callable[[Path, int], _T], files: list[Path], jobs: int | None,
+              min_bytes: int | None = None) -> list[_T]:
+    """`fn(file, jobs_for_it)` for each file, results in file order: the ranks of one job, several files that are
+    each read whole by one process. With at least as many files as jobs and at least `min_bytes` of JSON in all
+    (default MIN_PARALLEL_BYTES: below it, starting workers costs more than it saves), each file gets one worker
+    process (fn must be a module-level function); otherwise they are read in turn, each on every job."""
+    jobs = default_jobs() if jobs is None else max(1, jobs)
+    floor = MIN_PARALLEL_BYTES if min_bytes is None else min_bytes
+    if jobs == 1 or len(files) < jobs or sum(map(_json_bytes, files)) < floor:
+        return [fn(f, jobs) for f in files]
+    with _pool(jobs) as pool:
+        return list(pool.map(fn, files, [1] * len(files)))
+
+
+def _json_bytes(path: Path) -> int:
+    """About how much JSON a file holds (a gzip stream expands 10-50x); 0 for one that cannot be read (its reader
+    words the error)."""
+    try:
+        if not path.is_file():  # never open a pipe or a device here: its reader refuses it
+            return 0
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_size * (10 if f.read(2) == b"\x1f\x8b" else 1)
+    except OSError:
+        return 0
 
 
 # --- workers ---------------------------------------------------------------------------------------------------
@@ -252,4 +281,4 @@ def _collect_gzip(path: Path, jobs: int, limit: int, chunk_bytes: int) -> Tables
     return t
 
 
-__all__ = ["collect_parallel", "default_jobs", "range_chunks"]
+__all__ = ["collect_parallel", "default_jobs", "each_file", "range_chunks"]

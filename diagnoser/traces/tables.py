@@ -325,7 +325,7 @@ def _checked(t: Tables, events: list[Event],
     not what the batch's category is read for), otherwise they are kept unchecked."""
     ts = list(map(_TS, events))
     durs = list(map(_DUR, events))
-    if None not in durs and None not in ts:  # only complete events carry a duration
+    if not _has_none(durs) and not _has_none(ts):  # only complete events carry a duration
         return events, ts, durs
     keep: list[Event] = []
     for e, ph, s, d in zip(events, map(_PH, events), ts, durs, strict=True):
@@ -339,6 +339,16 @@ def _checked(t: Tables, events: list[Event],
     return keep, [e.ts for e in keep], [e.dur for e in keep]  # type: ignore[misc]
 
 
+def _has_none(numbers: list[float | None] | list[int | None]) -> bool:
+    """Whether a list of numbers holds a None: sum() stops at the first None with a TypeError, and is several times
+    faster than `None in numbers`, which compares each number with None through both types' comparisons."""
+    try:
+        sum(numbers)  # type: ignore[arg-type]
+    except TypeError:
+        return True
+    return False
+
+
 def _external_ids(t: Tables, ops: list[Event]) -> None:
     """The ops' External ids (the profiler numbers every op it records; a trace that kept a sample of the ops has
     large holes between consecutive ids)."""
@@ -346,7 +356,7 @@ def _external_ids(t: Tables, ops: list[Event]) -> None:
         ids = [e.args.external_id for e in ops]  # type: ignore[union-attr]
     except AttributeError:
         ids = [e.args.external_id if e.args is not None else None for e in ops]
-    if None in ids:
+    if _has_none(ids):
         ids = [i for i in ids if i is not None]
     try:
         t.ext_ids.fromlist(ids)
@@ -389,7 +399,7 @@ def _name_ids(t: Tables, events: list[Event]) -> list[int]:
     """Interned ids of the events' names (a dict lookup each; new names are rare)."""
     get = t.name_ids.get
     ids = [get(e.name) for e in events]
-    if None in ids:
+    if _has_none(ids):
         ids = [t.name_id(e.name) if i is None else i for e, i in zip(events, ids, strict=True)]
     return ids  # type: ignore[return-value]
 

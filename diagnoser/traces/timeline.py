@@ -416,20 +416,35 @@ def idle_inside_ops(gaps: list[tuple[float, float]], ops: list[tuple[str, float,
             k += 1
         while active and active[0][0] <= g0:
             heapq.heappop(active)  # ended before this gap, so before every later one
-        spans: dict[str, list[tuple[float, float]]] = {}
+        # Most names have a single op open in a gap: its overlap counts as it is; only a name with several open
+        # needs the union of their parts. (Names keep the order they first appear in, as `out` does.)
+        spans: dict[str, tuple[float, float] | list[tuple[float, float]]] = {}
         for end, j in active:
-            lo, hi = max(g0, ops[j][1]), min(g1, end)
+            name, start, _ = ops[j]
+            lo, hi = (start if start > g0 else g0), (end if end < g1 else g1)
             if hi > lo:
-                spans.setdefault(ops[j][0], []).append((lo, hi))
-        for name, parts in spans.items():
-            parts.sort()
-            covered, reach = 0.0, g0
-            for lo, hi in parts:
-                if hi > reach:
-                    covered += hi - max(lo, reach)
-                    reach = hi
+                had = spans.get(name)
+                if had is None:
+                    spans[name] = (lo, hi)
+                elif isinstance(had, list):
+                    had.append((lo, hi))
+                else:
+                    spans[name] = [had, (lo, hi)]
+        for name, span in spans.items():
+            covered = _union(span, g0) if isinstance(span, list) else span[1] - span[0]
             out[name] = out.get(name, 0.0) + covered
     return out
+
+
+def _union(parts: list[tuple[float, float]], start: float) -> float:
+    """The length of the union of intervals that all lie at or after `start`."""
+    parts.sort()
+    covered, reach = 0.0, start
+    for lo, hi in parts:
+        if hi > reach:
+            covered += hi - max(lo, reach)
+            reach = hi
+    return covered
 
 
 def _covered_flags(starts: list[float], ends_max: list[float],
