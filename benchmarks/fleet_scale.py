@@ -17,6 +17,12 @@ machine's load average. One `--json` run per engine gives the confusion matrix.
 Run:  .venv/bin/python benchmarks/fleet_scale.py --sizes 10000,100000 --engines prometheus,victoria-metrics \\
           --repeat 3 --keep-data benchmarks/out/data
 Writes benchmarks/out/fleet_scale.json; see benchmarks/FLEET.md.
+
+`--rule-cost` measures the rule groups instead, as the engines report them: fresh data reaching past now, the engine
+evaluating `diagnoser rules --prometheus-rules` (or each `--rule-files` file in turn, e.g. the groups before a change
+and after it) every `--rule-interval` seconds, each group's and each rule's evaluation time read from the ruler's
+/api/v1/rules after `--rule-warmup` evaluations, with the engine's CPU and the load; `--fleet-html` then runs `fleet`
+and `fleet --html` over the same data (peak RSS, the report's size). Writes benchmarks/out/rule_cost.json.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ import tempfile
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -46,7 +54,7 @@ from diagnoser.collectors.dcgm import FIELDS_BY_KEY
 from diagnoser.collectors.http import fetch
 from diagnoser.collectors.prom_stats import STATS, identity_expr, stat_expr
 from tests import own_usage
-from tests.prom_harness import PrometheusServer, VictoriaMetricsServer, free_port
+from tests.prom_harness import PrometheusServer, ScrapeTarget, VictoriaMetricsServer, free_port
 
 OUT = REPO / "benchmarks" / "out"
 STEP_S = 60
@@ -114,11 +122,11 @@ def _label_text(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
 
-def write_openmetrics(n_gpus: int, path: Path, stamps: list[int]) -> int:
+def write_openmetrics(n_gpus: int, path: Path, stamps: list[int], extra: dict[str, str] | None = None) -> int:
     """Every GPU's history, grouped by metric family as OpenMetrics requires; returns the sample count."""
     count = len(stamps)
     ts = [f" {t}\n" for t in stamps]
-    heads = [_label_text(labels_of(n)) for n in range(n_gpus)]
+    heads = [_label_text({**labels_of(n), **(extra or {})}) for n in range(n_gpus)]
     with open(path, "w", buffering=1 << 22) as fh:
         for m, name in enumerate(METRICS):
             fh.write(f"# TYPE {name} gauge\n")
@@ -148,21 +156,23 @@ def import_lines(n_gpus: int, stamps: list[int]) -> Iterator[bytes]:
 # --- the engines ------------------------------------------------------------------------------------------------------
 
 
-def rules_file(workdir: Path) -> Path:
+def rules_file(workdir: Path, interval: str = "1m", extra: tuple[str, ...] = ()) -> Path:
     path = workdir / "diagnoser.rules.yml"
     r = subprocess.run([sys.executable, "-m", "diagnoser", "rules", "--prometheus-rules", "--window", "1h",
-                        "--interval", "1m"], cwd=REPO, capture_output=True, text=True, check=True)
+                        "--interval", interval, *extra], cwd=REPO, capture_output=True, text=True, check=True)
     path.write_text(r.stdout)
     return path
 
 
-def load_prometheus(n: int, home: Path, stamps: list[int], made: dict) -> None:
+def load_prometheus(n: int, home: Path, stamps: list[int], made: dict, *, backfill_rules: bool = True) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         raise SystemExit("promtool is not installed (Debian's prometheus package has it)")
     om = home / "history.om"
     t0 = time.monotonic()
-    made["samples"] = write_openmetrics(n, om, stamps)
+    # Without the backfill (the rule cost), the history carries the scrape's labels, so the scraped samples that
+    # follow it (live_exporter) continue the same series.
+    made["samples"] = write_openmetrics(n, om, stamps, None if backfill_rules else LIVE_LABELS)
     made["generate_s"] = round(time.monotonic() - t0, 1)
     made["openmetrics_mib"] = round(om.stat().st_size / 2**20)
     t0 = time.monotonic()
@@ -170,6 +180,8 @@ def load_prometheus(n: int, home: Path, stamps: list[int], made: dict) -> None:
                    check=True, timeout=7200)
     made["promtool_s"] = round(time.monotonic() - t0, 1)
     om.unlink()
+    if not backfill_rules:
+        return
     # The recorded statistics at the window's end: the rule group evaluated once, by promtool, against the data.
     rules = rules_file(home)
     with PrometheusServer(home, [], data_dir=home / "data", extra_args=["--storage.tsdb.retention.time=3650d"]) as p:
@@ -188,7 +200,7 @@ VM_LIMITS = ["-search.maxUniqueTimeseries=10000000", "-search.maxQueryDuration=6
              "-search.maxSamplesPerQuery=10000000000"]
 
 
-def load_victoria_metrics(n: int, home: Path, stamps: list[int], made: dict) -> None:
+def load_victoria_metrics(n: int, home: Path, stamps: list[int], made: dict, *, backfill_rules: bool = True) -> None:
     vmalert = shutil.which("vmalert")
     with VictoriaMetricsServer(home, [], data_dir=home / "vm-data", extra_args=VM_LIMITS) as vm:
         t0 = time.monotonic()
@@ -205,7 +217,7 @@ def load_victoria_metrics(n: int, home: Path, stamps: list[int], made: dict) -> 
         fetch(f"{vm.url}/internal/force_flush", timeout_s=600, max_bytes=1 << 20)
         made["samples"] = n * len(METRICS) * len(stamps)
         made["import_s"] = round(time.monotonic() - t0, 1)
-        if vmalert is None:
+        if vmalert is None or not backfill_rules:
             return
         rules = rules_file(home)
         end = stamps[-1] + 1
@@ -300,11 +312,11 @@ def bare_queries(engine: PrometheusServer, start: int, end: int, recorded: bool)
 
 
 def fleet_run(engine: PrometheusServer, start: int, end: int, *, recorded: bool, json_out: Path | None,
-              jobs: int | None = None) -> dict:
+              jobs: int | None = None, html: Path | None = None) -> dict:
     """`diagnoser fleet` in a fresh process: wall time, its CPU with its workers, peak RSS, the engine's CPU."""
     args = [sys.executable, "-m", "diagnoser", "fleet", "--prometheus", engine.url, "--start", str(start), "--end",
             str(end), "--timeout", "600", *(["--json"] if json_out else []), *([] if recorded else ["--no-recorded"]),
-            *(["--jobs", str(jobs)] if jobs else [])]
+            *(["--jobs", str(jobs)] if jobs else []), *(["--html", str(html)] if html else [])]
     load, probe = os.getloadavg()[0], speed_probe()
     cpu0 = engine_cpu_s(engine)
     with open(json_out or os.devnull, "wb") as out, tempfile.TemporaryDirectory() as folder:
@@ -379,6 +391,232 @@ def bench(kind: str, n: int, args: argparse.Namespace, workdir: Path) -> dict:
         engine.stop()
 
 
+# --- the rule group's cost, as the engines report it ------------------------------------------------------------------
+
+# VictoriaMetrics' rule-cost data runs this far past the moment it is loaded, so that every evaluation vmalert makes
+# at its own clock in the next half hour sees a full window (60 samples) and the latest memory sample. Prometheus
+# refuses to record anything older than its newest block ("out of bounds"), so its history ends at the load and a
+# small exporter carries every GPU on, scraped once a minute (live_exporter).
+RULE_LEAD_S = {"prometheus": 0, "victoria-metrics": 30 * 60}
+LIVE_LABELS = {"job": "dcgm", "instance": "bench"}
+
+
+def live_exporter(n: int) -> tuple[Any, str]:
+    """An HTTP server with one page: every GPU's latest values (the class's levels), labelled as the history."""
+    import http.server
+    import threading
+
+    page = "".join(f"{name}{_label_text({**labels_of(g), **LIVE_LABELS})} {values_of(g, m, 1)[0]}\n"
+                   for m, name in enumerate(METRICS) for g in range(n)).encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"127.0.0.1:{server.server_address[1]}"
+
+
+def rule_cost_stamps(kind: str) -> list[int]:
+    now = int(time.time()) // STEP_S * STEP_S
+    return list(range(now - WINDOW_S + STEP_S, now + RULE_LEAD_S[kind] + 1, STEP_S))
+
+
+def _seconds(stamp: str) -> float:
+    """An RFC 3339 time as the rules APIs write it (nanoseconds, trailing zeros cut) -> unix seconds."""
+    import datetime as dt
+    import re
+
+    frac = re.search(r"\.(\d+)", stamp)
+    whole = dt.datetime.fromisoformat(re.sub(r"\.\d+", "", stamp).replace("Z", "+00:00")).timestamp()
+    return whole + (float("0." + frac.group(1)) if frac else 0.0)
+
+
+def rule_groups(api: str) -> list[dict]:
+    """The ruler's /api/v1/rules (Prometheus's, or vmalert's Prometheus-compatible one)."""
+    return json.loads(fetch(f"{api}/api/v1/rules", timeout_s=60, max_bytes=1 << 27))["data"]["groups"]
+
+
+def completed(group: dict) -> float | None:
+    """When the group's last evaluation began, once each of its rules has been evaluated in it (vmalert sets the
+    group's time as it starts, Prometheus as it ends), else None."""
+    start = _seconds(group.get("lastEvaluation") or "0001-01-01T00:00:00Z")
+    if start <= 0 or not all(_seconds(r["lastEvaluation"]) >= start for r in group["rules"]):
+        return None
+    return start
+
+
+def snapshot(group: dict, at: float, cpu_s: float) -> dict:
+    """One evaluation as the engine reports it: the group's duration (Prometheus's evaluationTime, which it exports as
+    prometheus_rule_group_last_duration_seconds; vmalert 1.79 times each rule from the start of the group's
+    evaluation, its rules waiting their turn, so its slowest rule's is the group's), each rule's, and the errors."""
+    # Several recording rules share a name (one per finding): each is told apart by its `rule` label.
+    rules = {r["name"] + (f'{{rule="{r["labels"]["rule"]}"}}' if "rule" in (r.get("labels") or {}) else ""):
+             r["evaluationTime"] for r in group["rules"]}
+    return {"group": group["name"], "at": at, "group_s": group.get("evaluationTime", max(rules.values(), default=0.0)),
+            "rules": rules, "errors": sorted({r["lastError"][:300] for r in group["rules"] if r.get("lastError")}),
+            "series": sum(r.get("lastSamples", 0) for r in group["rules"]), "engine_cpu_s": cpu_s,
+            "load": os.getloadavg()[0]}
+
+
+def watch_evaluations(api: str, cpu: Callable[[], float], *, warmup: int, evaluations: int,
+                      timeout_s: float) -> list[dict]:
+    """Each group's evaluations as they complete, after `warmup` of them (the first reads cold blocks; vmalert's
+    rules read what the previous evaluation wrote)."""
+    seen: dict[str, list[float]] = {}
+    snaps: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        groups = rule_groups(api)
+        for g in groups:
+            at = completed(g)
+            if at is None or at in seen.setdefault(g["name"], []):
+                continue
+            seen[g["name"]].append(at)
+            if len(seen[g["name"]]) > warmup:
+                snaps.append(snapshot(g, at, cpu()))
+        if groups and all(len(seen.get(g["name"], [])) >= warmup + evaluations for g in groups):
+            return snaps
+        time.sleep(0.5)
+    raise SystemExit(f"the rule groups did not complete {warmup + evaluations} evaluations in {timeout_s:.0f} s: "
+                     f"{ {k: len(v) for k, v in seen.items()} }")
+
+
+def process_cpu_s(*procs: subprocess.Popen) -> float:
+    import psutil
+
+    return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs)
+
+
+def rule_engine(kind: str, n: int, home: Path, rules: Path, workdir: Path, interval_s: int) -> tuple[list, str, list]:
+    """The engine evaluating `rules` over the loaded data: the servers to stop, the rules API, the processes whose
+    CPU is the engine's."""
+    if kind == "prometheus":
+        exporter, address = live_exporter(n)
+        prom = PrometheusServer(workdir, [ScrapeTarget(address, "/metrics", LIVE_LABELS["instance"])],
+                                data_dir=home / "data", rule_files=[rules], scrape_interval_s=STEP_S,
+                                extra_args=["--storage.tsdb.retention.time=3650d",
+                                            "--query.max-samples=500000000"]).start(timeout=600)
+        assert prom.proc is not None
+        return [exporter, prom], prom.url, [prom.proc]
+    vm = VictoriaMetricsServer(workdir, [], data_dir=home / "vm-data", extra_args=VM_LIMITS).start(timeout=600)
+    port = free_port()
+    with open(workdir / "vmalert.log", "ab") as log:
+        ruler = subprocess.Popen([str(shutil.which("vmalert")), f"-rule={rules}", f"-datasource.url={vm.url}",
+                                  f"-remoteWrite.url={vm.url}", f"-notifier.url=http://127.0.0.1:{free_port()}",
+                                  f"-evaluationInterval={interval_s}s", f"-httpListenAddr=127.0.0.1:{port}",
+                                  "-remoteWrite.maxQueueSize=10000000", "-loggerLevel=WARN"],
+                                 stdout=log, stderr=subprocess.STDOUT)
+    assert vm.proc is not None
+    return [vm, ruler], f"http://127.0.0.1:{port}", [vm.proc, ruler]
+
+
+def stop_all(servers: list) -> None:
+    for s in reversed(servers):
+        if isinstance(s, subprocess.Popen):
+            s.terminate()
+            s.wait(30)
+        elif hasattr(s, "shutdown"):  # the live exporter
+            s.shutdown()
+            s.server_close()
+        else:
+            s.stop()
+
+
+def summarise_rule_cost(snaps: list[dict], interval_s: int) -> dict:
+    """Per group: the median evaluation, each rule's median, the engine's CPU per interval over the span watched."""
+    out: dict = {}
+    for name in dict.fromkeys(s["group"] for s in snaps):
+        own = [s for s in snaps if s["group"] == name]
+        rules = {r: round(statistics.median(s["rules"][r] for s in own), 3) for r in own[-1]["rules"]}
+        out[name] = {"evaluation_s": round(statistics.median(s["group_s"] for s in own), 3),
+                     "evaluations": [round(s["group_s"], 3) for s in own], "share_of_interval":
+                     round(statistics.median(s["group_s"] for s in own) / interval_s, 3),
+                     "rules": dict(sorted(rules.items(), key=lambda kv: -kv[1])), "errors": own[-1]["errors"],
+                     "load": [round(s["load"], 2) for s in own]}
+    if len(snaps) > 1:
+        span = snaps[-1]["at"] - snaps[0]["at"]
+        if span > 0:
+            out["engine_cpu_s_per_interval"] = round((snaps[-1]["engine_cpu_s"] - snaps[0]["engine_cpu_s"])
+                                                     / span * interval_s, 2)
+    return out
+
+
+def rule_cost(kind: str, n: int, args: argparse.Namespace, workdir: Path) -> dict:
+    """The rule group evaluated by the engine itself (Prometheus's rule manager, vmalert over VictoriaMetrics) over
+    N GPUs' data reaching past now, for each rule file given (default: `diagnoser rules --prometheus-rules` as it
+    is now), one after another on the same data."""
+    home = workdir / f"rulecost-{kind}-{n}"
+    home.mkdir(parents=True)
+    made: dict = {}
+    loader = load_prometheus if kind == "prometheus" else load_victoria_metrics
+    loader(n, home, rule_cost_stamps(kind), made, backfill_rules=False)
+    interval_s = args.rule_interval
+    files = [Path(f).resolve() for f in args.rule_files.split(",")] if args.rule_files else [None]
+    results = []
+    for given in files:
+        rules = given or rules_file(home, f"{interval_s}s", tuple(args.rule_args.split()))
+        servers, api, procs = rule_engine(kind, n, home, rules, workdir, interval_s)
+        try:
+            snaps = watch_evaluations(api, partial(process_cpu_s, *procs), warmup=args.rule_warmup,
+                                      evaluations=args.rule_evals, timeout_s=args.rule_timeout)
+        finally:
+            stop_all(servers)
+        results.append({"rules": str(given or "diagnoser rules --prometheus-rules " + args.rule_args),
+                        "interval_s": interval_s, "summary": summarise_rule_cost(snaps, interval_s),
+                        "snapshots": snaps})
+    fleet = fleet_memory(kind, n, home, workdir) if args.fleet_html else None
+    return {"engine": kind, "gpus": n, "made": made, "results": results, "fleet": fleet}
+
+
+def fleet_memory(kind: str, n: int, home: Path, workdir: Path) -> dict:
+    """`fleet` over the last hour of the same data (statistics computed: the rulers are stopped), without and with
+    --html: peak RSS, wall time and the HTML report's size."""
+    if kind == "prometheus":  # with the live exporter, no rules
+        rules = workdir / "none.rules.yml"
+        rules.write_text("groups: []\n")
+        servers: list = rule_engine(kind, n, home, rules, workdir, STEP_S)[0]
+    else:
+        servers = [VictoriaMetricsServer(workdir, [], data_dir=home / "vm-data", extra_args=VM_LIMITS).start(600)]
+    try:
+        engine = next(s for s in servers if isinstance(s, PrometheusServer))
+        end = int(time.time())
+        html = workdir / "fleet.html"
+        plain = fleet_run(engine, end - WINDOW_S, end, recorded=False, json_out=None)
+        with_html = fleet_run(engine, end - WINDOW_S, end, recorded=False, json_out=None, html=html)
+        return {"plain": plain, "html": with_html, "html_mib": round(html.stat().st_size / 2**20, 2)}
+    finally:
+        stop_all(servers)
+
+
+def print_rule_cost(r: dict) -> None:
+    print(f"\n{r['engine']}, {r['gpus']:,} GPUs: the rule group's evaluations as the engine reports them")
+    for res in r["results"]:
+        print(f"  {res['rules']} (interval {res['interval_s']} s; engine CPU per interval "
+              f"{res['summary'].get('engine_cpu_s_per_interval', 'n/a')} s)")
+        for name, g in res["summary"].items():
+            if not isinstance(g, dict):
+                continue
+            top = ", ".join(f"{k} {v:.2f}" for k, v in list(g["rules"].items())[:4])
+            print(f"    {name}: {g['evaluation_s']:.2f} s ({g['share_of_interval']:.0%} of the interval) "
+                  f"evaluations {g['evaluations']} load {g['load']}; slowest rules: {top}")
+            for e in g["errors"]:
+                print(f"      error: {e}")
+    if r.get("fleet"):
+        f = r["fleet"]
+        print(f"  fleet: {f['plain']['wall_s']:.1f} s, peak RSS {f['plain']['peak_rss_mib']:.0f} MiB (load "
+              f"{f['plain']['load']:.1f}); with --html {f['html']['wall_s']:.1f} s, {f['html']['peak_rss_mib']:.0f} "
+              f"MiB (load {f['html']['load']:.1f}), the report {f['html_mib']} MiB")
+
+
 def print_summary(r: dict) -> None:
     s = r["summary"]
     print(f"\n{r['engine']}, {r['gpus']:,} GPUs ({r['rows']:,} rows); load {s['fleet']['load']:.1f}; speed probe "
@@ -398,6 +636,20 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep-data", type=Path, default=None, help="keep (and reuse) the loaded data under this "
                     "directory: 100,000 GPUs take a long while to load")
+    ap.add_argument("--rule-cost", action="store_true", help="instead: the rule group's evaluation cost as the "
+                    "engine reports it (Prometheus's rule manager; vmalert over VictoriaMetrics), on fresh data that "
+                    "reaches past now; writes benchmarks/out/rule_cost.json")
+    ap.add_argument("--rule-files", default="", help="with --rule-cost: rule files to measure one after another on "
+                    "the same data (comma-separated; default: `diagnoser rules --prometheus-rules` now)")
+    ap.add_argument("--rule-args", default="", help="with --rule-cost: more options for `diagnoser rules "
+                    "--prometheus-rules` (e.g. '--shards 4')")
+    ap.add_argument("--rule-interval", type=int, default=60, help="with --rule-cost: the evaluation interval, s")
+    ap.add_argument("--rule-warmup", type=int, default=2, help="with --rule-cost: evaluations not counted")
+    ap.add_argument("--rule-evals", type=int, default=2, help="with --rule-cost: evaluations counted")
+    ap.add_argument("--rule-timeout", type=float, default=3600, help="with --rule-cost: seconds to wait for them (at "
+                    "100,000 GPUs on two cores one evaluation of the findings took 7 min on vmalert)")
+    ap.add_argument("--fleet-html", action="store_true", help="with --rule-cost: then `fleet` and `fleet --html` over "
+                    "the same data: peak RSS and the report's size")
     args = ap.parse_args()
     compile_bytecode()  # each `fleet` is a fresh process: start it as an installed one starts
     results = []
@@ -405,11 +657,11 @@ def main() -> None:
         for kind in args.engines.split(","):
             with tempfile.TemporaryDirectory(prefix=f"fleet-{kind}-{n}-") as tmp:
                 print(f"{kind}: {n:,} GPUs ...", file=sys.stderr, flush=True)
-                result = bench(kind, n, args, Path(tmp))
+                result = (rule_cost if args.rule_cost else bench)(kind, n, args, Path(tmp))
                 results.append(result)
-                print_summary(result)
+                (print_rule_cost if args.rule_cost else print_summary)(result)
                 OUT.mkdir(parents=True, exist_ok=True)
-                (OUT / "fleet_scale.json").write_text(json.dumps(
+                (OUT / ("rule_cost.json" if args.rule_cost else "fleet_scale.json")).write_text(json.dumps(
                     {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "results": results},
                     indent=2))
 

@@ -1,12 +1,13 @@
 """`diagnoser rules --prometheus-rules`: the rule group passes promtool and vmalert's checks, and a real Prometheus
 evaluating it over simulated exporters records the statistics `fleet` reads in one query and a limiter per GPU equal
 to the Python engine's verdict for every planted class (throttled by clock-event bits and the spec clock
-included), with the alerts pending or firing."""
+included), with the alerts pending or firing; split into shards, the same limiter for every GPU, each in one shard."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 from diagnoser.collectors.prom_client import PromClient
 from diagnoser.collectors.prom_stats import FALLBACK, STATS, identity_record_name, record_name
 from diagnoser.collectors.prometheus_source import Window
-from diagnoser.fleet.promrules import ALERTS, rule_group_yaml
+from diagnoser.fleet.promrules import ALERTS, SHARD_LABEL, build_groups, rule_group_yaml
 from diagnoser.fleet.run import run_fleet
 from tests.prom_harness import (
     NO_PROMETHEUS,
@@ -36,6 +37,7 @@ from tests.prom_harness import (
 )
 
 WINDOW = "15s"
+SHARDED = "16s"  # the same group split three ways, over windows of another length (its own recorded names)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -58,7 +60,8 @@ def test_rule_group_passes_promtool(tmp_path: Path) -> None:
         assert "SUCCESS" in check.stdout
     assert ">= 0.45" in r.stdout  # the override reaches the PromQL, as it reaches the Python rule
     for bad, fragment in ((("--window", "1s", "--interval", "1s"), "two evaluation intervals"),
-                          (("--interval", "soon"), "--interval wants"), (("--window", "x"), "--window")):
+                          (("--interval", "soon"), "--interval wants"), (("--window", "x"), "--window"),
+                          (("--shards", "0"), "--shards wants"), (("--shards", "2", "--shard-by", "a-b"), "--shard-by")):
         r = cli("rules", "--prometheus-rules", *bad)
         assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr
 
@@ -80,18 +83,22 @@ def ruled(tmp_path_factory):  # type: ignore[no-untyped-def]
     workdir = tmp_path_factory.mktemp("ruled")
     rules = workdir / "diagnoser.rules.yml"
     rules.write_text(cli("rules", "--prometheus-rules", "--window", WINDOW, "--interval", "1s").stdout)
+    sharded = workdir / "diagnoser.sharded.rules.yml"
+    sharded.write_text(cli("rules", "--prometheus-rules", "--window", SHARDED, "--interval", "1s", "--shards", "3",
+                           "--shard-by", "gpu").stdout)
     exporters = [ExporterProcess(f, workdir) for f in (legacy_fleet(), renamed_fleet(), old_fleet())]
     prom = None
     try:
         for e in exporters:
             e.start()
-        prom = PrometheusServer(workdir, [t for e in exporters for t in node_targets(e)], rule_files=[rules]).start()
+        prom = PrometheusServer(workdir, [t for e in exporters for t in node_targets(e)], rule_files=[rules, sharded]).start()
         gpus = [g for e in exporters for g in e.fleet.gpus]
         # Every GPU classified over a full window (the first evaluations see a window only partly filled).
         poll(lambda: prom.query("min(count_over_time(DCGM_FI_DEV_FB_USED[1h]))") and
              float(prom.query("min(count_over_time(DCGM_FI_DEV_FB_USED[1h]))")[0]["value"][1]) >= 20, 240,
              "20 scrapes")
-        poll(lambda: len(prom.query(f"gpu:diagnoser_limiter:{WINDOW}")) == len(gpus), 120, "a limiter per GPU")
+        for window in (WINDOW, SHARDED):
+            poll(lambda w=window: len(prom.query(f"gpu:diagnoser_limiter:{w}")) == len(gpus), 120, "a limiter per GPU")
         yield prom, gpus
     finally:
         if prom is not None:
@@ -128,6 +135,59 @@ def test_promql_limiter_agrees_with_the_engine_for_every_planted_class(ruled) ->
                                                                                        row.diagnosis.headline)
         assert promql_rule == row.diagnosis.findings[0].code == PROFILE_RULE[g.profile], (g, promql_rule)
         assert asked[key].diagnosis.verdict == row.diagnosis.verdict, (g, asked[key].diagnosis.headline)
+
+
+def test_findings_are_arithmetic_on_recorded_series_in_a_group_of_their_own() -> None:
+    """At 10,000 GPUs the findings rule, one union of every rule's PromQL over the statistics with a label_replace per
+    rule, took 40-64 s of a Prometheus evaluation (benchmarks/FLEET.md). Each pass over the samples is now in the
+    statistics group; the findings group reads recorded series only, one rule per finding labelled by the rule."""
+    groups = build_groups(3600)
+    assert [g.name for g in groups] == ["diagnoser-gpu-1h-statistics", "diagnoser-gpu-1h"]
+    statistics, findings = groups
+    assert all("_over_time(" in str(r["expr"]) or "rate(" in str(r["expr"]) or "increase(" in str(r["expr"])
+               for r in statistics.rules)
+    for rule in findings.rules:
+        expr = str(rule["expr"])
+        # no range selector (no pass over the samples), no label written per series
+        assert not re.search(r"\[\d+(ms|s|m|h|d)\]", expr) and "label_replace" not in expr, rule
+    codes = [r["labels"]["rule"] for r in findings.rules if r.get("record") == "gpu:diagnoser_finding:1h"]  # type: ignore[index]
+    assert codes == ["ERR001", "VRAM003", "IDLE001", "BAT003", "BW001", "CMP001", "LAT001", "LAT002", "THR001"]
+    # Sharded: every group and every series it records carries its shard, and its findings read only their own.
+    sharded = build_groups(3600, shard_count=4, shard_by="Hostname")
+    assert len(sharded) == 8
+    for g in sharded[1::2]:
+        shard = g.name.rsplit("-", 3)[1]
+        for rule in g.rules:
+            assert rule["labels"][SHARD_LABEL] == shard, rule  # type: ignore[index]
+            if "record" in rule and "spec" not in str(rule["record"]):
+                assert f'{SHARD_LABEL}="{shard}"' in str(rule["expr"]), rule
+
+
+def test_sharded_groups_classify_each_gpu_once_as_one_group_does(ruled) -> None:  # type: ignore[no-untyped-def]
+    prom, gpus = ruled
+
+    def limiters(window: str) -> dict[tuple[str, str], list[tuple[str, str, str]]]:
+        out: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+        for s in prom.query(f"gpu:diagnoser_limiter:{window}"):
+            m = s["metric"]
+            out.setdefault(_key(m.get("UUID") or m.get("uuid", ""), m.get("GPU_I_ID", "")), []).append(
+                (m["limiter"], m["rule"], m.get(SHARD_LABEL, "")))
+        return out
+
+    whole, split = limiters(WINDOW), limiters(SHARDED)
+    assert set(split) == set(whole) == {_key(g.uuid, g.mig_id) for g in gpus}
+    for key, found in split.items():
+        assert len(found) == 1 and found[0][:2] == whole[key][0][:2], (key, found, whole[key])
+    assert {found[0][2] for found in split.values()} == {"1", "2", "3"}  # the GPU indexes spread over all three
+    # Each GPU's statistics in one shard only, and `fleet` reads them as it reads one group's.
+    sm = prom.query("gpu:dcgm_sm_active:avg_16s")
+    assert len({(s["metric"].get("UUID") or s["metric"].get("uuid"), s["metric"].get("GPU_I_ID")) for s in sm}) \
+        == len(sm)
+    timings: dict = {}
+    report = run_fleet(PromClient(prom.url), Window(time.time() - 16, time.time()), detail=0, timings=timings)
+    assert timings["recorded"] and all(r.basis == "recorded statistics" for r in report.rows)
+    assert sorted((r.uuid, r.diagnosis.verdict) for r in report.rows) == sorted(
+        (g.uuid, PROFILE_VERDICT[g.profile]) for g in gpus)
 
 
 def test_fleet_reads_the_recorded_statistics_by_name(ruled) -> None:  # type: ignore[no-untyped-def]

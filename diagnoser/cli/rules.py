@@ -71,6 +71,10 @@ def register(app: typer.Typer) -> None:
                                               "that records per-GPU window statistics and limiters, with alerts."),
         window: str = typer.Option("1h", "--window", help="With --prometheus-rules: the statistics' window."),
         interval: str = typer.Option("1m", "--interval", help="With --prometheus-rules: the evaluation interval."),
+        shard_count: int = typer.Option(1, "--shards", help="With --prometheus-rules: split the groups N ways (up to "
+                                        "16), each evaluating its share of the GPUs (docs/dcgm.md)."),
+        shard_by: str = typer.Option("gpu", "--shard-by", help="With --shards: the label whose value's last "
+                                     "character picks a GPU's shard; every series of a GPU must carry the same."),
         rules_config: Path | None = typer.Option(None, "--rules-config", help="TOML file overriding thresholds: the "
                                                  "pages (and --prometheus-rules) use the values in force."),
     ) -> None:
@@ -81,7 +85,8 @@ def register(app: typer.Typer) -> None:
         if prometheus_rules:
             from diagnoser.fleet.promrules import prometheus_rules_text
 
-            typer.echo(prometheus_rules_text(window, interval, rules), nl=False)
+            text = prometheus_rules_text(window, interval, rules, shard_count=shard_count, shard_by=shard_by)
+            typer.echo(text, nl=False)
             return
         if markdown:
             typer.echo(rules_markdown(rules))
