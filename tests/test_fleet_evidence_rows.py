@@ -35,3 +35,51 @@ def test_a_small_fleet_shows_every_gpu() -> None:
     rows = [_row(i, "idle" if i % 2 else "vram", 1.0) for i in range(10)]
     view = build_fleet_view(FleetReport("p", 1e9, 1e9 + 3600, rows=rows))
     assert len(view.details) == 10 and all(v["detailed"] for v in view.rows)
+
+
+def _fleet(n: int) -> list[FleetRow]:
+    """n GPUs: most idle, a band of VRAM-limited ones on another model, a few compute-limited; money falls with i."""
+    rows = []
+    for i in range(n):
+        verdict = "vram" if i % 10 == 3 else "compute" if i % 97 == 5 else "idle"
+        row = _row(i, verdict, 3.0 - i / n)
+        if verdict == "vram":
+            row.model_name = "NVIDIA A100-SXM4-80GB"
+        row.partial = i % 50 == 0
+        rows.append(row)
+    return rows
+
+
+def test_a_large_fleet_lists_the_most_at_stake_and_counts_every_gpu() -> None:
+    """At 100,000 GPUs a table row each made an 76 MB page: the table lists the GPUs most at stake (and every GPU
+    whose evidence is shown), and a table of verdict and model counts every GPU with its money at stake."""
+    rows = _fleet(5000)
+    view = build_fleet_view(FleetReport("p", 1e9, 1e9 + 3600, rows=rows))
+    assert len(view.rows) == 2000 and view.summary["listed"] == 2000 and view.summary["gpus"] == 5000
+    listed = {v["uuid"] for v in view.rows}
+    assert {v["uuid"] for v in view.details} <= listed
+    most = sorted(rows, key=lambda r: -r.usd_per_hour_at_stake)[:1500]
+    assert {r.uuid for r in most} <= listed  # the cut keeps the most at stake
+    assert sum(g["gpus"] for g in view.groups) == 5000
+    assert sum(g["partial"] for g in view.groups) == sum(r.partial for r in rows)
+    assert abs(sum(g["usd_h"] for g in view.groups) - sum(r.usd_per_hour_at_stake for r in rows)) < 1e-6
+    vram = next(g for g in view.groups if g["verdict_key"] == "vram")
+    assert vram["model"] == "NVIDIA A100-SXM4-80GB" and vram["gpus"] == 500
+    html = HtmlRenderer().render_fleet(view)
+    table = html[html.index('id="fleet-table"'):]
+    table = table[:table.index("</table>")]
+    assert table.count("<tr>") == 2001  # the header and the listed GPUs
+    assert 'id="group-table"' in html and "The 2,000 GPUs most at stake of 5,000" in html
+
+
+def test_gpus_the_page_does_not_list_stay_packed() -> None:
+    """The page unpacks only the diagnoses it shows: unpacking 100,000 took the run to 2 GB."""
+    from diagnoser.fleet.pack import RowPacker, unpack_rows
+
+    packer = RowPacker()
+    for r in _fleet(3000):
+        packer.add(r)
+    rows, _ = unpack_rows(packer.finish())
+    build_fleet_view(FleetReport("p", 1e9, 1e9 + 3600, rows=rows))
+    unpacked = sum(1 for r in rows if r.diagnosis._full is not None)  # type: ignore[union-attr]
+    assert 0 < unpacked <= 2000

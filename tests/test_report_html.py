@@ -231,7 +231,8 @@ def test_write_is_atomic_and_errors_are_one_sentence(tmp_path: Path) -> None:
 def test_fleet_report_sorted_by_money_with_totals(tmp_path: Path) -> None:
     report = fleet_report()
     page = render_fleet_html(report)
-    body = page[page.index("<tbody>"):page.index("</tbody>")]
+    table = page[page.index('id="fleet-table"'):]
+    body = table[table.index("<tbody>"):table.index("</tbody>")]
     stakes = [float(v) for v in re.findall(r'data-v="([0-9.]+)">\$', body)]
     assert stakes == sorted(stakes, reverse=True) and len(stakes) == len(report.rows)
     total = sum(r.usd_per_hour_at_stake for r in report.rows)

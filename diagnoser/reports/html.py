@@ -162,7 +162,7 @@ class HtmlRenderer:
 
     def render_fleet(self, view: FleetView) -> str:
         chart = draw_both(view.verdict_chart) if view.verdict_chart is not None else None
-        return _page("fleet.html.j2", report=view.report, rows=view.rows, details=view.details,
+        return _page("fleet.html.j2", report=view.report, rows=view.rows, details=view.details, groups=view.groups,
                      summary=view.summary, verdict_chart=chart, start=view.start, end=view.end, title=view.title,
                      generated=view.generated)
 

@@ -369,37 +369,52 @@ class FleetView:
     generated: str
     start: str
     end: str
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # the GPUs the table lists (all of a small fleet), in order of money at stake
     details: list[dict[str, Any]]
     summary: dict[str, Any]
     verdict_chart: StackedBar | None
+    groups: list[dict[str, Any]] = field(default_factory=list)  # every GPU, counted by verdict and model
     tool_version: str = __version__
 
 
-_DETAIL_ROWS = 200  # per-GPU detail sections; the table and the JSON output carry every row
+_DETAIL_ROWS = 200  # per-GPU detail sections; the JSON output carries every row
+# Table rows on the page. At 100,000 GPUs a row each made an 76 MB page (68 s to open in Chromium) and unpacked
+# every GPU's diagnosis (2 GB peak); the page lists the GPUs most at stake and counts the rest by verdict and model.
+_TABLE_ROWS = 2000
 
 
-def _detail_rows(views: list[dict[str, Any]], n: int = _DETAIL_ROWS) -> list[dict[str, Any]]:
-    """The GPUs whose evidence the page shows: the most at stake of every verdict in turn, then in the order of the
-    table. By money alone, 200 of 100,000 GPUs were all idle ones (the largest price of a GPU doing nothing), and no
-    VRAM- or compute-limited GPU's evidence was on the page."""
-    if len(views) <= n:
-        return list(views)
-    by_verdict: dict[str, list[dict[str, Any]]] = {}
-    for v in views:  # views come sorted by money at stake
-        by_verdict.setdefault(v["verdict_key"], []).append(v)
-    chosen: list[dict[str, Any]] = []
+def _detail_indices(rows: list[FleetRow], n: int = _DETAIL_ROWS) -> set[int]:
+    """The GPUs whose evidence the page shows: the most at stake of every verdict in turn. By money alone, 200 of
+    100,000 GPUs were all idle ones (the largest price of a GPU doing nothing), and no VRAM- or compute-limited GPU's
+    evidence was on the page. `rows` come sorted by money at stake; only verdicts are read (a packed diagnosis stays
+    packed)."""
+    if len(rows) <= n:
+        return set(range(len(rows)))
+    by_verdict: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_verdict.setdefault(r.diagnosis.verdict, []).append(i)
+    chosen: set[int] = set()
     depth = 0
     while len(chosen) < n:
         added = [group[depth] for group in by_verdict.values() if depth < len(group)]
         if not added:
             break
-        chosen += added[:n - len(chosen)]
+        chosen.update(added[:n - len(chosen)])
         depth += 1
-    return sorted(chosen, key=lambda v: v["i"])
+    return chosen
 
 
-def _row_view(i: int, r: FleetRow, window_h: float, rules: RuleSet) -> dict[str, Any]:
+def _listed_indices(count: int, details: set[int], n: int = _TABLE_ROWS) -> list[int]:
+    """The table's rows: every GPU whose evidence is shown, then the most at stake up to `n`, in the table's order."""
+    listed = set(details)
+    for i in range(count):
+        if len(listed) >= n:
+            break
+        listed.add(i)
+    return sorted(listed)
+
+
+def _row_view(i: int, r: FleetRow, window_h: float, rules: RuleSet, *, detailed: bool) -> dict[str, Any]:
     d = r.diagnosis
     top = d.fixes[0] if d.fixes else None
     return {
@@ -408,40 +423,60 @@ def _row_view(i: int, r: FleetRow, window_h: float, rules: RuleSet) -> dict[str,
         "verdict": verdict_label(d), "verdict_key": d.verdict, "color": verdict_color(d.verdict),
         "confidence": d.confidence, "confidence_label": d.confidence_label, "headline": headline_sentence(d),
         "usd_h": r.usd_per_hour_at_stake, "usd_window": r.usd_per_hour_at_stake * window_h,
-        "priced": r.usd_per_gpu_hour is not None or r.usd_per_hour_at_stake > 0,
-        "busy": r.busy,
+        "priced": _priced(r), "busy": r.busy,
         "gain": r.top_fix_gain, "gain_text": gain_text(top) if top is not None and r.top_fix_gain is not None else "",
         "top_fix": top.title if top else "", "partial": r.partial, "notes": r.notes,
-        "findings": finding_views(d, rules)[:3], "fixes": fix_views(d)[:3], "to_collect": d.to_collect,
-        "detailed": False,  # set for the GPUs whose evidence the page shows (_detail_rows)
+        # The evidence only where the page shows it: building it for every listed GPU doubled the page's cost.
+        "findings": finding_views(d, rules)[:3] if detailed else [], "fixes": fix_views(d)[:3] if detailed else [],
+        "to_collect": d.to_collect if detailed else [],
+        "detailed": detailed,
     }
 
 
+def _priced(r: FleetRow) -> bool:
+    return r.usd_per_gpu_hour is not None or r.usd_per_hour_at_stake > 0
+
+
+def _groups(rows: list[FleetRow]) -> list[dict[str, Any]]:
+    """Every GPU counted by verdict and GPU model, with the money at stake: what the table's cut leaves out."""
+    acc: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        g = acc.setdefault((r.diagnosis.verdict, r.model_name), {"gpus": 0, "usd_h": 0.0, "partial": 0})
+        g["gpus"] += 1
+        g["usd_h"] += r.usd_per_hour_at_stake
+        g["partial"] += r.partial
+    return [{"verdict": limiter_label(v), "verdict_key": v, "model": model, **g}
+            for (v, model), g in sorted(acc.items(), key=lambda kv: (-kv[1]["usd_h"], -kv[1]["gpus"], kv[0]))]
+
+
+def _price_note(report: FleetReport, rows: list[FleetRow]) -> tuple[bool, str]:
+    priced = sum(1 for r in rows if _priced(r))
+    if report.usd_per_gpu_hour is not None:
+        return bool(priced), f"at ${report.usd_per_gpu_hour:.2f} per GPU-hour"
+    if not priced:
+        return False, ""
+    unpriced = len(rows) - priced
+    return True, ("at rough cloud list prices per GPU model (pass --usd-per-gpu-hour for yours)"
+                  + (f"; {unpriced} GPU{'s' if unpriced != 1 else ''} without a price" if unpriced else ""))
+
+
 def build_fleet_view(report: FleetReport, rules: RuleSet | None = None) -> FleetView:
-    """The fleet report: what is at stake, verdicts across GPUs, a sortable table and per-GPU evidence."""
+    """The fleet report: what is at stake, verdicts across GPUs, a sortable table of the GPUs most at stake, every
+    GPU counted by verdict and model, and per-GPU evidence."""
     rules = rules or default_rules()
     window_s = max(0.0, report.window_end - report.window_start)
     window_h = window_s / 3600.0
     rows = sorted(report.rows, key=lambda r: (-r.usd_per_hour_at_stake, -(r.top_fix_gain or 0.0), r.node, r.gpu))
-    views = [_row_view(i, r, window_h, rules) for i, r in enumerate(rows)]
-    details = _detail_rows(views)
-    for v in details:
-        v["detailed"] = True
+    detailed = _detail_indices(rows)
+    views = [_row_view(i, rows[i], window_h, rules, detailed=i in detailed)
+             for i in _listed_indices(len(rows), detailed)]
     counts = Counter(r.diagnosis.verdict for r in rows)
     segments = [Segment(f"{limiter_label(k)}: {n} GPU"
                         + ("s" if n != 1 else ""), n / len(rows), verdict_color(k))
                 for k, n in counts.most_common()] if rows else []
     verdict_chart = StackedBar("Verdicts across the fleet", segments, width=1080) if segments else None
     usd_h = sum(r.usd_per_hour_at_stake for r in rows)
-    priced = [r for r in views if r["priced"]]
-    if report.usd_per_gpu_hour is not None:
-        price_note = f"at ${report.usd_per_gpu_hour:.2f} per GPU-hour"
-    elif priced:
-        price_note = ("at rough cloud list prices per GPU model (pass --usd-per-gpu-hour for yours)"
-                      + (f"; {len(views) - len(priced)} GPU{'s' if len(views) - len(priced) != 1 else ''} without a "
-                         "price" if len(priced) < len(views) else ""))
-    else:
-        price_note = ""
+    priced, price_note = _price_note(report, rows)
     gains = [r.top_fix_gain for r in rows if r.top_fix_gain is not None]
     summary = {
         "gpus": len(rows), "nodes": len({r.node for r in rows}), "usd_h": usd_h, "usd_window": usd_h * window_h,
@@ -449,11 +484,12 @@ def build_fleet_view(report: FleetReport, rules: RuleSet | None = None) -> Fleet
         "idle": counts.get(Verdict.IDLE, 0), "big_gain": sum(1 for g in gains if g >= 1.5),
         "median_gain": statistics.median(gains) if gains else None,
         "inconclusive": counts.get(Verdict.INCONCLUSIVE, 0), "partial": sum(1 for r in rows if r.partial),
-        "priced": bool(priced), "price_note": price_note,
+        "priced": priced, "price_note": price_note, "listed": len(views),
     }
     return FleetView(report=report, title=f"Fleet diagnosis: {len(rows)} GPUs", generated=utc(time.time()),
                      start=utc(report.window_start), end=utc(report.window_end), rows=views,
-                     details=details, summary=summary, verdict_chart=verdict_chart)
+                     details=[v for v in views if v["detailed"]], summary=summary, verdict_chart=verdict_chart,
+                     groups=_groups(rows))
 
 
 __all__ = ["FixView", "FindingView", "FleetView", "Report", "VERDICT_COLORS", "build_fleet_view", "build_report",
