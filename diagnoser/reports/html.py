@@ -1,9 +1,10 @@
 """The HTML report: one self-contained file (inline CSS and SVG, no network, no fonts to fetch) that opens offline,
 reads on a laptop screen and prints.
 
-Everything shown is escaped by Jinja's autoescape and redacted on the way out (`finalize`), and a Content-Security-
-Policy in the page allows only its own stylesheet and sorting script (by hash): even a string that slipped through
-could neither run a script nor fetch anything.
+Everything shown is escaped by Jinja's autoescape and redacted on the way out (`finalize`; a Report's strings come
+redacted from the model already, so this is the second guard), and a Content-Security-Policy in the page allows
+only its own stylesheet and sorting script (by hash): even a string that slipped through could neither run a script
+nor fetch anything.
 """
 
 from __future__ import annotations
@@ -151,14 +152,14 @@ class HtmlRenderer:
     """Renders a Report (or a FleetView) as one self-contained HTML document."""
 
     def render(self, report: Report) -> str:
-        d = report.diagnosis
         figures = [_Drawn(f.key, f.title, draw_both(f.spec, f.wide), f.caption, f.wide) for f in report.figures]
         return _page(
-            "report.html.j2", d=d, verdict=report.verdict, headline=report.headline, secondary=report.secondary,
-            top_fixes=report.top_fixes, all_fixes=report.fixes, withheld=report.withheld, findings=report.findings,
-            figures=figures, not_drawn=report.not_drawn, skipped=report.skipped, signals=report.signals,
-            ctx=report.ctx, source_names=report.source_names, title=report.title, window_text=report.window_text,
-            regime=report.regime, generated=report.generated, kernels=report.kernels, meter=svg.meter)
+            "report.html.j2", report=report, verdict=report.verdict, headline=report.headline,
+            secondary=report.secondary, top_fixes=report.top_fixes, all_fixes=report.fixes,
+            withheld=report.withheld, findings=report.findings, figures=figures, not_drawn=report.not_drawn,
+            skipped=report.skipped, signals=report.signals, ctx=report.ctx, source_names=report.source_names,
+            title=report.title, window_text=report.window_text, regime=report.regime, generated=report.generated,
+            kernels=report.kernels, meter=svg.meter)
 
     def render_fleet(self, view: FleetView) -> str:
         chart = draw_both(view.verdict_chart) if view.verdict_chart is not None else None

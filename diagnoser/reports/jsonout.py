@@ -44,7 +44,9 @@ class JsonRenderer:
     """Renders a Report as the diagnosis JSON (docs/diagnosis.schema.json)."""
 
     def render(self, report: Report) -> str:
-        return dumps(report.diagnosis)
+        # The document is the diagnosis itself, redacted whole by diagnosis_json: the one field of a Report kept
+        # in the diagnosis's own shape, since that shape is the published schema.
+        return dumps(report.document)
 
 
 def fleet_json(report: FleetReport) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The report model: everything a renderer shows, built once from the capture, its evidence, the diagnosis and the
 rule set in force. Terminal, JSON and HTML each render a Report; none of them rebuilds evidence, reruns physics or
-looks rules up.
+looks rules up. A Report is typed views only, every string redacted here, once: a renderer reads its fields and
+nothing past them (no diagnosis, no capture), so none can forget to redact or derive a view its own way.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import shlex
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -21,8 +22,8 @@ from diagnoser.fleet.model import FleetReport, FleetRow
 from diagnoser.reports.figdata import Figure, KernelTable, NotDrawn, Segment, StackedBar
 from diagnoser.reports.figures import SOURCE_NAMES, build_figures, op_symbol, source_name
 from diagnoser.reports.labels import VERDICT_COLORS, limiter_label, verdict_color
-from diagnoser.reports.redact import MASK, redact_argv
-from diagnoser.reports.trace_figures import kernel_table
+from diagnoser.reports.redact import MASK, redact, redact_argv
+from diagnoser.reports.trace_figures import kernel_table, window_text
 from diagnoser.rules.ruleset import RuleSet, default_rules
 from diagnoser.signals import spec
 from diagnoser.units import fmt, fmt_bucket
@@ -98,6 +99,7 @@ class CitationView:
     value: str
     test: str
     source: str
+    text: str  # the whole citation in one line, Citation.text()'s form, redacted: what the terminal prints
 
 
 @dataclass
@@ -115,26 +117,116 @@ class FindingView:
     fixes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class WithheldView:
+    """A fix a rule proposed that the capture shows in place, or that does not fit the workload."""
+
+    title: str
+    why: str
+    rule: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class SkippedView:
+    """A rule that could not run for lack of signals."""
+
+    code: str
+    name: str  # "" where the rule set in force has no such rule
+    reason: str
+
+
+@dataclass(frozen=True)
+class UnavailableView:
+    """A source or signal the collectors could not read, and how to get it."""
+
+    source: str  # the collector's key ("dcgm"): each renderer names it in its own words
+    what: str
+    reason: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class SignalRow:
+    """One signal of the capture as display strings; p50, p90 and max are "" for a single-number signal."""
+
+    name: str
+    description: str
+    source: str
+    n: str
+    mean: str
+    p50: str
+    p90: str
+    max: str
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    index: str
+    name: str
+    uuid: str
+    memory: str
+    driver: str
+    cc: str
+    clock: str
+    power: str
+    mig: str
+    spec: str  # the physics table's entry, or "not in the table"
+
+
+Rows = list[tuple[str, str]]  # (key, value) rows with something to say, values as display strings
+
+
+@dataclass
+class RunContext:
+    """The run's context, section by section; a section is None where the capture has no such part."""
+
+    window: Rows = field(default_factory=list)
+    gpus: list[GpuRow] = field(default_factory=list)
+    process: Rows | None = None
+    server: Rows | None = None
+    model: Rows | None = None
+    serving: Rows = field(default_factory=list)
+    trace: Rows | None = None
+    physics: Rows = field(default_factory=list)
+    roofs_note: str = ""
+
+
 @dataclass
 class Report:
-    """One capture's report, ready to render."""
+    """One capture's report, ready to render: typed views, every string redacted. Renderers read these fields only
+    (tests/test_report_contract.py holds terminal.py and html.py to it)."""
 
-    diagnosis: Diagnosis
     title: str
     verdict: str  # the verdict's label
+    verdict_key: str  # the verdict's value ("memory_bandwidth"): styles and colours are keyed by it
     headline: str  # without the label prefix
+    confidence: float
+    confidence_label: str
+    confidence_reasons: list[str]
+    near_tie: str  # "" unless another limiter was a hair behind
+    notes: list[str]
+    target: str
+    gpu_line: str  # the GPU, its roofs and the window in one line, or ""
     window_text: str
     generated: str
-    secondary: list[tuple[str, str]]
+    secondary: list[tuple[str, str]]  # (limiter key, label) of the other limiters seen
+    also: list[str]  # every secondary name in words, those that are no limiter too
     fixes: list[FixView]
-    withheld: list[dict[str, str]]
+    withheld: list[WithheldView]
     findings: list[FindingView]
-    skipped: list[dict[str, str]]
-    signals: list[dict[str, str]]
-    ctx: dict[str, Any]
+    passed: list[str]  # the rules that ran and found nothing
+    skipped: list[SkippedView]
+    to_collect: list[str]
+    unavailable: list[UnavailableView]
+    signals: list[SignalRow]
+    ctx: RunContext
     figures: list[Figure]
     not_drawn: list[NotDrawn]
     regime: str  # "memory-bound regime at 33 % of the bandwidth roof", or ""
+    # For jsonout alone: the published JSON is the diagnosis itself (docs/diagnosis.schema.json), redacted as a
+    # whole on the way out, so it is serialised from the diagnosis rather than from a hand-kept copy of its shape.
+    document: Diagnosis
     source_names: dict[str, str] = field(default_factory=lambda: dict(SOURCE_NAMES))
     kernels: KernelTable | None = None  # the kernels holding the GPU time, where a trace names them
     tool_version: str = __version__
@@ -145,9 +237,10 @@ class Report:
 
 
 def fix_views(d: Diagnosis) -> list[FixView]:
-    return [FixView(rank=i, title=f.title, action=f.action, gain=gain_text(f), multiplier=f.gain, basis=f.basis,
-                    rule=", ".join(f.rules or (f.rule,)), kind=f.kind.value, benefit=_BENEFIT_TEXT[f.benefit],
-                    upper_bound=f.is_upper_bound, capped=f.capped) for i, f in enumerate(d.fixes, 1)]
+    return [FixView(rank=i, title=redact(f.title), action=redact(f.action), gain=gain_text(f), multiplier=f.gain,
+                    basis=redact(f.basis), rule=", ".join(f.rules or (f.rule,)), kind=f.kind.value,
+                    benefit=_BENEFIT_TEXT[f.benefit], upper_bound=f.is_upper_bound, capped=redact(f.capped))
+            for i, f in enumerate(d.fixes, 1)]
 
 
 def finding_views(d: Diagnosis, rules: RuleSet) -> list[FindingView]:
@@ -158,43 +251,44 @@ def finding_views(d: Diagnosis, rules: RuleSet) -> list[FindingView]:
             signal=c.signal, description=spec(c.signal).description, stat=c.stat,
             value=fmt_bucket(c.value, c.unit, c.bucket),
             test=f"{op_symbol(c.op)} {fmt(c.threshold, c.unit)}" if c.op and c.threshold is not None else "context",
-            source=source_name(c.source)) for c in f.citations]
+            source=source_name(c.source), text=redact(c.text())) for c in f.citations]
         detects = rule.page_for(rules.thresholds(rule.code)).detects if rule is not None else ""
         views.append(FindingView(
             code=f.code, name=f.name, limiter=f.limiter.label, limiter_key=f.limiter.value, strength=f.strength,
-            message=f.message, detects=detects, primary=i == 0 and d.limiter is f.limiter, regime=f.regime.value,
-            citations=citations, fixes=[x.title for x in f.fixes]))
+            message=redact(f.message), detects=detects, primary=i == 0 and d.limiter is f.limiter,
+            regime=f.regime.value, citations=citations, fixes=[x.title for x in f.fixes]))
     return views
 
 
-def _skipped_views(d: Diagnosis, rules: RuleSet) -> list[dict[str, str]]:
+def _skipped_views(d: Diagnosis, rules: RuleSet) -> list[SkippedView]:
     out = []
     for s in d.skipped:
         rule = rules.get(s.code)
-        out.append({"code": s.code, "name": rule.name if rule else "", "reason": s.reason})
+        out.append(SkippedView(code=s.code, name=rule.name if rule else "", reason=redact(s.reason)))
     return out
 
 
-def _signal_rows(ev: Evidence) -> list[dict[str, str]]:
+def _signal_rows(ev: Evidence) -> list[SignalRow]:
     rows = []
     for sig in sorted(ev, key=lambda s: s.name):
         one = sig.n == 1
-        rows.append({
-            "name": sig.name, "description": spec(sig.name).description, "source": source_name(sig.source),
-            "n": str(sig.n), "mean": fmt_bucket(sig.mean, sig.unit, sig.bucket),
-            "p50": "" if one else fmt(sig.p50, sig.unit),
-            "p90": "" if one else fmt(sig.p90, sig.unit), "max": "" if one else fmt(sig.max, sig.unit),
-        })
+        rows.append(SignalRow(
+            name=sig.name, description=spec(sig.name).description, source=source_name(sig.source),
+            n=str(sig.n), mean=fmt_bucket(sig.mean, sig.unit, sig.bucket),
+            p50="" if one else fmt(sig.p50, sig.unit),
+            p90="" if one else fmt(sig.p90, sig.unit), max="" if one else fmt(sig.max, sig.unit),
+        ))
     return rows
 
 
-def _kv(rows: list[tuple[str, Any]]) -> list[tuple[str, str]]:
-    """Context rows with something to say, values as display strings."""
+def _kv(rows: list[tuple[str, Any]]) -> Rows:
+    """Context rows with something to say, as redacted display strings (a model name or a serving flag can carry a
+    token as well as a command line can)."""
     out = []
     for key, value in rows:
         if value is None or value == "" or value == [] or value == {}:
             continue
-        out.append((key, value if isinstance(value, str) else str(value)))
+        out.append((redact(key), redact(value if isinstance(value, str) else str(value))))
     return out
 
 
@@ -207,24 +301,28 @@ def _count(value: float | None) -> str:
     return f"{value:,.0f}"
 
 
-def _context_views(capture: Capture, ev: Evidence) -> dict[str, Any]:
+def _gpu_rows(capture: Capture) -> list[GpuRow]:
+    gpus = []
+    for g in capture.gpus:
+        matched = physics.match_gpu(g.name, g.memory_total_bytes)
+        gpus.append(GpuRow(
+            index=str(g.index), name=redact(g.name), uuid=redact(g.uuid),
+            memory=fmt(g.memory_total_bytes, "bytes") if g.memory_total_bytes else "", driver=redact(g.driver),
+            cc=redact(g.cuda_capability), clock=f"{g.max_sm_clock_mhz:.0f} MHz" if g.max_sm_clock_mhz else "",
+            power=f"{g.power_limit_w:.0f} W" if g.power_limit_w else "",
+            mig=redact(g.mig_instance or ("on" if g.mig_mode else "")),
+            spec=(matched.name + (" (measured roofs)" if g.measured else "")) if matched else "not in the table",
+        ))
+    return gpus
+
+
+def _context_views(capture: Capture, ev: Evidence) -> RunContext:
     end = capture.started_at + capture.duration_s if capture.started_at else None
     window = _kv([("target", capture.target), ("start", utc(capture.started_at)), ("end", utc(end)),
                   ("duration", fmt(capture.duration_s, "s")), ("host", capture.host),
                   ("captured by", f"diagnoser {capture.tool_version}" if capture.tool_version else ""),
                   ("report by", f"diagnoser {__version__}"),
                   ("CPU-only run", "yes: counters describe the host, not a GPU" if capture.cpu_only else "")])
-    gpus = []
-    for g in capture.gpus:
-        matched = physics.match_gpu(g.name, g.memory_total_bytes)
-        gpus.append({
-            "index": str(g.index), "name": g.name, "uuid": g.uuid, "memory": fmt(g.memory_total_bytes, "bytes")
-            if g.memory_total_bytes else "", "driver": g.driver, "cc": g.cuda_capability,
-            "clock": f"{g.max_sm_clock_mhz:.0f} MHz" if g.max_sm_clock_mhz else "",
-            "power": f"{g.power_limit_w:.0f} W" if g.power_limit_w else "",
-            "mig": g.mig_instance or ("on" if g.mig_mode else ""),
-            "spec": (matched.name + (" (measured roofs)" if g.measured else "")) if matched else "not in the table",
-        })
     process = None
     if capture.process is not None:
         p = capture.process
@@ -266,8 +364,8 @@ def _context_views(capture: Capture, ev: Evidence) -> dict[str, Any]:
                         ("workload", ev.workload), ("platform", ev.platform)]
                        + [(f"in place: {k.value.replace('_', ' ')}", why) for k, why in ev.in_place.items()]
                        + [("data quality", q.reason) for q in ev.quality])
-    return {"window": window, "gpus": gpus, "process": process, "server": server, "model": model,
-            "serving": serving, "trace": trace, "physics": physics_rows, "roofs_note": "; ".join(ev.notes)}
+    return RunContext(window=window, gpus=_gpu_rows(capture), process=process, server=server, model=model,
+                      serving=serving, trace=trace, physics=physics_rows, roofs_note=redact("; ".join(ev.notes)))
 
 
 # The trace's own results as a reader names them, with the unit `units.fmt` writes them in. Its ridge is the one the
@@ -324,40 +422,68 @@ def _regime_text(regime: Regime, saturation: float | None) -> str:
     return f"{regime.value}-bound regime{at}"
 
 
+def _gpu_line(d: Diagnosis) -> str:
+    """The diagnosis's GPU, its roofs and the window in one line: "H100 SXM (+1 more), H100 SXM roofs (spec
+    sheet), 30 s window"."""
+    gpus = d.context.get("gpus") or []
+    if not gpus:
+        return ""
+    text = str(gpus[0].get("name", ""))
+    if len(gpus) > 1:
+        text += f" (+{len(gpus) - 1} more)"
+    spec_name = d.context.get("gpu_spec")
+    if spec_name:
+        text += f", {spec_name} roofs ({d.context.get('roofs', 'spec sheet')})"
+    window = d.context.get("window_s")
+    if isinstance(window, (int, float)) and window > 0:
+        text += f", {window_text(window)} window"
+    return redact(text)
+
+
+def _redacted_kernels(table: KernelTable) -> KernelTable:
+    """Kernel names come from the trace: a template argument or a Triton kernel's name can carry anything."""
+    return replace(table, rows=[replace(k, name=redact(k.name), full_name=redact(k.full_name)) for k in table.rows])
+
+
+def _report(d: Diagnosis, rules: RuleSet, target: str, *, window: str, signals: list[SignalRow], ctx: RunContext,
+            figures: list[Figure], not_drawn: list[NotDrawn], kernels: KernelTable | None) -> Report:
+    """The views of the diagnosis itself, with the run's views as given."""
+    return Report(
+        title=redact(f"{verdict_label(d)}: {target}"), verdict=verdict_label(d), verdict_key=Verdict(d.verdict).value,
+        headline=redact(headline_sentence(d)), confidence=d.confidence, confidence_label=d.confidence_label,
+        confidence_reasons=[redact(r) for r in d.confidence_reasons], near_tie=redact(d.near_tie),
+        notes=[redact(n) for n in d.notes], target=redact(d.target), gpu_line=_gpu_line(d), window_text=window,
+        generated=utc(time.time()),
+        secondary=[(v, LIMITER_LABELS[Limiter(v)]) for v in d.secondary if v in Limiter._value2member_map_],
+        also=[redact(s.replace("_", " ")) for s in d.secondary], fixes=fix_views(d),
+        withheld=[WithheldView(title=redact(w.title), why=redact(w.why), rule=redact(w.rule), kind=w.kind.value)
+                  for w in d.withheld],
+        findings=finding_views(d, rules), passed=list(d.passed), skipped=_skipped_views(d, rules),
+        to_collect=[redact(w) for w in d.to_collect],
+        unavailable=[UnavailableView(source=redact(u.source), what=redact(u.what), reason=redact(u.reason),
+                                     hint=redact(u.hint or "")) for u in d.unavailable],
+        signals=signals, ctx=ctx, figures=figures, not_drawn=not_drawn, regime=_regime_text(d.regime, d.saturation),
+        document=d, kernels=_redacted_kernels(kernels) if kernels is not None else None)
+
+
 def build_report(capture: Capture, evidence: Evidence, diagnosis: Diagnosis, rules: RuleSet | None = None) -> Report:
     """Everything a renderer needs for one capture's report."""
     rules = rules or default_rules()
-    d = diagnosis
-    figures, not_drawn = build_figures(capture, evidence, d)
+    figures, not_drawn = build_figures(capture, evidence, diagnosis)
     kernels = kernel_table(capture, evidence) if capture.trace is not None else None
     if isinstance(kernels, NotDrawn):
         not_drawn.append(kernels)
         kernels = None
-    return Report(
-        diagnosis=d, title=f"{verdict_label(d)}: {capture.target}", verdict=verdict_label(d),
-        headline=headline_sentence(d), window_text=f"{fmt(capture.duration_s, 's')} from {utc(capture.started_at)}",
-        generated=utc(time.time()),
-        secondary=[(v, LIMITER_LABELS[Limiter(v)]) for v in d.secondary if v in Limiter._value2member_map_],
-        fixes=fix_views(d),
-        withheld=[{"title": w.title, "why": w.why, "rule": w.rule, "kind": w.kind.value} for w in d.withheld],
-        findings=finding_views(d, rules), skipped=_skipped_views(d, rules), signals=_signal_rows(evidence),
-        ctx=_context_views(capture, evidence), figures=figures, not_drawn=not_drawn,
-        regime=_regime_text(d.regime, d.saturation), kernels=kernels,
-    )
+    return _report(diagnosis, rules, capture.target,
+                   window=f"{fmt(capture.duration_s, 's')} from {utc(capture.started_at)}",
+                   signals=_signal_rows(evidence), ctx=_context_views(capture, evidence), figures=figures,
+                   not_drawn=not_drawn, kernels=kernels)
 
 
 def report_from_diagnosis(diagnosis: Diagnosis, rules: RuleSet | None = None) -> Report:
     """A report of a diagnosis alone (a fleet row's, say): no figures, signals or run context."""
-    rules = rules or default_rules()
-    d = diagnosis
-    return Report(
-        diagnosis=d, title=f"{verdict_label(d)}: {d.target}", verdict=verdict_label(d), headline=headline_sentence(d),
-        window_text="", generated=utc(time.time()),
-        secondary=[(v, LIMITER_LABELS[Limiter(v)]) for v in d.secondary if v in Limiter._value2member_map_],
-        fixes=fix_views(d), withheld=[{"title": w.title, "why": w.why, "rule": w.rule, "kind": w.kind.value}
-                                      for w in d.withheld],
-        findings=finding_views(d, rules), skipped=_skipped_views(d, rules), signals=[], ctx={}, figures=[],
-        not_drawn=[], regime=_regime_text(d.regime, d.saturation))
+    return _report(diagnosis, rules or default_rules(), diagnosis.target, window="", signals=[], ctx=RunContext(),
+                   figures=[], not_drawn=[], kernels=None)
 
 
 # --- a fleet -------------------------------------------------------------------------------------------------
@@ -492,5 +618,6 @@ def build_fleet_view(report: FleetReport, rules: RuleSet | None = None) -> Fleet
                      groups=_groups(rows))
 
 
-__all__ = ["FixView", "FindingView", "FleetView", "Report", "VERDICT_COLORS", "build_fleet_view", "build_report",
+__all__ = ["FixView", "FindingView", "FleetView", "GpuRow", "Report", "RunContext", "SignalRow", "SkippedView",
+           "UnavailableView", "WithheldView", "VERDICT_COLORS", "build_fleet_view", "build_report",
            "gain_text", "headline_sentence", "report_from_diagnosis", "verdict_label"]

@@ -3,6 +3,8 @@ output is not a terminal or colour is off.
 
 Order follows what a reader needs: the verdict and its confidence, the top fixes with their predicted gain, the
 evidence with each number's threshold and source, then what was missing. Wrapped lines keep their indent.
+
+It reads the Report alone: every line is a view the model built and redacted (reports/model.py).
 """
 
 from __future__ import annotations
@@ -17,12 +19,10 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from diagnoser.diagnosis import Diagnosis, Verdict
 from diagnoser.reports.figdata import KernelTable
 from diagnoser.reports.labels import verdict_term_style
-from diagnoser.reports.model import Report, gain_text
-from diagnoser.reports.redact import redact
-from diagnoser.reports.trace_figures import duration_text, window_text
+from diagnoser.reports.model import Report
+from diagnoser.reports.trace_figures import duration_text
 
 MAX_WIDTH = 80
 TOP_FIXES = 3
@@ -55,136 +55,112 @@ class TerminalRenderer:
         )
 
     def render(self, report: Report, *, verbose: bool = False) -> None:
-        d = report.diagnosis
         if not self.plain:
-            for block in self.blocks(d, verbose=verbose, regime=report.regime, kernels=report.kernels):
+            for block in self.blocks(report, verbose=verbose):
                 self.console.print(block)
             return
         # Plain text: rich pads table cells to the full width; a file or a pipe gets no trailing blanks.
         with self.console.capture() as captured:
-            for block in self.blocks(d, verbose=verbose, regime=report.regime, kernels=report.kernels):
+            for block in self.blocks(report, verbose=verbose):
                 self.console.print(block)
         text = "\n".join(line.rstrip() for line in captured.get().splitlines())
         self.console.file.write(text + "\n")
 
     # --- the blocks, in reading order -----------------------------------------------------------------------
 
-    def blocks(self, d: Diagnosis, *, verbose: bool = False, regime: str = "",
-               kernels: KernelTable | None = None) -> list[RenderableType]:
-        out: list[RenderableType] = [self._verdict(d, regime)]
-        if d.fixes:
-            out.append(self._fixes(d, verbose))
-        if d.withheld and verbose:
+    def blocks(self, r: Report, *, verbose: bool = False) -> list[RenderableType]:
+        out: list[RenderableType] = [self._verdict(r)]
+        if r.fixes:
+            out.append(self._fixes(r, verbose))
+        if r.withheld and verbose:
             out.append(self._section("Not proposed", self._bullets(
-                [f"{w.title} ({w.rule}): {w.why}." for w in d.withheld])))
-        if d.findings:
-            out.append(self._evidence(d))
-        if kernels is not None and kernels.rows:
-            out.append(self._kernels(kernels, verbose))
-        if d.to_collect:
-            out.append(self._section("To sharpen this verdict, collect" if d.fixes else "To reach a verdict, collect",
-                                     self._bullets(d.to_collect)))
-        if d.unavailable:
-            out.append(self._section("Not available", self._unavailable(d)))
-        if verbose and d.skipped:
+                [f"{w.title} ({w.rule}): {w.why}." for w in r.withheld])))
+        if r.findings:
+            out.append(self._evidence(r))
+        if r.kernels is not None and r.kernels.rows:
+            out.append(self._kernels(r.kernels, verbose))
+        if r.to_collect:
+            out.append(self._section("To sharpen this verdict, collect" if r.fixes else "To reach a verdict, collect",
+                                     self._bullets(r.to_collect)))
+        if r.unavailable:
+            out.append(self._section("Not available", self._unavailable(r)))
+        if verbose and r.skipped:
             table = self._grid(("code", {"no_wrap": True}), ("reason", {}))
-            for s in d.skipped:
-                table.add_row(s.code, redact(s.reason))
+            for s in r.skipped:
+                table.add_row(s.code, s.reason)
             out.append(self._section("Rules skipped for lack of signals", table))
-        out.append(self._footer(d, verbose))
+        out.append(self._footer(r, verbose))
         return out
 
-    def _verdict(self, d: Diagnosis, regime: str = "") -> RenderableType:
-        label = d.limiter.label if d.limiter else Verdict.INCONCLUSIVE.value
+    def _verdict(self, r: Report) -> RenderableType:
         head = Text("VERDICT ", style="bold")
-        head.append(label.upper(), style=verdict_term_style(d.verdict))
-        head.append(f"   confidence {d.confidence_label} ({d.confidence:.2f})", style="dim" if not self.plain else "")
-        prefix = label.lower() + ": "
-        sentence = d.headline[len(prefix):] if d.headline.lower().startswith(prefix) else d.headline
-        sentence = sentence[:1].upper() + sentence[1:]
+        head.append(r.verdict.upper(), style=verdict_term_style(r.verdict_key))
+        head.append(f"   confidence {r.confidence_label} ({r.confidence:.2f})", style="dim" if not self.plain else "")
         facts = self._grid(("key", {"no_wrap": True, "style": "dim"}), ("value", {}))
-        facts.add_row("target", redact(d.target))
-        gpu = self._gpu_line(d)
-        if gpu:
-            facts.add_row("GPU", gpu)
-        if regime:
-            facts.add_row("regime", regime)
-        if d.secondary:
-            facts.add_row("also", ", ".join(s.replace("_", " ") for s in d.secondary))
-        parts: list[RenderableType] = [head, Text(redact(sentence))]
-        if d.near_tie:
-            parts.append(Text(redact(d.near_tie), style="yellow" if not self.plain else ""))
+        facts.add_row("target", r.target)
+        if r.gpu_line:
+            facts.add_row("GPU", r.gpu_line)
+        if r.regime:
+            facts.add_row("regime", r.regime)
+        if r.also:
+            facts.add_row("also", ", ".join(r.also))
+        parts: list[RenderableType] = [head, Text(r.headline)]
+        if r.near_tie:
+            parts.append(Text(r.near_tie, style="yellow" if not self.plain else ""))
         parts.append(Padding(facts, (0, 0, 0, 2)))
-        if d.notes:
+        if r.notes:
             notes = Table.grid(padding=(0, 1))
             notes.add_column(no_wrap=True, style="yellow")
             notes.add_column(ratio=1, style="yellow")
-            for note in d.notes:
-                notes.add_row("!", redact(note))
+            for note in r.notes:
+                notes.add_row("!", note)
             parts.append(notes)
-        if d.confidence_reasons and d.confidence < 0.7:
+        if r.confidence_reasons and r.confidence < 0.7:
             # Padded rather than prefixed with spaces, so wrapped lines keep the indent.
-            parts.append(Padding(Text("confidence: " + "; ".join(redact(r) for r in d.confidence_reasons),
-                                      style="dim"), (0, 0, 0, 2)))
+            parts.append(Padding(Text("confidence: " + "; ".join(r.confidence_reasons), style="dim"),
+                                 (0, 0, 0, 2)))
         return Group(*parts)
 
-    @staticmethod
-    def _gpu_line(d: Diagnosis) -> str:
-        gpus = d.context.get("gpus") or []
-        if not gpus:
-            return ""
-        first = gpus[0]
-        text = str(first.get("name", ""))
-        if len(gpus) > 1:
-            text += f" (+{len(gpus) - 1} more)"
-        spec_name = d.context.get("gpu_spec")
-        if spec_name:
-            text += f", {spec_name} roofs ({d.context.get('roofs', 'spec sheet')})"
-        window = d.context.get("window_s")
-        if isinstance(window, (int, float)) and window > 0:
-            text += f", {window_text(window)} window"
-        return redact(text)
-
-    def _fixes(self, d: Diagnosis, verbose: bool) -> RenderableType:
-        shown = d.fixes if verbose else d.fixes[:TOP_FIXES]
+    def _fixes(self, r: Report, verbose: bool) -> RenderableType:
+        shown = r.fixes if verbose else r.fixes[:TOP_FIXES]
         table = Table.grid(padding=(0, 1))
         table.add_column(no_wrap=True, justify="right", width=3)
         table.add_column(ratio=1)
         for i, fix in enumerate(shown, 1):
             text = Text(fix.title, style="bold")
             text.append("  ")
-            text.append(gain_text(fix), style="green" if fix.gain else "dim")
-            text.append("\n" + redact(fix.action))
-            text.append(f" [{', '.join(fix.rules or (fix.rule,))}]", style="dim")
+            text.append(fix.gain, style="green" if fix.multiplier else "dim")
+            text.append("\n" + fix.action)
+            text.append(f" [{fix.rule}]", style="dim")
             if verbose and fix.basis:
-                text.append(f"\nbasis: {redact(fix.basis)}", style="dim")
+                text.append(f"\nbasis: {fix.basis}", style="dim")
             if verbose and fix.capped:
-                text.append(f"\nbounded: {redact(fix.capped)}", style="dim")
+                text.append(f"\nbounded: {fix.capped}", style="dim")
             table.add_row(Text(f"{i}.", style="bold"), text)
         parts: list[RenderableType] = [table]
         # judge.py ranks the fixes for the verdict first, then other speed fixes, capacity last; each by expected gain
         title = "Top fixes (for the verdict first, then by expected gain)" if not verbose else \
             "Every fix (for the verdict first, then by expected gain)"
-        more = len(d.fixes) - len(shown)
+        more = len(r.fixes) - len(shown)
         if more > 0:
             parts.append(Text(f"  {more} more with --verbose.", style="dim"))
         return self._section(title, Group(*parts))
 
-    def _evidence(self, d: Diagnosis) -> RenderableType:
+    def _evidence(self, r: Report) -> RenderableType:
         parts: list[RenderableType] = []
-        for f in d.findings:
+        for f in r.findings:
             head = Text(f"{f.code} ", style="bold")
             head.append(f.name)
-            head.append(f"  {f.limiter.label}, strength {f.strength:.2f}", style="dim")
+            head.append(f"  {f.limiter}, strength {f.strength:.2f}", style="dim")
             parts.append(head)
-            parts.append(Padding(Text(redact(f.message)), (0, 0, 0, 2)))
+            parts.append(Padding(Text(f.message), (0, 0, 0, 2)))
             if f.citations:
                 # One line per number, in Citation.text()'s form: "gpu.dram_active mean = 72 % (>= 50 %) [gpm]".
                 table = Table.grid(padding=(0, 1))
                 table.add_column(no_wrap=True)
                 table.add_column(ratio=1)
                 for c in f.citations:
-                    table.add_row("-", redact(c.text()))
+                    table.add_row("-", c.text)
                 parts.append(Padding(table, (0, 0, 0, 2)))
         return self._section("Evidence", Group(*parts))
 
@@ -194,7 +170,7 @@ class TerminalRenderer:
         table = self._grid(("share", {"no_wrap": True, "justify": "right"}),
                            ("calls", {"no_wrap": True, "justify": "right"}), ("kernel", {"ratio": 1}))
         for k in shown:
-            text = Text(redact(k.name))
+            text = Text(k.name)
             text.append(f"  {k.kind}", style="dim")
             if k.sol is not None:
                 text.append(f"\nspeed of light {k.sol:.0%} {k.sol_roof}", style="green" if k.sol >= 0.6 else "yellow")
@@ -206,18 +182,18 @@ class TerminalRenderer:
                               style="dim"))
         return self._section(kernels.title, Group(*parts))
 
-    def _unavailable(self, d: Diagnosis) -> RenderableType:
+    def _unavailable(self, r: Report) -> RenderableType:
         table = self._grid(("source", {"no_wrap": True}), ("what", {"ratio": 1}))
-        for u in d.unavailable:
-            text = Text(f"{u.what}: {redact(u.reason)}")
+        for u in r.unavailable:
+            text = Text(f"{u.what}: {u.reason}")
             if u.hint:
-                text.append(f"\n-> {redact(u.hint)}", style="dim")
+                text.append(f"\n-> {u.hint}", style="dim")
             table.add_row(_SOURCES.get(u.source, u.source), text)
         return table
 
-    def _footer(self, d: Diagnosis, verbose: bool) -> RenderableType:
-        n = len(d.findings)
-        text = (f"{n} finding{'s' if n != 1 else ''}, {len(d.passed)} rules passed, {len(d.skipped)} skipped. "
+    def _footer(self, r: Report, verbose: bool) -> RenderableType:
+        n = len(r.findings)
+        text = (f"{n} finding{'s' if n != 1 else ''}, {len(r.passed)} rules passed, {len(r.skipped)} skipped. "
                 "`diagnoser rules CODE` explains a rule")
         text += "." if verbose else "; --verbose shows all fixes and skipped rules."
         return Group(Text(""), Text(text, style="dim"))
@@ -234,7 +210,7 @@ class TerminalRenderer:
         table.add_column(no_wrap=True)
         table.add_column(ratio=1)
         for item in items:
-            table.add_row("-", redact(item))
+            table.add_row("-", item)
         return table
 
     @staticmethod
