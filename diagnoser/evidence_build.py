@@ -11,6 +11,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from diagnoser import signals as S
@@ -23,7 +24,27 @@ if TYPE_CHECKING:
     from diagnoser.physics import GpuSpec
 
 
-def build_evidence(capture: Capture) -> Evidence:
+@dataclass(frozen=True)
+class WindowSignals:
+    """One GPU's window as a time-series engine's statistics give it (the fleet): its signals, made from the
+    statistics (`Signal.from_stats`), and its identity and circumstances (`meta.gpus` holds the GPU). No samples,
+    trace, model or server: the physics comes from the GPU alone."""
+
+    meta: Meta
+    signals: Mapping[str, Signal]
+
+
+# The physics evidence of a GPU model (its spec, ceilings and roofs), by model name and memory: a fleet's GPUs of one
+# model share it, and making it per GPU would double the triage's cost.
+PhysicsCache = dict[tuple[str, "int | None"], Evidence]
+
+
+def build_evidence(source: Capture | WindowSignals, *, physics: PhysicsCache | None = None) -> Evidence:
+    """What rules read, from a capture's samples or from one GPU's window statistics; `physics` keeps the physics
+    of each GPU model for the next GPU of the same model."""
+    if isinstance(source, WindowSignals):
+        return _from_window(source, physics)
+    capture = source
     ev = Evidence(meta=_meta(capture), model=capture.model, serving=capture.serving, trace=capture.trace,
                   stacks=capture.stacks)
     for signal in _pooled(capture.series):
@@ -36,6 +57,26 @@ def build_evidence(capture: Capture) -> Evidence:
     _derive_theory(capture, ev)
     _derive_energy(capture, ev)
     characterise(ev)
+    return ev
+
+
+def _from_window(window: WindowSignals, physics: PhysicsCache | None) -> Evidence:
+    gpu = window.meta.gpus[0] if window.meta.gpus else None
+    template = _physics_of(gpu, physics)
+    ev = Evidence(signals={**template.signals, **window.signals}, meta=window.meta, gpu_spec=template.gpu_spec,
+                  notes=list(template.notes))
+    characterise(ev)  # the regime, from the counters, as for any capture
+    return ev
+
+
+def _physics_of(gpu: GpuInfo | None, physics: PhysicsCache | None) -> Evidence:
+    """The physics signals and spec of a GPU model, the same for all its GPUs."""
+    key = (gpu.name, gpu.memory_total_bytes) if gpu is not None else ("", None)
+    ev = physics.get(key) if physics is not None else None
+    if ev is None:
+        ev = build_evidence(Capture(target="", started_at=0.0, duration_s=0.0, gpus=[gpu] if gpu is not None else []))
+        if physics is not None:
+            physics[key] = ev
     return ev
 
 

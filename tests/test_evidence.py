@@ -85,3 +85,28 @@ def test_energy_and_cost_signals():
     assert math.isclose(ev["energy.tokens_per_joule"].values[0], 2.0)
     assert math.isclose(ev["energy.usd_per_million_tokens"].values[0], 2.5 / (700 * 3600) * 1e6)
     assert "energy.tokens_per_joule" not in build_evidence(make_capture({"gpu.power_w": 350.0}))
+
+
+def test_window_statistics_make_evidence_through_build_evidence():
+    """The fleet's GPUs: signals from a time-series engine's statistics, no samples. build_evidence adds the physics
+    of the GPU's model (made once per model) and characterises the regime, as for a capture."""
+    from diagnoser.capture import GpuInfo
+    from diagnoser.evidence import Meta
+    from diagnoser.evidence_build import WindowSignals
+
+    gpu = GpuInfo(index=0, name="NVIDIA H100 80GB HBM3", memory_total_bytes=H100_BYTES)
+    physics: dict = {}
+    evs = []
+    for busy in (0.95, 0.05):
+        signals = {"gpu.busy": Signal.from_stats("gpu.busy", "ratio", ("dcgm",), mean=busy, n=60),
+                   "gpu.dram_active": Signal.from_stats("gpu.dram_active", "ratio", ("dcgm",), mean=0.8 * busy, n=60)}
+        meta = Meta(target="node-1 GPU 0", window_s=3600.0, origin="fleet", gpus=(gpu,))
+        evs.append(build_evidence(WindowSignals(meta, signals), physics=physics))
+    assert len(physics) == 1  # one model, its physics made once
+    busy, idle = evs
+    assert busy.signals["gpu.busy"].mean == 0.95 and idle.signals["gpu.busy"].mean == 0.05
+    assert busy.gpu_spec is not None and busy.gpu_spec is idle.gpu_spec
+    assert busy.meta.origin == "fleet" and busy.meta.gpus == (gpu,)
+    physics_only = build_evidence(make_capture({}, gpu=gpu.name, gpu_bytes=H100_BYTES))
+    assert physics_only.signals and set(physics_only.signals) <= set(busy.signals)  # the capture path's physics
+    assert busy.regime is not None

@@ -4,8 +4,8 @@ computed (collectors/prom_stats.py), with no samples in hand.
 Each GPU's signals are made by walking the fleet's table (collectors/dcgm_stats.py: which DCGM statistics each
 (signal, statistic) the rules declare is computed from, and how), each a `Signal.from_stats` (mean, p90, max answer
 from it; the throttled share answers the rules' "share of samples above 0.5" exactly, being the mean of a 0/1
-signal), the GPU gets evidence of its own (its identity,
-what is missing and why, what the counters say of its regime), and the Pipeline judges it as any capture's. What
+signal); `build_evidence` makes the GPU's evidence from them (`WindowSignals`: its identity, what is missing and
+why; the physics of its model; what the counters say of its regime), and the Pipeline judges it as any capture's. What
 is shared by most GPUs is built once: the physics signals per GPU model, and the list of missing signals per set of
 signals present.
 """
@@ -16,14 +16,13 @@ import math
 from dataclasses import dataclass, field
 
 from diagnoser import __version__
-from diagnoser.capture import Capture, GpuInfo, Unavailable
-from diagnoser.characterise import characterise
+from diagnoser.capture import Capture, Unavailable
 from diagnoser.collectors.dcgm import GpuIdentity, gpu_info, mark_missing, spec_max_clock
 from diagnoser.collectors.dcgm_stats import FLEET_SIGNALS, MAX_SM_CLOCK, SM_CLOCK, TABLE, XID, Stat
 from diagnoser.collectors.prom_stats import WindowStats
 from diagnoser.diagnosis import Diagnosis
-from diagnoser.evidence import Evidence, Meta, Signal
-from diagnoser.evidence_build import build_evidence
+from diagnoser.evidence import Meta, Signal
+from diagnoser.evidence_build import PhysicsCache, WindowSignals, build_evidence
 from diagnoser.pipeline import Pipeline
 from diagnoser.rules.ruleset import RuleSet
 from diagnoser.signals import spec
@@ -37,7 +36,7 @@ class Triage:
 
     stats: WindowStats
     rules: RuleSet | None = None
-    _templates: dict[tuple[str, int | None], Evidence] = field(default_factory=dict)
+    _physics: PhysicsCache = field(default_factory=dict)  # each GPU model's physics evidence
     _missing: dict[tuple[frozenset[str], bool], tuple[Unavailable, ...]] = field(default_factory=dict)
     spec_clock_models: set[str] = field(default_factory=set)  # models whose max clock came from the spec table
 
@@ -47,15 +46,6 @@ class Triage:
     def __post_init__(self) -> None:
         self.most_samples = max(self.stats.samples, default=0.0)
         self.pipeline = Pipeline(self.rules)  # each GPU's evidence is judged as every command's is
-
-    def _template(self, info: GpuInfo) -> Evidence:
-        """Physics signals and the GPU spec of one model: the same for all its GPUs."""
-        key = (info.name, info.memory_total_bytes)
-        ev = self._templates.get(key)
-        if ev is None:
-            ev = self._templates[key] = build_evidence(Capture(target="", started_at=0.0, duration_s=0.0,
-                                                               gpus=[info]))
-        return ev
 
     def _unavailable(self, produced: frozenset[str], mig: bool) -> tuple[Unavailable, ...]:
         key = (produced, mig)
@@ -103,13 +93,10 @@ class Triage:
             notes.append(f"{ident.describe()} is listed, but none of the activity fields the rules read "
                          "(GR_ENGINE_ACTIVE or GPU_UTIL, SM_ACTIVE, DRAM_ACTIVE, PIPE_TENSOR_ACTIVE) has a value for "
                          "it in the window.")
-        template = self._template(info)
         meta = Meta(target=ident.describe(), window_s=window.length_s, started_at=window.start, host=ident.node,
                     tool_version=__version__, origin="fleet", gpus=(info,), notes=tuple(notes),
                     unavailable=self._unavailable(produced, bool(ident.mig_id)))
-        ev = Evidence(signals={**template.signals, **signals}, meta=meta, gpu_spec=template.gpu_spec,
-                      notes=list(template.notes))
-        characterise(ev)  # the regime, from the counters, as for any capture
+        ev = build_evidence(WindowSignals(meta, signals), physics=self._physics)
         busy = signals.get("gpu.busy") or signals.get("gpu.sm_active")
         return self.pipeline.judge(ev), busy.mean if busy is not None else None, \
             bool(produced & _ACTIVITY), bool(produced)
