@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -363,14 +364,23 @@ def test_pages_fit_when_the_fonts_run_wider(browser: Any, pages: dict[str, Path]
         context.close()
 
 
-@pytest.mark.parametrize("name", ["fleet", "memory_bandwidth", "h100-decode-b1", "h100-kv-full"])
-def test_print_keeps_every_column(browser: Any, shots: Path, pages: dict[str, Path], name: str) -> None:
+@contextmanager
+def _printed(browser: Any, path: Path) -> Iterator[Any]:
+    """The page at A4 width with the print stylesheet applied."""
     context = browser.new_context(viewport={"width": A4_CSS_PX, "height": 1000})
     try:
         page = context.new_page()
         page.set_default_timeout(TIMEOUT_MS)
-        page.goto(pages[name].resolve().as_uri(), wait_until="load")
+        page.goto(path.resolve().as_uri(), wait_until="load")
         page.emulate_media(media="print")
+        yield page
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("name", ["fleet", "memory_bandwidth", "h100-decode-b1", "h100-kv-full"])
+def test_print_keeps_every_column(browser: Any, shots: Path, pages: dict[str, Path], name: str) -> None:
+    with _printed(browser, pages[name]) as page:
         assert page.evaluate(LAYOUT_JS) == []
         # Every column of every table is on the paper, inside its card: none cut off, none scrolled out of view.
         cut = page.evaluate("""() => {
@@ -391,8 +401,6 @@ def test_print_keeps_every_column(browser: Any, shots: Path, pages: dict[str, Pa
         assert pdf.startswith(b"%PDF")
         (shots / f"{name}-print.pdf").write_bytes(pdf)
         page.screenshot(path=str(shots / f"{name}-print.png"), full_page=True)
-    finally:
-        context.close()
 
 
 def test_crowded_marks_and_labels_do_not_overlap(browser: Any, shots: Path, tmp_path: Path) -> None:
@@ -538,12 +546,7 @@ def test_print_fills_its_pages_and_keeps_words_whole(browser: Any, shots: Path, 
                                                     name: str) -> None:
     """On paper a long card kept whole jumped to the next page and left the one before half empty (kv-full printed
     19 pages for 14.7 pages of content), and table columns shrank until a rule code broke mid-word ("VRAM0|01")."""
-    context = browser.new_context(viewport={"width": A4_CSS_PX, "height": 1000})
-    try:
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(pages[name].resolve().as_uri(), wait_until="load")
-        page.emulate_media(media="print")
+    with _printed(browser, pages[name]) as page:
         page.evaluate("document.querySelectorAll('details').forEach(d => { d.open = true; })")
         assert page.evaluate(BROKEN_WORDS_JS) == []
         # Nothing wider than the paper: Chromium would shrink every page to fit it, and the count below with it.
@@ -555,5 +558,3 @@ def test_print_fills_its_pages_and_keeps_words_whole(browser: Any, shots: Path, 
         assert counts, "no page tree in the PDF"
         # What breaks fall between small blocks costs part of a page each; a half-empty page costs about one.
         assert max(counts) <= math.ceil(content) + 1, (max(counts), round(content, 2))
-    finally:
-        context.close()
