@@ -339,3 +339,11 @@ def test_busy_shares_of_two_windows_are_labelled(recorded) -> None:  # type: ign
     assert f"busy in the trace  {fmt(trace_busy, 'ratio')}" in timeline
     assert f"gpu.busy from NVML reads {fmt(counter_busy, 'ratio')}" in _text(timeline)
     assert "30.2%" not in timeline
+
+
+def test_every_trace_result_has_a_label_and_unit() -> None:
+    """The trace card names each typed trace result; a new field without a row here would print its bare name."""
+    from diagnoser.capture import TRACE_RESULTS
+    from diagnoser.reports.model import TRACE_RESULT_LABELS
+
+    assert set(TRACE_RESULTS) == set(TRACE_RESULT_LABELS)
