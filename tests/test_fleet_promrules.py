@@ -21,6 +21,7 @@ from diagnoser.collectors.prom_stats import FALLBACK, STATS, identity_record_nam
 from diagnoser.collectors.prometheus_source import Window
 from diagnoser.fleet.promrules import ALERTS, SHARD_LABEL, build_groups, rule_group_yaml
 from diagnoser.fleet.run import run_fleet
+from diagnoser.rules import default_rules
 from tests.prom_harness import (
     NO_PROMETHEUS,
     PROFILE_RULE,
@@ -151,7 +152,9 @@ def test_findings_are_arithmetic_on_recorded_series_in_a_group_of_their_own() ->
         # no range selector (no pass over the samples), no label written per series
         assert not re.search(r"\[\d+(ms|s|m|h|d)\]", expr) and "label_replace" not in expr, rule
     codes = [r["labels"]["rule"] for r in findings.rules if r.get("record") == "gpu:diagnoser_finding:1h"]  # type: ignore[index]
-    assert codes == ["ERR001", "VRAM003", "IDLE001", "BAT003", "BW001", "CMP001", "LAT001", "LAT002", "THR001"]
+    # One finding per rule with a formula (`@rule(fleet=...)`), compiled from it, in the rule set's order.
+    assert codes == [r.code for r in default_rules().rules if r.fleet is not None]
+    assert sorted(codes) == ["BAT003", "BW001", "CMP001", "ERR001", "IDLE001", "LAT001", "LAT002", "THR001", "VRAM003"]
     # Sharded: every group and every series it records carries its shard, and its findings read only their own.
     sharded = build_groups(3600, shard_count=4, shard_by="Hostname")
     assert len(sharded) == 8

@@ -8,35 +8,40 @@ in Prometheus (or Thanos Ruler, Mimir's ruler, vmalert), with alerts for the lim
    hoc (collectors/prom_stats.py `stat_expr`), recorded as `gpu:dcgm_<field>:<stat>_<window>`, plus the GPUs'
    identity labels (`gpu:dcgm_identity:count_<window>`); when these exist for its window, `fleet` reads them (by
    name, one plain read each) instead of computing them.
-2. `diagnoser-gpu-<window>`, arithmetic on what the statistics group recorded (no range over samples): the spec
-   table's maximum SM clock where DCGM_FI_DEV_MAX_SM_CLOCK is not exported; the per-GPU signals several rules read,
-   each recorded once (`gpu:diagnoser_<signal>:<window>`: busy, memory used, clocks, throttling, errors, the
-   regime); one recording rule per finding, for the rules that DCGM counters alone decide (ERR001, VRAM003, IDLE001,
-   BAT003, BW001, CMP001, LAT001, LAT002, THR001), valued at the rule's strength with the same thresholds as the
-   Python rules (and a --rules-config's overrides), its rule and limiter as the rule's labels:
-   `gpu:diagnoser_finding:<window>{rule, limiter}`; the primary limiter, chosen as the engine chooses it (errors
-   first, then strong VRAM findings, then, for a GPU busy under half the time, the strongest non-roof finding, else
-   the strongest): `gpu:diagnoser_limiter:<window>`, a count per limiter, and alerts.
+2. `diagnoser-gpu-<window>`, arithmetic on what the statistics group recorded (no range over samples), compiled from
+   the rules' formulas (`@rule(fleet=...)`, rules/formula.py): each leaf a formula reads is a recorded statistic or
+   a per-GPU signal made from several (busy, memory used, the clock share with the spec table's maximum SM clock
+   where DCGM_FI_DEV_MAX_SM_CLOCK is not exported, the throttled shares, errors, the regime), recorded once
+   (`gpu:diagnoser_<signal>:<window>`), as is each part a formula names (`fm.Named`); then one recording rule per
+   rule with a formula, valued at the rule's strength with the thresholds in force (a --rules-config's overrides
+   included), its rule and limiter as the rule's labels: `gpu:diagnoser_finding:<window>{rule, limiter}`; the
+   primary limiter, chosen as the engine chooses it (errors first, then strong VRAM findings, then, for a GPU busy
+   under half the time, the strongest non-roof finding, else the strongest): `gpu:diagnoser_limiter:<window>`, a
+   count per limiter, and alerts. A formula's leaf the fleet cannot give (a trace's share, the model's roofs, the
+   server's queue) compiles to nothing, as PromQL's vector algebra reads an absent series.
 
 One union of every finding's PromQL over the statistics, each relabelled per series, cost a Prometheus 40-64 s per
 evaluation at 10,000 GPUs (benchmarks/FLEET.md); as recorded signals and one rule per finding it is arithmetic on a
 few series per GPU. Sharded, each shard's groups take the DCGM series whose `--shard-by` label value ends in its
 characters (`shards`) and label what they record with `diagnoser_shard`, which its findings read.
 
-Not in PromQL: the engine's confidence (an edge case it calls inconclusive is classified here), and the rules that
-need server metrics, a trace or the model's shape. tests/test_fleet_promrules.py holds the classification equal to
-the Python engine's for every planted class, on a real Prometheus, in one group and in shards.
+Not in PromQL: the engine's confidence (an edge case it calls inconclusive is classified here), and the rules
+without a formula (those that need server metrics, a trace or the model's shape). tests/test_fleet_promrules.py
+holds the classification equal to the Python engine's for every planted class, on a real Prometheus, in one group
+and in shards; tests/test_rule_formula.py each formula equal to its rule's predicate.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from diagnoser import signals as S
 from diagnoser.characterise import COUNTER_DRAM_MIN, COUNTER_TENSOR_BUSY, COUNTER_TENSOR_IDLE
 from diagnoser.collectors.dcgm import CLOCK_EVENT_POWER, CLOCK_EVENT_THERMAL, FIELDS_BY_KEY
+from diagnoser.collectors.dcgm_stats import FLEET_SIGNALS
 from diagnoser.collectors.prom_stats import (
     FALLBACK,
     KEY_LABELS,
@@ -49,9 +54,11 @@ from diagnoser.collectors.prom_stats import (
     stat_expr,
 )
 from diagnoser.collectors.prometheus_source import bits_expr
-from diagnoser.diagnosis import Limiter
+from diagnoser.diagnosis import Limiter, Regime
 from diagnoser.errors import InputError
 from diagnoser.rules import RuleSet, default_rules
+from diagnoser.rules.formula import Formula
+from diagnoser.rules.load import BUSY
 
 BOARD = "UUID, uuid"  # a MIG board's own series carry its device fields, without GPU_I_ID
 # As the engine's choice reads them (rules/engine.py): a GPU busy under half the time with an underfed finding is
@@ -185,111 +192,161 @@ class _Read:
         return self.of(signal_name(name, self.window_s))
 
 
-def signal_rules(window_s: float, shard: Shard) -> list[dict[str, object]]:
-    """Per-GPU signals several findings read (busy, memory used, clocks, throttling, errors, the regime), each
-    computed once from the recorded statistics, so that a finding is a comparison of one or two series."""
-    r = _Read(window_s, shard)
-    k = KEY_LABELS
-    sm, tensor, dram = r.stat("sm_active", "avg"), r.stat("tensor_active", "avg"), r.stat("dram_active", "avg")
-    spec_clock = f"gpu:dcgm_max_sm_clock:spec_{duration(window_s)}"
-    busy = r.signal("busy")
+class _Compiler:
+    """Compiles the rules' formulas (rules/formula.py) for one shard's findings group: each leaf a recorded
+    statistic, or a per-GPU signal recorded once from them (the fleet's table, dcgm_stats.py, in PromQL); each named
+    part recorded once; a leaf the fleet cannot give (a trace's, the model's) compiles to nothing."""
 
-    def device(board_expr: str) -> str:
+    key = KEY_LABELS
+
+    def __init__(self, window_s: float, shard: Shard, ruleset: RuleSet) -> None:
+        self.window_s, self.ruleset, self.r = window_s, ruleset, _Read(window_s, shard)
+        self.code = ""  # the rule being compiled: whose thresholds
+        self.recorded: dict[str, str] = {}  # name -> expression, in the order the group evaluates them
+        self._leaves = _leaves(self)
+
+    def record(self, name: str, expr: str) -> str:
+        """Record `expr` once under `name` (a signal's short name, or a series' full name); its selector."""
+        if self.recorded.setdefault(name, expr) != expr:
+            raise ValueError(f"two parts named {name} differ")
+        return self.r.of(name) if name.startswith("gpu:") else self.r.signal(name)
+
+    def read(self, name: str, stat: str) -> str | None:
+        leaf = self._leaves.get((name, stat))
+        if leaf is None:
+            if name in FLEET_SIGNALS:
+                raise ValueError(f"rule {self.code}'s formula reads {stat} of {name}, which the rule group does "
+                                 "not compute (add it to fleet/promrules.py _leaves)")
+            return None  # not a DCGM signal: the fleet has none
+        return leaf()
+
+    def present(self, name: str) -> str | None:
+        return self.read(name, "mean") if name in FLEET_SIGNALS else None
+
+    def regime(self, regimes: tuple[Regime, ...]) -> str | None:
+        names = [{Regime.MEMORY: "memory_bound", Regime.COMPUTE: "compute_bound"}[r] for r in regimes]
+        parts = [self._regime(n) for n in names]
+        return f" or on ({self.key}) ".join(parts)
+
+    def _regime(self, name: str) -> str:
+        """The regime from the counters, as characterise reads it: DRAM used while the tensor pipes idle is
+        memory-bound work, tensor pipes busier than DRAM compute-bound."""
+        k, r = self.key, self.r
+        tensor, dram = r.stat("tensor_active", "avg"), r.stat("dram_active", "avg")
+        expr = (f"{dram} >= {COUNTER_DRAM_MIN:g} and on ({k}) {tensor} < {COUNTER_TENSOR_IDLE:g}"
+                if name == "memory_bound" else
+                f"{tensor} >= {COUNTER_TENSOR_BUSY:g} and on ({k}) {tensor} > on ({k}) {dram}")
+        return self.record(name, expr)
+
+    def threshold(self, name: str) -> str:
+        return f"{self.ruleset.thresholds(self.code)[name]:g}"
+
+    def named(self, name: str, formula: Formula) -> str | None:
+        if name in self.recorded:
+            return self.r.of(name) if name.startswith("gpu:") else self.r.signal(name)
+        expr = formula.promql(self)
+        if expr is None or _SELECTOR.match(expr):
+            return expr  # nothing to record: absent, or a series read as it is
+        return self.record(name, expr)
+
+    def finding(self, code: str, formula: Formula) -> str | None:
+        self.code = code
+        return formula.promql(self)
+
+
+_SELECTOR = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*(\{[^{}]*\})?$")
+Leaf = Callable[[], str]
+
+
+def _leaves(q: _Compiler) -> dict[tuple[str, str], Leaf]:
+    """Each (signal, statistic) the formulas read, as the fleet's table (collectors/dcgm_stats.py) makes it from the
+    recorded statistics; a signal made of several statistics is recorded once when first read."""
+    r, k = q.r, KEY_LABELS
+    w = q.window_s
+    spec_clock = f"gpu:dcgm_max_sm_clock:spec_{duration(w)}"
+
+    def busy() -> str:  # gpu.busy: GR_ENGINE_ACTIVE, else GPU_UTIL
+        return q.record("gpu_busy", f"{r.stat('gr_engine_active', 'avg')} or on ({k}) {r.stat('gpu_util', 'avg')} "
+                                    "/ 100")
+
+    def device(name: str, board_expr: str) -> str:
         """A board-level value (clocks, throttling, errors) for each GPU or MIG instance that reports activity."""
-        return f"{busy} * 0 + on ({BOARD}) group_left max by ({BOARD}) ({board_expr})"
+        anchor = q.named("busy", BUSY)
+        return q.record(name, f"{anchor} * 0 + on ({BOARD}) group_left max by ({BOARD}) ({board_expr})")
 
-    max_clock = f"(max by ({BOARD}) ({r.stat('max_sm_clock', 'last')}) or on ({BOARD}) {r.of(spec_clock)})"
-    power, thermal = r.signal("power_held_frac"), r.signal("thermal_held_frac")
-    # The larger of the two shares: power's where it is at least thermal's, else thermal's, else whichever exists.
-    throttled = f"({power} >= on ({k}) {thermal}) or on ({k}) {thermal} or on ({k}) {power}"
-    xid, ecc = r.stat("xid", "max"), r.stat("ecc_dbe", "increase")
-    errors = f"({xid} >= on ({k}) {ecc}) or on ({k}) {ecc} or on ({k}) {xid}"  # the larger, or the one there is
-    rules: list[dict[str, object]] = [
-        {"record": spec_clock, "expr": spec_clock_expr(identity_record_name(window_s), r.matchers)},
-        # gpu.busy (GR_ENGINE_ACTIVE, else GPU_UTIL); the load rules and the engine's choice fall back to SM activity
-        {"record": signal_name("gpu_busy", window_s),
-         "expr": f"{r.stat('gr_engine_active', 'avg')} or on ({k}) {r.stat('gpu_util', 'avg')} / 100"},
-        {"record": signal_name("busy", window_s), "expr": f"{r.signal('gpu_busy')} or on ({k}) {sm}"},
-        {"record": signal_name("mem_used_frac", window_s),
-         "expr": f"{r.stat('fb_used', 'p90')} / on ({k}) {r.stat('fb_total', 'last')}"},
-        {"record": signal_name("clock_frac", window_s),
-         "expr": device(f"max by ({BOARD}) ({r.stat('sm_clock', 'avg')}) / on ({BOARD}) {max_clock}")},
-        *_held_rules(r, window_s),
-        {"record": signal_name("throttled_frac", window_s), "expr": device(throttled)},
-        {"record": signal_name("errors", window_s), "expr": device(errors)},
-        # The regime from the counters, as characterise reads it: DRAM used while the tensor pipes idle is
-        # memory-bound work, tensor pipes busier than DRAM compute-bound.
-        {"record": signal_name("memory_bound", window_s),
-         "expr": f"{dram} >= {COUNTER_DRAM_MIN:g} and on ({k}) {tensor} < {COUNTER_TENSOR_IDLE:g}"},
-        {"record": signal_name("compute_bound", window_s),
-         "expr": f"{tensor} >= {COUNTER_TENSOR_BUSY:g} and on ({k}) {tensor} > on ({k}) {dram}"},
-    ]
-    return _labelled(rules, shard.labels)
+    def clock() -> str:
+        spec = q.record(spec_clock, spec_clock_expr(identity_record_name(w), r.matchers))
+        max_clock = f"(max by ({BOARD}) ({r.stat('max_sm_clock', 'last')}) or on ({BOARD}) {spec})"
+        return device("clock_frac", f"max by ({BOARD}) ({r.stat('sm_clock', 'avg')}) / on ({BOARD}) {max_clock}")
 
+    def held(reason: str) -> Leaf:
+        return lambda: device(f"{reason}_held_frac", _held_expr(q, reason))
 
-def _held_rules(r: _Read, window_s: float) -> list[dict[str, object]]:
-    """The share of the window clocks were held by power and by heat: the violation counter's, else the clock-event
-    bits' from the mask's minimum, maximum and mean (prom_stats.bit_shares: the time at the maximum is
-    (mean - min) / (max - min), all of it when the mask held one value). Each part is recorded once: an engine's cost
-    here is the series it reads, and the bits of a mask take one read per bit."""
-    k = KEY_LABELS
-    high, low, mean = (r.stat("reasons_power", s) for s in ("max", "min", "avg"))
-    at_high = r.signal("clock_events_high_share")
-    # Every operator between two vectors matches on the key: a shard's series carry its label, results do not.
-    rules: list[dict[str, object]] = [{
-        "record": signal_name("clock_events_high_share", window_s),
-        "expr": f"({mean} - on ({k}) {low}) / on ({k}) ({high} - on ({k}) {low} > 0) or on ({k}) "
-                f"({high} == on ({k}) {low}) * 0 + 1"}]
-    for reason, counter, mask in (("power", "power_violation", CLOCK_EVENT_POWER),
-                                  ("thermal", "thermal_violation", CLOCK_EVENT_THERMAL)):
-        bits_high, bits_low = r.signal(f"{reason}_bits_at_max"), r.signal(f"{reason}_bits_at_min")
-        rules += [
-            {"record": signal_name(f"{reason}_bits_at_max", window_s), "expr": bits_expr(high, mask)},
-            {"record": signal_name(f"{reason}_bits_at_min", window_s), "expr": bits_expr(low, mask)},
-            {"record": signal_name(f"{reason}_held_frac", window_s),
-             "expr": f"clamp({r.stat(counter, 'rate')} / 1e9, 0, 1) or on ({k}) ({bits_low} * on ({k}) "
-                     f"(1 - {at_high}) + on ({k}) {bits_high} * on ({k}) {at_high})"},
-        ]
-    return rules
-
-
-def finding_exprs(window_s: float, shard: Shard, ruleset: RuleSet) -> dict[str, str]:
-    """Each rule's PromQL: the series of the GPUs where it fires, valued at its strength."""
-
-    def t(code: str, name: str) -> str:
-        return f"{ruleset.thresholds(code)[name]:g}"
-
-    r = _Read(window_s, shard)
-    k = KEY_LABELS
-    sm, tensor, dram = r.stat("sm_active", "avg"), r.stat("tensor_active", "avg"), r.stat("dram_active", "avg")
-    gpu_busy, busy = r.signal("gpu_busy"), r.signal("busy")
     return {
-        "ERR001": f"({r.signal('errors')} > {t('ERR001', 'errors')}) * 0 + 0.95",
-        "VRAM003": f"({r.signal('mem_used_frac')} >= {t('VRAM003', 'mem_used_p90')}) * 0 + 0.4",
-        "IDLE001": f"({busy} < {t('IDLE001', 'busy_mean')}) * 0 + 0.65",
-        "BAT003": f"({busy} >= {t('BAT003', 'idle_below')} < {t('BAT003', 'busy_mean')}) * 0 + 0.5",
-        "BW001": (f"0.6 + clamp_max((({dram} >= {t('BW001', 'dram_active_mean')} unless on ({k}) "
-                  f"({dram} - on ({k}) {tensor} < {t('BW001', 'split')})) - {t('BW001', 'dram_active_mean')}) "
-                  "* 1.5, 0.3)"),
-        "CMP001": _compute_finding(ruleset, r),
-        "LAT001": _kernel_bound(ruleset, r),
-        "LAT002": (f"({gpu_busy} >= {t('LAT002', 'busy_min')} unless on ({k}) {dram} unless on ({k}) {sm} "
-                   f"unless on ({k}) {tensor}) * 0 + 0.45"),
-        "THR001": (f"0.5 + clamp_max(({t('THR001', 'clock_frac_mean')} - ({r.signal('clock_frac')} < "
-                   f"{t('THR001', 'clock_frac_mean')} and on ({k}) ({r.signal('throttled_frac')} >= "
-                   f"{t('THR001', 'throttled_frac')}) unless on ({k}) ({gpu_busy} < 0.3))) * 2, 0.4)"),
+        (S.GPU_BUSY, "mean"): busy,
+        (S.GPU_SM_ACTIVE, "mean"): lambda: r.stat("sm_active", "avg"),
+        (S.GPU_TENSOR_ACTIVE, "mean"): lambda: r.stat("tensor_active", "avg"),
+        (S.GPU_DRAM_ACTIVE, "mean"): lambda: r.stat("dram_active", "avg"),
+        (S.GPU_MEM_USED_FRAC, "mean"): lambda: q.record(
+            "mem_used_mean_frac", f"{r.stat('fb_used', 'avg')} / on ({k}) {r.stat('fb_total', 'last')}"),
+        (S.GPU_MEM_USED_FRAC, "p90"): lambda: q.record(
+            "mem_used_frac", f"{r.stat('fb_used', 'p90')} / on ({k}) {r.stat('fb_total', 'last')}"),
+        (S.GPU_SM_CLOCK_FRAC, "mean"): clock,
+        (S.GPU_THROTTLE_POWER, "frac_above:0.5"): held("power"),
+        (S.GPU_THROTTLE_POWER, "mean"): held("power"),
+        (S.GPU_THROTTLE_THERMAL, "frac_above:0.5"): held("thermal"),
+        (S.GPU_THROTTLE_THERMAL, "mean"): held("thermal"),
+        (S.GPU_XID_ERRORS, "max"): lambda: device("xid_errors", f"{r.stat('xid', 'max')} > bool 0"),
+        (S.GPU_XID_ERRORS, "mean"): lambda: device("xid_errors", f"{r.stat('xid', 'max')} > bool 0"),
+        (S.GPU_ECC_DBE, "max"): lambda: device("ecc_dbe", f"clamp_min({r.stat('ecc_dbe', 'increase')}, 0)"),
+        (S.GPU_ECC_DBE, "mean"): lambda: device("ecc_dbe", f"clamp_min({r.stat('ecc_dbe', 'increase')}, 0)"),
     }
 
 
+def _held_expr(q: _Compiler, reason: str) -> str:
+    """The share of the window clocks were held by power or by heat: the violation counter's, else the clock-event
+    bits' from the mask's minimum, maximum and mean (dcgm_stats.bit_shares: the time at the maximum is
+    (mean - min) / (max - min), all of it when the mask held one value). Each part is recorded once: an engine's cost
+    here is the series it reads, and the bits of a mask take one read per bit."""
+    r, k = q.r, KEY_LABELS
+    high, low, mean = (r.stat("reasons_power", s) for s in ("max", "min", "avg"))
+    # Every operator between two vectors matches on the key: a shard's series carry its label, results do not.
+    at_high = q.record("clock_events_high_share",
+                       f"({mean} - on ({k}) {low}) / on ({k}) ({high} - on ({k}) {low} > 0) or on ({k}) "
+                       f"({high} == on ({k}) {low}) * 0 + 1")
+    counter, mask = {"power": ("power_violation", CLOCK_EVENT_POWER),
+                     "thermal": ("thermal_violation", CLOCK_EVENT_THERMAL)}[reason]
+    bits_high = q.record(f"{reason}_bits_at_max", bits_expr(high, mask))
+    bits_low = q.record(f"{reason}_bits_at_min", bits_expr(low, mask))
+    return (f"clamp({r.stat(counter, 'rate')} / 1e9, 0, 1) or on ({k}) ({bits_low} * on ({k}) (1 - {at_high}) "
+            f"+ on ({k}) {bits_high} * on ({k}) {at_high})")
+
+
+def finding_exprs(window_s: float, shard: Shard, ruleset: RuleSet) -> tuple[dict[str, str], dict[str, str]]:
+    """Each rule's PromQL, compiled from its formula (`@rule(fleet=...)`): the series of the GPUs where it fires,
+    valued at its strength; and the parts they read, recorded once (name -> expression, in order)."""
+    q = _Compiler(window_s, shard, ruleset)
+    q.named("busy", BUSY)  # the engine's choice reads it, and board-level values are given to the GPUs it names
+    found: dict[str, str] = {}
+    for rule in ruleset.rules:
+        if rule.fleet is not None:
+            expr = q.finding(rule.code, rule.fleet)
+            if expr is not None:
+                found[rule.code] = expr
+    return found, q.recorded
+
+
 def findings_rules(window_s: float, shard: Shard, ruleset: RuleSet) -> list[dict[str, object]]:
-    """The signals, one recording rule per finding (its rule and limiter as the rule's labels), the primary limiter,
-    the count per limiter and the alerts: every rule reads recorded series only."""
+    """The parts the findings read, one recording rule per finding (its rule and limiter as the rule's labels), the
+    primary limiter, the count per limiter and the alerts: every rule reads recorded series only."""
     w = duration(window_s)
     r = _Read(window_s, shard)
-    out = signal_rules(window_s, shard)
+    exprs, parts = finding_exprs(window_s, shard, ruleset)
+    out = _labelled([{"record": signal_name(name, window_s) if not name.startswith("gpu:") else name, "expr": expr}
+                     for name, expr in parts.items()], shard.labels)
     finding = f"gpu:diagnoser_finding:{w}"
     out += _labelled([{"record": finding, "expr": expr, "labels": {"rule": code, "limiter": _limiter(ruleset, code)}}
-                      for code, expr in finding_exprs(window_s, shard, ruleset).items()], shard.labels)
+                      for code, expr in exprs.items()], shard.labels)
     not_roofs = "|".join(_ROOFS)
     underfed = "|".join(_UNDERFED)
     k = KEY_LABELS
@@ -353,40 +410,6 @@ def build_groups(window_s: float, *, interval: str = "1m", rules: RuleSet | None
 def build_rules(window_s: float, *, rules: RuleSet | None = None) -> list[dict[str, object]]:
     """Every rule of the unsharded groups, statistics first."""
     return [rule for g in build_groups(window_s, rules=rules) for rule in g.rules]
-
-
-def _compute_finding(rules: RuleSet, r: _Read) -> str:
-    """CMP001: the tensor pipes at their roof, or the SMs in compute-bound work, clearly busier than DRAM; stronger
-    the more signals say so and the higher the busiest."""
-    th = rules.thresholds("CMP001")
-    k = KEY_LABELS
-    sm, tensor, dram = r.stat("sm_active", "avg"), r.stat("tensor_active", "avg"), r.stat("dram_active", "avg")
-    by_tensor = f"({tensor} >= {th['tensor_active_mean']:g})"
-    by_sm = f"({sm} >= {th['sm_active_mean']:g} and on ({k}) {r.signal('compute_bound')})"
-    # The busiest signal that says so, and how many say so, without a label per signal.
-    top_hit = f"(({by_tensor} >= on ({k}) {by_sm}) or on ({k}) {by_sm} or on ({k}) {by_tensor})"
-    count = (f"(({by_tensor} * 0 + 1) + on ({k}) ({by_sm} * 0 + 1) or on ({k}) {by_tensor} * 0 + 1 "
-             f"or on ({k}) {by_sm} * 0 + 1)")
-    top = f"({top_hit} unless on ({k}) ({top_hit} - on ({k}) {dram} < {th['split']:g}))"
-    return f"0.6 + clamp_max(0.1 * {count} + on ({k}) ({top} - 0.6) * 0.5, 0.3)"
-
-
-def _kernel_bound(rules: RuleSet, r: _Read) -> str:
-    """LAT001: busy, with HBM, the tensor pipes and the SMs all under their roofs; stronger the further below the
-    roof of its regime (or the closer of the two where the counters name none) the work runs."""
-    th = rules.thresholds("LAT001")
-    k = KEY_LABELS
-    sm, tensor, dram = r.stat("sm_active", "avg"), r.stat("tensor_active", "avg"), r.stat("dram_active", "avg")
-    gpu_busy, memory, compute = r.signal("gpu_busy"), r.signal("memory_bound"), r.signal("compute_bound")
-    roof = f"{th['roof_frac']:g}"
-    busy = (f"({gpu_busy} >= {th['busy_min']:g} unless on ({k}) {dram} >= {roof} unless on ({k}) {tensor} >= {roof} "
-            f"unless on ({k}) {sm} >= {th['sm_active']:g}) and on ({k}) ({dram} or on ({k}) {sm})")
-    used = f"(({dram} >= on ({k}) {tensor}) or on ({k}) {tensor} or on ({k}) {dram})"
-    saturation = (f"(({dram} and on ({k}) {memory}) or on ({k}) ({tensor} and on ({k}) {compute}) "
-                  f"or on ({k}) {used} or on ({k}) {gpu_busy} * 0 + 0.3)")
-    known = f"(({memory} or on ({k}) {compute}) * 0 + 0.1 or on ({k}) {gpu_busy} * 0)"
-    return (f"clamp_max(0.55 + 0.25 * clamp_min(1 - {saturation} / {roof}, 0) + on ({k}) {known}, 0.9) "
-            f"and on ({k}) {busy}")
 
 
 def rule_group_yaml(window_s: float, *, interval: str = "1m", rules: RuleSet | None = None, shard_count: int = 1,

@@ -23,6 +23,9 @@ the predicate reads (MEAN, P90, FRAC_ABOVE, ...): `req`/`first`/`opt` hand the p
 those only, and reading another raises `UndeclaredStatistic` naming the rule, so what a rule reads is known without
 running it (the fleet derives its DCGM statistics from it, and RuleSet refuses a rule whose reads the fleet cannot
 produce). A signal read only for its presence needs no entry; its name, unit, sources and sample count are free.
+`fleet=` gives the rule's conclusion from its statistics as a formula (rules/formula.py), the predicate's test and
+strength written in PromQL's vector algebra: `Check.formula()` evaluates it, the fleet's rule group compiles it to
+PromQL, and `@rule` refuses one that reads a statistic, a signal or a threshold the rule does not declare.
 `@rule` returns the Rule; it registers nothing: each rule module lists its rules in `RULES`, and
 diagnoser.rules.ruleset.RuleSet runs a tuple of them.
 A page's text may name thresholds in braces, `{dram_active_mean}`: `Rule.page_for(thresholds)` fills in the values in
@@ -40,6 +43,7 @@ from enum import Enum
 
 from diagnoser.diagnosis import Benefit, Citation, Finding, Fix, FixKind, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence, Signal
+from diagnoser.rules import formula as fm
 from diagnoser.signals import Sig, known
 from diagnoser.units import fmt
 
@@ -250,6 +254,12 @@ class Check:
         found = self.ev.signals.get(name)
         return None if found is None else _reading(found, self.rule.statistics[name], self.rule.code)
 
+    def formula(self) -> float | None:
+        """The rule's `fleet=` formula on this evidence: its strength where it fires, else None."""
+        if self.rule.fleet is None:
+            raise KeyError(f"rule {self.rule.code} has no fleet= formula")
+        return self.rule.fleet.value(_CheckEnv(self))
+
     def cite(self, signal: Signal, stat: str = "mean", op: str = "", threshold: float | None = None) -> float:
         """Record a number this finding stands on, and return it."""
         if isinstance(signal, Reading):
@@ -285,6 +295,28 @@ class Check:
 
 _POINT_STATS = ("mean", "p50", "p90", "p99", "min", "max")
 
+
+class _CheckEnv:
+    """A formula's leaves read through the Check: declared statistics only, as the predicate reads them."""
+
+    __slots__ = ("c",)
+
+    def __init__(self, c: Check) -> None:
+        self.c = c
+
+    def read(self, name: Sig, stat: str) -> float | None:
+        found = self.c.opt(name)
+        return None if found is None else found.stat(stat)
+
+    def present(self, name: Sig) -> bool:
+        return self.c.opt(name) is not None
+
+    def regime(self) -> Regime:
+        return self.c.ev.regime
+
+    def threshold(self, name: str) -> float:
+        return self.c.t[name]
+
 Predicate = Callable[[Check], "Finding | None"]
 
 
@@ -307,6 +339,9 @@ class Rule:
     advisory: bool = False
     # The statistics the predicate reads of each signal (a signal absent here is read for its presence only).
     reads: Mapping[str, tuple[Statistic, ...]] = field(default_factory=dict, compare=False)
+    # The rule's conclusion from window statistics as a formula (rules/formula.py): what the fleet's rule group
+    # compiles to PromQL. Its value on a GPU is the strength of the rule's finding there (tests hold the two equal).
+    fleet: fm.Formula | None = field(default=None, compare=False)
 
     # Cached (the fields are frozen): a fleet asks each rule for these about ten times per GPU.
     @functools.cached_property
@@ -382,6 +417,18 @@ def _check_reads(code: str, declared: set[str], reads: Reads) -> dict[str, tuple
     return out
 
 
+def _check_formula(code: str, formula: fm.Formula, declared: set[str], reads: Mapping[str, tuple[Statistic, ...]],
+                   thresholds: Mapping[str, Threshold]) -> None:
+    """A rule's formula reads what the rule declares: its signals, the statistics in its reads=, its thresholds."""
+    for name in sorted(fm.signals(formula) - declared):
+        raise ValueError(f"rule {code}'s fleet formula reads {name}, which it neither requires nor uses")
+    for name, stat in sorted(fm.reads(formula)):
+        if stat not in {str(s) for s in reads.get(name, ())}:
+            raise ValueError(f"rule {code}'s fleet formula reads {stat} of {name}, which its reads= does not declare")
+    for name in sorted(fm.thresholds(formula) - set(thresholds)):
+        raise ValueError(f"rule {code}'s fleet formula names a threshold it does not have: {name}")
+
+
 def rule(
     *,
     code: str,
@@ -395,6 +442,7 @@ def rule(
     page: Page,
     decisive: bool = True,
     advisory: bool = False,
+    fleet: fm.Formula | None = None,
 ) -> Callable[[Predicate], Rule]:
     """Make a Rule of a predicate, after checking its declaration (see the module docstring)."""
     if not _CODE.match(code):
@@ -411,10 +459,12 @@ def rule(
     if unknown:
         raise ValueError(f"rule {code}'s page names thresholds it does not have: {', '.join(sorted(unknown))}")
     declared_reads = _check_reads(code, set(flat) | set(uses), reads or {})
+    if fleet is not None:
+        _check_formula(code, fleet, set(flat) | set(uses), declared_reads, thresholds)
 
     def make(predicate: Predicate) -> Rule:
         return Rule(code, name, limiter, summary, tuple(requires), tuple(uses), dict(thresholds), page, predicate,
-                    decisive, advisory, declared_reads)
+                    decisive, advisory, declared_reads, fleet)
 
     return make
 

@@ -5,8 +5,16 @@ from __future__ import annotations
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Evidence
+from diagnoser.rules import formula as fm
 from diagnoser.rules import gains
 from diagnoser.rules.base import FRAC_ABOVE, MAX, MEAN, P90, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
+
+# THR001 as a formula: the larger throttled share (power or heat) at or above the bar with the clock below its bar,
+# unless the GPU is nearly idle; stronger the lower the clock. The value is the clock's share where it fires.
+_WORST_THROTTLE = fm.Named("throttled_frac", fm.Larger(fm.Read(S.GPU_THROTTLE_POWER, "frac_above:0.5"),
+                                                         fm.Read(S.GPU_THROTTLE_THERMAL, "frac_above:0.5")))
+_THROTTLED = ((fm.Read(S.GPU_SM_CLOCK_FRAC, MEAN) < fm.Bar("clock_frac_mean"))
+              & (_WORST_THROTTLE >= fm.Bar("throttled_frac"))).unless(fm.Read(S.GPU_BUSY, MEAN) < 0.3)
 
 
 @rule(
@@ -20,6 +28,7 @@ from diagnoser.rules.base import FRAC_ABOVE, MAX, MEAN, P90, VALUE, AnyOf, Check
     reads={S.GPU_SM_CLOCK_FRAC: (MEAN,), S.GPU_THROTTLE_POWER: (FRAC_ABOVE,), S.GPU_THROTTLE_THERMAL: (FRAC_ABOVE,),
            S.GPU_THROTTLE_BRAKE: (FRAC_ABOVE,), S.GPU_BUSY: (MEAN,), S.GPU_POWER_LIMIT_W: (MAX,),
            S.GPU_POWER_DEFAULT_LIMIT_W: (MAX,)},
+    fleet=0.5 + fm.Clamp((fm.Bar("clock_frac_mean") - _THROTTLED) * 2, high=0.4),
     thresholds={
         "throttled_frac": Threshold(0.20, "share of samples with a power or thermal clock event reason", "ratio"),
         "clock_frac_mean": Threshold(0.90, "SM clock over max (mean) below which throttling costs speed", "ratio"),
@@ -202,6 +211,7 @@ def pcie_saturated(c: Check) -> Finding | None:
     requires=(AnyOf(S.GPU_XID_ERRORS, S.GPU_ECC_DBE),),
     uses=(S.GPU_PCIE_REPLAYS,),
     reads={S.GPU_XID_ERRORS: (MAX,), S.GPU_ECC_DBE: (MAX,)},
+    fleet=(fm.Larger(fm.Read(S.GPU_XID_ERRORS, MAX), fm.Read(S.GPU_ECC_DBE, MAX)) > fm.Bar("errors")).valued(0.95),
     thresholds={"errors": Threshold(0.0, "any XID or double-bit ECC error above this count", "count")},
     page=Page(
         detects="XID errors or uncorrectable (double-bit) ECC errors above {errors} during the window.",

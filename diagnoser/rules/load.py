@@ -6,10 +6,14 @@ from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
 from diagnoser.evidence import Signal
 from diagnoser.physics import MigSlice, mig_slice
+from diagnoser.rules import formula as fm
 from diagnoser.rules import gains
 from diagnoser.rules.base import MEAN, P90, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
 
 _BUSY = AnyOf(S.GPU_BUSY, S.GPU_SM_ACTIVE)
+# The same, as the fleet's formulas read it (busy_signal): recorded once by the rule group.
+BUSY = fm.Named("busy", fm.Read(S.GPU_BUSY, MEAN) | fm.Read(S.GPU_SM_ACTIVE, MEAN))
+_IDLE = (BUSY < fm.Bar("busy_mean")).unless(fm.Read(S.SERVER_WAITING, MEAN) >= fm.Bar("waiting_mean"))
 _BATCH_SOURCES = "Seed physics: 'if the GPU is busy < 50 % of the time, fix batching before hardware'; Nsight " \
     "Systems gpu_time_util flags < 50 % busy; torch-tb-profiler's GPU utilisation < 50 % rule."
 
@@ -127,6 +131,7 @@ def batch_below_ridge(c: Check) -> Finding | None:
     requires=(_BUSY,),
     uses=(S.SERVER_WAITING,),
     reads={S.GPU_BUSY: (MEAN,), S.GPU_SM_ACTIVE: (MEAN,)},
+    fleet=((BUSY >= fm.Bar("idle_below")) < fm.Bar("busy_mean")).unless(fm.Present(S.SERVER_WAITING)).valued(0.5),
     thresholds={
         "busy_mean": Threshold(0.50, "GPU busy fraction below which the GPU is underused", "ratio"),
         "idle_below": Threshold(0.10, "below this the GPU is idle rather than underfed (IDLE001)", "ratio"),
@@ -196,6 +201,7 @@ def _right_size_action(c: Check) -> str:
     requires=(_BUSY,),
     uses=(S.SERVER_WAITING, S.SERVER_RUNNING, S.GPU_POWER_W),
     reads={S.GPU_BUSY: (MEAN,), S.GPU_SM_ACTIVE: (MEAN,), S.SERVER_WAITING: (MEAN,)},
+    fleet=(_IDLE & fm.Present(S.SERVER_WAITING)).valued(0.8) | _IDLE.valued(0.65),
     thresholds={
         "busy_mean": Threshold(0.10, "GPU busy fraction below which the GPU is idle", "ratio"),
         "waiting_mean": Threshold(0.5, "mean queued requests below which nothing is waiting", "requests"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
+from diagnoser.rules import formula as fm
 from diagnoser.rules import gains
 from diagnoser.rules.base import MAX, MEAN, P90, VALUE, Check, Gain, Page, Threshold, rule
 
@@ -171,6 +172,8 @@ def weights_do_not_fit(c: Check) -> Finding | None:
     requires=(S.GPU_MEM_USED_FRAC,),
     uses=(S.SERVER_KV_USAGE,),
     reads={S.GPU_MEM_USED_FRAC: (P90,)},
+    fleet=(fm.Read(S.GPU_MEM_USED_FRAC, P90) >= fm.Bar("mem_used_p90")).unless(fm.Present(S.SERVER_KV_USAGE))
+    .valued(0.4),
     thresholds={"mem_used_p90": Threshold(0.97, "device memory in use (p90) that counts as full", "ratio")},
     page=Page(
         detects="Device memory at or above {mem_used_p90} with no server KV-cache metric to say whether the memory "

@@ -15,6 +15,7 @@ from diagnoser.characterise import _LOW_PRECISION_MARKS as LOW_PRECISION_GEMM_MA
 from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter, Regime
 from diagnoser.evidence import Evidence
 from diagnoser.physics import bytes_per_element, fp32_matmul_dtype, peak_flops, sixteen_bit_dtype
+from diagnoser.rules import formula as fm
 from diagnoser.rules import gains
 from diagnoser.rules.base import MEAN, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
 
@@ -109,6 +110,29 @@ def _compute_fixes(c: Check) -> None:
                GainKind.UPPER_BOUND).as_capacity("a gain only for more offered load: each GPU's work is unchanged"))
 
 
+# The rules' formulas (rules/formula.py: what the fleet's rule group compiles to PromQL), each the predicate's test
+# and strength below written over the statistics it reads.
+_DRAM, _TENSOR, _SM = (fm.Read(S.GPU_DRAM_ACTIVE, MEAN), fm.Read(S.GPU_TENSOR_ACTIVE, MEAN),
+                       fm.Read(S.GPU_SM_ACTIVE, MEAN))
+_BW_FIRES = (_DRAM >= fm.Bar("dram_active_mean")).unless(_DRAM - _TENSOR < fm.Bar("split"))
+_CMP_HITS = (_TENSOR >= fm.Bar("tensor_active_mean"),
+             fm.Read(S.THEORY_COMPUTE_ROOF_FRAC, VALUE) >= fm.Bar("compute_roof_frac"),
+             (_SM >= fm.Bar("sm_active_mean")) & fm.InRegime((Regime.COMPUTE,)))
+_CMP_TOP = fm.Named("compute_top", fm.Larger(fm.Larger(_CMP_HITS[0], _CMP_HITS[1]), _CMP_HITS[2]))
+_CMP_FIRES = _CMP_TOP.unless(_CMP_TOP - _DRAM < fm.Bar("split"))
+# LAT001 and LAT002: busy from the counters, else from the trace's idle share.
+_KERNEL_BUSY = fm.Read(S.GPU_BUSY, MEAN) | (1 - fm.Read(S.TRACE_GPU_IDLE_FRAC, VALUE))
+_HBM_USE = fm.Named("hbm_use", fm.Larger(_DRAM, fm.Read(S.THEORY_HBM_ROOF_FRAC, VALUE)))
+_MATH_USE = fm.Named("math_use", fm.Larger(_TENSOR, fm.Read(S.THEORY_COMPUTE_ROOF_FRAC, VALUE)))
+_LAT_FIRES = fm.Named("kernel_bound", (_KERNEL_BUSY >= fm.Bar("busy_min")).unless(_HBM_USE >= fm.Bar("roof_frac"))
+                      .unless(_MATH_USE >= fm.Bar("roof_frac")).unless(_SM >= fm.Bar("sm_active")))
+_MEMORY, _COMPUTE = fm.InRegime((Regime.MEMORY,)), fm.InRegime((Regime.COMPUTE,))
+# The saturation of the regime's roof (the larger of the two where none is named), 0.3 where none is known.
+_LAT_SATURATION = ((_HBM_USE & _MEMORY) | (_MATH_USE & _COMPUTE)
+                   | fm.Larger(_HBM_USE, _MATH_USE).unless(_MEMORY).unless(_COMPUTE) | _LAT_FIRES.valued(0.3))
+_LAT_KNOWN = fm.InRegime((Regime.MEMORY, Regime.COMPUTE)).valued(0.1) | _LAT_FIRES.valued(0.0)
+
+
 # --- memory bandwidth ---------------------------------------------------------------------------------------------
 
 @rule(
@@ -119,6 +143,7 @@ def _compute_fixes(c: Check) -> None:
     requires=(S.GPU_DRAM_ACTIVE,),
     uses=(S.GPU_TENSOR_ACTIVE, S.GPU_SM_ACTIVE, S.THEORY_RIDGE_BATCH, S.SERVER_WAITING),
     reads={S.GPU_DRAM_ACTIVE: (MEAN,), S.GPU_TENSOR_ACTIVE: (MEAN,)},
+    fleet=0.6 + fm.Clamp((_BW_FIRES - fm.Bar("dram_active_mean")) * 1.5, high=0.3),
     thresholds={
         "dram_active_mean": Threshold(0.60, "DRAM activity (mean) at or above which HBM counts as saturated",
                                       "ratio"),
@@ -201,6 +226,7 @@ def decode_at_bandwidth_floor(c: Check) -> Finding | None:
           S.SERVER_GEN_TOKENS_PER_S),
     reads={S.GPU_DRAM_ACTIVE: (MEAN,), S.GPU_SM_ACTIVE: (MEAN,), S.GPU_TENSOR_ACTIVE: (MEAN,),
            S.THEORY_COMPUTE_ROOF_FRAC: (VALUE,)},
+    fleet=0.6 + fm.Clamp(0.1 * fm.Count(_CMP_HITS) + (_CMP_FIRES - 0.6) * 0.5, high=0.3),
     thresholds={
         "tensor_active_mean": Threshold(0.60, "tensor-pipe activity (mean) at or above which math is saturated",
                                         "ratio"),
@@ -272,6 +298,8 @@ def compute_saturated(c: Check) -> Finding | None:
     reads={S.GPU_BUSY: (MEAN,), S.TRACE_GPU_IDLE_FRAC: (VALUE,), S.GPU_SM_ACTIVE: (MEAN,), S.GPU_DRAM_ACTIVE: (MEAN,),
            S.GPU_TENSOR_ACTIVE: (MEAN,), S.THEORY_HBM_ROOF_FRAC: (VALUE,), S.THEORY_COMPUTE_ROOF_FRAC: (VALUE,),
            S.TRACE_SHARE_ELEMENTWISE: (VALUE,)},
+    fleet=fm.Clamp(0.55 + 0.25 * fm.Clamp(1 - _LAT_SATURATION / fm.Bar("roof_frac"), low=0) + _LAT_KNOWN, high=0.9)
+    & _LAT_FIRES,
     thresholds={
         "busy_min": Threshold(0.70, "share of the time a kernel runs at or above which the GPU sets the pace",
                               "ratio"),
@@ -372,6 +400,9 @@ def kernel_bound(c: Check) -> Finding | None:
     thresholds={"busy_min": Threshold(0.70, "share of the time a kernel runs at or above which the GPU is the "
                                       "bottleneck", "ratio")},
     decisive=False,
+    fleet=(_KERNEL_BUSY >= fm.Bar("busy_min")).unless(fm.Present(S.GPU_DRAM_ACTIVE)).unless(fm.Present(S.GPU_SM_ACTIVE))
+    .unless(fm.Present(S.GPU_TENSOR_ACTIVE)).unless(fm.Present(S.THEORY_HBM_ROOF_FRAC))
+    .unless(fm.Present(S.THEORY_COMPUTE_ROOF_FRAC)).valued(0.45),
     page=Page(
         detects="A kernel runs at least {busy_min} of the time, and neither DRAM, SM or tensor-pipe counters nor "
         "the ops' FLOPs and bytes were captured.",
