@@ -70,7 +70,8 @@ def register(app: typer.Typer) -> None:
         prometheus_rules: bool = typer.Option(False, "--prometheus-rules", help="Print a Prometheus rule group (YAML) "
                                               "that records per-GPU window statistics and limiters, with alerts."),
         window: str = typer.Option("1h", "--window", help="With --prometheus-rules: the statistics' window."),
-        interval: str = typer.Option("1m", "--interval", help="With --prometheus-rules: the evaluation interval."),
+        interval: str = typer.Option(None, "--interval", help="With --prometheus-rules: the evaluation interval "
+                                     "(default: a twelfth of the window, 5m for 1h)."),
         shard_count: int = typer.Option(1, "--shards", help="With --prometheus-rules: split the groups N ways (up to "
                                         "16), each evaluating its share of the GPUs (docs/dcgm.md)."),
         shard_by: str = typer.Option("gpu", "--shard-by", help="With --shards: the label whose value's last "

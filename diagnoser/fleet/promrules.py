@@ -87,10 +87,11 @@ def _limiter(rules: RuleSet, code: str) -> str:
     return found.limiter.value
 
 
-def spec_clock_expr(identity: str, matchers: str = "") -> str:
-    """Each GPU's maximum SM clock from the spec table, matched on its modelName as physics.match_gpu matches it:
-    the same patterns in the same order (a GPU a pattern without a tabled clock claims gets none). `matchers`
-    narrow the identities read (a shard's own)."""
+def spec_clock_expr(models: str, matchers: str = "") -> str:
+    """Each GPU model's maximum SM clock from the spec table, by modelName as physics.match_gpu matches it: the same
+    patterns in the same order (a model a pattern without a tabled clock claims gets none). `models` holds a series
+    per model name (a handful, where the identities are one per GPU: the patterns' regexes are matched against the
+    names, not against every GPU, which cost VictoriaMetrics 47 s at 100,000 GPUs); `matchers` a shard's own."""
     more = f", {matchers}" if matchers else ""
     from diagnoser.physics.gpus import _NVML_PATTERNS, GPUS
 
@@ -100,9 +101,9 @@ def spec_clock_expr(identity: str, matchers: str = "") -> str:
         regex = "(?i).*" + pattern + ".*"
         clocks = {GPUS[k].max_sm_clock_mhz for k in keys}
         if len(clocks) == 1 and None not in clocks:
-            # Both matchers in one selector: the engine reads only the GPUs this pattern claims first.
+            # Both matchers in one selector: the engine reads only the models this pattern claims first.
             unclaimed = f", modelName!~{json.dumps('|'.join(claimed))}" if claimed else ""
-            terms.append(f"max by ({BOARD}) ({identity}{{modelName=~{json.dumps(regex)}{unclaimed}{more}}}) * 0 + "
+            terms.append(f"max by (modelName) ({models}{{modelName=~{json.dumps(regex)}{unclaimed}{more}}}) * 0 + "
                          f"{next(iter(clocks)):g}")
         claimed.append(regex)
     return "\n  or\n".join(terms)
@@ -209,7 +210,7 @@ class _Compiler:
         """Record `expr` once under `name` (a signal's short name, or a series' full name); its selector."""
         if self.recorded.setdefault(name, expr) != expr:
             raise ValueError(f"two parts named {name} differ")
-        return self.r.of(name) if name.startswith("gpu:") else self.r.signal(name)
+        return self.r.of(name) if ":" in name else self.r.signal(name)
 
     def read(self, name: str, stat: str) -> str | None:
         leaf = self._leaves.get((name, stat))
@@ -243,7 +244,7 @@ class _Compiler:
 
     def named(self, name: str, formula: Formula) -> str | None:
         if name in self.recorded:
-            return self.r.of(name) if name.startswith("gpu:") else self.r.signal(name)
+            return self.r.of(name) if ":" in name else self.r.signal(name)
         expr = formula.promql(self)
         if expr is None or _SELECTOR.match(expr):
             return expr  # nothing to record: absent, or a series read as it is
@@ -275,7 +276,14 @@ def _leaves(q: _Compiler) -> dict[tuple[str, str], Leaf]:
         return q.record(name, f"{anchor} * 0 + on ({BOARD}) group_left max by ({BOARD}) ({board_expr})")
 
     def clock() -> str:
-        spec = q.record(spec_clock, spec_clock_expr(identity_record_name(w), r.matchers))
+        identity = r.of(identity_record_name(w))
+        models = f"model:dcgm_gpus:count_{duration(w)}"  # a series per model name, read with the patterns' matchers
+        q.record(models, f"count by (modelName) ({identity})")
+        by_model = q.record(f"model:dcgm_max_sm_clock:spec_{duration(w)}", spec_clock_expr(models, r.matchers))
+        # Each GPU's model's clock: one join on the model name (a board whose series name it two ways gets the
+        # larger clock, one series a board as the clock share's join needs).
+        spec = q.record(spec_clock, f"max by ({BOARD}) (max by ({BOARD}, modelName) ({identity}) * 0 + on (modelName) "
+                                    f"group_left {by_model})")
         max_clock = f"(max by ({BOARD}) ({r.stat('max_sm_clock', 'last')}) or on ({BOARD}) {spec})"
         return device("clock_frac", f"max by ({BOARD}) ({r.stat('sm_clock', 'avg')}) / on ({BOARD}) {max_clock}")
 
@@ -342,7 +350,7 @@ def findings_rules(window_s: float, shard: Shard, ruleset: RuleSet) -> list[dict
     w = duration(window_s)
     r = _Read(window_s, shard)
     exprs, parts = finding_exprs(window_s, shard, ruleset)
-    out = _labelled([{"record": signal_name(name, window_s) if not name.startswith("gpu:") else name, "expr": expr}
+    out = _labelled([{"record": name if ":" in name else signal_name(name, window_s), "expr": expr}
                      for name, expr in parts.items()], shard.labels)
     finding = f"gpu:diagnoser_finding:{w}"
     out += _labelled([{"record": finding, "expr": expr, "labels": {"rule": code, "limiter": _limiter(ruleset, code)}}
@@ -443,11 +451,27 @@ def _rule_yaml(rule: Mapping[str, object]) -> list[str]:
 _VALID_INTERVAL = re.compile(r"^\d+(ms|s|m|h|d)$")
 
 
-def prometheus_rules_text(window: str, interval: str, rules: RuleSet | None = None, *, shard_count: int = 1,
+# A window's statistics move little between evaluations a twelfth of it apart, and each evaluation reads every
+# GPU's samples of the whole window: evaluating a 1 h window every minute cost a loaded two-core Prometheus a quarter
+# to a third of each minute at 10,000 GPUs (benchmarks/FLEET.md), every 5 minutes a twentieth.
+EVALUATIONS_PER_WINDOW = 12
+
+
+def default_interval(window_s: float) -> str:
+    """The evaluation interval for a window: a twelfth of it, in whole minutes from a minute up (1 h: 5m), else in
+    whole seconds, at least 10 s."""
+    every = window_s / EVALUATIONS_PER_WINDOW
+    return f"{int(every // 60)}m" if every >= 60 else f"{max(10, int(every))}s"
+
+
+def prometheus_rules_text(window: str, interval: str | None, rules: RuleSet | None = None, *, shard_count: int = 1,
                           shard_by: str = "gpu") -> str:
-    """`diagnoser rules --prometheus-rules`: the options checked, then the YAML with the thresholds in force."""
+    """`diagnoser rules --prometheus-rules`: the options checked, then the YAML with the thresholds in force;
+    `interval` None: the window's default."""
     from diagnoser.units import parse_duration
 
+    if interval is None:
+        interval = default_interval(parse_duration(window, "--window", positive=True))
     if not _VALID_INTERVAL.match(interval):
         raise InputError(f"--interval wants a Prometheus duration such as 30s or 1m, not '{interval}'.")
     window_s = parse_duration(window, "--window", positive=True)
@@ -460,5 +484,5 @@ def prometheus_rules_text(window: str, interval: str, rules: RuleSet | None = No
     return rule_group_yaml(window_s, interval=interval, rules=rules, shard_count=shard_count, shard_by=shard_by)
 
 
-__all__ = ["ALERTS", "MAX_SHARDS", "SHARD_LABEL", "Group", "Shard", "build_groups", "build_rules",
-           "prometheus_rules_text", "rule_group_yaml", "shards", "spec_clock_expr"]
+__all__ = ["ALERTS", "EVALUATIONS_PER_WINDOW", "MAX_SHARDS", "SHARD_LABEL", "Group", "Shard", "build_groups",
+           "build_rules", "default_interval", "prometheus_rules_text", "rule_group_yaml", "shards", "spec_clock_expr"]
