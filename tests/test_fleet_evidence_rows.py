@@ -20,12 +20,12 @@ def test_every_verdict_has_its_most_at_stake_gpus_shown() -> None:
     rows = ([_row(i, "idle", 3.0) for i in range(400)] + [_row(400 + i, "vram", 1.0 + i / 100) for i in range(30)]
             + [_row(430 + i, "compute", 0.5) for i in range(5)])
     view = build_fleet_view(FleetReport("p", 1e9, 1e9 + 3600, rows=rows))
-    shown = [v["verdict_key"] for v in view.details]
+    shown = [v.row.verdict_key for v in view.details]
     assert len(shown) == 200
     assert shown.count("vram") == 30 and shown.count("compute") == 5 and shown.count("idle") == 165
-    assert view.details[0]["verdict_key"] == "idle"  # still in the table's order: most at stake first
+    assert view.details[0].row.verdict_key == "idle"  # still in the table's order: most at stake first
     top_vram = max(rows[400:430], key=lambda r: r.usd_per_hour_at_stake)
-    assert any(v["uuid"] == top_vram.uuid for v in view.details)
+    assert any(v.row.uuid == top_vram.uuid for v in view.details)
     html = HtmlRenderer().render_fleet(view)
     # The table links exactly the GPUs whose evidence the page holds.
     assert html.count('href="#gpu-') == 200 and html.count('class="card gpu-detail"') == 200
@@ -34,7 +34,7 @@ def test_every_verdict_has_its_most_at_stake_gpus_shown() -> None:
 def test_a_small_fleet_shows_every_gpu() -> None:
     rows = [_row(i, "idle" if i % 2 else "vram", 1.0) for i in range(10)]
     view = build_fleet_view(FleetReport("p", 1e9, 1e9 + 3600, rows=rows))
-    assert len(view.details) == 10 and all(v["detailed"] for v in view.rows)
+    assert len(view.details) == 10 and all(v.detailed for v in view.rows)
 
 
 def _fleet(n: int) -> list[FleetRow]:
@@ -55,16 +55,16 @@ def test_a_large_fleet_lists_the_most_at_stake_and_counts_every_gpu() -> None:
     whose evidence is shown), and a table of verdict and model counts every GPU with its money at stake."""
     rows = _fleet(5000)
     view = build_fleet_view(FleetReport("p", 1e9, 1e9 + 3600, rows=rows))
-    assert len(view.rows) == 2000 and view.summary["listed"] == 2000 and view.summary["gpus"] == 5000
-    listed = {v["uuid"] for v in view.rows}
-    assert {v["uuid"] for v in view.details} <= listed
+    assert len(view.rows) == 2000 and view.summary.listed == 2000 and view.summary.gpus == 5000
+    listed = {v.uuid for v in view.rows}
+    assert {v.row.uuid for v in view.details} <= listed
     most = sorted(rows, key=lambda r: -r.usd_per_hour_at_stake)[:1500]
     assert {r.uuid for r in most} <= listed  # the cut keeps the most at stake
-    assert sum(g["gpus"] for g in view.groups) == 5000
-    assert sum(g["partial"] for g in view.groups) == sum(r.partial for r in rows)
-    assert abs(sum(g["usd_h"] for g in view.groups) - sum(r.usd_per_hour_at_stake for r in rows)) < 1e-6
-    vram = next(g for g in view.groups if g["verdict_key"] == "vram")
-    assert vram["model"] == "NVIDIA A100-SXM4-80GB" and vram["gpus"] == 500
+    assert sum(g.gpus for g in view.groups) == 5000
+    assert sum(g.partial for g in view.groups) == sum(r.partial for r in rows)
+    assert abs(sum(g.usd_h for g in view.groups) - sum(r.usd_per_hour_at_stake for r in rows)) < 1e-6
+    vram = next(g for g in view.groups if g.verdict_key == "vram")
+    assert vram.model == "NVIDIA A100-SXM4-80GB" and vram.gpus == 500
     html = HtmlRenderer().render_fleet(view)
     table = html[html.index('id="fleet-table"'):]
     table = table[:table.index("</table>")]

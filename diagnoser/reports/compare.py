@@ -12,7 +12,7 @@ from diagnoser import signals as S
 from diagnoser.compare import AGREEMENT, ITL_FROM_RATES, Comparison, Measure
 from diagnoser.reports.figdata import Figure, GainPair, GainPairs, NotDrawn, Ratio, Ratios
 from diagnoser.reports.labels import limiter_label
-from diagnoser.reports.redact import redact, redact_obj
+from diagnoser.reports.redact import redact, redact_fields, redact_obj
 from diagnoser.units import fmt
 
 
@@ -177,6 +177,9 @@ def _ratios_figure(c: Comparison) -> Figure | NotDrawn:
 
 
 def build_compare_view(c: Comparison) -> CompareView:
+    """The page's view of a comparison: the comparison redacted once, whole (targets, headlines, notes and fix titles
+    come from the captures), and everything the page shows built from it; html.py only renders."""
+    c = redact_fields(c)
     sides = [_side("Before", c.before_verdict, c.before_headline, c.before_target),
              _side("After", c.after_verdict, c.after_headline, c.after_target)]
     summary = []
@@ -205,7 +208,7 @@ def render_html(c: Comparison) -> str:
     figures = [_Drawn(f.key, f.title, draw_both(f.spec), f.caption, f.wide)
                for f in (view.gains, view.ratios) if isinstance(f, Figure)]
     not_drawn = [f for f in (view.gains, view.ratios) if isinstance(f, NotDrawn)]
-    return _page("compare.html.j2", c=c, view=view, figures=figures, not_drawn=not_drawn, title=view.title,
+    return _page("compare.html.j2", c=view.c, view=view, figures=figures, not_drawn=not_drawn, title=view.title,
                  ratio=_ratio, value=_value, gain=_gain)
 
 

@@ -1,10 +1,11 @@
 """The HTML report: one self-contained file (inline CSS and SVG, no network, no fonts to fetch) that opens offline,
 reads on a laptop screen and prints.
 
-Everything shown is escaped by Jinja's autoescape and redacted on the way out (`finalize`; a Report's strings come
-redacted from the model already, so this is the second guard), and a Content-Security-Policy in the page allows
-only its own stylesheet and sorting script (by hash): even a string that slipped through could neither run a script
-nor fetch anything.
+Everything shown comes redacted from the model (a Report, a FleetView, a comparison's view: reports/model.py and
+reports/compare.py redact every string, figures included, once) and is escaped by Jinja's autoescape; this module
+only renders (tests/test_report_contract.py holds it to that). A Content-Security-Policy in the page allows only its
+own stylesheet and sorting script (by hash): even a string that slipped through could neither run a script nor
+fetch anything.
 """
 
 from __future__ import annotations
@@ -40,24 +41,16 @@ from diagnoser.reports.figdata import (
 from diagnoser.reports.figures import source_name
 from diagnoser.reports.labels import VERDICT_COLORS
 from diagnoser.reports.model import FleetView, Report
-from diagnoser.reports.redact import redact
 from diagnoser.reports.trace_figures import duration_text
 from diagnoser.units import fmt, gain
 
 _TEMPLATES = Path(__file__).parent / "templates"
 
 
-def _finalize(value: Any) -> Any:
-    """Applied to every {{ expression }}: plain strings are redacted (Markup, our own SVG, is left alone)."""
-    if isinstance(value, str) and not isinstance(value, Markup):
-        return redact(value)
-    return value
-
-
 def _breakable(text: str) -> Markup:
-    """A long identifier (a kernel name) that may wrap after its separators rather than mid-word: redacted, escaped,
-    then a <wbr> after each _ , / < and :: ."""
-    safe = str(escape(redact(text)))
+    """A long identifier (a kernel name) that may wrap after its separators rather than mid-word: escaped, then a
+    <wbr> after each _ , / < and :: ."""
+    safe = str(escape(text))
     for sep in ("_", "&lt;", "::", ",", "/"):
         safe = safe.replace(sep, sep + "<wbr>")
     return Markup(safe)
@@ -66,7 +59,7 @@ def _breakable(text: str) -> Markup:
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_TEMPLATES)), autoescape=True,
-                             finalize=_finalize, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
     env.filters["fmt"] = fmt
     env.filters["gain"] = gain
@@ -163,9 +156,10 @@ class HtmlRenderer:
 
     def render_fleet(self, view: FleetView) -> str:
         chart = draw_both(view.verdict_chart) if view.verdict_chart is not None else None
-        return _page("fleet.html.j2", report=view.report, rows=view.rows, details=view.details, groups=view.groups,
+        return _page("fleet.html.j2", rows=view.rows, details=view.details, groups=view.groups,
                      summary=view.summary, verdict_chart=chart, start=view.start, end=view.end, title=view.title,
-                     generated=view.generated)
+                     generated=view.generated, source=view.source, query_seconds=view.query_seconds,
+                     errors=view.errors)
 
 
 def _atomic_write(text: str, path: str | Path) -> Path:

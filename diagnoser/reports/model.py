@@ -1,7 +1,8 @@
 """The report model: everything a renderer shows, built once from the capture, its evidence, the diagnosis and the
 rule set in force. Terminal, JSON and HTML each render a Report; none of them rebuilds evidence, reruns physics or
-looks rules up. A Report is typed views only, every string redacted here, once: a renderer reads its fields and
-nothing past them (no diagnosis, no capture), so none can forget to redact or derive a view its own way.
+looks rules up. A Report (and a fleet's FleetView) is typed views only, every string redacted here, once, a figure's
+labels and tooltips with its data: a renderer reads its fields and nothing past them (no diagnosis, no capture), and
+redacts nothing, so none can forget to redact or derive a view its own way.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import shlex
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -22,7 +23,7 @@ from diagnoser.fleet.model import FleetReport, FleetRow
 from diagnoser.reports.figdata import Figure, KernelTable, NotDrawn, Segment, StackedBar
 from diagnoser.reports.figures import SOURCE_NAMES, build_figures, op_symbol, source_name
 from diagnoser.reports.labels import VERDICT_COLORS, limiter_label, verdict_color
-from diagnoser.reports.redact import MASK, redact, redact_argv
+from diagnoser.reports.redact import MASK, redact, redact_argv, redact_fields
 from diagnoser.reports.trace_figures import kernel_table, window_text
 from diagnoser.rules.ruleset import RuleSet, default_rules
 from diagnoser.signals import spec
@@ -256,7 +257,7 @@ def finding_views(d: Diagnosis, rules: RuleSet) -> list[FindingView]:
         views.append(FindingView(
             code=f.code, name=f.name, limiter=f.limiter.label, limiter_key=f.limiter.value, strength=f.strength,
             message=redact(f.message), detects=detects, primary=i == 0 and d.limiter is f.limiter,
-            regime=f.regime.value, citations=citations, fixes=[x.title for x in f.fixes]))
+            regime=f.regime.value, citations=citations, fixes=[redact(x.title) for x in f.fixes]))
     return views
 
 
@@ -440,11 +441,6 @@ def _gpu_line(d: Diagnosis) -> str:
     return redact(text)
 
 
-def _redacted_kernels(table: KernelTable) -> KernelTable:
-    """Kernel names come from the trace: a template argument or a Triton kernel's name can carry anything."""
-    return replace(table, rows=[replace(k, name=redact(k.name), full_name=redact(k.full_name)) for k in table.rows])
-
-
 def _report(d: Diagnosis, rules: RuleSet, target: str, *, window: str, signals: list[SignalRow], ctx: RunContext,
             figures: list[Figure], not_drawn: list[NotDrawn], kernels: KernelTable | None) -> Report:
     """The views of the diagnosis itself, with the run's views as given."""
@@ -462,8 +458,11 @@ def _report(d: Diagnosis, rules: RuleSet, target: str, *, window: str, signals: 
         to_collect=[redact(w) for w in d.to_collect],
         unavailable=[UnavailableView(source=redact(u.source), what=redact(u.what), reason=redact(u.reason),
                                      hint=redact(u.hint or "")) for u in d.unavailable],
-        signals=signals, ctx=ctx, figures=figures, not_drawn=not_drawn, regime=_regime_text(d.regime, d.saturation),
-        document=d, kernels=_redacted_kernels(kernels) if kernels is not None else None)
+        signals=signals, ctx=ctx, regime=_regime_text(d.regime, d.saturation), document=d,
+        # A figure is redacted here, its labels and tooltips with it (series, kernel and lane names come from the
+        # capture): the renderers that draw it only escape.
+        figures=redact_fields(figures), not_drawn=redact_fields(not_drawn),
+        kernels=redact_fields(kernels) if kernels is not None else None)
 
 
 def build_report(capture: Capture, evidence: Evidence, diagnosis: Diagnosis, rules: RuleSet | None = None) -> Report:
@@ -488,18 +487,92 @@ def report_from_diagnosis(diagnosis: Diagnosis, rules: RuleSet | None = None) ->
 
 # --- a fleet -------------------------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
+class FleetRowView:
+    """One GPU as the fleet table lists it, every string redacted (node and pod names are label values)."""
+
+    i: int  # its place in the table's order: the detail section's anchor
+    node: str
+    gpu: str
+    uuid: str
+    model: str
+    pod: str  # namespace/pod
+    container: str
+    mig: str
+    verdict: str
+    verdict_key: str
+    color: str
+    confidence: float
+    confidence_label: str
+    headline: str
+    usd_h: float
+    usd_window: float
+    priced: bool
+    busy: float | None
+    gain: float | None
+    gain_text: str
+    top_fix: str
+    partial: bool
+    notes: tuple[str, ...]
+    detailed: bool  # its evidence is on the page (a FleetDetail)
+
+
+@dataclass(frozen=True)
+class FleetDetail:
+    """The evidence section of one GPU the page shows: its row, its strongest findings and fixes, what to collect."""
+
+    row: FleetRowView
+    findings: tuple[FindingView, ...]
+    fixes: tuple[FixView, ...]
+    to_collect: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FleetSummary:
+    """The fleet's totals: every GPU, not only those the table lists."""
+
+    gpus: int
+    nodes: int
+    usd_h: float
+    usd_window: float
+    usd_month: float
+    window: str
+    idle: int
+    big_gain: int  # GPUs whose top fix is predicted to give 1.5x or more
+    median_gain: float | None
+    inconclusive: int
+    partial: int
+    priced: bool
+    price_note: str
+    listed: int  # the table's rows
+
+
+@dataclass(frozen=True)
+class FleetGroupView:
+    """Every GPU of one verdict and GPU model, counted, with the money at stake."""
+
+    verdict: str
+    verdict_key: str
+    model: str
+    gpus: int
+    usd_h: float
+    partial: int
+
+
+@dataclass(frozen=True)
 class FleetView:
-    report: FleetReport
     title: str
     generated: str
     start: str
     end: str
-    rows: list[dict[str, Any]]  # the GPUs the table lists (all of a small fleet), in order of money at stake
-    details: list[dict[str, Any]]
-    summary: dict[str, Any]
+    source: str  # the Prometheus URL or exporter list, redacted
+    query_seconds: float | None
+    errors: tuple[str, ...]
+    rows: tuple[FleetRowView, ...]  # the GPUs the table lists (all of a small fleet), in order of money at stake
+    details: tuple[FleetDetail, ...]
+    summary: FleetSummary
     verdict_chart: StackedBar | None
-    groups: list[dict[str, Any]] = field(default_factory=list)  # every GPU, counted by verdict and model
+    groups: tuple[FleetGroupView, ...] = ()  # every GPU, counted by verdict and model
     tool_version: str = __version__
 
 
@@ -540,39 +613,43 @@ def _listed_indices(count: int, details: set[int], n: int = _TABLE_ROWS) -> list
     return sorted(listed)
 
 
-def _row_view(i: int, r: FleetRow, window_h: float, rules: RuleSet, *, detailed: bool) -> dict[str, Any]:
+def _row_view(i: int, r: FleetRow, window_h: float, *, detailed: bool) -> FleetRowView:
     d = r.diagnosis
     top = d.fixes[0] if d.fixes else None
-    return {
-        "i": i, "node": r.node, "gpu": r.gpu, "uuid": r.uuid, "model": r.model_name,
-        "pod": "/".join(x for x in (r.namespace, r.pod) if x), "container": r.container, "mig": r.mig_profile,
-        "verdict": verdict_label(d), "verdict_key": d.verdict, "color": verdict_color(d.verdict),
-        "confidence": d.confidence, "confidence_label": d.confidence_label, "headline": headline_sentence(d),
-        "usd_h": r.usd_per_hour_at_stake, "usd_window": r.usd_per_hour_at_stake * window_h,
-        "priced": _priced(r), "busy": r.busy,
-        "gain": r.top_fix_gain, "gain_text": gain_text(top) if top is not None and r.top_fix_gain is not None else "",
-        "top_fix": top.title if top else "", "partial": r.partial, "notes": r.notes,
-        # The evidence only where the page shows it: building it for every listed GPU doubled the page's cost.
-        "findings": finding_views(d, rules)[:3] if detailed else [], "fixes": fix_views(d)[:3] if detailed else [],
-        "to_collect": d.to_collect if detailed else [],
-        "detailed": detailed,
-    }
+    return FleetRowView(
+        i=i, node=redact(r.node), gpu=redact(r.gpu), uuid=redact(r.uuid), model=redact(r.model_name),
+        pod=redact("/".join(x for x in (r.namespace, r.pod) if x)), container=redact(r.container),
+        mig=redact(r.mig_profile), verdict=verdict_label(d), verdict_key=Verdict(d.verdict).value,
+        color=verdict_color(d.verdict),
+        confidence=d.confidence, confidence_label=d.confidence_label, headline=redact(headline_sentence(d)),
+        usd_h=r.usd_per_hour_at_stake, usd_window=r.usd_per_hour_at_stake * window_h, priced=_priced(r),
+        busy=r.busy, gain=r.top_fix_gain,
+        gain_text=gain_text(top) if top is not None and r.top_fix_gain is not None else "",
+        top_fix=redact(top.title) if top else "", partial=r.partial, notes=tuple(redact(n) for n in r.notes),
+        detailed=detailed)
+
+
+def _detail(row: FleetRowView, d: Diagnosis, rules: RuleSet) -> FleetDetail:
+    """The evidence only where the page shows it: building it for every listed GPU doubled the page's cost."""
+    return FleetDetail(row=row, findings=tuple(finding_views(d, rules)[:3]), fixes=tuple(fix_views(d)[:3]),
+                       to_collect=tuple(redact(w) for w in d.to_collect))
 
 
 def _priced(r: FleetRow) -> bool:
     return r.usd_per_gpu_hour is not None or r.usd_per_hour_at_stake > 0
 
 
-def _groups(rows: list[FleetRow]) -> list[dict[str, Any]]:
+def _groups(rows: list[FleetRow]) -> tuple[FleetGroupView, ...]:
     """Every GPU counted by verdict and GPU model, with the money at stake: what the table's cut leaves out."""
-    acc: dict[tuple[str, str], dict[str, Any]] = {}
+    acc: dict[tuple[str, str], list[float]] = {}  # (verdict, model) -> [gpus, usd_h, partial]
     for r in rows:
-        g = acc.setdefault((r.diagnosis.verdict, r.model_name), {"gpus": 0, "usd_h": 0.0, "partial": 0})
-        g["gpus"] += 1
-        g["usd_h"] += r.usd_per_hour_at_stake
-        g["partial"] += r.partial
-    return [{"verdict": limiter_label(v), "verdict_key": v, "model": model, **g}
-            for (v, model), g in sorted(acc.items(), key=lambda kv: (-kv[1]["usd_h"], -kv[1]["gpus"], kv[0]))]
+        g = acc.setdefault((r.diagnosis.verdict, r.model_name), [0, 0.0, 0])
+        g[0] += 1
+        g[1] += r.usd_per_hour_at_stake
+        g[2] += r.partial
+    ordered = sorted(acc.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
+    return tuple(FleetGroupView(verdict=limiter_label(v), verdict_key=Verdict(v).value, model=redact(model),
+                                gpus=int(g[0]), usd_h=g[1], partial=int(g[2])) for (v, model), g in ordered)
 
 
 def _price_note(report: FleetReport, rows: list[FleetRow]) -> tuple[bool, str]:
@@ -586,38 +663,49 @@ def _price_note(report: FleetReport, rows: list[FleetRow]) -> tuple[bool, str]:
                   + (f"; {unpriced} GPU{'s' if unpriced != 1 else ''} without a price" if unpriced else ""))
 
 
-def build_fleet_view(report: FleetReport, rules: RuleSet | None = None) -> FleetView:
-    """The fleet report: what is at stake, verdicts across GPUs, a sortable table of the GPUs most at stake, every
-    GPU counted by verdict and model, and per-GPU evidence."""
-    rules = rules or default_rules()
+def _summary(report: FleetReport, rows: list[FleetRow], counts: Counter[Verdict], listed: int) -> FleetSummary:
     window_s = max(0.0, report.window_end - report.window_start)
     window_h = window_s / 3600.0
-    rows = sorted(report.rows, key=lambda r: (-r.usd_per_hour_at_stake, -(r.top_fix_gain or 0.0), r.node, r.gpu))
-    detailed = _detail_indices(rows)
-    views = [_row_view(i, rows[i], window_h, rules, detailed=i in detailed)
-             for i in _listed_indices(len(rows), detailed)]
-    counts = Counter(r.diagnosis.verdict for r in rows)
-    segments = [Segment(f"{limiter_label(k)}: {n} GPU"
-                        + ("s" if n != 1 else ""), n / len(rows), verdict_color(k))
-                for k, n in counts.most_common()] if rows else []
-    verdict_chart = StackedBar("Verdicts across the fleet", segments, width=1080) if segments else None
     usd_h = sum(r.usd_per_hour_at_stake for r in rows)
     priced, price_note = _price_note(report, rows)
     gains = [r.top_fix_gain for r in rows if r.top_fix_gain is not None]
-    summary = {
-        "gpus": len(rows), "nodes": len({r.node for r in rows}), "usd_h": usd_h, "usd_window": usd_h * window_h,
-        "usd_month": usd_h * 730.0, "window": fmt(window_s, "s") if window_s < 3600 else f"{window_h:.1f} h",
-        "idle": counts.get(Verdict.IDLE, 0), "big_gain": sum(1 for g in gains if g >= 1.5),
-        "median_gain": statistics.median(gains) if gains else None,
-        "inconclusive": counts.get(Verdict.INCONCLUSIVE, 0), "partial": sum(1 for r in rows if r.partial),
-        "priced": priced, "price_note": price_note, "listed": len(views),
-    }
-    return FleetView(report=report, title=f"Fleet diagnosis: {len(rows)} GPUs", generated=utc(time.time()),
-                     start=utc(report.window_start), end=utc(report.window_end), rows=views,
-                     details=[v for v in views if v["detailed"]], summary=summary, verdict_chart=verdict_chart,
-                     groups=_groups(rows))
+    return FleetSummary(
+        gpus=len(rows), nodes=len({r.node for r in rows}), usd_h=usd_h, usd_window=usd_h * window_h,
+        usd_month=usd_h * 730.0, window=fmt(window_s, "s") if window_s < 3600 else f"{window_h:.1f} h",
+        idle=counts.get(Verdict.IDLE, 0), big_gain=sum(1 for g in gains if g >= 1.5),
+        median_gain=statistics.median(gains) if gains else None,
+        inconclusive=counts.get(Verdict.INCONCLUSIVE, 0), partial=sum(1 for r in rows if r.partial),
+        priced=priced, price_note=price_note, listed=listed)
 
 
-__all__ = ["FixView", "FindingView", "FleetView", "GpuRow", "Report", "RunContext", "SignalRow", "SkippedView",
-           "UnavailableView", "WithheldView", "VERDICT_COLORS", "build_fleet_view", "build_report",
-           "gain_text", "headline_sentence", "report_from_diagnosis", "verdict_label"]
+def _verdict_chart(counts: Counter[Verdict], total: int) -> StackedBar | None:
+    segments = [Segment(f"{limiter_label(k)}: {n} GPU" + ("s" if n != 1 else ""), n / total, verdict_color(k))
+                for k, n in counts.most_common()] if total else []
+    return redact_fields(StackedBar("Verdicts across the fleet", segments, width=1080)) if segments else None
+
+
+def build_fleet_view(report: FleetReport, rules: RuleSet | None = None) -> FleetView:
+    """The fleet report: what is at stake, verdicts across GPUs, a sortable table of the GPUs most at stake, every
+    GPU counted by verdict and model, and per-GPU evidence; every string redacted here, as a Report's are."""
+    rules = rules or default_rules()
+    window_h = max(0.0, report.window_end - report.window_start) / 3600.0
+    rows = sorted(report.rows, key=lambda r: (-r.usd_per_hour_at_stake, -(r.top_fix_gain or 0.0), r.node, r.gpu))
+    detailed = _detail_indices(rows)
+    views: list[FleetRowView] = []
+    details: list[FleetDetail] = []
+    for i in _listed_indices(len(rows), detailed):
+        views.append(_row_view(i, rows[i], window_h, detailed=i in detailed))
+        if i in detailed:
+            details.append(_detail(views[-1], rows[i].diagnosis, rules))
+    counts = Counter(r.diagnosis.verdict for r in rows)
+    return FleetView(title=f"Fleet diagnosis: {len(rows)} GPUs", generated=utc(time.time()),
+                     start=utc(report.window_start), end=utc(report.window_end), source=redact(report.source),
+                     query_seconds=report.query_seconds, errors=tuple(redact(e) for e in report.errors),
+                     rows=tuple(views), details=tuple(details), summary=_summary(report, rows, counts, len(views)),
+                     verdict_chart=_verdict_chart(counts, len(rows)), groups=_groups(rows))
+
+
+__all__ = ["FixView", "FindingView", "FleetDetail", "FleetGroupView", "FleetRowView", "FleetSummary", "FleetView",
+           "GpuRow", "Report", "RunContext", "SignalRow", "SkippedView", "UnavailableView", "WithheldView",
+           "VERDICT_COLORS", "build_fleet_view", "build_report", "gain_text", "headline_sentence",
+           "report_from_diagnosis", "verdict_label"]

@@ -9,8 +9,11 @@ escapes (diagnoser/textsafe.py), so whatever a report shows cannot drive the ter
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
+from enum import Enum
+from typing import TypeVar, cast
 
 from diagnoser.textsafe import printable
 
@@ -163,4 +166,32 @@ def redact_obj(obj: object) -> object:
         return {k: redact_obj(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [redact_obj(v) for v in obj]
+    return obj
+
+
+_V = TypeVar("_V")
+
+
+def redact_fields(view: _V) -> _V:
+    """A copy of a view with every string in it redacted, however deep: dataclass fields, lists, tuples and dict
+    values (enums, numbers and arrays as they are). The report model redacts a figure's data with it once, labels
+    and tooltips included, so that the renderers that draw it never redact."""
+    return cast(_V, _redacted(view))
+
+
+def _redacted(obj: object) -> object:
+    if isinstance(obj, Enum):
+        return obj  # a str enum is a key, not text
+    if isinstance(obj, str):
+        return redact(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _redacted(getattr(obj, f.name))
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, (list, tuple)):
+        if all(type(v) in (float, int) for v in obj):
+            return obj  # a series' points: nothing to redact, and no copy of thousands of numbers
+        items = [_redacted(v) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    if isinstance(obj, dict):
+        return {redact(k) if isinstance(k, str) else k: _redacted(v) for k, v in obj.items()}
     return obj

@@ -1,8 +1,9 @@
 """Charts as inline SVG strings, drawn in Python: they render without JavaScript, print, and load nothing.
 
 Each function takes numbers already in the capture, evidence or physics spec, and computes only geometry (scales,
-ticks, downsampling for drawing). Every piece of text is redacted and escaped here, so a label taken from a metric
-(a pod name, a kernel name full of `<` and `>`) can never become markup. The result is a `markupsafe.Markup`.
+ticks, downsampling for drawing). Every piece of text is escaped here, so a label taken from a metric (a pod name, a
+kernel name full of `<` and `>`) can never become markup; it comes redacted from the report model, which redacts a
+figure's data once (reports/model.py), so nothing here redacts. The result is a `markupsafe.Markup`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from diagnoser.reports.figdata import (
     Span,
     StackedRow,
 )
-from diagnoser.reports.redact import redact
 from diagnoser.units import fmt
 
 INK = "#1f2328"
@@ -75,11 +75,11 @@ def ellipsize(text: str, width: float, size: float) -> str:
 
 
 class _Svg:
-    """A tiny SVG writer: attributes are numbers or escaped strings; text is redacted, then escaped."""
+    """A tiny SVG writer: attributes are numbers or escaped strings; text is escaped."""
 
     def __init__(self, width: float, height: float, label: str, css_class: str = "chart") -> None:
         self.width, self.height = width, height
-        self.label = redact(label)
+        self.label = label
         # Drawn at a phone's width the chart carries "narrow", else "wide": the page shows the one that fits.
         variant = "narrow" if width < NARROW_BELOW else "full" if width >= FULL_FROM else "wide"
         self.css_class = f"{css_class} {variant}" if css_class == "chart" else css_class
@@ -100,15 +100,15 @@ class _Svg:
         self.parts.append(f"<{tag}{self._attrs(attrs)}/>")
 
     def text(self, x: float, y: float, text: str, *, tip: str | None = None, **attrs: object) -> None:
-        body = escape(redact(text))
+        body = escape(text)
         if tip:
-            body = Markup(f"<title>{escape(redact(tip))}</title>") + body
+            body = Markup(f"<title>{escape(tip)}</title>") + body
         self.parts.append(f"<text{self._attrs({'x': x, 'y': y, **attrs})}>{body}</text>")
 
     def open_group(self, tip: str | None = None, **attrs: object) -> None:
         self.parts.append(f"<g{self._attrs(attrs)}>")
         if tip:
-            self.parts.append(f"<title>{escape(redact(tip))}</title>")
+            self.parts.append(f"<title>{escape(tip)}</title>")
 
     def close_group(self) -> None:
         self.parts.append("</g>")
