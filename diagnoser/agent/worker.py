@@ -353,7 +353,7 @@ def discover_servers() -> list[dict[str, Any]]:
     servers: dict[int, dict[str, Any]] = {}
     for row in rows:
         for gp in row.processes:
-            root = _server_root(gp.pid, psutil, kind_from_cmdline)
+            root = _server_root(gp.pid)
             entry = servers.setdefault(root, {"pid": root, "gpus": set(), "name": "", "kind": ""})
             entry["gpus"].add(row.info.index)
     for root, entry in servers.items():
@@ -368,21 +368,18 @@ def discover_servers() -> list[dict[str, Any]]:
     return sorted(servers.values(), key=lambda e: (e["gpus"], e["pid"]))
 
 
-def _server_root(pid: int, psutil: Any, kind_of: Any) -> int:
+def _server_root(pid: int) -> int:
     """Climb from a GPU process to the top of its server: up to a parent that names a serving engine, or while
     the process is a worker its parent started (multiprocessing spawn/fork, a setproctitle name); never into
-    init, a shell or a container runtime."""
-    try:
-        proc = psutil.Process(pid)
-        while True:
-            parent = proc.parent()
-            if parent is None or parent.pid <= 1 or parent.name() in _BOUNDARY_NAMES:
-                return proc.pid
-            if kind_of(parent.cmdline()) is None and not _is_worker_of(proc, parent):
-                return proc.pid
-            proc = parent
-    except psutil.Error:
-        return pid
+    init, a shell or a container runtime. The climb itself is attach's (collectors/target.server_parents)."""
+    from diagnoser.collectors.target import kind_from_cmdline, server_parents
+
+    def through(proc: Any, parent: Any) -> bool:
+        return parent.name() not in _BOUNDARY_NAMES and (kind_from_cmdline(parent.cmdline()) is not None
+                                                         or _is_worker_of(proc, parent))
+
+    parents = server_parents(pid, through)
+    return parents[-1] if parents else pid
 
 
 def _is_worker_of(proc: Any, parent: Any) -> bool:

@@ -14,6 +14,7 @@ import shlex
 import socket
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,23 +304,34 @@ def _ancestors(pid: int) -> list[int]:
     """Parents up to MAX_ANCESTORS whose command line names a serving engine (vLLM's API server above its engine
     core and workers), of the same user, stopping at the first that names none and before PID 1: a shell, a test
     runner or init above the named process is not its server."""
+    return server_parents(pid, lambda child, parent: _same_user(child, parent)
+                          and kind_from_cmdline(_cmdline(parent)) is not None, limit=MAX_ANCESTORS)
+
+
+def server_parents(pid: int, through: Callable[[psutil.Process, psutil.Process], bool],
+                   limit: int | None = None) -> list[int]:
+    """The parents of `pid` that belong to its server, nearest first: climbing while `through(child, parent)` says
+    the parent is part of the same server, never to PID 1 and at most `limit` parents. The one climb of the process
+    tree: attach (a worker's PID to the API server above it) and the agent's discovery (a GPU process to the top of
+    its server) differ only in `through`. A process that cannot be read ends the climb where it stands."""
     out: list[int] = []
     try:
         proc = psutil.Process(pid)
-        user = proc.uids().real if hasattr(proc, "uids") else None
-        for _ in range(MAX_ANCESTORS):
+        while limit is None or len(out) < limit:
             parent = proc.parent()
-            if parent is None or parent.pid <= 1:
-                break
-            if user is not None and parent.uids().real != user:
-                break
-            if kind_from_cmdline(_cmdline(parent)) is None:
+            if parent is None or parent.pid <= 1 or not through(proc, parent):
                 break
             out.append(parent.pid)
             proc = parent
     except psutil.Error:
         pass
     return out
+
+
+def _same_user(child: psutil.Process, parent: psutil.Process) -> bool:
+    if not hasattr(child, "uids"):
+        return True  # no real user ids on this platform
+    return bool(child.uids().real == parent.uids().real)
 
 
 def _reroot(target: AttachTarget, pid: int, named: int) -> None:
