@@ -204,3 +204,15 @@ def test_exporter_vanishing_mid_window_marks_its_gpus_partial(tmp_path) -> None:
         g = next(x for x in fleet.gpus if x.uuid == r.uuid)
         assert r.diagnosis.verdict == PROFILE_VERDICT[g.profile]
     assert any("gaps or stopped reporting" in e for e in report.errors)
+
+
+def test_credentials_in_the_prometheus_url_are_never_printed(dcgm_stack) -> None:  # type: ignore[no-untyped-def]
+    """`--prometheus http://user:pass@host` (a basic-auth proxy in front of the engine): the JSON and the terminal
+    name the source without its password, as the HTML page does."""
+    url = dcgm_stack.prom.url.replace("http://", "http://fleet-reader:s3cret-Pa55word@")
+    for args in (("--json",), ("--limit", "3")):
+        r = cli("fleet", "--prometheus", url, "--since", "12s", *args)
+        assert r.returncode == 0, r.stderr
+        assert "s3cret-Pa55word" not in r.stdout + r.stderr
+    assert json.loads(cli("fleet", "--prometheus", url, "--since", "12s", "--json").stdout)["source"].endswith(
+        dcgm_stack.prom.url.split("://", 1)[1])

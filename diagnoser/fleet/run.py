@@ -384,7 +384,8 @@ def _run_fleet(client: PromClient, window: Window, *, points: int | None, usd_pe
         reason = next(iter(stats.failed.values()), "no counters in the window")
         raise SourceUnavailable(f"Prometheus listed {len(stats.gpus)} GPUs but no counter could be read: {reason}")
     redact_identities(stats.gpus.values())
-    report = FleetReport(source=client.url, window_start=window.start, window_end=window.end,
+    # The source as every output shows it: `--prometheus http://user:pass@host` must not print the password.
+    report = FleetReport(source=publishable(client.url, {}), window_start=window.start, window_end=window.end,
                          usd_per_gpu_hour=usd_per_gpu_hour, errors=list(stats.errors), lost=sorted(stats.failed))
     rows, triage = triage_rows(stats, usd_per_gpu_hour=usd_per_gpu_hour, thresholds=thresholds,
                                processes=processes)
