@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -57,7 +58,7 @@ from diagnoser.collectors.prometheus_source import bits_expr
 from diagnoser.diagnosis import Limiter, Regime
 from diagnoser.errors import InputError
 from diagnoser.rules import RuleSet, default_rules
-from diagnoser.rules.formula import Formula
+from diagnoser.rules.formula import Formula, Named
 from diagnoser.rules.load import BUSY
 
 BOARD = "UUID, uuid"  # a MIG board's own series carry its device fields, without GPU_I_ID
@@ -204,6 +205,10 @@ class _Compiler:
         self.window_s, self.ruleset, self.r = window_s, ruleset, _Read(window_s, shard)
         self.code = ""  # the rule being compiled: whose thresholds
         self.recorded: dict[str, str] = {}  # name -> expression, in the order the group evaluates them
+        # The named parts worth a series of their own: read by two findings or more. Recording one costs the engine
+        # a series per GPU written every evaluation (at 10,000 GPUs each added a second or so of CPU a minute);
+        # a part one finding reads is written out inside it.
+        self.shared: set[str] = {"busy"}
         self._leaves = _leaves(self)
 
     def record(self, name: str, expr: str) -> str:
@@ -246,8 +251,8 @@ class _Compiler:
         if name in self.recorded:
             return self.r.of(name) if ":" in name else self.r.signal(name)
         expr = formula.promql(self)
-        if expr is None or _SELECTOR.match(expr):
-            return expr  # nothing to record: absent, or a series read as it is
+        if expr is None or _SELECTOR.match(expr) or name not in self.shared:
+            return expr  # nothing to record: absent, a series read as it is, or read by one finding only
         return self.record(name, expr)
 
     def finding(self, code: str, formula: Formula) -> str | None:
@@ -270,10 +275,12 @@ def _leaves(q: _Compiler) -> dict[tuple[str, str], Leaf]:
         return q.record("gpu_busy", f"{r.stat('gr_engine_active', 'avg')} or on ({k}) {r.stat('gpu_util', 'avg')} "
                                     "/ 100")
 
-    def device(name: str, board_expr: str) -> str:
-        """A board-level value (clocks, throttling, errors) for each GPU or MIG instance that reports activity."""
+    def device(name: str, board_expr: str, record: bool = True) -> str:
+        """A board-level value (clocks, throttling, errors) for each GPU or MIG instance that reports activity;
+        recorded unless one finding alone reads it."""
         anchor = q.named("busy", BUSY)
-        return q.record(name, f"{anchor} * 0 + on ({BOARD}) group_left max by ({BOARD}) ({board_expr})")
+        expr = f"{anchor} * 0 + on ({BOARD}) group_left max by ({BOARD}) ({board_expr})"
+        return q.record(name, expr) if record else expr
 
     def clock() -> str:
         identity = r.of(identity_record_name(w))
@@ -286,6 +293,12 @@ def _leaves(q: _Compiler) -> dict[tuple[str, str], Leaf]:
                                     f"group_left {by_model})")
         max_clock = f"(max by ({BOARD}) ({r.stat('max_sm_clock', 'last')}) or on ({BOARD}) {spec})"
         return device("clock_frac", f"max by ({BOARD}) ({r.stat('sm_clock', 'avg')}) / on ({BOARD}) {max_clock}")
+
+    def xid() -> str:  # ERR001's alone
+        return device("xid_errors", f"{r.stat('xid', 'max')} > bool 0", record=False)
+
+    def ecc() -> str:
+        return device("ecc_dbe", f"clamp_min({r.stat('ecc_dbe', 'increase')}, 0)", record=False)
 
     def held(reason: str) -> Leaf:
         return lambda: device(f"{reason}_held_frac", _held_expr(q, reason))
@@ -304,10 +317,10 @@ def _leaves(q: _Compiler) -> dict[tuple[str, str], Leaf]:
         (S.GPU_THROTTLE_POWER, "mean"): held("power"),
         (S.GPU_THROTTLE_THERMAL, "frac_above:0.5"): held("thermal"),
         (S.GPU_THROTTLE_THERMAL, "mean"): held("thermal"),
-        (S.GPU_XID_ERRORS, "max"): lambda: device("xid_errors", f"{r.stat('xid', 'max')} > bool 0"),
-        (S.GPU_XID_ERRORS, "mean"): lambda: device("xid_errors", f"{r.stat('xid', 'max')} > bool 0"),
-        (S.GPU_ECC_DBE, "max"): lambda: device("ecc_dbe", f"clamp_min({r.stat('ecc_dbe', 'increase')}, 0)"),
-        (S.GPU_ECC_DBE, "mean"): lambda: device("ecc_dbe", f"clamp_min({r.stat('ecc_dbe', 'increase')}, 0)"),
+        (S.GPU_XID_ERRORS, "max"): xid,
+        (S.GPU_XID_ERRORS, "mean"): xid,
+        (S.GPU_ECC_DBE, "max"): ecc,
+        (S.GPU_ECC_DBE, "mean"): ecc,
     }
 
 
@@ -334,6 +347,9 @@ def finding_exprs(window_s: float, shard: Shard, ruleset: RuleSet) -> tuple[dict
     """Each rule's PromQL, compiled from its formula (`@rule(fleet=...)`): the series of the GPUs where it fires,
     valued at its strength; and the parts they read, recorded once (name -> expression, in order)."""
     q = _Compiler(window_s, shard, ruleset)
+    readers = Counter(name for rule in ruleset.rules if rule.fleet is not None
+                      for name in {f.name for f in rule.fleet.walk() if isinstance(f, Named)})
+    q.shared |= {name for name, n in readers.items() if n > 1}
     q.named("busy", BUSY)  # the engine's choice reads it, and board-level values are given to the GPUs it names
     found: dict[str, str] = {}
     for rule in ruleset.rules:
