@@ -9,7 +9,6 @@ unavailable sources.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -133,9 +132,22 @@ class Signal:
         return signal
 
 
+class NoSuchStatistic(LookupError):
+    """A statistic of a signal known only by window statistics that the engine did not compute: reading it would
+    interpolate a number nobody measured (the fleet computes what the rules declare they read, `@rule(reads=...)`).
+    A rule that meets one is skipped with the reason (RuleSet.run)."""
+
+    def __init__(self, signal: str, what: str) -> None:
+        super().__init__(f"the window statistics of {signal} hold no {what}")
+        self.signal, self.what = signal, what
+
+
 @dataclass(frozen=True)
 class _StatsSignal(Signal):
-    """Signal.from_stats: statistics without the samples."""
+    """Signal.from_stats: statistics without the samples. It answers the statistics it was given and no other: a
+    quantile, a share above a threshold or an extreme that was not computed raises NoSuchStatistic, so that a read
+    that bypasses a rule's declarations (an evidence helper, a gain) fails in the tests instead of quietly
+    interpolating on the fleet path."""
 
     count: int = 1
     s_mean: float = 0.0
@@ -154,45 +166,33 @@ class _StatsSignal(Signal):
     def mean(self) -> float:
         return self.s_mean
 
-    def _knots(self) -> list[tuple[float, float]]:
-        """(cumulative share, value) pairs known, in order of share."""
-        known = ((0.0, self.s_min), (0.5, self.s_p50), (0.9, self.s_p90), (1.0, self.s_max))
-        return [(q, v) for q, v in known if v is not None]
+    def _missing(self, what: str) -> NoSuchStatistic:
+        return NoSuchStatistic(self.name, what)
 
     @property
     def min(self) -> float:
-        return self.s_min if self.s_min is not None else self.quantile(0.0)
+        if self.s_min is None:
+            raise self._missing("minimum")
+        return self.s_min
 
     @property
     def max(self) -> float:
-        return self.s_max if self.s_max is not None else self.quantile(1.0)
+        if self.s_max is None:
+            raise self._missing("maximum")
+        return self.s_max
 
     def quantile(self, q: float) -> float:
-        """Interpolated between the known quantiles; beyond them, the nearest one (the mean when none is known)."""
-        knots = self._knots()
-        if not knots:
-            return self.s_mean
-        if q <= knots[0][0]:
-            return knots[0][1]
-        for (qa, va), (qb, vb) in itertools.pairwise(knots):
-            if q <= qb:
-                return va + (vb - va) * (q - qa) / (qb - qa)
-        return knots[-1][1]
+        """A computed quantile: the median, p90 or an extreme where it was given."""
+        known = {0.0: self.s_min, 0.5: self.s_p50, 0.9: self.s_p90, 1.0: self.s_max}.get(q)
+        if known is None:
+            raise self._missing(f"quantile {q:g}")
+        return known
 
     def frac_above(self, threshold: float) -> float:
         for t, frac in self.fractions:
             if t == threshold:
                 return frac
-        knots = self._knots()
-        if not knots:
-            return 1.0 if self.s_mean >= threshold else 0.0
-        if threshold <= knots[0][1]:
-            return 1.0 - knots[0][0]
-        for (qa, va), (qb, vb) in itertools.pairwise(knots):
-            if threshold <= vb:
-                below = qa if vb == va else qa + (qb - qa) * (threshold - va) / (vb - va)
-                return 1.0 - below
-        return 0.0
+        raise self._missing(f"share of the window at or above {threshold:g}")
 
     def frac_below(self, threshold: float) -> float:
         return 1.0 - self.frac_above(threshold)

@@ -36,7 +36,9 @@ def _signal(name: str, rng: random.Random) -> Signal:
     if name == S.GPU_MEM_USED_FRAC:
         return Signal.from_stats(name, spec(name).unit, ("dcgm",), mean=mean, p90=min(1.0, mean + _value(rng) / 10))
     if name == S.SERVER_WAITING:
-        return Signal.from_stats(name, spec(name).unit, ("server",), mean=rng.choice((0.0, 0.3, 0.5, 2.0)))
+        return Signal(name, spec(name).unit, ("server",), (rng.choice((0.0, 0.3, 0.5, 2.0)),))
+    if not name.startswith("gpu."):  # a capture's: samples (a server's), or one number (physics, a trace)
+        return Signal(name, spec(name).unit, ("server",), (mean,))
     return Signal.from_stats(name, spec(name).unit, ("dcgm",), mean=mean, n=1)
 
 

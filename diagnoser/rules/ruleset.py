@@ -17,7 +17,7 @@ from types import MappingProxyType
 from diagnoser.collectors.dcgm_stats import check_fleet_reads
 from diagnoser.diagnosis import Finding, Skipped
 from diagnoser.errors import InputError
-from diagnoser.evidence import Evidence
+from diagnoser.evidence import Evidence, NoSuchStatistic
 from diagnoser.fileio import read_text_bounded
 from diagnoser.rules.base import AnyOf, Check, Rule
 
@@ -135,7 +135,14 @@ class RuleSet:
             if skip is not None:
                 skipped.append(skip)
                 continue
-            result = r.predicate(Check(r, ev, self._thresholds[r.code]))
+            try:
+                result = r.predicate(Check(r, ev, self._thresholds[r.code]))
+            except NoSuchStatistic as exc:
+                # A statistic the rule reads that this GPU's window statistics lack (a p90 where the engine had
+                # only a counter's rate): the rule cannot decide, and says so rather than guess one.
+                skipped.append(Skipped(r.code, f"needs the {exc.what} of {exc.signal}, which the window statistics "
+                                               "do not hold"))
+                continue
             if result is None:
                 passed.append(r.code)
             else:
