@@ -189,3 +189,25 @@ def test_the_rule_groups_evaluate_a_twelfth_of_their_window_apart_unless_told() 
         assert out.returncode == 0, out.stderr
         intervals = {line.split(":", 1)[1].strip() for line in out.stdout.splitlines() if "interval:" in line}
         assert intervals == {want}
+
+
+def test_a_rules_page_shows_its_promql_with_the_thresholds_in_force(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Like ruff's rule pages: `diagnoser rules CODE` shows what the fleet's rule group evaluates for the rule."""
+    import json
+    import subprocess
+    import sys
+
+    config = tmp_path / "rules.toml"
+    config.write_text("[thresholds.BAT003]\nbusy_mean = 0.4\n")
+
+    def run(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "diagnoser", "rules", *args], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "((gpu:diagnoser_busy:1h >= 0.1) < 0.5) * 0 + 0.5" in run("BAT003")
+    assert "((gpu:diagnoser_busy:1h >= 0.1) < 0.4) * 0 + 0.5" in run("BAT003", "--rules-config", str(config))
+    assert json.loads(run("VRAM003", "--json"))["fleet_promql"] == \
+        "(gpu:diagnoser_mem_used_frac:1h >= 0.97) * 0 + 0.4"
+    assert "In the fleet's rule group" not in run("VRAM001")  # server metrics: no formula, not in the group

@@ -29,6 +29,7 @@ def rule_dict(r: Rule, rules: RuleSet) -> dict[str, object]:
         "thresholds": {k: {"value": values[k], "default": t.value, "meaning": t.meaning, "unit": t.unit}
                        for k, t in r.thresholds.items()},
         "detects": page.detects, "why": page.why, "fixes": page.fixes, "sources": page.sources,
+        "fleet_promql": _fleet_promql(r, rules),
     }
 
 
@@ -47,7 +48,20 @@ def rule_page(r: Rule, rules: RuleSet) -> str:
         changed = "" if values[name] == default.value else f" (default {default.text()})"
         lines.append(f"- {name} = {values[name]:g}: {meaning}; {text}{changed}")
     lines += ["", "## How to fix it", page.fixes, "", "## Sources", page.sources]
+    promql = _fleet_promql(r, rules)
+    if promql:
+        lines += ["", "## In the fleet's rule group", "Compiled from the rule's formula (`diagnoser rules "
+                  f"--prometheus-rules`, a 1 h window): the series `gpu:diagnoser_finding:1h{{rule=\"{r.code}\"}}` "
+                  "holds the rule's strength on each GPU where it fires:", "", "```promql", promql, "```"]
     return "\n".join(lines)
+
+
+def _fleet_promql(r: Rule, rules: RuleSet) -> str | None:
+    if r.fleet is None:
+        return None
+    from diagnoser.fleet.promrules import finding_promql
+
+    return finding_promql(r.code, rules)
 
 
 def rules_markdown(rules: RuleSet) -> str:

@@ -360,6 +360,12 @@ def finding_exprs(window_s: float, shard: Shard, ruleset: RuleSet) -> tuple[dict
     return found, q.recorded
 
 
+def finding_promql(code: str, ruleset: RuleSet, window_s: float = 3600) -> str | None:
+    """One rule's finding as the unsharded rule group records it (None: the rule has no formula, or its formula
+    reads nothing the fleet has): what `diagnoser rules CODE` shows."""
+    return finding_exprs(window_s, Shard(1, 1), ruleset)[0].get(code)
+
+
 def findings_rules(window_s: float, shard: Shard, ruleset: RuleSet) -> list[dict[str, object]]:
     """The parts the findings read, one recording rule per finding (its rule and limiter as the rule's labels), the
     primary limiter, the count per limiter and the alerts: every rule reads recorded series only."""
@@ -501,4 +507,5 @@ def prometheus_rules_text(window: str, interval: str | None, rules: RuleSet | No
 
 
 __all__ = ["ALERTS", "EVALUATIONS_PER_WINDOW", "MAX_SHARDS", "SHARD_LABEL", "Group", "Shard", "build_groups",
-           "build_rules", "default_interval", "prometheus_rules_text", "rule_group_yaml", "shards", "spec_clock_expr"]
+           "build_rules", "default_interval", "finding_promql", "prometheus_rules_text", "rule_group_yaml", "shards",
+           "spec_clock_expr"]
