@@ -277,24 +277,35 @@ def hta_numbers(h: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+DEFAULT_JOBS = -1  # --jobs -1: no -j option, the tool's own default (the cores the load average leaves idle)
+
+
+def _jobs_name(n: int) -> str:
+    return "def" if n == DEFAULT_JOBS else str(n or "all")
+
+
+def _jobs_args(n: int) -> list[str]:
+    return [] if n == DEFAULT_JOBS else ["-j", str(n or os.cpu_count())]
+
+
 def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeout: float, whole_max_mb: float,
                 hta_max_mb: float, only: list[str], baseline: Path | None = None) -> dict[str, Any]:
     diagnoser = str(Path(sys.executable).with_name("diagnoser"))
     mb = _size(path) / 1e6
     tools: dict[str, list[str]] = {}
     for n in jobs:
-        tools[f"cli-j{n or 'all'}"] = [diagnoser, "analyze", str(path), "--json", "-j", str(n or os.cpu_count())]
-        tools[f"lib-j{n or 'all'}"] = [sys.executable, "-m", "diagnoser.traces", str(path), "-j",
-                                       str(n or os.cpu_count())]
+        j = _jobs_name(n)
+        tools[f"cli-j{j}"] = [diagnoser, "analyze", str(path), "--json", *_jobs_args(n)]
+        tools[f"lib-j{j}"] = [sys.executable, "-m", "diagnoser.traces", str(path), *_jobs_args(n)]
         if baseline is not None:  # the same analysis from another checkout (the code before a change)
-            tools[f"base-lib-j{n or 'all'}"] = [sys.executable, "-c", _FROM_CHECKOUT, str(baseline), str(path), "-j",
-                                                str(n or os.cpu_count())]
+            tools[f"base-lib-j{j}"] = [sys.executable, "-c", _FROM_CHECKOUT, str(baseline), str(path),
+                                       *_jobs_args(n)]
     tools["decode-stream"] = [sys.executable, "-c", _DECODE_STREAM, str(path)]
     if mb <= whole_max_mb:
         tools["decode-whole"] = [sys.executable, "-c", _DECODE_WHOLE, str(path)]
     for n in jobs:
-        if n != 1 and path.is_file():
-            tools[f"decode-j{n or 'all'}"] = [sys.executable, "-c", _DECODE_PAR, str(path), str(n)]
+        if n not in (1, DEFAULT_JOBS) and path.is_file():
+            tools[f"decode-j{_jobs_name(n)}"] = [sys.executable, "-c", _DECODE_PAR, str(path), str(n)]
     if not skip_hta and mb <= hta_max_mb:
         tools["hta"] = [str(HTA_PYTHON), "-c", _HTA_SCRIPT, str(path)]
     tools = {name: cmd for name, cmd in tools.items() if not only or name in only}
@@ -399,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the analysis of another checkout of this repository (base-lib-jN), e.g. a "
                          "worktree of the commit before a change")
     ap.add_argument("--only", nargs="*", default=[], metavar="TOOL", help="run only these tools (e.g. lib-j1 hta)")
-    ap.add_argument("--jobs", type=int, nargs="*", default=[1, 2, 0], help="processes for ours (0: all cores)")
+    ap.add_argument("--jobs", type=int, nargs="*", default=[1, 2, 0],
+                    help="processes for ours (0: all cores, -1: the default, no -j)")
     ap.add_argument("--whole-max-mb", type=float, default=1000.0, help="skip decode-whole above this size")
     ap.add_argument("--hta-max-mb", type=float, default=1000.0, help="skip HTA above this size (it needs ~5x in RAM)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")

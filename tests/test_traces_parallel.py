@@ -13,9 +13,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from diagnoser.traces import TraceError, analyze_trace
+from diagnoser.traces import TraceError, analyze_trace, parallel, tables
 from diagnoser.traces.analysis import analyze_tables
-from diagnoser.traces.parallel import collect_parallel, default_jobs
+from diagnoser.traces.parallel import collect_parallel, default_jobs, trace_jobs
 from diagnoser.traces.tables import collect
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +49,21 @@ def test_parallel_equals_serial_on_every_public_trace(path: Path, plain_dir: Pat
     plain = plain_dir / path.name.removesuffix(".gz")
     plain.write_bytes(gzip.decompress(path.read_bytes()))
     assert _canonical(plain, _parallel(plain, chunk_bytes=64 << 10, range_bytes=200 << 10)) == serial
+
+
+def test_only_the_first_external_ids_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # facts.sampling reads the first SAMPLE_IDS ids; the columns keep those (and the rest of their chunk), in order
+    ops = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0,
+            "args": {"External id": 3 * i + 1, "Sequence number": i}} for i in range(60_000)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": ops}))
+    every = collect(path).ext_ids
+    monkeypatch.setattr(tables, "SAMPLE_IDS", 500)
+    serial = collect(path)
+    assert 500 <= len(serial.ext_ids) < len(every) == 60_000
+    split = _parallel(path, chunk_bytes=64 << 10, range_bytes=200 << 10)
+    assert serial.ext_ids[:500] == split.ext_ids[:500] == every[:500]
+    assert serial.counts == split.counts
 
 
 def _events(n: int) -> list[dict[str, Any]]:
@@ -97,6 +112,50 @@ def test_bad_files_are_refused_the_same_way(tmp_path: Path) -> None:
         path.write_bytes(content)
         with pytest.raises(TraceError, match=message):
             collect_parallel(path, jobs=2, min_bytes=0)
+
+
+def test_trace_jobs_takes_only_the_cores_the_load_leaves_idle() -> None:
+    # this process's own core, plus each core the load average left idle, within the cores it may use
+    assert trace_jobs(cores=2, load=0.2) == 2
+    assert trace_jobs(cores=2, load=1.0) == 2
+    assert trace_jobs(cores=2, load=1.5) == 1
+    assert trace_jobs(cores=2, load=9.0) == 1
+    assert trace_jobs(cores=16, load=4.5) == 12
+    assert trace_jobs(cores=1, load=0.0) == 1
+    assert 1 <= trace_jobs() <= default_jobs()
+
+
+def test_others_running_is_read_now_and_the_load_average_is_the_fallback(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("7.50 7.00 6.00 4/312 12345\n")  # a minute of load, but 3 others running now (4, this one)
+    monkeypatch.setattr(parallel, "_LOADAVG", loadavg)
+    assert parallel.others_running(samples=2, pause_s=0) == 3.0
+    monkeypatch.setattr(parallel, "default_jobs", lambda: 8)
+    assert trace_jobs() == 6
+    monkeypatch.setattr(parallel, "_LOADAVG", tmp_path / "absent")
+    assert parallel.others_running() is None
+    monkeypatch.setattr(parallel.os, "getloadavg", lambda: (7.5, 7.0, 6.0))
+    assert trace_jobs() == 1
+
+
+def test_busy_cores_read_a_large_trace_in_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(gzip.decompress((HERE / "fixtures" / "traces" / "a100_alexnet_forward.json.gz").read_bytes()))
+    split: list[int] = []
+
+    def mapped(*args: Any) -> Any:
+        split.append(args[1])
+        raise AssertionError("read by several processes")
+
+    monkeypatch.setattr(parallel, "default_jobs", lambda: 2)
+    monkeypatch.setattr(parallel, "_collect_mapped", mapped)
+    monkeypatch.setattr(parallel, "others_running", lambda: 6.0)  # both cores busy with other work
+    assert collect_parallel(path, min_bytes=0).stats.events == collect(path).stats.events
+    monkeypatch.setattr(parallel, "others_running", lambda: 0.0)  # both idle: two processes
+    with pytest.raises(AssertionError, match="several processes"):
+        collect_parallel(path, min_bytes=0)
+    assert split == [2]
 
 
 def test_default_jobs_and_small_files_stay_in_one_process(tmp_path: Path) -> None:

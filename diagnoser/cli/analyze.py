@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
                                                  "thresholds."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every fix, its basis and skipped rules."),
         jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="Processes reading a large trace "
-                                        "(default: every core; 1: one process)."),
+                                        "(default: the cores other work leaves idle; 1: one process)."),
         max_trace_size: str | None = typer.Option(None, "--max-trace-size", help="Refuse traces larger than this "
                                                   "(JSON bytes after gunzip; default 4G or $DIAGNOSER_TRACE_MAX_BYTES)"
                                                   "; e.g. 16G for a long window."),

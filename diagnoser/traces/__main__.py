@@ -18,7 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("trace", help="a .json/.json.gz trace or a folder of per-rank traces")
     parser.add_argument("--window", choices=WINDOWS, default="auto")
     parser.add_argument("--gpu", default=None, help="the GPU the trace ran on, if deviceProperties lack it")
-    parser.add_argument("--jobs", "-j", type=int, default=None, help="processes reading a large trace (default: all)")
+    parser.add_argument("--jobs", "-j", type=int, default=None,
+                        help="processes reading a large trace (default: the cores other work leaves idle)")
     args = parser.parse_args(argv)
     try:
         analysis = analyze_trace(args.trace, window=args.window, gpu_name=args.gpu, jobs=args.jobs)

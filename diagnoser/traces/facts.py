@@ -14,7 +14,7 @@ from itertools import pairwise
 from typing import Any
 
 from diagnoser.traces.classify import COMM, STEP_PREFIX, kernel_class
-from diagnoser.traces.tables import Tables
+from diagnoser.traces.tables import SAMPLE_IDS, Tables
 
 CUDA = "cuda"
 ROCM = "rocm"
@@ -151,7 +151,6 @@ _STOPPED_EARLY = re.compile(r"CUPTI stopped early\?\s*=\s*([1-9]\d*)")
 # traces 37 %. Under this share, most ops are missing: the trace holds a sample of them.
 MIN_CONSECUTIVE_IDS = 0.8
 MIN_IDS = 100
-SAMPLE_IDS = 200_000  # the first ops' ids tell as well as all of them
 
 
 def sampling(t: Tables) -> tuple[bool, str]:
@@ -165,7 +164,7 @@ def sampling(t: Tables) -> tuple[bool, str]:
         return True, "the profiler's GPU buffers filled and it stopped recording early (its log in the trace says so)"
     if any(_STOPPED_EARLY.search(line) for line in lines):
         return True, "CUPTI stopped recording early (the profiler's log in the trace says so)"
-    ids = sorted(set(t.ext_ids[:SAMPLE_IDS]))
+    ids = sorted(set(t.ext_ids[:SAMPLE_IDS]))  # the first ops' ids tell as well as all of them
     if len(ids) >= MIN_IDS:
         gaps = [b - a for a, b in pairwise(ids)]
         consecutive = gaps.count(1) / len(gaps)

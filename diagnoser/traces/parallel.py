@@ -19,7 +19,9 @@ import gc
 import mmap
 import multiprocessing
 import os
+import statistics
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -61,22 +63,62 @@ _WS = b" \t\r\n"
 def collect_parallel(path: str | Path, *, jobs: int | None = None, max_bytes: int | None = None,
                      chunk_bytes: int = CHUNK_BYTES, range_bytes: int = RANGE_BYTES,
                      min_bytes: int = MIN_PARALLEL_BYTES) -> Tables:
-    """Tables of a trace read by `jobs` processes (default: every core this process may use). Falls back to one
-    process (tables.collect) for small files, one job, or a trace that cannot be split."""
+    """Tables of a trace read by `jobs` processes (default: trace_jobs(), the cores other work leaves idle). Falls
+    back to one process (tables.collect) for small files, one job, or a trace that cannot be split."""
     from diagnoser.traces.tables import collect
 
     path = Path(path)
-    jobs = default_jobs() if jobs is None else max(1, jobs)
     limit = max_trace_bytes(max_bytes)
     f, size = open_trace_file(path, limit)
     with f:
         gz = f.read(2) == b"\x1f\x8b"
     # a gzip stream expands 10-50x: judge it by what it will be, not by its compressed size
-    if jobs == 1 or size * (10 if gz else 1) < min_bytes:
+    if size * (10 if gz else 1) < min_bytes:
+        jobs = 1
+    elif jobs is None:
+        jobs = trace_jobs()  # (read only for a large trace: it takes a few tens of milliseconds)
+    if jobs <= 1:
         return collect(path, chunk_bytes=chunk_bytes, max_bytes=max_bytes)
     if gz:
         return _collect_gzip(path, jobs, limit, chunk_bytes)
     return _collect_mapped(path, jobs, limit, chunk_bytes, range_bytes)
+
+
+def trace_jobs(cores: int | None = None, load: float | None = None) -> int:
+    """The default number of processes reading a trace: this process's own core plus the cores other work leaves
+    idle, within the cores it may use (`cores`, default default_jobs(); `load`, default others_running(), else the
+    1-minute load average). A second process only pays on an idle core: the parallel read costs 10-40 % more CPU
+    (the workers' columns are pickled back and appended), so on cores busy with other work it finishes later than one
+    process (benchmarks/TRACES.md)."""
+    cores = default_jobs() if cores is None else max(1, cores)
+    if load is None:
+        load = others_running()
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # no load figure on this system: every core, as before
+            return cores
+    idle = max(0.0, cores - load)
+    return max(1, min(cores, int(idle) + 1))
+
+
+_LOADAVG = Path("/proc/loadavg")
+
+
+def others_running(samples: int = 5, pause_s: float = 0.01) -> float | None:
+    """Threads running or waiting for a core on the whole system now, this one left out: the median of a few reads
+    of /proc/loadavg's running count (the load average lags a minute: a command that just ended still counts there).
+    None where that file cannot be read."""
+    counts: list[int] = []
+    for i in range(samples):
+        try:
+            running = _LOADAVG.read_text().split()[3].split("/")[0]
+            counts.append(int(running) - 1)
+        except (OSError, IndexError, ValueError):
+            return None
+        if i + 1 < samples:
+            time.sleep(pause_s)
+    return max(0.0, statistics.median(counts))
 
 
 _T = TypeVar("_T")
@@ -88,9 +130,12 @@ def each_file(fn: Callable[[Path, int], _T], files: list[Path], jobs: int | None
     each read whole by one process. With at least as many files as jobs and at least `min_bytes` of JSON in all
     (default MIN_PARALLEL_BYTES: below it, starting workers costs more than it saves), each file gets one worker
     process (fn must be a module-level function); otherwise they are read in turn, each on every job."""
-    jobs = default_jobs() if jobs is None else max(1, jobs)
     floor = MIN_PARALLEL_BYTES if min_bytes is None else min_bytes
-    if jobs == 1 or len(files) < jobs or sum(map(_json_bytes, files)) < floor:
+    total = sum(map(_json_bytes, files))
+    if jobs is None:
+        jobs = trace_jobs() if total >= floor else 1
+    jobs = max(1, jobs)
+    if jobs == 1 or len(files) < jobs or total < floor:
         return [fn(f, jobs) for f in files]
     with _pool(jobs) as pool:
         return list(pool.map(fn, files, [1] * len(files)))
@@ -281,4 +326,4 @@ def _collect_gzip(path: Path, jobs: int, limit: int, chunk_bytes: int) -> Tables
     return t
 
 
-__all__ = ["collect_parallel", "default_jobs", "each_file", "range_chunks"]
+__all__ = ["collect_parallel", "default_jobs", "each_file", "others_running", "range_chunks", "trace_jobs"]

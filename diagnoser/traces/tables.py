@@ -85,6 +85,9 @@ class CostedOp:
 
 # A CPU op at least this long is kept with its name (Tables.long_ops), to say which ops hold the GPU's idle time.
 LONG_OP_US = 500.0
+# The External ids of the first this many CPU ops tell whether the trace is a sample (facts.sampling); later ones
+# are not kept.
+SAMPLE_IDS = 200_000
 
 
 @dataclass
@@ -136,7 +139,7 @@ class Tables:
     skips: Counter[str] = field(default_factory=Counter)  # events dropped here, by reason (decode.SKIP_*)
     op_names: Counter[str] = field(default_factory=Counter)  # CPU ops and annotations by name
     runtime_names: Counter[str] = field(default_factory=Counter)  # runtime and driver calls by name
-    ext_ids: array = field(default_factory=lambda: array("q"))  # the CPU ops' External ids, in file order
+    ext_ids: array = field(default_factory=lambda: array("q"))  # the first CPU ops' External ids, in file order
     comm_ops: list[tuple[int, float, float, str]] = field(default_factory=list)  # (tid, ts, end, collective)
     # "nccl:<collective>" annotations the profiler projects onto GPU streams: (device, stream, ts, end, collective)
     gpu_comm: list[tuple[int, int, float, float, str]] = field(default_factory=list)
@@ -285,7 +288,9 @@ def _ingest_cpu_ops(t: Tables, cpu_ops: list[Event]) -> None:
         t.long_ops.append((cpu_ops[i].name, ts[i], ts[i] + durs[i]))
     names = Counter(map(_NAME, cpu_ops))
     t.op_names.update(names)
-    _external_ids(t, cpu_ops)
+    # (each part of the parallel reader keeps its own first ids: the merged columns start with the same ones)
+    if len(t.ext_ids) < SAMPLE_IDS:
+        _external_ids(t, cpu_ops)
     comm = {n for n in names if n in _COMM_OP_NAMES or n.startswith(COMM_OP_PREFIX)}
     if comm:
         _comm_ops(t, [e for e in cpu_ops if e.name in comm])

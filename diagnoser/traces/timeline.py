@@ -35,7 +35,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
-from operator import gt
+from operator import gt, itemgetter
 
 from diagnoser.traces.classify import LAUNCH_KIND_COPY, LAUNCH_KIND_SYNC, is_pageable_copy
 from diagnoser.traces.tables import Tables
@@ -251,7 +251,8 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
         blocking = [op for op in ops if BLOCKS_HOST in op[0]]
         if waits and blocking:
             tl.blocked_in_waits_us = idle_inside_ops(waits, blocking)
-    longest = heapq.nlargest(keep_longest, range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])
+    lengths = [g[1] - g[0] for g in gaps]
+    longest = heapq.nlargest(keep_longest, range(len(gaps)), key=lengths.__getitem__)
     tl.longest_gaps = [Gap(gaps[k][0], gaps[k][1], causes[k]) for k in longest]
     if keep_range is not None and gaps:
         tl.range_gaps = _gaps_in_range(gaps, g0s, causes, keep_range)
@@ -406,13 +407,16 @@ def idle_inside_ops(gaps: list[tuple[float, float]], ops: list[tuple[str, float,
     """Microseconds of the gaps (sorted by start) inside each op name: one sweep over both, the ops open at a gap
     held in a heap by their end. Ops of one name that nest or overlap (copy_ inside copy_, two threads) count their
     union once. The profiler's step annotations enclose everything and name nothing."""
-    ops = sorted((op for op in ops if not op[0].startswith("ProfilerStep#")), key=lambda op: op[1])
+    ops = sorted((op for op in ops if not op[0].startswith("ProfilerStep#")), key=_START)
     out: dict[str, float] = {}
     active: list[tuple[float, int]] = []
     k, n = 0, len(ops)
+    push = heapq.heappush
     for g0, g1 in gaps:
         while k < n and ops[k][1] < g1:
-            heapq.heappush(active, (ops[k][2], k))
+            end = ops[k][2]
+            if end > g0:  # one that ended before this gap is in none of the later ones either
+                push(active, (end, k))
             k += 1
         while active and active[0][0] <= g0:
             heapq.heappop(active)  # ended before this gap, so before every later one
@@ -434,6 +438,9 @@ def idle_inside_ops(gaps: list[tuple[float, float]], ops: list[tuple[str, float,
             covered = _union(span, g0) if isinstance(span, list) else span[1] - span[0]
             out[name] = out.get(name, 0.0) + covered
     return out
+
+
+_START = itemgetter(1)
 
 
 def _union(parts: list[tuple[float, float]], start: float) -> float:
