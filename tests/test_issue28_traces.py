@@ -21,6 +21,7 @@ from diagnoser.cli.app import app
 from diagnoser.pipeline import diagnose_capture
 from diagnoser.traces import analyze_trace, capture_from_trace
 from diagnoser.traces import decode as decode_mod
+from diagnoser.traces import tables as tables_mod
 from diagnoser.traces.decode import TraceError, _skip_ws
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
@@ -184,16 +185,16 @@ def _wait_for_no_guard(timeout: float = 120.0) -> None:
 def test_an_inflate_past_the_limit_is_refused_before_the_parse_gets_there(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     path = _events_gzip(tmp_path / "bomb.json.gz", 12)  # about 40 MB of JSON against a 24 MiB limit
-    real = decode_mod.decode_chunk
+    real = tables_mod.read_chunk
     chunks: list[int] = []
 
-    def slow_parse(data: bytes, mode: int, stats: decode_mod.DecodeStats) -> list[decode_mod.Event]:
+    def slow_parse(t: tables_mod.Tables, data: bytes, mode: int, stats: decode_mod.DecodeStats, **kw: Any) -> int:
         # The parse is ten times slower than the inflate; here it is held until the count ahead of it has finished.
         chunks.append(len(data))
         _wait_for_no_guard()
-        return real(data, mode, stats)
+        return real(t, data, mode, stats, **kw)
 
-    monkeypatch.setattr(decode_mod, "decode_chunk", slow_parse)
+    monkeypatch.setattr(tables_mod, "read_chunk", slow_parse)
     with pytest.raises(TraceError, match=r"expands past 24\.0 MiB when decompressed"):
         analyze_trace(path, max_bytes=24 << 20, jobs=1)
     assert len(chunks) == 1  # refused after the first chunk, not after parsing up to the limit

@@ -443,6 +443,17 @@ def iter_event_chunks(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES,
     return tf, _event_chunks(head, in_object, blocks, tf, chunk_bytes)
 
 
+def open_events(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES,
+                max_bytes: int | None = None) -> tuple[TraceFile, Iterator[tuple[bytes, int]]]:
+    """As iter_event_chunks, but the chunks undecoded: (a JSON list of whole events, mode) for decode_chunk or the
+    scan (tables.read_chunk)."""
+    path = Path(path)
+    tf = TraceFile(path=path)
+    blocks = _open_stream(path, tf.stats, max_trace_bytes(max_bytes))
+    head, in_object = read_head(blocks, path, tf)
+    return tf, raw_chunks(head, in_object, blocks, tf, chunk_bytes)
+
+
 def read_head(blocks: Iterator[bytes], path: Path, tf: TraceFile) -> tuple[bytes, bool]:
     """Consume up to the start of the events array; return the bytes after '[' and whether the top is an object."""
     buf = b""
@@ -982,6 +993,7 @@ __all__ = [
     "decode_events",
     "decode_whole",
     "iter_event_chunks",
+    "open_events",
     "max_trace_bytes",
     "parse_size",
     "read_json_bytes",

@@ -39,7 +39,6 @@ from diagnoser.traces.decode import (
     TraceFile,
     _open_stream,
     add_tail_metadata,
-    decode_chunk,
     find_array_end,
     first_cut,
     max_trace_bytes,
@@ -48,7 +47,7 @@ from diagnoser.traces.decode import (
     raw_chunks,
     read_head,
 )
-from diagnoser.traces.tables import Tables, _ingest
+from diagnoser.traces.tables import Tables, read_chunk, scan_built, scan_chunk
 
 # A range per worker task: large enough that a task's overhead is nil, small enough to balance the workers and
 # bound what each holds.
@@ -77,11 +76,14 @@ def collect_parallel(path: str | Path, *, jobs: int | None = None, max_bytes: in
         jobs = 1
     elif jobs is None:
         jobs = trace_jobs()  # (read only for a large trace: it takes a few tens of milliseconds)
-    if jobs <= 1:
-        return collect(path, chunk_bytes=chunk_bytes, max_bytes=max_bytes)
     if gz:
+        if jobs <= 1:
+            return collect(path, chunk_bytes=chunk_bytes, max_bytes=max_bytes)
         return _collect_gzip(path, jobs, limit, chunk_bytes)
-    return _collect_mapped(path, jobs, limit, chunk_bytes, range_bytes)
+    if jobs <= 1 and not scan_built():
+        return collect(path, chunk_bytes=chunk_bytes, max_bytes=max_bytes)
+    # (one process too: the scan reads a mapped file's chunks where they lie, without copying them)
+    return _collect_mapped(path, max(1, jobs), limit, chunk_bytes, range_bytes)
 
 
 def trace_jobs(cores: int | None = None, load: float | None = None) -> int:
@@ -161,9 +163,7 @@ def _ingest_chunks(chunks: Iterator[tuple[bytes, int]], stats: DecodeStats) -> t
     gc.disable()  # nothing here forms cycles
     try:
         for data, mode in chunks:
-            events = decode_chunk(data, mode, stats)
-            stats.events += len(events)
-            _ingest(part, events)
+            stats.events += read_chunk(part, data, mode, stats)
     finally:
         if was:
             gc.enable()
@@ -177,8 +177,48 @@ def _chunk_task(data: bytes, mode: int) -> tuple[Tables, DecodeStats]:
 def _range_task(path: str, start: int, end: int, last_mode: int, chunk_bytes: int) -> tuple[Tables, DecodeStats]:
     """The columns of the events in bytes [start, end) of a plain trace (whole events, comma-separated)."""
     tf = TraceFile(path=Path(path))
+    part = Tables()
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        return _ingest_chunks(range_chunks(mm, start, end, last_mode, chunk_bytes, tf), tf.stats)
+        read_mapped(part, mm, start, end, last_mode, chunk_bytes, tf)
+    return part, tf.stats
+
+
+def read_mapped(t: Tables, mm: Any, start: int, end: int, last_mode: int, chunk_bytes: int, tf: TraceFile) -> None:
+    """The events of mm[start:end] (whole events, comma-separated) into `t`. Each chunk (cut at event boundaries, as
+    the ranges are) is read by the scan where it lies in the mapping; a chunk the scan finds not plain, and the end
+    of a file cut short, as the single pass reads them (range_chunks: the typed decode, damage skipped and counted).
+    The pages read are handed back as it goes, so the mapping does not grow the process by the file's size."""
+    stats = tf.stats
+    released = start - start % mmap.PAGESIZE
+    was = gc.isenabled()
+    gc.disable()  # nothing here forms cycles
+    try:
+        with memoryview(mm) as view:
+            for a, b in _split(mm, start, end, chunk_bytes):
+                mode = last_mode if b == end else WHOLE
+                n = scan_chunk(t, view[a:b], bare=True) if mode == WHOLE else None
+                if n is None:
+                    for data, m in range_chunks(mm, a, b, mode, chunk_bytes, tf):
+                        stats.events += read_chunk(t, data, m, stats, fast=False)
+                else:
+                    stats.events += n
+                released = _hand_back(mm, released, b)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _hand_back(mm: Any, released: int, upto: int) -> int:
+    """Drop the mapped pages below `upto` from this process (they are the file's: a later read faults them in
+    again); the new low mark."""
+    hi = upto - upto % mmap.PAGESIZE
+    if hi > released and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, released, hi - released)
+        except (OSError, ValueError):
+            return released
+        return hi
+    return released
 
 
 def range_chunks(mm: Any, start: int, end: int, last_mode: int, chunk_bytes: int,
@@ -227,14 +267,19 @@ def _collect_mapped(path: Path, jobs: int, limit: int, chunk_bytes: int, range_b
             mm = None
         if mm is None:
             return collect(path, chunk_bytes=chunk_bytes, max_bytes=limit)
+        t = Tables(path=path)
+        t.stats.bytes_in = t.stats.bytes_json = size
         with mm:
             span = _events_span(mm, size, path, tf)
             if span is None:  # a head the single pass must judge (and word the error for)
                 return collect(path, chunk_bytes=chunk_bytes, max_bytes=limit)
             start, end, last_mode = span
+            if jobs == 1:
+                read = TraceFile(path=path)
+                read_mapped(t, mm, start, end, last_mode, chunk_bytes, read)
+                t.stats.merge(read.stats)
+                return _finish_mapped(t, tf)
             ranges = _split(mm, start, end, max(range_bytes, (end - start) // (64 * jobs) + 1))
-    t = Tables(path=path)
-    t.stats.bytes_in = t.stats.bytes_json = size
     tasks = ((str(path), a, b, last_mode if b == end else WHOLE, chunk_bytes) for a, b in ranges)
     gc_was = gc.isenabled()
     gc.disable()
@@ -244,6 +289,11 @@ def _collect_mapped(path: Path, jobs: int, limit: int, chunk_bytes: int, range_b
     finally:
         if gc_was:
             gc.enable()
+    return _finish_mapped(t, tf)
+
+
+def _finish_mapped(t: Tables, tf: TraceFile) -> Tables:
+    """The metadata and the head's and tail's notes (tf) with the events' columns (t)."""
     t.metadata = tf.metadata
     t.stats.notes[:0] = tf.stats.notes
     t.stats.truncated = t.stats.truncated or tf.stats.truncated

@@ -37,14 +37,22 @@ from diagnoser.traces.decode import (
     CHUNK_BYTES,
     SKIP_BAD_TYPE,
     SKIP_MISSING_TIME,
+    WHOLE,
     Cat,
     DecodeStats,
     Event,
     Ph,
-    iter_event_chunks,
+    TraceFile,
+    decode_chunk,
+    open_events,
 )
 from diagnoser.traces.engine_steps import CPU_OP_CLASS, VLLM_STEP_PREFIX, parse_step
 from diagnoser.traces.flops import COSTED_OPS
+
+try:
+    from diagnoser.traces._scan import scan as _scan
+except ImportError:  # installed without a C compiler: the typed decode reads every chunk (same answers, slower)
+    _scan = None  # type: ignore[assignment]
 
 GPU_KERNEL = 0
 GPU_MEMCPY = 1
@@ -209,24 +217,49 @@ def _int_or(value: object, default: int) -> int:
     return value if isinstance(value, int) else default
 
 
-def collect(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES, max_bytes: int | None = None) -> Tables:
-    """Stream a trace file into Tables (one pass, bounded memory)."""
+def collect(path: str | Path, *, chunk_bytes: int = CHUNK_BYTES, max_bytes: int | None = None,
+            fast: bool = True) -> Tables:
+    """Stream a trace file into Tables (one pass, bounded memory). `fast=False` reads every chunk with the typed
+    decode (the scan's reference in the tests)."""
     path = Path(path)
-    tf, chunks = iter_event_chunks(path, chunk_bytes=chunk_bytes, max_bytes=max_bytes)
+    tf, chunks = open_events(path, chunk_bytes=chunk_bytes, max_bytes=max_bytes)
     t = Tables(path=path)
     # Nothing built here forms reference cycles; collecting during the pass only costs time.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for events in chunks:
-            _ingest(t, events)
+        for data, mode in chunks:
+            tf.stats.events += read_chunk(t, data, mode, tf.stats, fast=fast)
     finally:
         if was_enabled:
             gc.enable()
+    _finish(t, tf)
+    return t
+
+
+def scan_built() -> bool:
+    """Whether the compiled scan (_scan.c) is installed: without it every chunk is typed-decoded."""
+    return _scan is not None
+
+
+def _finish(t: Tables, tf: TraceFile) -> None:
     t.metadata = tf.metadata
     t.stats = tf.stats
     t.finish()
-    return t
+
+
+def read_chunk(t: Tables, data: bytes, mode: int, stats: DecodeStats, *, fast: bool = True) -> int:
+    """Read one raw chunk (decode.raw_chunks) into `t`; the number of events it held. A chunk of plain events is
+    read by the scan (_scan.c) straight into columns; any other, or every chunk without the compiled scan, by the
+    typed decode and `_ingest`. Both give the same columns (tests/test_trace_scan.py)."""
+    if fast and mode == WHOLE:
+        n = scan_chunk(t, data)
+        if n is not None:
+            return n
+    events = decode_chunk(data, mode, stats)
+    if events:
+        _ingest(t, events)
+    return len(events)
 
 
 def _ingest(t: Tables, events: list[Event]) -> None:
@@ -300,7 +333,12 @@ def _ingest_cpu_ops(t: Tables, cpu_ops: list[Event]) -> None:
         t.classed_ops.extend((cls_of[e.name], t.tid(e.tid), e.ts, e.dur)  # type: ignore[misc]
                              for e in cpu_ops if e.name in cls_of)
     costed = COSTED_OPS
-    for e in [e for e in cpu_ops if e.name in costed]:
+    _costed_ops(t, [e for e in cpu_ops if e.name in costed])
+
+
+def _costed_ops(t: Tables, ops: list[Event]) -> None:
+    """The ops (of COSTED_OPS) that carry shapes, kept with their shapes as raw JSON."""
+    for e in ops:
         args = e.args
         if args is not None and args.input_dims:
             t.costed.append(CostedOp(e.name, t.tid(e.tid), e.ts, e.dur, args.external_id,  # type: ignore[arg-type]
@@ -319,6 +357,150 @@ def _ingest_runtime(t: Tables, runtime: list[Event]) -> None:
     kinds = [get_kind(e.name) for e in runtime]
     _runtime_calls(t, list(compress(runtime, kinds)), list(filter(None, kinds)))
     t.runtime_names.update(map(_NAME, runtime))
+
+
+# --- the scan's columns (_scan.c): the same Tables as _ingest, from packed arrays -------------------------------------
+
+_DECODE_LIST = msgspec.json.Decoder(list[Event], strict=False)
+
+
+def _events_at(data: bytes | memoryview, offsets: bytes, pick: list[int] | None = None) -> list[Event]:
+    """The events at the given (start, end) byte offsets of `data` (all, or the picked ones), typed-decoded."""
+    spans = array("q", offsets)
+    starts, ends = spans[0::2], spans[1::2]
+    if pick is not None:
+        starts, ends = array("q", map(starts.__getitem__, pick)), array("q", map(ends.__getitem__, pick))
+    with memoryview(data) as view:
+        listed = b",".join(view[s:e] for s, e in zip(starts, ends, strict=True))
+    return _DECODE_LIST.decode(b"".join((b"[", listed, b"]")))
+
+
+def scan_chunk(t: Tables, data: bytes | memoryview, *, bare: bool = False) -> int | None:
+    """A chunk read by the scan into `t`, in _ingest's order (CPU ops, runtime calls, GPU work, the rest): the number
+    of events it held, or None when the scan finds it not plain or is not built (then nothing is added). `bare`: the
+    comma-separated events without the list's brackets (a range of a mapped file). The few events read for more
+    than columns (the rest's categories, collectives, ops with shapes) are typed-decoded from their bytes first."""
+    if _scan is None:
+        return None
+    cols = _scan(data, _RUNTIME_KINDS, _interest, _SYNC_KINDS, LONG_OP_US, bare)
+    if cols is None:
+        return None
+    picked = list(zip(array("i", cols[_S_PICK_IDX]), cols[_S_PICK_FLAG], strict=True))
+    costed = [k for k, f in picked if f & _COSTED]
+    try:
+        rest = _events_at(data, cols[_S_REST_OFF]) if cols[_S_REST_OFF] else []
+        costed_ops = _events_at(data, cols[_S_CPU_OFF], costed) if costed else []
+    except (msgspec.DecodeError, msgspec.ValidationError):  # read otherwise by the typed decode: leave it to it
+        return None
+    n_events: int = cols[_S_EVENTS]
+    t.counts["events"] += n_events
+    if cols[_S_CPU_TS]:
+        _scanned_cpu_ops(t, cols, picked, costed_ops)
+    if cols[_S_RT_TS]:
+        _scanned_runtime(t, cols)
+    if cols[_S_G_TS]:
+        _scanned_gpu_work(t, cols)
+    if cols[_S_S_TS]:  # the cuda_sync records kept (as _other keeps them)
+        t.s_dev.frombytes(cols[_S_S_DEV])
+        t.s_host.frombytes(cols[_S_S_HOST])
+        t.s_ts.frombytes(cols[_S_S_TS])
+        t.s_dur.frombytes(cols[_S_S_DUR])
+    if rest:
+        rest, _, _ = _checked(t, rest, complete_only=False)
+        for e in rest:
+            _other(t, e)
+    return n_events
+
+
+# The cuda_sync kinds kept on the GPU rows: 2 a host wait, 1 a stream waiting on an event (_other's test).
+_SYNC_KINDS = {**dict.fromkeys(HOST_SYNC_KINDS, 2), STREAM_WAIT_KIND: 1}
+
+# Why a CPU op is read for more than its columns (the scan asks once per name in a chunk).
+_COMM, _CLASSED, _COSTED = 1, 2, 4
+
+
+def _interest(name: str) -> int:
+    return ((_COMM if name in _COMM_OP_NAMES or name.startswith(COMM_OP_PREFIX) else 0)
+            | (_CLASSED if name in CPU_OP_CLASS else 0) | (_COSTED if name in COSTED_OPS else 0))
+
+
+def _scanned_cpu_ops(t: Tables, cols: tuple[Any, ...], picked: list[tuple[int, int]],
+                     costed_ops: list[Event]) -> None:
+    names: list[str] = cols[_S_NAMES]
+    t.counts["cpu_op"] += len(cols[_S_CPU_TS]) // 8
+    if not t.shapes_seen:
+        t.shapes_seen = cols[_S_SHAPES]
+    t.h_tid.frombytes(cols[_S_CPU_TID])
+    t.h_ts.frombytes(cols[_S_CPU_TS])
+    t.h_end.frombytes(cols[_S_CPU_END])
+    t.long_ops.extend(cols[_S_CPU_LONG])
+    counts = array("q", cols[_S_CPU_COUNT])
+    t.op_names.update({names[i]: counts[i] for i in array("i", cols[_S_C_ORDER])})
+    if len(t.ext_ids) < SAMPLE_IDS:
+        t.ext_ids.frombytes(cols[_S_CPU_EXT])
+    if picked:
+        tid = t.tid
+        tids, ts, durs = array("q", cols[_S_CPU_TID]), array("d", cols[_S_CPU_TS]), array("d", cols[_S_CPU_DUR])
+        name_of = array("i", cols[_S_CPU_NAME])
+        comm = [k for k, f in picked if f & _COMM]
+        if comm:  # as _comm_ops: the op's "Collective name", else its name
+            t.comm_ops.extend((tid(tids[k]), ts[k], ts[k] + durs[k], coll or names[name_of[k]])
+                              for k, coll in zip(comm, cols[_S_CPU_COLLS], strict=True))
+        cls_of = CPU_OP_CLASS
+        t.classed_ops.extend((cls_of[names[name_of[k]]], tid(tids[k]), ts[k], durs[k])
+                             for k, f in picked if f & _CLASSED)
+    _costed_ops(t, costed_ops)
+
+
+def _global_ids(t: Tables, names: list[str], order: bytes, local: bytes) -> array:
+    """Chunk-local name indices as the table's name ids, new names numbered in order of first sight (as _name_ids)."""
+    glob: dict[int, int] = {}
+    for i in array("i", order):
+        glob[i] = t.name_id(names[i])
+    return array("i", map(glob.__getitem__, array("i", local)))
+
+
+def _scanned_runtime(t: Tables, cols: tuple[Any, ...]) -> None:
+    names: list[str] = cols[_S_NAMES]
+    t.counts["runtime"] += len(cols[_S_RT_TS]) // 8
+    t.h_tid.frombytes(cols[_S_RT_TID])
+    t.h_ts.frombytes(cols[_S_RT_TS])
+    t.h_end.frombytes(cols[_S_RT_END])
+    t.long_ops.extend(cols[_S_RT_LONG])
+    t.r_ts.frombytes(cols[_S_L_TS])
+    t.r_dur.frombytes(cols[_S_L_DUR])
+    t.r_tid.frombytes(cols[_S_L_TID])
+    t.r_corr.frombytes(cols[_S_L_CORR])
+    t.r_kind.frombytes(cols[_S_L_KIND])
+    t.r_name.extend(_global_ids(t, names, cols[_S_L_ORDER], cols[_S_L_NAME]))
+    counts = array("q", cols[_S_RT_COUNT])
+    t.runtime_names.update({names[i]: counts[i] for i in array("i", cols[_S_R_ORDER])})
+
+
+def _scanned_gpu_work(t: Tables, cols: tuple[Any, ...]) -> None:
+    names: list[str] = cols[_S_NAMES]
+    n0 = len(t.g_ts)
+    t.counts["gpu"] += len(cols[_S_G_TS]) // 8
+    t.g_ts.frombytes(cols[_S_G_TS])
+    t.g_dur.frombytes(cols[_S_G_DUR])
+    t.g_dev.frombytes(cols[_S_G_DEV])
+    t.g_stream.frombytes(cols[_S_G_STREAM])
+    t.g_corr.frombytes(cols[_S_G_CORR])
+    t.g_kind.frombytes(cols[_S_G_KIND])
+    t.g_name.extend(_global_ids(t, names, cols[_S_G_ORDER], cols[_S_G_NAME]))
+    t.g_bytes.frombytes(cols[_S_G_BYTES])
+    t.g_graph.frombytes(cols[_S_G_GRAPH])
+    t.g_coll.update((n0 + i, c) for i, c in cols[_S_COLLS])
+
+
+# The scan's tuple, in _scan.c's order (its enum, then the extras).
+(_S_CPU_TID, _S_CPU_TS, _S_CPU_DUR, _S_CPU_END, _S_CPU_NAME, _S_CPU_OFF, _S_CPU_EXT,
+ _S_RT_TID, _S_RT_TS, _S_RT_DUR, _S_RT_END, _S_RT_NAME,
+ _S_L_KIND, _S_L_TS, _S_L_DUR, _S_L_TID, _S_L_CORR, _S_L_NAME,
+ _S_G_KIND, _S_G_DEV, _S_G_STREAM, _S_G_TS, _S_G_DUR, _S_G_NAME, _S_G_CORR, _S_G_BYTES, _S_G_GRAPH,
+ _S_REST_OFF, _S_L_ORDER, _S_G_ORDER, _S_C_ORDER, _S_R_ORDER, _S_PICK_IDX, _S_PICK_FLAG,
+ _S_S_DEV, _S_S_HOST, _S_S_TS, _S_S_DUR,
+ _S_EVENTS, _S_NAMES, _S_CPU_COUNT, _S_RT_COUNT, _S_CPU_LONG, _S_RT_LONG, _S_COLLS, _S_CPU_COLLS, _S_SHAPES) = range(47)
 
 
 def _checked(t: Tables, events: list[Event],
@@ -535,7 +717,8 @@ def _other(t: Tables, e: Event) -> None:
 
 
 _COMM_OP_NAMES = COMM_OP_NAMES
-_RUNTIME_KIND_GET = {n: runtime_kind(n) for n in (KERNEL_LAUNCHES | GRAPH_LAUNCHES | COPY_CALLS | SYNC_CALLS)}.get
+_RUNTIME_KINDS = {n: runtime_kind(n) for n in (KERNEL_LAUNCHES | GRAPH_LAUNCHES | COPY_CALLS | SYNC_CALLS)}
+_RUNTIME_KIND_GET = _RUNTIME_KINDS.get
 
 
 class _NoArgs(msgspec.Struct):
