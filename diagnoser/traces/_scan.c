@@ -20,6 +20,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define MAX_DEPTH 64
 
@@ -189,6 +192,22 @@ static int string(Cur *c, const char **s, const char **e, int *escaped) {
     int esc = 0;
     *s = p;
     for (;;) {
+#if defined(__SSE2__)
+        /* 16 bytes a step: a quote, a backslash, or a byte below 0x20 as a signed char (a control character, or
+         * non-ASCII) */
+        while (end - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)p);
+            __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
+                                                    _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+                                       _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
+            int mask = _mm_movemask_epi8(hit);
+            if (mask) {
+                p += __builtin_ctz((unsigned)mask);
+                break;
+            }
+            p += 16;
+        }
+#endif
         while (end - p >= 8) {
             uint64_t w;
             memcpy(&w, p, 8);
@@ -421,6 +440,7 @@ typedef struct {
     int has_ph, has_cat, has_name, name_esc, ts_set, dur_set, has_args;
     int tid_kind, dev_kind, stream_kind, corr_kind, ext_kind, bytes_kind, graph_kind, coll_kind, coll_esc, dims;
     int pid_kind, sync_kind, sync_esc;
+    const char *shape[3], *shape_e[3];  /* Input Dims, Input type, Concrete Inputs: raw JSON, or NULL */
     int64_t pid, tid, dev, stream, corr, ext, nbytes, graph;
     double ts, dur;
 } Ev;
@@ -466,11 +486,14 @@ static int args_member(Cur *c, Ev *ev, const char *k, Py_ssize_t klen, unsigned 
         ev->sync_kind = kind;
     } else if (KEY("dtype")) {
         if (once(c, seen, 2048) < 0 || str_value(c, &s, &e, &esc) < 0) return -1;
-    } else if (KEY("Input Dims")) {
-        if (once(c, seen, 8192) < 0 || skip_value(c, 2) < 0) return -1;
-        ev->dims = 1;
-    } else if (KEY("Input type") || KEY("Concrete Inputs")) {
-        if (once(c, seen, KEY("Input type") ? 16384 : 32768) < 0 || skip_value(c, 2) < 0) return -1;
+    } else if (KEY("Input Dims") || KEY("Input type") || KEY("Concrete Inputs")) {
+        /* shapes: kept as the raw JSON of the value (decode.Args keeps them raw too) */
+        int which = KEY("Input Dims") ? 0 : KEY("Input type") ? 1 : 2;
+        const char *start = c->p;
+        if (once(c, seen, 8192u << which) < 0 || skip_value(c, 2) < 0) return -1;
+        ev->shape[which] = start;
+        ev->shape_e[which] = c->p;
+        if (which == 0) ev->dims = 1;
     } else {
         return skip_value(c, 2);
     }
@@ -604,7 +627,7 @@ static int category(const Ev *ev, int8_t *gpu_kind) {
 /* --- the chunk --------------------------------------------------------------------------------------------------- */
 
 enum {
-    CPU_TID, CPU_TS, CPU_DUR, CPU_END, CPU_NAME, CPU_OFF, CPU_EXT,
+    CPU_TID, CPU_TS, CPU_DUR, CPU_END, CPU_NAME, CPU_EXT,
     RT_TID, RT_TS, RT_DUR, RT_END, RT_NAME,
     L_KIND, L_TS, L_DUR, L_TID, L_CORR, L_NAME,
     G_KIND, G_DEV, G_STREAM, G_TS, G_DUR, G_NAME, G_CORR, G_BYTES, G_GRAPH,
@@ -612,7 +635,7 @@ enum {
 };
 
 static const Py_ssize_t SIZES[N_BUFS] = {
-    8, 8, 8, 8, 4, 8, 8,
+    8, 8, 8, 8, 4, 8,
     8, 8, 8, 8, 4,
     1, 8, 8, 8, 8, 4,
     1, 4, 8, 8, 8, 4, 8, 8, 8,
@@ -622,7 +645,7 @@ static const Py_ssize_t SIZES[N_BUFS] = {
 typedef struct {
     Buf b[N_BUFS];
     Names names;
-    PyObject *cpu_long, *rt_long, *colls, *cpu_colls, *kinds, *interest, *syncs;
+    PyObject *cpu_long, *rt_long, *colls, *cpu_colls, *costed, *kinds, *interest, *syncs;
     Py_ssize_t n_events;
     int shapes, n_cpu;
 } Chunk;
@@ -658,6 +681,21 @@ static int cpu_collective(Chunk *ch, const Ev *ev) {
     }
     int rc = PyList_Append(ch->cpu_colls, v);
     Py_DECREF(v);
+    return rc;
+}
+
+/* An op whose FLOPs can be derived, with its shapes (tables.CostedOp's): (its place among the chunk's CPU ops, its
+ * External id or None, Input Dims, Input type, Concrete Inputs as raw JSON bytes, b"" when absent). */
+static int cpu_costed(Chunk *ch, const Ev *ev, int32_t k) {
+    PyObject *ext = ev->ext_kind == V_INT ? PyLong_FromLongLong(ev->ext) : (Py_INCREF(Py_None), Py_None);
+    if (!ext) return -1;
+    PyObject *item = Py_BuildValue(
+        "(iNy#y#y#)", k, ext, ev->shape[0], (Py_ssize_t)(ev->shape[0] ? ev->shape_e[0] - ev->shape[0] : 0),
+        ev->shape[1] ? ev->shape[1] : "", (Py_ssize_t)(ev->shape[1] ? ev->shape_e[1] - ev->shape[1] : 0),
+        ev->shape[2] ? ev->shape[2] : "", (Py_ssize_t)(ev->shape[2] ? ev->shape_e[2] - ev->shape[2] : 0));
+    if (!item) return -1;
+    int rc = PyList_Append(ch->costed, item);
+    Py_DECREF(item);
     return rc;
 }
 
@@ -759,12 +797,10 @@ static int take(Chunk *ch, const Ev *ev, int cat, int8_t gpu_kind, int64_t start
     }
     if (ev->tid_kind != V_INT) return 1;
     if (cat == C_CPU) {
-        int64_t off = start;
         if (push(ch, CPU_TID, &ev->tid) || push(ch, CPU_TS, &ev->ts) || push(ch, CPU_DUR, &ev->dur)
-            || push(ch, CPU_END, &end) || push(ch, CPU_NAME, &idx) || push(ch, CPU_OFF, &off))
+            || push(ch, CPU_END, &end) || push(ch, CPU_NAME, &idx)
+            || (ev->ext_kind == V_INT && push(ch, CPU_EXT, &ev->ext)))
             return -1;
-        off = stop;
-        if (push(ch, CPU_OFF, &off) || (ev->ext_kind == V_INT && push(ch, CPU_EXT, &ev->ext))) return -1;
         if (first_sight(ch, idx, 4, C_ORDER) < 0) return -1;
         int flags = cpu_interest(ch, idx);
         if (flags < 0) return -1;
@@ -774,6 +810,7 @@ static int take(Chunk *ch, const Ev *ev, int cat, int8_t gpu_kind, int64_t start
             if (push(ch, PICK_IDX, &k) || push(ch, PICK_FLAG, &f)) return -1;
             if ((flags & 1) && ev->coll_esc) return 1;
             if ((flags & 1) && cpu_collective(ch, ev) < 0) return -1;
+            if ((flags & 4) && ev->dims && cpu_costed(ch, ev, k) < 0) return -1;
         }
         ((int64_t *)ch->names.cpu_count.p)[idx]++;
         if (ch->n_cpu++ < 64 && ev->dims) ch->shapes = 1;
@@ -839,8 +876,33 @@ static int read_chunk(Chunk *ch, const char *data, Py_ssize_t n, double long_us,
     return c.p == c.end ? 0 : 1;
 }
 
-static void chunk_free(Chunk *ch) {
-    for (int i = 0; i < N_BUFS; i++) free(ch->b[i].p);
+/* The column buffers are kept from one chunk to the next (a chunk's columns are a few MB): growing them anew for
+ * every chunk cost a copy and fresh pages each time. Kept only by the one call that holds them (a callback may let
+ * another thread in), and not when one grew past KEEP_MAX. */
+#define KEEP_MAX (16 << 20)
+static Buf KEPT[N_BUFS];
+static int kept_busy = 0;
+
+static int take_kept(Chunk *ch) {
+    if (kept_busy) return 0;
+    kept_busy = 1;
+    for (int i = 0; i < N_BUFS; i++) {
+        ch->b[i] = KEPT[i];
+        ch->b[i].n = 0;
+    }
+    return 1;
+}
+
+static void chunk_free(Chunk *ch, int kept) {
+    for (int i = 0; i < N_BUFS; i++) {
+        if (kept && ch->b[i].cap * ch->b[i].size <= KEEP_MAX) {
+            KEPT[i] = ch->b[i];
+        } else {
+            free(ch->b[i].p);
+            if (kept) memset(&KEPT[i], 0, sizeof KEPT[i]);
+        }
+    }
+    if (kept) kept_busy = 0;
     free(ch->names.slots);
     free(ch->names.cpu_count.p);
     free(ch->names.rt_count.p);
@@ -853,6 +915,7 @@ static void chunk_free(Chunk *ch) {
     Py_XDECREF(ch->rt_long);
     Py_XDECREF(ch->colls);
     Py_XDECREF(ch->cpu_colls);
+    Py_XDECREF(ch->costed);
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
@@ -865,6 +928,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         return NULL;
     Chunk ch;
     memset(&ch, 0, sizeof ch);
+    int kept = take_kept(&ch);
     for (int i = 0; i < N_BUFS; i++) ch.b[i].size = SIZES[i];
     ch.names.cpu_count.size = ch.names.rt_count.size = 8;
     ch.names.rt_kind.size = ch.names.interest.size = ch.names.sync_cls.size = ch.names.seen.size = 1;
@@ -878,8 +942,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     ch.rt_long = PyList_New(0);
     ch.colls = PyList_New(0);
     ch.cpu_colls = PyList_New(0);
+    ch.costed = PyList_New(0);
     PyObject *out = NULL;
-    if (!ch.names.slots || !ch.names.names || !ch.cpu_long || !ch.rt_long || !ch.colls || !ch.cpu_colls) {
+    if (!ch.names.slots || !ch.names.names || !ch.cpu_long || !ch.rt_long || !ch.colls || !ch.cpu_colls
+        || !ch.costed) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto done;
     }
@@ -890,32 +956,34 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_INCREF(out);
         goto done;
     }
-    out = PyTuple_New(N_BUFS + 9);
+    out = PyTuple_New(N_BUFS + 10);
     if (!out) goto done;
     for (int i = 0; i < N_BUFS; i++) {
         PyObject *b = buf_bytes(&ch.b[i]);
         if (!b) { Py_CLEAR(out); goto done; }
         PyTuple_SET_ITEM(out, i, b);
     }
-    PyObject *extra[9] = {
+    PyObject *extra[10] = {
         PyLong_FromSsize_t(ch.n_events), ch.names.names, buf_bytes(&ch.names.cpu_count),
-        buf_bytes(&ch.names.rt_count), ch.cpu_long, ch.rt_long, ch.colls, ch.cpu_colls, PyBool_FromLong(ch.shapes),
+        buf_bytes(&ch.names.rt_count), ch.cpu_long, ch.rt_long, ch.colls, ch.cpu_colls, ch.costed,
+        PyBool_FromLong(ch.shapes),
     };
     Py_INCREF(ch.names.names);
     Py_INCREF(ch.cpu_long);
     Py_INCREF(ch.rt_long);
     Py_INCREF(ch.colls);
     Py_INCREF(ch.cpu_colls);
-    for (int i = 0; i < 9; i++) {
+    Py_INCREF(ch.costed);
+    for (int i = 0; i < 10; i++) {
         if (!extra[i]) {
-            for (int j = i; j < 9; j++) Py_XDECREF(extra[j]);
+            for (int j = i; j < 10; j++) Py_XDECREF(extra[j]);
             Py_CLEAR(out);
             goto done;
         }
         PyTuple_SET_ITEM(out, N_BUFS + i, extra[i]);
     }
 done:
-    chunk_free(&ch);
+    chunk_free(&ch, kept);
     PyBuffer_Release(&view);
     return out;
 }

@@ -364,12 +364,10 @@ def _ingest_runtime(t: Tables, runtime: list[Event]) -> None:
 _DECODE_LIST = msgspec.json.Decoder(list[Event], strict=False)
 
 
-def _events_at(data: bytes | memoryview, offsets: bytes, pick: list[int] | None = None) -> list[Event]:
-    """The events at the given (start, end) byte offsets of `data` (all, or the picked ones), typed-decoded."""
+def _events_at(data: bytes | memoryview, offsets: bytes) -> list[Event]:
+    """The events at the given (start, end) byte offsets of `data`, typed-decoded."""
     spans = array("q", offsets)
     starts, ends = spans[0::2], spans[1::2]
-    if pick is not None:
-        starts, ends = array("q", map(starts.__getitem__, pick)), array("q", map(ends.__getitem__, pick))
     with memoryview(data) as view:
         listed = b",".join(view[s:e] for s, e in zip(starts, ends, strict=True))
     return _DECODE_LIST.decode(b"".join((b"[", listed, b"]")))
@@ -386,16 +384,14 @@ def scan_chunk(t: Tables, data: bytes | memoryview, *, bare: bool = False) -> in
     if cols is None:
         return None
     picked = list(zip(array("i", cols[_S_PICK_IDX]), cols[_S_PICK_FLAG], strict=True))
-    costed = [k for k, f in picked if f & _COSTED]
     try:
         rest = _events_at(data, cols[_S_REST_OFF]) if cols[_S_REST_OFF] else []
-        costed_ops = _events_at(data, cols[_S_CPU_OFF], costed) if costed else []
     except (msgspec.DecodeError, msgspec.ValidationError):  # read otherwise by the typed decode: leave it to it
         return None
     n_events: int = cols[_S_EVENTS]
     t.counts["events"] += n_events
     if cols[_S_CPU_TS]:
-        _scanned_cpu_ops(t, cols, picked, costed_ops)
+        _scanned_cpu_ops(t, cols, picked)
     if cols[_S_RT_TS]:
         _scanned_runtime(t, cols)
     if cols[_S_G_TS]:
@@ -424,8 +420,7 @@ def _interest(name: str) -> int:
             | (_CLASSED if name in CPU_OP_CLASS else 0) | (_COSTED if name in COSTED_OPS else 0))
 
 
-def _scanned_cpu_ops(t: Tables, cols: tuple[Any, ...], picked: list[tuple[int, int]],
-                     costed_ops: list[Event]) -> None:
+def _scanned_cpu_ops(t: Tables, cols: tuple[Any, ...], picked: list[tuple[int, int]]) -> None:
     names: list[str] = cols[_S_NAMES]
     t.counts["cpu_op"] += len(cols[_S_CPU_TS]) // 8
     if not t.shapes_seen:
@@ -449,7 +444,9 @@ def _scanned_cpu_ops(t: Tables, cols: tuple[Any, ...], picked: list[tuple[int, i
         cls_of = CPU_OP_CLASS
         t.classed_ops.extend((cls_of[names[name_of[k]]], tid(tids[k]), ts[k], durs[k])
                              for k, f in picked if f & _CLASSED)
-    _costed_ops(t, costed_ops)
+        # as _costed_ops: the ops with shapes, their shapes raw
+        t.costed.extend(CostedOp(names[name_of[k]], tid(tids[k]), ts[k], durs[k], ext, dims, types, concrete)
+                        for k, ext, dims, types, concrete in cols[_S_COSTED])
 
 
 def _global_ids(t: Tables, names: list[str], order: bytes, local: bytes) -> array:
@@ -494,13 +491,14 @@ def _scanned_gpu_work(t: Tables, cols: tuple[Any, ...]) -> None:
 
 
 # The scan's tuple, in _scan.c's order (its enum, then the extras).
-(_S_CPU_TID, _S_CPU_TS, _S_CPU_DUR, _S_CPU_END, _S_CPU_NAME, _S_CPU_OFF, _S_CPU_EXT,
+(_S_CPU_TID, _S_CPU_TS, _S_CPU_DUR, _S_CPU_END, _S_CPU_NAME, _S_CPU_EXT,
  _S_RT_TID, _S_RT_TS, _S_RT_DUR, _S_RT_END, _S_RT_NAME,
  _S_L_KIND, _S_L_TS, _S_L_DUR, _S_L_TID, _S_L_CORR, _S_L_NAME,
  _S_G_KIND, _S_G_DEV, _S_G_STREAM, _S_G_TS, _S_G_DUR, _S_G_NAME, _S_G_CORR, _S_G_BYTES, _S_G_GRAPH,
  _S_REST_OFF, _S_L_ORDER, _S_G_ORDER, _S_C_ORDER, _S_R_ORDER, _S_PICK_IDX, _S_PICK_FLAG,
  _S_S_DEV, _S_S_HOST, _S_S_TS, _S_S_DUR,
- _S_EVENTS, _S_NAMES, _S_CPU_COUNT, _S_RT_COUNT, _S_CPU_LONG, _S_RT_LONG, _S_COLLS, _S_CPU_COLLS, _S_SHAPES) = range(47)
+ _S_EVENTS, _S_NAMES, _S_CPU_COUNT, _S_RT_COUNT, _S_CPU_LONG, _S_RT_LONG, _S_COLLS, _S_CPU_COLLS, _S_COSTED,
+ _S_SHAPES) = range(47)
 
 
 def _checked(t: Tables, events: list[Event],
