@@ -289,9 +289,9 @@ def _window(t: Tables, policy: str, launches: Launches, skipped: list[str]) -> t
     trace_span = None
     if t.trace_spans:
         trace_span = (min(s for s, _ in t.trace_spans), max(e for _, e in t.trace_spans))
-    elif t.cpu_first < t.cpu_last or gpu_span:
-        lo = min(t.cpu_first, gpu_span[0] if gpu_span else math.inf)
-        hi = max(t.cpu_last, gpu_span[1] if gpu_span else -math.inf)
+    elif (host := t.host_span())[0] < host[1] or gpu_span:
+        lo = min(host[0], gpu_span[0] if gpu_span else math.inf)
+        hi = max(host[1], gpu_span[1] if gpu_span else -math.inf)
         trace_span = (lo, hi)
     steps_span = _steps_span(t, launches, trace_span) if t.steps else None
     if policy == "auto":

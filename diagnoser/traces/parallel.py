@@ -297,7 +297,6 @@ def _finish_mapped(t: Tables, tf: TraceFile) -> Tables:
     t.metadata = tf.metadata
     t.stats.notes[:0] = tf.stats.notes
     t.stats.truncated = t.stats.truncated or tf.stats.truncated
-    t.finish()
     return t
 
 
@@ -372,7 +371,6 @@ def _collect_gzip(path: Path, jobs: int, limit: int, chunk_bytes: int) -> Tables
     stats.truncated = stats.truncated or t.stats.truncated
     stats.notes.extend(n for n in t.stats.notes if n not in stats.notes)
     t.stats = stats
-    t.finish()
     return t
 
 

@@ -141,8 +141,6 @@ class Tables:
     # waited for it
     # (few: a decode step's ops are microseconds; a DDP forward's bucket copy or an optimizer step, milliseconds).
     long_ops: list[tuple[str, float, float]] = field(default_factory=list)
-    cpu_first: float = float("inf")
-    cpu_last: float = float("-inf")
     counts: Counter[str] = field(default_factory=Counter)  # events seen: cpu_op, runtime, gpu, events (all)
     skips: Counter[str] = field(default_factory=Counter)  # events dropped here, by reason (decode.SKIP_*)
     op_names: Counter[str] = field(default_factory=Counter)  # CPU ops and annotations by name
@@ -206,11 +204,12 @@ class Tables:
             getattr(self, counter).update(getattr(part, counter))
         self.shapes_seen = self.shapes_seen or part.shapes_seen
 
-    def finish(self) -> None:
-        """After the last events: the host span."""
-        if self.h_ts:
-            self.cpu_first = min(self.h_ts)
-            self.cpu_last = max(self.h_end)
+    def host_span(self) -> tuple[float, float]:
+        """The first host event's start and the last one's end; (inf, -inf) without any. Computed when asked: the
+        analysis needs it only for a trace without the profiler's own span (a pass over millions of times)."""
+        if not self.h_ts:
+            return float("inf"), float("-inf")
+        return min(self.h_ts), max(self.h_end)
 
 
 def _int_or(value: object, default: int) -> int:
@@ -245,7 +244,6 @@ def scan_built() -> bool:
 def _finish(t: Tables, tf: TraceFile) -> None:
     t.metadata = tf.metadata
     t.stats = tf.stats
-    t.finish()
 
 
 def read_chunk(t: Tables, data: bytes, mode: int, stats: DecodeStats, *, fast: bool = True) -> int:
