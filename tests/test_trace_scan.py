@@ -49,14 +49,8 @@ def _same(a: Tables, b: Tables) -> None:
         assert ca[key] == cb[key], key
 
 
-def test_the_scan_is_built() -> None:
-    # The project's install compiles it (setup.py); without a C compiler every chunk is typed-decoded, slower.
-    assert tables.scan_built(), "diagnoser/traces/_scan.c is not built: `pip install -e .` needs a C compiler"
-
-
-@pytest.mark.parametrize("path", PUBLIC, ids=[p.name for p in PUBLIC])
-def test_the_scan_builds_the_typed_decodes_tables_on_every_public_trace(path: Path, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each chunk read from now on was read by the scan (True) or left to the typed decode."""
     read: list[bool] = []
     real = tables.scan_chunk
 
@@ -67,6 +61,18 @@ def test_the_scan_builds_the_typed_decodes_tables_on_every_public_trace(path: Pa
 
     monkeypatch.setattr(tables, "scan_chunk", counting)
     monkeypatch.setattr(parallel, "scan_chunk", counting)
+    return read
+
+
+def test_the_scan_is_built() -> None:
+    # The project's install compiles it (setup.py); without a C compiler every chunk is typed-decoded, slower.
+    assert tables.scan_built(), "diagnoser/traces/_scan.c is not built: `pip install -e .` needs a C compiler"
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=[p.name for p in PUBLIC])
+def test_the_scan_builds_the_typed_decodes_tables_on_every_public_trace(path: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    read = _count_scans(monkeypatch)
     for chunk_bytes in (64 << 10, 8 << 20):
         _same(collect(path, chunk_bytes=chunk_bytes), collect(path, chunk_bytes=chunk_bytes, fast=False))
     assert read and all(read), f"{sum(read)} of {len(read)} chunks read by the scan"  # real traces are plain
@@ -276,15 +282,7 @@ def test_a_damaged_chunk_is_left_to_the_typed_decode(tmp_path: Path, monkeypatch
     assert '"ts": 100000.0' in text
     path = tmp_path / "t.json"
     path.write_text(text.replace('"ts": 100000.0', '"ts": -1.0', 1))
-    plain: list[bool] = []
-    real = parallel.scan_chunk
-
-    def counting(t: Tables, data: Any, *, bare: bool = False) -> int | None:
-        n = real(t, data, bare=bare)
-        plain.append(n is not None)
-        return n
-
-    monkeypatch.setattr(parallel, "scan_chunk", counting)
+    plain = _count_scans(monkeypatch)
     mapped = collect_parallel(path, jobs=1, chunk_bytes=64 << 10)
     assert plain.count(False) == 1 and len(plain) > 10
     serial = collect(path, fast=False)

@@ -500,10 +500,10 @@ static int args_member(Cur *c, Ev *ev, const char *k, Py_ssize_t klen, unsigned 
     return 0;
 }
 
-static int args_object(Cur *c, Ev *ev) {
-    if (*c->p == 'n') return literal(c, "null", 4);
-    if (*c->p != '{') return c->bad = 1, -1;
-    ev->has_args = 1;
+typedef int (*Member)(Cur *c, Ev *ev, const char *key, Py_ssize_t klen, unsigned *seen);
+
+/* The members of the object at c->p ('{'), each handed to `member` by its key (a key with an escape is not plain). */
+static int members(Cur *c, Ev *ev, Member member) {
     unsigned seen = 0;
     c->p++;
     ws(c);
@@ -516,13 +516,20 @@ static int args_object(Cur *c, Ev *ev) {
         if (c->p >= c->end || *c->p != ':') return c->bad = 1, -1;
         c->p++;
         ws(c);
-        if (args_member(c, ev, k, ke - k, &seen) < 0) return -1;
+        if (member(c, ev, k, ke - k, &seen) < 0) return -1;
         ws(c);
         if (c->p >= c->end) return c->bad = 1, -1;
         if (*c->p == ',') { c->p++; ws(c); continue; }
         if (*c->p == '}') { c->p++; return 0; }
         return c->bad = 1, -1;
     }
+}
+
+static int args_object(Cur *c, Ev *ev) {
+    if (*c->p == 'n') return literal(c, "null", 4);
+    if (*c->p != '{') return c->bad = 1, -1;
+    ev->has_args = 1;
+    return members(c, ev, args_member);
 }
 
 /* pid / tid: int | str | null */
@@ -582,25 +589,7 @@ static int event_member(Cur *c, Ev *ev, const char *k, Py_ssize_t klen, unsigned
 static int event(Cur *c, Ev *ev) {
     memset(ev, 0, sizeof *ev);
     if (c->p >= c->end || *c->p != '{') return c->bad = 1, -1;
-    unsigned seen = 0;
-    c->p++;
-    ws(c);
-    if (c->p < c->end && *c->p == '}') { c->p++; return 0; }
-    for (;;) {
-        const char *k, *ke;
-        int esc;
-        if (c->p >= c->end || *c->p != '"' || string(c, &k, &ke, &esc) < 0 || esc) return c->bad = 1, -1;
-        ws(c);
-        if (c->p >= c->end || *c->p != ':') return c->bad = 1, -1;
-        c->p++;
-        ws(c);
-        if (event_member(c, ev, k, ke - k, &seen) < 0) return -1;
-        ws(c);
-        if (c->p >= c->end) return c->bad = 1, -1;
-        if (*c->p == ',') { c->p++; ws(c); continue; }
-        if (*c->p == '}') { c->p++; return 0; }
-        return c->bad = 1, -1;
-    }
+    return members(c, ev, event_member);
 }
 
 #undef KEY
