@@ -5,7 +5,7 @@ Plain data with a stable dict form (`to_dict`), whose JSON schema is docs/diagno
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -267,7 +267,10 @@ class Diagnosis:
         return "high" if self.confidence >= 0.7 else "medium" if self.confidence >= 0.45 else "low"
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        # The context is plain data already (the engine's, a trace analysis's to_dict: megabytes for a folder of
+        # ranks): asdict would deep-copy it leaf by leaf.
+        d = asdict(replace(self, context={}))
+        d["context"] = _plain(self.context)
         d["schema_version"] = SCHEMA_VERSION
         d["confidence_label"] = self.confidence_label
         d["verdict_label"] = self.limiter.label if self.limiter else Verdict.INCONCLUSIVE.value
@@ -278,6 +281,8 @@ def _plain(obj: Any) -> Any:
     """Enums as their values, all the way down (asdict keeps them as members)."""
     if isinstance(obj, Enum):
         return obj.value
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return _plain(asdict(obj))
     if isinstance(obj, msgspec.Struct):  # Unavailable: a dict in its fields' order
         return {name: _plain(getattr(obj, name)) for name in obj.__struct_fields__}
     if isinstance(obj, dict):
