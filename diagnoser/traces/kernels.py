@@ -12,6 +12,7 @@ from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import accumulate
 
 from diagnoser.capture import DurationStats, KernelStat
 from diagnoser.traces.classify import (
@@ -279,21 +280,37 @@ class _HostCollectives:
 
 
 class _GpuCollectives:
-    """The collective annotation that covers most of a kernel on its device and stream."""
+    """The collective annotation that covers most of a kernel on its device and stream (the first in the file among
+    equals). Per stream the annotations are sorted by start, with the running maximum of their ends, so a kernel
+    looks only at those that can overlap it: the ones started before it ends, back to where none reaches it."""
 
     def __init__(self, t: Tables) -> None:
-        self.spans: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
-        for dev, stream, ts, end, coll in t.gpu_comm:
+        self.spans: dict[tuple[int, int], list[tuple[float, float, int, str]]] = {}
+        for n, (dev, stream, ts, end, coll) in enumerate(t.gpu_comm):
             kind = collective_kind(coll)
-            self.spans.setdefault((dev, stream), []).append((ts, end, kind or "other"))
+            self.spans.setdefault((dev, stream), []).append((ts, end, n, kind or "other"))
+        self.starts: dict[tuple[int, int], list[float]] = {}
+        self.reach: dict[tuple[int, int], list[float]] = {}
+        for key, spans in self.spans.items():
+            spans.sort()
+            self.starts[key] = [s for s, _, _, _ in spans]
+            self.reach[key] = list(accumulate((e for _, e, _, _ in spans), max))
 
     def at(self, device: int, stream: int, ts: float, dur: float) -> str | None:
-        best, covered = None, 0.0
-        for s, e, kind in self.spans.get((device, stream), ()):
-            c = min(e, ts + dur) - max(s, ts)
-            if c > covered:
-                best, covered = kind, c
-        return best if covered >= 0.5 * dur else None
+        spans = self.spans.get((device, stream))
+        if not spans:
+            return None
+        reach = self.reach[(device, stream)]
+        end = ts + dur
+        best: tuple[float, int, str] | None = None  # (covered, file order negated, kind)
+        k = bisect_left(self.starts[(device, stream)], end) - 1
+        while k >= 0 and reach[k] > ts:
+            s, e, n, kind = spans[k]
+            c = min(e, end) - max(s, ts)
+            if c > 0 and (best is None or (c, -n) > best[:2]):
+                best = (c, -n, kind)
+            k -= 1
+        return best[2] if best is not None and best[0] >= 0.5 * dur else None
 
 
 def _op_class(name: str, kind: int) -> str:
