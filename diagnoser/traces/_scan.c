@@ -1,20 +1,22 @@
 /* The fast reader of a chunk of Kineto trace events: one pass over the JSON text, straight into columns.
  *
  * Why: the typed decode (msgspec) builds an object per event and the columns are then made from those objects in
- * Python; on a trace of millions of events that is 2-3x the decode alone (benchmarks/TRACES.md). Here the bytes of
- * a chunk (a JSON list of whole events, as decode.raw_chunks cuts them) are read once and the columns the analysis
- * needs come out as packed arrays.
+ * Python; on a trace of millions of events that was 2-3x the decode alone (benchmarks/TRACES.md). Here the bytes of
+ * a chunk (a JSON list of whole events as decode.raw_chunks cuts them, or a range of a mapped file without the
+ * brackets) are read once and the columns the analysis needs come out as packed arrays; the few events read for
+ * more than columns (annotations, the profiler's span) come back as byte offsets for the typed decode.
  *
  * Exactness: this reader answers only for the plain case, and says "not plain" (returns None) for anything else, so
  * that the chunk is read by the typed decode instead (tables.py). Not plain: text that is not strict JSON; a field of
  * another type than decode.Event/decode.Args declare; a key written with an escape; a string with a byte that is
  * not UTF-8; a number that is not an int64 literal (or a string of one, which lax mode reads as the int) where an
- * int is declared; a negative, huge or missing time, a thread id that is not an int, or a phase other than "X" on a
- * CPU op, runtime call or GPU activity; a launch or wait without a correlation; a GPU activity without an int
- * device, stream and args; a name or collective with an escape; nesting past 64 levels; a declared key twice in one
- * object. What the typed decode would read the same way is read here; what it would read otherwise (another
- * coercion of lax mode, a skipped event, damage) is left to it. tests/test_trace_scan.py holds the
- * columns of both readers equal on every fixture trace and on random events.
+ * int is declared; a negative, huge or null time; a thread id that is not an int, a phase other than "X" or a
+ * missing time on a CPU op, runtime call or GPU activity; a complete cuda_sync record without its times; a launch
+ * or wait without a correlation; a GPU activity without args holding an int device and stream; a name, sync kind or
+ * collective with an escape; nesting past 64 levels; a declared key twice in one object. What the typed decode
+ * would read the same way is read here; what it would read otherwise (another coercion of lax mode, a skipped
+ * event, damage) is left to it. tests/test_trace_scan.py holds the columns of both readers equal on every public
+ * trace and on random chunks.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
