@@ -37,6 +37,8 @@ AGREEMENT = 0.25
 # A realised ratio under an upper bound but below x1 by more than the band is a loss, not a bound holding: a 49 %
 # drop read "within the bound" and "held to the physics", in green.
 LOSS = "a loss, not a gain"
+# Over an upper bound by less than the measurement's noise (two standard errors of the ratio): not a graded outcome.
+NOISY_BOUND = "over the bound by less than the measurement's noise"
 GRADES = ("held", "over-predicted", "under-predicted", "within the bound", "beyond the bound", LOSS)
 
 
@@ -457,12 +459,23 @@ def _judge(p: Prediction, measure: Measure | None, confounded: list[str]) -> Pre
     elif realised < 1.0 - AGREEMENT and reference >= 1.0:
         verdict = LOSS  # under any bound, but the fix was to gain: graded as the loss it is, never as holding
     elif (p.predicted_kind == "upper_bound" and p.for_change is None) or p.for_change_kind == "upper_bound":
-        verdict = "within the bound" if realised <= reference * (1 + AGREEMENT) else "beyond the bound"
+        verdict = _against_bound(realised, reference, measure.ratio_error)
     elif abs(realised / reference - 1.0) <= AGREEMENT:
         verdict = "held"
     else:
         verdict = "over-predicted" if realised < reference else "under-predicted"
     return Prediction(**{**asdict(p), "kind": p.kind, "realised": realised, "verdict": verdict})
+
+
+def _against_bound(realised: float, bound: float, error: float | None) -> str:
+    """A realised ratio against an upper bound: "beyond" only when the measurement shows it, its ratio more than
+    two standard errors over the bound (with the 25 % band); a noisy window that only may have passed it says so."""
+    limit = bound * (1 + AGREEMENT)
+    if realised <= limit:
+        return "within the bound"
+    if error is not None and realised * (1 - 2 * error) <= limit:
+        return NOISY_BOUND
+    return "beyond the bound"
 
 
 def compare(before: Outcome, after: Outcome) -> Comparison:
@@ -505,5 +518,5 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
     return c
 
 
-__all__ = ["ITL_FROM_RATES", "AGREEMENT", "LOSS", "Change", "Comparison", "Measure", "Prediction", "compare",
-           "confounders", "host_load"]
+__all__ = ["ITL_FROM_RATES", "AGREEMENT", "LOSS", "NOISY_BOUND", "Change", "Comparison", "Measure", "Prediction",
+           "compare", "confounders", "host_load"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from diagnoser.compare import NOISY_BOUND
 from tests.engines import situations as sit
 from tests.engines import vllm_server
 
@@ -107,7 +108,10 @@ def test_applied_fix_realises_a_gain_inside_its_bound(recorded: dict[str, sit.Re
         # Nothing promised (a larger batch on a device with no roofs to price its step): the fix must still help.
         assert p["verdict"] == "no prediction to check", p
         return
-    assert p["verdict"] in ("within the bound", "held"), (p, r.compare["notes"], r.compare["confounders"])
+    # (over an upper bound by less than two standard errors of the ratio: the window cannot say it broke the bound)
+    assert p["verdict"] in ("within the bound", "held", NOISY_BOUND), (p, r.compare["notes"], r.compare["confounders"])
+    if p["verdict"] == NOISY_BOUND:
+        return
     if p["predicted_kind"] == "upper_bound":
         assert p["realised"] <= p["predicted"] * 1.25
     else:
