@@ -20,9 +20,12 @@ ALLOWED: dict[frozenset[str], str] = {}
 
 
 def modules(root: Path, package: str) -> dict[str, tuple[Path, bool]]:
-    """Module name -> (file, whether it is a package's __init__), for every .py file under root."""
+    """Module name -> (file, whether it is a package's __init__), for every .py file under root, and every compiled
+    module by its stub (.pyi: traces/_scan)."""
     found: dict[str, tuple[Path, bool]] = {}
-    for path in sorted(root.rglob("*.py")):
+    sources = sorted(root.rglob("*.py"))
+    stubs = [p for p in sorted(root.rglob("*.pyi")) if not p.with_suffix(".py").exists()]
+    for path in sources + stubs:
         parts = [package, *path.relative_to(root).with_suffix("").parts]
         is_package = parts[-1] == "__init__"
         if is_package:
