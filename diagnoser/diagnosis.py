@@ -5,7 +5,7 @@ Plain data with a stable dict form (`to_dict`), whose JSON schema is docs/diagno
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
@@ -267,10 +267,9 @@ class Diagnosis:
         return "high" if self.confidence >= 0.7 else "medium" if self.confidence >= 0.45 else "low"
 
     def to_dict(self) -> dict[str, Any]:
-        # The context is plain data already (the engine's, a trace analysis's to_dict: megabytes for a folder of
-        # ranks): asdict would deep-copy it leaf by leaf.
-        d = asdict(replace(self, context={}))
-        d["context"] = _plain(self.context)
+        # Field by field rather than asdict(self): the context is plain data already (the engine's, a trace
+        # analysis's to_dict: megabytes for a folder of ranks), which asdict would deep-copy leaf by leaf.
+        d = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
         d["schema_version"] = SCHEMA_VERSION
         d["confidence_label"] = self.confidence_label
         d["verdict_label"] = self.limiter.label if self.limiter else Verdict.INCONCLUSIVE.value

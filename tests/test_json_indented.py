@@ -5,12 +5,15 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diagnoser.reports.jsonout import indented
+from diagnoser.diagnosis import Diagnosis, Verdict
+from diagnoser.reports.jsonout import dumps, indented
 
 _LEAVES = (st.none() | st.booleans() | st.integers(min_value=-(1 << 70), max_value=1 << 70)
            | st.floats(allow_nan=False, allow_infinity=False)
@@ -31,3 +34,20 @@ def test_indented_is_json_dumps_with_indent_2(obj: object) -> None:
 def test_empty_and_nested_containers() -> None:
     for obj in ({}, [], {"a": {}}, {"a": []}, [[[]]], {"k": [{"x": 1.0, "y": None}], "z": "é"}):
         assert indented(obj) == json.dumps(obj, indent=2)
+
+
+def test_publishing_a_diagnosis_builds_no_other_diagnosis(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The suite validates every Diagnosis a test builds (conftest): one built while publishing would be validated by
+    # the next test, and its own publication would build another, so every later test would pay for them all.
+    d = Diagnosis(verdict=Verdict.INCONCLUSIVE, confidence=0.1, headline="h", target="t",
+                  context={"trace": {"kernels": [{"name": "k", "time_us": 1.0}]}})
+    built: list[int] = []
+    real = Diagnosis.__init__
+
+    def counting(self: Diagnosis, *args: Any, **kwargs: Any) -> None:
+        built.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Diagnosis, "__init__", counting)
+    assert json.loads(dumps(d))["context"] == {"trace": {"kernels": [{"name": "k", "time_us": 1.0}]}}
+    assert not built
