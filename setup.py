@@ -3,5 +3,5 @@ a C compiler the install still succeeds and every chunk is read by the typed dec
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("diagnoser.traces._scan", ["diagnoser/traces/_scan.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+setup(ext_modules=[Extension(f"diagnoser.traces.{name}", [f"diagnoser/traces/{name}.c"], optional=True,
+                             extra_compile_args=["-O2"]) for name in ("_scan", "_gaps")])

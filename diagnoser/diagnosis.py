@@ -273,11 +273,21 @@ class Diagnosis:
         d["schema_version"] = SCHEMA_VERSION
         d["confidence_label"] = self.confidence_label
         d["verdict_label"] = self.limiter.label if self.limiter else Verdict.INCONCLUSIVE.value
-        return _plain(d)
+        return d
+
+
+# Types _plain returns as they are, tested first by exact type: a trace analysis's context holds hundreds of
+# thousands of numbers and strings, and the isinstance and dataclass checks below cost more than the copy itself.
+_LEAVES = frozenset({str, int, float, bool, type(None)})
 
 
 def _plain(obj: Any) -> Any:
     """Enums as their values, all the way down (asdict keeps them as members)."""
+    cls = type(obj)
+    if cls in _LEAVES:
+        return obj
+    if cls is list:
+        return [_plain(v) for v in obj]
     if isinstance(obj, Enum):
         return obj.value
     if is_dataclass(obj) and not isinstance(obj, type):

@@ -24,6 +24,13 @@ from diagnoser.reports.redact import redact
 def _published(obj: Any, seen: dict[str, str]) -> Any:
     """Every string redacted (each distinct one once: a trace's kernel names repeat thousands of times), numbers JSON
     cannot hold as null, tuples as lists."""
+    cls = type(obj)  # the common types by exact type first (a trace's context holds hundreds of thousands of leaves)
+    if cls is float:
+        return obj if math.isfinite(obj) else None
+    if cls is int or obj is None or cls is bool:
+        return obj
+    if cls is list:
+        return [_published(v, seen) for v in obj]
     if isinstance(obj, str):
         out = seen.get(obj)
         if out is None:

@@ -40,6 +40,11 @@ from operator import gt, itemgetter
 from diagnoser.traces.classify import LAUNCH_KIND_COPY, LAUNCH_KIND_SYNC, is_pageable_copy
 from diagnoser.traces.tables import Tables
 
+try:
+    from diagnoser.traces._gaps import gap_causes as _gap_causes
+except ImportError:  # installed without a C compiler: _GapCauses below classifies every gap (same answers, slower)
+    _gap_causes = None  # type: ignore[assignment]
+
 IDLE_CAUSES = ("host", "sync", "pageable_memcpy", "queue_dry", "kernel_overhead", "stream_wait")
 # HolisticTraceAnalysis' consecutive_kernel_delay is 30 (µs, although its docs say ns; pitfall P2). Same here, so
 # the kernel-to-kernel share is comparable.
@@ -235,13 +240,7 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
     tl = DeviceTimeline(device=device, window=window)
     gaps = _sweep(t, order, window, tl)
     g0s = [g[0] for g in gaps]
-    host_sync = _host_sync_flags(t, device, launches, gaps, g0s)
-    causes = _GapCauses(t, launches, host, tl).classify(gaps, host_sync)
-    idle = tl.idle_us_by_cause
-    counts = tl.gaps_by_cause
-    for (g0, g1, _, _), c in zip(gaps, causes, strict=True):
-        idle[c] += g1 - g0
-        counts[c] += 1
+    causes = (_classify_compiled if _gap_causes is not None else _classify)(t, device, launches, host, tl, gaps, g0s)
     if t.long_ops:
         host_gaps = [(g[0], g[1]) for g, c in zip(gaps, causes, strict=True) if c in ("host", "sync")]
         named = launches.blocking_names()
@@ -300,6 +299,39 @@ def _sweep(t: Tables, order: list[int], window: tuple[float, float], tl: DeviceT
     return gaps
 
 
+def _classify(t: Tables, device: int, launches: Launches, host: HostActivity, tl: DeviceTimeline,
+              gaps: list[_RawGap], g0s: list[float]) -> list[str]:
+    """Each gap's cause, added up into tl (idle time and gaps by cause, unattributed launches)."""
+    host_sync = _host_sync_flags(t, device, launches, gaps, g0s)
+    causes = _GapCauses(t, launches, host, tl).classify(gaps, host_sync)
+    idle = tl.idle_us_by_cause
+    counts = tl.gaps_by_cause
+    for (g0, g1, _, _), c in zip(gaps, causes, strict=True):
+        idle[c] += g1 - g0
+        counts[c] += 1
+    return causes
+
+
+def _classify_compiled(t: Tables, device: int, launches: Launches, host: HostActivity, tl: DeviceTimeline,
+                       gaps: list[_RawGap], g0s: list[float]) -> list[str]:
+    """_classify in C (diagnoser/traces/_gaps.c): the same rules gap by gap, so the same sums to the last bit."""
+    pageable, to_host = _copy_names(t)
+    gs_start, gs_end_max = _gpu_sync_intervals(t, device)
+    causes, idle, counts, unattributed = _gap_causes(
+        gaps, launches.sync_start, launches.sync_end_max, gs_start, gs_end_max, launches.of_gpu, t.g_name, t.r_ts,
+        t.r_dur, pageable, to_host, host._events)
+    tl.idle_us_by_cause = dict(zip(IDLE_CAUSES, idle, strict=True))
+    tl.gaps_by_cause = dict(zip(IDLE_CAUSES, counts, strict=True))
+    tl.unattributed_launch_us += unattributed
+    return causes
+
+
+def _copy_names(t: Tables) -> tuple[bytes, bytes]:
+    """Per name id: whether it names a host-to-device copy from pageable memory; a copy to the host (_GapCauses)."""
+    return (bytes(is_pageable_copy(name) and "HtoD" in name for name in t.names),
+            bytes(name.startswith("Memcpy") and "DtoH" in name for name in t.names))
+
+
 def _host_sync_flags(t: Tables, device: int, launches: Launches, gaps: list[_RawGap], g0s: list[float]) -> list[bool]:
     """Whether a host sync was open when each gap began, or began in its first half and lasted to its end (a
     blocking copy called just after the GPU ran dry: the host is blocked, not late to launch), for all gaps at once
@@ -338,8 +370,9 @@ class _GapCauses:
         self.of_gpu = launches.of_gpu
         self.host = host
         self.tl = tl
-        self.pageable_htod = {nid for nid, name in enumerate(t.names) if is_pageable_copy(name) and "HtoD" in name}
-        self.to_host = {nid for nid, name in enumerate(t.names) if name.startswith("Memcpy") and "DtoH" in name}
+        pageable, to_host = _copy_names(t)
+        self.pageable_htod = {nid for nid, x in enumerate(pageable) if x}
+        self.to_host = {nid for nid, x in enumerate(to_host) if x}
 
     def classify(self, gaps: list[_RawGap], host_sync: list[bool]) -> list[str]:
         # Most gaps are plain: no sync open, no copy around them, the next op's launch known; those are classified

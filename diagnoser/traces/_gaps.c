@@ -1,0 +1,388 @@
+/* The causes of a device's idle gaps (diagnoser/traces/timeline.py says the rules), compiled: the same rules as
+ * timeline._host_sync_flags and timeline._GapCauses, gap by gap in the same order, so every sum is the same to the
+ * last bit. The Python there is the reference and the fallback without a compiler; tests/test_trace_gaps.py holds the
+ * two equal. A trace with many host syncs sends most gaps down the long path (a host-activity sweep for some), which
+ * in Python cost 2 us a gap. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdlib.h>
+
+/* timeline.py's constants (test_trace_gaps.py checks they agree) */
+#define KERNEL_OVERHEAD_US 30.0
+#define QUEUE_DRY_MIN_US 1000.0
+#define HOST_BUSY_FRAC 0.2
+#define SYNC_SLACK_US 2.0
+
+enum { HOST, SYNC, PAGEABLE, QUEUE_DRY, KERNEL_OVERHEAD, STREAM_WAIT, N_CAUSES };
+static const char *CAUSE_NAMES[N_CAUSES] = {"host", "sync", "pageable_memcpy", "queue_dry", "kernel_overhead",
+                                            "stream_wait"};
+static PyObject *CAUSES[N_CAUSES];
+
+typedef struct {
+    double *v;
+    Py_ssize_t n;
+} Doubles;
+
+/* A list (or any sequence) of numbers as doubles; 0 on success. */
+static int doubles(PyObject *seq, Doubles *out) {
+    out->v = NULL;
+    out->n = 0;
+    PyObject *fast = PySequence_Fast(seq, "expected a sequence of numbers");
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    out->v = PyMem_Malloc(sizeof(double) * (size_t)(n ? n : 1));
+    if (!out->v) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double x = PyFloat_AsDouble(items[i]);
+        if (x == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            PyMem_Free(out->v);
+            out->v = NULL;
+            return -1;
+        }
+        out->v[i] = x;
+    }
+    out->n = n;
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* bisect.bisect_right */
+static Py_ssize_t bisect_right(const Doubles *a, double x) {
+    Py_ssize_t lo = 0, hi = a->n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (x < a->v[mid]) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* timeline._open_flags for one x: an interval (sorted starts, running max of ends) started by x and not ended
+ * before x - slack. */
+static int open_at(const Doubles *starts, const Doubles *ends_max, double x) {
+    Py_ssize_t i = bisect_right(starts, x);
+    return i > 0 && ends_max->v[i - 1] >= x - SYNC_SLACK_US;
+}
+
+typedef struct {
+    PyObject *of_gpu; /* list: GPU op -> its launch call's index, or None */
+    const int *g_name;
+    Py_ssize_t n_gpu;
+    const double *r_ts, *r_dur;
+    Py_ssize_t n_rt;
+    const unsigned char *pageable, *to_host; /* per name id: a pageable host-to-device copy; a copy to the host */
+    Py_ssize_t n_names;
+    PyObject *host_events; /* callable -> (sorted starts, sorted ends) of host activity, called on first need */
+    Doubles h_starts, h_ends;
+    int host_ready;
+    double unattributed;
+} Ctx;
+
+/* The launch call of GPU op `op` (-1: none); -2 with an exception set. */
+static Py_ssize_t launch_of(Ctx *c, Py_ssize_t op) {
+    if (op < 0 || op >= PyList_GET_SIZE(c->of_gpu) || op >= c->n_gpu) {
+        PyErr_SetString(PyExc_IndexError, "GPU op index out of range");
+        return -2;
+    }
+    PyObject *o = PyList_GET_ITEM(c->of_gpu, op);
+    if (o == Py_None) return -1;
+    Py_ssize_t call = PyLong_AsSsize_t(o);
+    if (call == -1 && PyErr_Occurred()) return -2;
+    if (call < 0 || call >= c->n_rt) {
+        PyErr_SetString(PyExc_IndexError, "launch call index out of range");
+        return -2;
+    }
+    return call;
+}
+
+static int name_in(const unsigned char *mask, Ctx *c, Py_ssize_t op) {
+    int nid = c->g_name[op];
+    return nid >= 0 && nid < c->n_names && mask[nid];
+}
+
+/* _GapCauses._call_open; -1 with an exception set. */
+static int call_open(Ctx *c, Py_ssize_t op, double x) {
+    Py_ssize_t call = launch_of(c, op);
+    if (call == -2) return -1;
+    return call >= 0 && c->r_ts[call] + c->r_dur[call] >= x - SYNC_SLACK_US;
+}
+
+/* HostActivity.busy_at_least(a, b, HOST_BUSY_FRAC); -1 with an exception set. */
+static int busy_at_least(Ctx *c, double a, double b) {
+    if (b <= a) return 0;
+    if (!c->host_ready) {
+        PyObject *ev = PyObject_CallNoArgs(c->host_events);
+        if (!ev) return -1;
+        if (!PyTuple_Check(ev) || PyTuple_GET_SIZE(ev) != 2) {
+            Py_DECREF(ev);
+            PyErr_SetString(PyExc_TypeError, "host_events() must return (starts, ends)");
+            return -1;
+        }
+        int bad = doubles(PyTuple_GET_ITEM(ev, 0), &c->h_starts) || doubles(PyTuple_GET_ITEM(ev, 1), &c->h_ends);
+        Py_DECREF(ev);
+        if (bad) return -1;
+        c->host_ready = 1;
+    }
+    const Doubles *starts = &c->h_starts, *ends = &c->h_ends;
+    double need = HOST_BUSY_FRAC * (b - a);
+    Py_ssize_t i = bisect_right(starts, a), j = bisect_right(ends, a);
+    Py_ssize_t open_now = i - j;
+    double t = a, busy = 0.0;
+    while (busy < need) {
+        double ns = i < starts->n ? starts->v[i] : b;
+        double ne = j < ends->n ? ends->v[j] : b;
+        double nxt = ns < ne ? ns : ne;
+        if (b < nxt) nxt = b;
+        if (open_now > 0) busy += nxt - t;
+        if (nxt >= b) break;
+        t = nxt;
+        if (ns <= ne) {
+            open_now++;
+            i++;
+        } else {
+            open_now--;
+            j++;
+        }
+    }
+    return busy >= need;
+}
+
+/* _GapCauses._pageable; -1 with an exception set. */
+static int pageable(Ctx *c, double g0, double g1, Py_ssize_t nxt, Py_ssize_t prev, int sync_open) {
+    if (prev >= 0 && name_in(c->pageable, c, prev)) {
+        if (sync_open) return 1;
+        int open = call_open(c, prev, g0);
+        if (open) return open;
+    }
+    if (nxt >= 0 && name_in(c->pageable, c, nxt)) {
+        Py_ssize_t call = launch_of(c, nxt);
+        if (call == -2) return -1;
+        return call >= 0 && c->r_ts[call] <= g0 + (g1 - g0) / 2;
+    }
+    return 0;
+}
+
+/* _GapCauses.cause; -1 with an exception set. */
+static int cause(Ctx *c, double g0, double g1, Py_ssize_t nxt, Py_ssize_t prev, int sync_open) {
+    int p = pageable(c, g0, g1, nxt, prev, sync_open);
+    if (p) return p < 0 ? -1 : PAGEABLE;
+    Py_ssize_t launch = nxt >= 0 ? launch_of(c, nxt) : -1;
+    if (launch == -2) return -1;
+    double queued_wait = 0.0;
+    if (launch >= 0) {
+        double ret = c->r_ts[launch] + c->r_dur[launch];
+        queued_wait = g1 - (ret > g0 ? ret : g0);
+    }
+    if (sync_open && launch >= 0 && c->r_ts[launch] <= g0 && g1 - g0 > KERNEL_OVERHEAD_US &&
+        queued_wait > KERNEL_OVERHEAD_US)
+        return STREAM_WAIT;
+    if (sync_open) return SYNC;
+    if (prev >= 0 && name_in(c->to_host, c, prev)) {
+        int open = call_open(c, prev, g0);
+        if (open) return open < 0 ? -1 : SYNC;
+    }
+    if (launch >= 0 && c->r_ts[launch] <= g0) {
+        if (g1 - g0 <= KERNEL_OVERHEAD_US) return KERNEL_OVERHEAD;
+        return queued_wait <= KERNEL_OVERHEAD_US ? HOST : STREAM_WAIT;
+    }
+    if (launch < 0 && nxt >= 0) c->unattributed += g1 - g0;
+    if (g1 - g0 < QUEUE_DRY_MIN_US) return HOST;
+    int busy = busy_at_least(c, g0, g1);
+    return busy < 0 ? -1 : busy ? HOST : QUEUE_DRY;
+}
+
+/* _GapCauses.classify for one gap (the plain gaps inline, the rest through cause); -1 with an exception set. */
+static int classify(Ctx *c, double g0, double g1, Py_ssize_t nxt, Py_ssize_t prev, int sync_open) {
+    Py_ssize_t launch = nxt >= 0 ? launch_of(c, nxt) : -1;
+    if (launch == -2) return -1;
+    if (sync_open || launch < 0 || name_in(c->pageable, c, nxt) || name_in(c->to_host, c, nxt) ||
+        (prev >= 0 && (name_in(c->pageable, c, prev) || name_in(c->to_host, c, prev))))
+        return cause(c, g0, g1, nxt, prev, sync_open);
+    if (c->r_ts[launch] <= g0)
+        return g1 - g0 <= KERNEL_OVERHEAD_US ? KERNEL_OVERHEAD : cause(c, g0, g1, nxt, prev, 0);
+    return g1 - g0 < QUEUE_DRY_MIN_US ? HOST : cause(c, g0, g1, nxt, prev, 0);
+}
+
+/* An op index from a gap tuple: an int, or None (-1); -2 with an exception set. */
+static Py_ssize_t op_index(PyObject *o) {
+    if (o == Py_None) return -1;
+    Py_ssize_t i = PyLong_AsSsize_t(o);
+    if (i == -1 && PyErr_Occurred()) return -2;
+    if (i < 0) {
+        PyErr_SetString(PyExc_IndexError, "negative op index");
+        return -2;
+    }
+    return i;
+}
+
+typedef struct {
+    Py_buffer g_name, r_ts, r_dur, pageable, to_host;
+    int held;
+} Views;
+
+static void views_release(Views *v) {
+    Py_buffer *all[5] = {&v->g_name, &v->r_ts, &v->r_dur, &v->pageable, &v->to_host};
+    for (int i = 0; i < v->held; i++) PyBuffer_Release(all[i]);
+    v->held = 0;
+}
+
+static int view(PyObject *obj, Py_buffer *b, Views *v, const char *format, Py_ssize_t itemsize) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    v->held++;
+    if (b->itemsize != itemsize || (format && (!b->format || b->format[0] != format[0] || b->format[1]))) {
+        PyErr_Format(PyExc_TypeError, "expected a buffer of '%s' items", format ? format : "B");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *gap_causes(PyObject *self, PyObject *args) {
+    PyObject *gaps, *sync_start_o, *sync_end_o, *gs_start_o, *gs_end_o, *of_gpu, *g_name_o, *r_ts_o, *r_dur_o,
+        *pageable_o, *to_host_o, *host_events;
+    if (!PyArg_ParseTuple(args, "O!OOOOO!OOOOOO:gap_causes", &PyList_Type, &gaps, &sync_start_o, &sync_end_o,
+                          &gs_start_o, &gs_end_o, &PyList_Type, &of_gpu, &g_name_o, &r_ts_o, &r_dur_o, &pageable_o,
+                          &to_host_o, &host_events))
+        return NULL;
+    Views v = {.held = 0};
+    Ctx c = {.of_gpu = of_gpu, .host_events = host_events};
+    Doubles ss = {0}, se = {0}, gs = {0}, ge = {0};
+    PyObject *causes = NULL, *out = NULL;
+    if (view(g_name_o, &v.g_name, &v, "i", sizeof(int)) || view(r_ts_o, &v.r_ts, &v, "d", sizeof(double)) ||
+        view(r_dur_o, &v.r_dur, &v, "d", sizeof(double)) || view(pageable_o, &v.pageable, &v, NULL, 1) ||
+        view(to_host_o, &v.to_host, &v, NULL, 1))
+        goto done;
+    if (v.r_ts.len != v.r_dur.len || v.pageable.len != v.to_host.len) {
+        PyErr_SetString(PyExc_ValueError, "columns of unequal length");
+        goto done;
+    }
+    c.g_name = v.g_name.buf;
+    c.n_gpu = v.g_name.len / (Py_ssize_t)sizeof(int);
+    c.r_ts = v.r_ts.buf;
+    c.r_dur = v.r_dur.buf;
+    c.n_rt = v.r_ts.len / (Py_ssize_t)sizeof(double);
+    c.pageable = v.pageable.buf;
+    c.to_host = v.to_host.buf;
+    c.n_names = v.pageable.len;
+    if (doubles(sync_start_o, &ss) || doubles(sync_end_o, &se) || doubles(gs_start_o, &gs) || doubles(gs_end_o, &ge))
+        goto done;
+    if (ss.n != se.n || gs.n != ge.n) {
+        PyErr_SetString(PyExc_ValueError, "sync starts and ends of unequal length");
+        goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(gaps);
+    causes = PyList_New(n);
+    if (!causes) goto done;
+    double idle[N_CAUSES] = {0};
+    Py_ssize_t counts[N_CAUSES] = {0};
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *g = PyList_GET_ITEM(gaps, k);
+        if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a gap is a tuple (start, end, next op, previous op)");
+            goto fail;
+        }
+        double g0 = PyFloat_AsDouble(PyTuple_GET_ITEM(g, 0));
+        if (g0 == -1.0 && PyErr_Occurred()) goto fail;
+        double g1 = PyFloat_AsDouble(PyTuple_GET_ITEM(g, 1));
+        if (g1 == -1.0 && PyErr_Occurred()) goto fail;
+        Py_ssize_t nxt = op_index(PyTuple_GET_ITEM(g, 2)), prev = op_index(PyTuple_GET_ITEM(g, 3));
+        if (nxt == -2 || prev == -2) goto fail;
+        if ((nxt >= c.n_gpu) || (prev >= c.n_gpu)) {
+            PyErr_SetString(PyExc_IndexError, "GPU op index out of range");
+            goto fail;
+        }
+        /* _host_sync_flags */
+        int sync_open = ss.n && open_at(&ss, &se, g0);
+        if (!sync_open && ss.n) {
+            Py_ssize_t i = bisect_right(&ss, (g0 + g1) / 2);
+            sync_open = i > 0 && se.v[i - 1] >= g1 - SYNC_SLACK_US;
+        }
+        if (!sync_open && gs.n) sync_open = open_at(&gs, &ge, g0);
+        int k_cause = classify(&c, g0, g1, nxt, prev, sync_open);
+        if (k_cause < 0) goto fail;
+        idle[k_cause] += g1 - g0;
+        counts[k_cause]++;
+        Py_INCREF(CAUSES[k_cause]);
+        PyList_SET_ITEM(causes, k, CAUSES[k_cause]);
+    }
+    PyObject *idle_t = PyTuple_New(N_CAUSES), *count_t = PyTuple_New(N_CAUSES);
+    if (!idle_t || !count_t) {
+        Py_XDECREF(idle_t);
+        Py_XDECREF(count_t);
+        goto fail;
+    }
+    for (int i = 0; i < N_CAUSES; i++) {
+        PyObject *x = PyFloat_FromDouble(idle[i]), *y = PyLong_FromSsize_t(counts[i]);
+        if (!x || !y) {
+            Py_XDECREF(x);
+            Py_XDECREF(y);
+            Py_DECREF(idle_t);
+            Py_DECREF(count_t);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(idle_t, i, x);
+        PyTuple_SET_ITEM(count_t, i, y);
+    }
+    out = Py_BuildValue("(NNNd)", causes, idle_t, count_t, c.unattributed);
+    causes = NULL;
+    goto done;
+fail:
+    Py_CLEAR(causes);
+done:
+    Py_XDECREF(causes);
+    PyMem_Free(ss.v);
+    PyMem_Free(se.v);
+    PyMem_Free(gs.v);
+    PyMem_Free(ge.v);
+    PyMem_Free(c.h_starts.v);
+    PyMem_Free(c.h_ends.v);
+    views_release(&v);
+    return out;
+}
+
+static PyMethodDef METHODS[] = {
+    {"gap_causes", gap_causes, METH_VARARGS,
+     "gap_causes(gaps, sync_start, sync_end_max, gpu_sync_start, gpu_sync_end_max, of_gpu, g_name, r_ts, r_dur, "
+     "pageable_htod, to_host, host_events) -> (causes, idle_us by cause, gaps by cause, unattributed_us): "
+     "timeline._GapCauses over every gap of a device, with timeline._host_sync_flags."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_gaps", "The causes of a device's idle gaps.", -1,
+                                    METHODS};
+
+PyMODINIT_FUNC PyInit__gaps(void) {
+    PyObject *m = PyModule_Create(&MODULE);
+    if (!m) return NULL;
+    PyObject *names = PyTuple_New(N_CAUSES);
+    if (!names) goto fail;
+    for (int i = 0; i < N_CAUSES; i++) {
+        CAUSES[i] = PyUnicode_InternFromString(CAUSE_NAMES[i]);
+        if (!CAUSES[i]) {
+            Py_DECREF(names);
+            goto fail;
+        }
+        Py_INCREF(CAUSES[i]);
+        PyTuple_SET_ITEM(names, i, CAUSES[i]);
+    }
+    if (PyModule_AddObject(m, "CAUSES", names) < 0) {
+        Py_DECREF(names);
+        goto fail;
+    }
+    PyObject *consts = Py_BuildValue("{s:d,s:d,s:d,s:d}", "KERNEL_OVERHEAD_US", KERNEL_OVERHEAD_US,
+                                     "QUEUE_DRY_MIN_US", QUEUE_DRY_MIN_US, "HOST_BUSY_FRAC", HOST_BUSY_FRAC,
+                                     "SYNC_SLACK_US", SYNC_SLACK_US);
+    if (!consts || PyModule_AddObject(m, "CONSTANTS", consts) < 0) {
+        Py_XDECREF(consts);
+        goto fail;
+    }
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

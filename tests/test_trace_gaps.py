@@ -1,0 +1,177 @@
+"""The compiled gap classifier (diagnoser/traces/_gaps.c, issue 28.7) gives every idle gap the cause the Python rules
+in timeline.py give it (timeline._host_sync_flags and _GapCauses, kept as the reference and as the fallback without
+a C compiler), and the same sums to the last bit: on every public trace, and on random timelines built to reach
+every rule (syncs open and late, pageable copies either side of a gap, read-backs, launches missing, long gaps the
+host's activity decides)."""
+
+from __future__ import annotations
+
+import random
+from array import array
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from diagnoser.traces import timeline
+from diagnoser.traces.analysis import analyze_tables
+from diagnoser.traces.classify import LAUNCH_KIND_COPY, LAUNCH_KIND_KERNEL, LAUNCH_KIND_SYNC
+from diagnoser.traces.tables import Tables, collect
+from diagnoser.traces.timeline import (
+    HOST_BUSY_FRAC,
+    IDLE_CAUSES,
+    KERNEL_OVERHEAD_US,
+    QUEUE_DRY_MIN_US,
+    SYNC_SLACK_US,
+    DeviceTimeline,
+    HostActivity,
+    Launches,
+    build_timeline,
+    device_order,
+)
+
+HERE = Path(__file__).resolve().parent
+PUBLIC = sorted((HERE / "fixtures" / "traces").rglob("*.json.gz")) + sorted(
+    (HERE / "fixtures" / "gpu" / "traces").glob("*.json.gz"))
+
+
+def test_the_gap_classifier_is_built_and_shares_the_rules_constants() -> None:
+    # The project's install compiles it (setup.py); without a C compiler the Python rules classify every gap.
+    assert timeline._gap_causes is not None, "diagnoser/traces/_gaps.c is not built: `pip install -e .` needs a C compiler"
+    from diagnoser.traces import _gaps
+
+    assert _gaps.CAUSES == IDLE_CAUSES
+    assert _gaps.CONSTANTS == {"KERNEL_OVERHEAD_US": KERNEL_OVERHEAD_US, "QUEUE_DRY_MIN_US": QUEUE_DRY_MIN_US,
+                               "HOST_BUSY_FRAC": HOST_BUSY_FRAC, "SYNC_SLACK_US": SYNC_SLACK_US}
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=[p.name for p in PUBLIC])
+def test_the_same_analysis_with_and_without_the_compiled_classifier(path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    t = collect(path)
+    compiled = analyze_tables(t).to_dict()
+    monkeypatch.setattr(timeline, "_gap_causes", None)
+    assert analyze_tables(t).to_dict() == compiled
+
+
+# --- random timelines ---------------------------------------------------------------------------------------------
+
+_NAMES = ["gemm_kernel", "Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pageable)",
+          "Memcpy DtoH (Device -> Pinned)", "Memcpy HtoD (Pinned -> Device)", "Memset (Device)", "elementwise"]
+
+
+def _random_tables(rng: random.Random) -> Tables:
+    """GPU ops on two devices and streams with gaps of every length, their launch calls before, during or after
+    the gaps (some missing), host syncs and blocking copies, cuda_sync records and host activity in patches."""
+    t = Tables()
+    # On a grid of whole microseconds half of the time: times tie and gaps land on the rules' thresholds exactly.
+    grid = rng.random() < 0.5
+    q = (lambda x: float(round(x))) if grid else (lambda x: x)
+    t.names = list(_NAMES) + ["cudaLaunchKernel", "cudaMemcpyAsync", "cudaStreamSynchronize", "aten::op"]
+    t.name_ids = {n: i for i, n in enumerate(t.names)}
+    now = rng.uniform(0, 100)
+    scale = rng.choice([5.0, 40.0, 400.0, 3000.0])
+    corr = 0
+    reach = now
+    for _ in range(rng.randint(0, 60)):
+        step = rng.choice([rng.expovariate(1 / scale), KERNEL_OVERHEAD_US, QUEUE_DRY_MIN_US, SYNC_SLACK_US])
+        now = q(now + step * rng.choice([0.0, 0.5, 1.0, 1.0, 3.0]))
+        if rng.random() < 0.3:  # a gap of exactly a threshold after everything so far
+            now = reach + rng.choice([KERNEL_OVERHEAD_US, QUEUE_DRY_MIN_US, 2 * SYNC_SLACK_US])
+        dur = q(rng.expovariate(1 / scale))
+        reach = max(reach, now + dur)
+        name = rng.randrange(len(_NAMES)) if rng.random() < 0.5 else 0
+        t.g_dev.append(rng.choice([0, 0, 0, 1]))
+        t.g_stream.append(rng.choice([7, 7, 13]))
+        t.g_kind.append(0)
+        t.g_ts.append(now)
+        t.g_dur.append(dur)
+        t.g_name.append(name)
+        t.g_bytes.append(rng.choice([0, 4, 1 << 20]))
+        t.g_graph.append(-1)
+        corr += 1
+        t.g_corr.append(corr if rng.random() < 0.9 else -1)
+        if rng.random() < 0.85:  # its launch call: well before, just before, inside or after the gap before it
+            copy = "Memcpy" in _NAMES[name]
+            start = q(now - rng.choice([rng.uniform(0, 3 * scale), rng.uniform(0, 40), -rng.uniform(0, scale)]))
+            t.r_kind.append(LAUNCH_KIND_COPY if copy else LAUNCH_KIND_KERNEL)
+            t.r_ts.append(start)
+            # (or returning exactly the turnaround threshold before the op starts)
+            t.r_dur.append(q(rng.choice([rng.uniform(0, 10), rng.uniform(0, 2 * scale),
+                                         max(0.0, now - KERNEL_OVERHEAD_US - start)])))
+            t.r_tid.append(1)
+            t.r_name.append(t.name_ids["cudaMemcpyAsync" if copy else "cudaLaunchKernel"])
+            t.r_corr.append(corr)
+    end = now + scale
+    for _ in range(rng.randint(0, 8)):  # host syncs
+        start = q(rng.uniform(0, end))
+        t.r_kind.append(LAUNCH_KIND_SYNC)
+        t.r_ts.append(start)
+        t.r_dur.append(q(rng.expovariate(1 / scale)))
+        t.r_tid.append(1)
+        t.r_name.append(t.name_ids["cudaStreamSynchronize"])
+        t.r_corr.append(-1)
+    for _ in range(rng.randint(0, 5)):  # cuda_sync records (host waits, stream-wait events)
+        t.s_dev.append(rng.choice([0, 1]))
+        t.s_host.append(rng.choice([0, 1]))
+        t.s_ts.append(q(rng.uniform(0, end)))
+        t.s_dur.append(q(rng.expovariate(1 / scale)))
+    for _ in range(rng.randint(0, 80)):  # host activity in patches, some overlapping
+        start = q(rng.uniform(0, end))
+        t.h_tid.append(rng.choice([1, 2]))
+        t.h_ts.append(start)
+        t.h_end.append(q(start + rng.expovariate(1 / scale) * rng.choice([0.05, 0.5, 2.0])))
+    t.long_ops = [(rng.choice(["aten::copy_", "aten::item", "forward"]), s, s + rng.expovariate(1 / scale))
+                  for s in (rng.uniform(0, end) for _ in range(rng.randint(0, 6)))]
+    return t
+
+
+def _timelines(t: Tables, window: tuple[float, float]) -> tuple[list[DeviceTimeline], Counter[str]]:
+    launches, host = Launches(t), HostActivity(t)
+    out = [build_timeline(t, dev, idx, window, launches, host, keep_longest=1000, keep_range=window)
+           for dev, idx in sorted(device_order(t).items())]
+    causes = Counter(g.cause for tl in out for g in tl.range_gaps)
+    return out, causes
+
+
+def test_random_timelines_get_the_same_causes_and_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(28)
+    seen: Counter[str] = Counter()
+    for _ in range(1500):
+        t = _random_tables(rng)
+        if not t.g_ts:
+            continue
+        lo, hi = min(t.g_ts), max(a + b for a, b in zip(t.g_ts, t.g_dur, strict=True))
+        window = (lo - rng.choice([0.0, 50.0]), hi + rng.choice([0.0, 5000.0]))
+        compiled, causes = _timelines(t, window)
+        with monkeypatch.context() as m:
+            m.setattr(timeline, "_gap_causes", None)
+            reference, _ = _timelines(t, window)
+        assert compiled == reference  # every field, the floats to the last bit
+        seen += causes
+    # the random timelines reach every rule, so the equality above covers each
+    assert set(seen) == set(IDLE_CAUSES), seen
+    assert min(seen.values()) >= 20, seen
+
+
+def test_bad_arguments_are_refused_not_read_past() -> None:
+    from diagnoser.traces._gaps import gap_causes
+
+    names = array("i", [0])
+    times = array("d", [0.0])
+    ok = ([(0.0, 10.0, 0, None)], [], [], [], [], [0], names, times, times, b"\0", b"\0", lambda: ([], []))
+    causes, idle, counts, unattributed = gap_causes(*ok)
+    assert causes == ["kernel_overhead"] and counts[IDLE_CAUSES.index("kernel_overhead")] == 1 and unattributed == 0
+    with pytest.raises(IndexError):
+        gap_causes([(0.0, 10.0, 5, None)], *ok[1:])  # an op the columns do not hold
+    with pytest.raises(IndexError):
+        gap_causes(ok[0], *ok[1:5], [3], *ok[6:])  # a launch call the columns do not hold
+    with pytest.raises(TypeError):
+        gap_causes([(0.0, 10.0)], *ok[1:])
+    with pytest.raises(TypeError):
+        gap_causes(ok[0], *ok[1:6], array("q", [0]), *ok[7:])  # names as 64-bit ints
+    with pytest.raises(ValueError):
+        gap_causes(ok[0], [1.0], [], *ok[3:])
+    long_gap = [(0.0, 5000.0, None, None)]
+    with pytest.raises(TypeError):
+        gap_causes(long_gap, *ok[1:11], lambda: None)  # host activity that is not (starts, ends)
