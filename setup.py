@@ -1,5 +1,6 @@
-"""The one compiled part: the fast reader of plain trace chunks (diagnoser/traces/_scan.c). It is optional: without
-a C compiler the install still succeeds and every chunk is read by the typed decode (same answers, 2-3x slower)."""
+"""The compiled parts, both optional: without a C compiler the install still succeeds and the Python they stand in
+for runs instead (the same answers, slower). diagnoser/traces/_scan.c reads plain trace chunks (else the typed decode,
+2-3x slower); diagnoser/traces/_gaps.c gives each GPU idle gap its cause (else timeline._GapCauses)."""
 
 from setuptools import Extension, setup
 

@@ -71,9 +71,8 @@ def _random_tables(rng: random.Random) -> Tables:
     t.name_ids = {n: i for i, n in enumerate(t.names)}
     now = rng.uniform(0, 100)
     scale = rng.choice([5.0, 40.0, 400.0, 3000.0])
-    corr = 0
     reach = now
-    for _ in range(rng.randint(0, 60)):
+    for corr in range(1, rng.randint(1, 61)):
         step = rng.choice([rng.expovariate(1 / scale), KERNEL_OVERHEAD_US, QUEUE_DRY_MIN_US, SYNC_SLACK_US])
         now = q(now + step * rng.choice([0.0, 0.5, 1.0, 1.0, 3.0]))
         if rng.random() < 0.3:  # a gap of exactly a threshold after everything so far
@@ -89,7 +88,6 @@ def _random_tables(rng: random.Random) -> Tables:
         t.g_name.append(name)
         t.g_bytes.append(rng.choice([0, 4, 1 << 20]))
         t.g_graph.append(-1)
-        corr += 1
         t.g_corr.append(corr if rng.random() < 0.9 else -1)
         if rng.random() < 0.85:  # its launch call: well before, just before, inside or after the gap before it
             copy = "Memcpy" in _NAMES[name]
