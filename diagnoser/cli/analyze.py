@@ -49,7 +49,6 @@ def register(app: typer.Typer) -> None:
         """Analyse a torch.profiler trace: idle causes, kernel classes, intensity, phases, then the verdict."""
         from diagnoser import physics
         from diagnoser.pipeline import Pipeline
-        from diagnoser.reports.trace_text import render_analysis
         from diagnoser.rules import load_thresholds
         from diagnoser.traces import analyze_trace, capture_from_trace
         from diagnoser.traces.decode import parse_size
@@ -69,6 +68,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             outcome.diagnosis.context["trace"] = analysis.to_dict()
         else:
+            from diagnoser.reports.trace_text import render_analysis
+
             for line in render_analysis(analysis):
                 typer.echo(printable(line))  # kernel and op names come from the trace file
             if save is not None:

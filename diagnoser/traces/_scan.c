@@ -205,7 +205,7 @@ static int string(Cur *c, const char **s, const char **e, int *escaped) {
             int mask = _mm_movemask_epi8(hit);
             if (mask) {
                 p += __builtin_ctz((unsigned)mask);
-                break;
+                goto found;  /* (not through the 8-byte loop below, which would find it again) */
             }
             p += 16;
         }
@@ -220,6 +220,7 @@ static int string(Cur *c, const char **s, const char **e, int *escaped) {
             }
             p += 8;
         }
+    found:
         if (p >= end) return c->bad = 1, -1;
         unsigned char ch = (unsigned char)*p;
         if (ch == '"') break;

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable
-from itertools import pairwise
+from itertools import islice
+from operator import lt, sub
 from typing import Any
 
 from diagnoser.traces.classify import COMM, STEP_PREFIX, kernel_class
@@ -164,9 +165,11 @@ def sampling(t: Tables) -> tuple[bool, str]:
         return True, "the profiler's GPU buffers filled and it stopped recording early (its log in the trace says so)"
     if any(_STOPPED_EARLY.search(line) for line in lines):
         return True, "CUPTI stopped recording early (the profiler's log in the trace says so)"
-    ids = sorted(set(t.ext_ids[:SAMPLE_IDS]))  # the first ops' ids tell as well as all of them
+    ids = sorted(t.ext_ids[:SAMPLE_IDS])  # the first ops' ids tell as well as all of them; (nearly) in order already
+    if not all(map(lt, ids, islice(ids, 1, None))):  # without repeats, as a rule: no set needed
+        ids = sorted(set(ids))
     if len(ids) >= MIN_IDS:
-        gaps = [b - a for a, b in pairwise(ids)]
+        gaps = list(map(sub, islice(ids, 1, None), ids))
         consecutive = gaps.count(1) / len(gaps)
         if consecutive < MIN_CONSECUTIVE_IDS:
             near = [g for g in gaps if g <= 1000]  # (large jumps are other threads' or steps' numbering)
