@@ -32,14 +32,15 @@ def parse_fail_on(value: str | None) -> set[str]:
 
 def show(outcome: Outcome, *, as_json: bool, fail_on: set[str], verbose: bool = False) -> None:
     """Print the outcome's report (terminal or --json): the files it wrote are named first, on stderr."""
-    from diagnoser.reports.jsonout import dumps
-    from diagnoser.reports.terminal import TerminalRenderer
-
     if "report" in outcome.written:
         typer.echo(f"diagnoser: wrote the HTML report to {outcome.written['report']}", err=True)
     if as_json:  # the diagnosis itself (JsonRenderer's document): the report's other views are not built for it
+        from diagnoser.reports.jsonout import dumps
+
         sys.stdout.write(dumps(outcome.diagnosis) + "\n")
     else:
+        from diagnoser.reports.terminal import TerminalRenderer
+
         TerminalRenderer(color=None if sys.stdout.isatty() else False).render(outcome.report(), verbose=verbose)
     d = outcome.diagnosis
     if fail_on and ("any" in fail_on and d.verdict != Verdict.INCONCLUSIVE or d.verdict in fail_on):

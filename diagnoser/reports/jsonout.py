@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from diagnoser.diagnosis import SCHEMA_VERSION, Diagnosis
-from diagnoser.fleet.model import FleetReport
-from diagnoser.reports.model import Report
 from diagnoser.reports.redact import redact
+
+if TYPE_CHECKING:  # (names for hints only: `analyze --json` prints a diagnosis without loading the report model)
+    from diagnoser.fleet.model import FleetReport
+    from diagnoser.reports.model import Report
 
 
 def _published(obj: Any, seen: dict[str, str]) -> Any:
