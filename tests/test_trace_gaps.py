@@ -146,10 +146,44 @@ def test_random_timelines_get_the_same_causes_and_sums(monkeypatch: pytest.Monke
             m.setattr(timeline, "_gap_causes", None)
             reference, _ = _timelines(t, window)
         assert compiled == reference  # every field, the floats to the last bit
+        for a, b in zip(compiled, reference, strict=True):  # and the ops that held the host in the same order
+            assert list(a.host_idle_ops_us.items()) == list(b.host_idle_ops_us.items())
+            assert list(a.blocked_in_waits_us.items()) == list(b.blocked_in_waits_us.items())
         seen += causes
     # the random timelines reach every rule, so the equality above covers each
     assert set(seen) == set(IDLE_CAUSES), seen
     assert min(seen.values()) >= 20, seen
+
+
+def test_idle_inside_ops_the_same_sums_in_the_same_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops of a few names nesting, overlapping across threads, repeating, starting and ending on a gap's edges, and
+    the profiler's step annotations (left out): the compiled sweep gives Python's dict, key order included (the
+    order a name first held the host)."""
+    rng = random.Random(7)
+    several = 0
+    for _ in range(2000):
+        grid = rng.random() < 0.5
+        q = (lambda x: float(round(x))) if grid else (lambda x: x)
+        gaps, t = [], rng.uniform(0, 10)
+        for _ in range(rng.randint(0, 40)):
+            a = q(t + rng.expovariate(1 / 20))
+            b = q(a + rng.expovariate(1 / 30))
+            gaps.append((a, b))
+            t = b
+        ops = []
+        for _ in range(rng.randint(0, 30)):
+            a = q(rng.uniform(0, t + 10))
+            if gaps and rng.random() < 0.3:  # on a gap's edge
+                a = rng.choice(rng.choice(gaps))
+            ops.append((rng.choice(["aten::copy_", "aten::item", "forward", "ProfilerStep#3", "x"]), a,
+                        q(a + rng.expovariate(1 / rng.choice([5.0, 50.0, 500.0])))))
+        compiled = list(timeline.idle_inside_ops(gaps, ops).items())
+        with monkeypatch.context() as m:
+            m.setattr(timeline, "_idle_inside", None)
+            reference = list(timeline.idle_inside_ops(gaps, ops).items())
+        assert compiled == reference
+        several += len(compiled) > 1
+    assert several > 500  # most cases name several ops, so the order is tested
 
 
 def test_bad_arguments_are_refused_not_read_past() -> None:
@@ -173,3 +207,14 @@ def test_bad_arguments_are_refused_not_read_past() -> None:
     long_gap = [(0.0, 5000.0, None, None)]
     with pytest.raises(TypeError):
         gap_causes(long_gap, *ok[1:11], lambda: None)  # host activity that is not (starts, ends)
+
+    from diagnoser.traces._gaps import idle_inside
+
+    one = array("d", [0.0])
+    assert idle_inside(one, array("d", [5.0]), array("i", [0]), one, array("d", [3.0]), 1) == [(0, 3.0)]
+    with pytest.raises(IndexError):
+        idle_inside(one, one, array("i", [4]), one, one, 1)  # a name id past the names
+    with pytest.raises(TypeError):
+        idle_inside(one, array("d", [1.0, 2.0]), array("i", [0]), one, one, 1)  # columns of unequal length
+    with pytest.raises(TypeError):
+        idle_inside(one, one, array("q", [0]), one, one, 1)

@@ -1,6 +1,6 @@
 /* The causes of a device's idle gaps (diagnoser/traces/timeline.py says the rules), compiled: the same rules as
  * timeline._host_sync_flags and timeline._GapCauses, gap by gap in the same order, so every sum is the same to the
- * last bit. The Python there is the reference and the fallback without a compiler; tests/test_trace_gaps.py holds the
+ * last bit; and timeline.idle_inside_ops, the same way. The Python there is the reference and the fallback without a compiler; tests/test_trace_gaps.py holds the
  * two equal. A trace with many host syncs sends most gaps down the long path (a host-activity sweep for some), which
  * in Python cost 2 us a gap. */
 #define PY_SSIZE_T_CLEAN
@@ -345,11 +345,234 @@ done:
     return out;
 }
 
+/* --- idle inside ops ------------------------------------------------------------------------------------------ */
+
+/* timeline.idle_inside_ops' heap of the ops open at a gap: (end, op index), ordered as Python orders the tuples, and
+ * kept as heapq keeps its list (the same pushes and pops, so the same order in the array: names enter the result in
+ * the order Python's loop over the heap meets them). */
+typedef struct {
+    double end;
+    Py_ssize_t k;
+} Open;
+
+static int open_lt(const Open *a, const Open *b) { return a->end < b->end || (a->end == b->end && a->k < b->k); }
+
+static void sift_down(Open *h, Py_ssize_t start, Py_ssize_t pos) { /* heapq._siftdown */
+    Open item = h[pos];
+    while (pos > start) {
+        Py_ssize_t parent = (pos - 1) >> 1;
+        if (!open_lt(&item, &h[parent])) break;
+        h[pos] = h[parent];
+        pos = parent;
+    }
+    h[pos] = item;
+}
+
+static void sift_up(Open *h, Py_ssize_t n, Py_ssize_t pos) { /* heapq._siftup */
+    Py_ssize_t start = pos;
+    Open item = h[pos];
+    Py_ssize_t child = 2 * pos + 1;
+    while (child < n) {
+        Py_ssize_t right = child + 1;
+        if (right < n && !open_lt(&h[child], &h[right])) child = right;
+        h[pos] = h[child];
+        pos = child;
+        child = 2 * pos + 1;
+    }
+    h[pos] = item;
+    sift_down(h, start, pos);
+}
+
+typedef struct {
+    double lo, hi;
+} Part;
+
+static int part_cmp(const void *a, const void *b) { /* (lo, hi) tuples' order */
+    const Part *x = a, *y = b;
+    if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+    if (x->hi != y->hi) return x->hi < y->hi ? -1 : 1;
+    return 0;
+}
+
+typedef struct {
+    int name;
+    double lo, hi;
+} Span;
+
+/* A column of numbers (an array of doubles or ints) read through the buffer protocol. */
+static int column(PyObject *obj, Py_buffer *b, char format, Py_ssize_t itemsize, Py_ssize_t n) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (b->itemsize != itemsize || !b->format || b->format[0] != format || b->format[1] ||
+        (n >= 0 && b->len / itemsize != n)) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_TypeError, "expected an array of %zd '%c' items", n, format);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *idle_inside(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *g0_o, *g1_o, *name_o, *start_o, *end_o;
+    int n_names;
+    if (!PyArg_ParseTuple(args, "OOOOOi:idle_inside", &g0_o, &g1_o, &name_o, &start_o, &end_o, &n_names)) return NULL;
+    Py_buffer bg0, bg1, bname, bstart, bend;
+    if (column(g0_o, &bg0, 'd', sizeof(double), -1) < 0) return NULL;
+    Py_ssize_t n_gaps = bg0.len / (Py_ssize_t)sizeof(double);
+    if (column(g1_o, &bg1, 'd', sizeof(double), n_gaps) < 0) {
+        PyBuffer_Release(&bg0);
+        return NULL;
+    }
+    if (column(name_o, &bname, 'i', sizeof(int), -1) < 0) {
+        PyBuffer_Release(&bg0);
+        PyBuffer_Release(&bg1);
+        return NULL;
+    }
+    Py_ssize_t n = bname.len / (Py_ssize_t)sizeof(int);
+    if (column(start_o, &bstart, 'd', sizeof(double), n) < 0) {
+        PyBuffer_Release(&bg0);
+        PyBuffer_Release(&bg1);
+        PyBuffer_Release(&bname);
+        return NULL;
+    }
+    if (column(end_o, &bend, 'd', sizeof(double), n) < 0) {
+        PyBuffer_Release(&bg0);
+        PyBuffer_Release(&bg1);
+        PyBuffer_Release(&bname);
+        PyBuffer_Release(&bstart);
+        return NULL;
+    }
+    const double *g0s = bg0.buf, *g1s = bg1.buf, *starts = bstart.buf, *ends = bend.buf;
+    const int *names = bname.buf;
+    PyObject *out = NULL;
+    Open *heap = PyMem_Malloc(sizeof(Open) * (size_t)(n ? n : 1));
+    Span *spans = PyMem_Malloc(sizeof(Span) * (size_t)(n ? n : 1));
+    Part *parts = PyMem_Malloc(sizeof(Part) * (size_t)(n ? n : 1));
+    size_t nn = (size_t)(n_names > 0 ? n_names : 1);
+    Py_ssize_t *slot = PyMem_Malloc(sizeof(Py_ssize_t) * nn);   /* per name: its first span in this gap, or -1 */
+    Py_ssize_t *count = PyMem_Malloc(sizeof(Py_ssize_t) * nn);  /* per name: its spans in this gap */
+    int *touched = PyMem_Malloc(sizeof(int) * nn);              /* the names of this gap, in order met */
+    double *total = PyMem_Malloc(sizeof(double) * nn);
+    int *order = PyMem_Malloc(sizeof(int) * nn); /* names in the order they enter the result */
+    char *seen = PyMem_Calloc(nn, 1);
+    if (!heap || !spans || !parts || !slot || !count || !touched || !total || !order || !seen) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (names[i] < 0 || names[i] >= n_names) {
+            PyErr_SetString(PyExc_IndexError, "a name id out of range");
+            goto done;
+        }
+    for (int i = 0; i < n_names; i++) slot[i] = -1;
+    Py_ssize_t n_open = 0, k = 0;
+    int n_order = 0;
+    for (Py_ssize_t g = 0; g < n_gaps; g++) {
+        double g0 = g0s[g], g1 = g1s[g];
+        while (k < n && starts[k] < g1) {
+            if (ends[k] > g0) { /* one that ended before this gap is in none of the later ones either */
+                heap[n_open].end = ends[k];
+                heap[n_open].k = k;
+                sift_down(heap, 0, n_open);
+                n_open++;
+            }
+            k++;
+        }
+        while (n_open && heap[0].end <= g0) { /* heapq.heappop */
+            n_open--;
+            if (n_open) {
+                heap[0] = heap[n_open];
+                sift_up(heap, n_open, 0);
+            }
+        }
+        Py_ssize_t n_spans = 0;
+        int n_touched = 0;
+        for (Py_ssize_t i = 0; i < n_open; i++) {
+            Py_ssize_t j = heap[i].k;
+            double end = heap[i].end, start = starts[j];
+            double lo = start > g0 ? start : g0, hi = end < g1 ? end : g1;
+            if (hi > lo) {
+                int name = names[j];
+                if (slot[name] < 0) {
+                    slot[name] = n_spans;
+                    count[name] = 0;
+                    touched[n_touched++] = name;
+                }
+                count[name]++;
+                spans[n_spans].name = name;
+                spans[n_spans].lo = lo;
+                spans[n_spans].hi = hi;
+                n_spans++;
+            }
+        }
+        for (int t = 0; t < n_touched; t++) {
+            int name = touched[t];
+            double covered;
+            if (count[name] == 1) {
+                const Span *sp = &spans[slot[name]];
+                covered = sp->hi - sp->lo;
+            } else { /* timeline._union */
+                Py_ssize_t m = 0;
+                for (Py_ssize_t i = slot[name]; i < n_spans; i++)
+                    if (spans[i].name == name) {
+                        parts[m].lo = spans[i].lo;
+                        parts[m].hi = spans[i].hi;
+                        m++;
+                    }
+                qsort(parts, (size_t)m, sizeof(Part), part_cmp);
+                double reach = g0;
+                covered = 0.0;
+                for (Py_ssize_t i = 0; i < m; i++)
+                    if (parts[i].hi > reach) {
+                        covered += parts[i].hi - (reach > parts[i].lo ? reach : parts[i].lo);
+                        reach = parts[i].hi;
+                    }
+            }
+            if (!seen[name]) {
+                seen[name] = 1;
+                total[name] = 0.0;
+                order[n_order++] = name;
+            }
+            total[name] += covered;
+            slot[name] = -1;
+        }
+    }
+    out = PyList_New(n_order);
+    if (!out) goto done;
+    for (int i = 0; i < n_order; i++) {
+        PyObject *pair = Py_BuildValue("(id)", order[i], total[order[i]]);
+        if (!pair) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, pair);
+    }
+done:
+    PyMem_Free(heap);
+    PyMem_Free(spans);
+    PyMem_Free(parts);
+    PyMem_Free(slot);
+    PyMem_Free(count);
+    PyMem_Free(touched);
+    PyMem_Free(total);
+    PyMem_Free(order);
+    PyMem_Free(seen);
+    PyBuffer_Release(&bg0);
+    PyBuffer_Release(&bg1);
+    PyBuffer_Release(&bname);
+    PyBuffer_Release(&bstart);
+    PyBuffer_Release(&bend);
+    return out;
+}
+
 static PyMethodDef METHODS[] = {
     {"gap_causes", gap_causes, METH_VARARGS,
      "gap_causes(gaps, sync_start, sync_end_max, gpu_sync_start, gpu_sync_end_max, of_gpu, g_name, r_ts, r_dur, "
      "pageable_htod, to_host, host_events) -> (causes, idle_us by cause, gaps by cause, unattributed_us): "
      "timeline._GapCauses over every gap of a device, with timeline._host_sync_flags."},
+    {"idle_inside", idle_inside, METH_VARARGS,
+     "idle_inside(gap_starts, gap_ends, op_names, op_starts, op_ends, n_names) -> [(name id, us), ...]: "
+     "timeline.idle_inside_ops over ops sorted by start (their names as ids), in the order names enter its result."},
     {NULL, NULL, 0, NULL},
 };
 

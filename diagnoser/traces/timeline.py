@@ -31,6 +31,7 @@ Times are microseconds as in the trace; results are fractions of the window.
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,8 +43,10 @@ from diagnoser.traces.tables import Tables
 
 try:
     from diagnoser.traces._gaps import gap_causes as _gap_causes
-except ImportError:  # installed without a C compiler: _GapCauses below classifies every gap (same answers, slower)
+    from diagnoser.traces._gaps import idle_inside as _idle_inside
+except ImportError:  # installed without a C compiler: the Python below does it all (same answers, slower)
     _gap_causes = None  # type: ignore[assignment]
+    _idle_inside = None  # type: ignore[assignment]
 
 IDLE_CAUSES = ("host", "sync", "pageable_memcpy", "queue_dry", "kernel_overhead", "stream_wait")
 # HolisticTraceAnalysis' consecutive_kernel_delay is 30 (µs, although its docs say ns; pitfall P2). Same here, so
@@ -441,6 +444,13 @@ def idle_inside_ops(gaps: list[tuple[float, float]], ops: list[tuple[str, float,
     held in a heap by their end. Ops of one name that nest or overlap (copy_ inside copy_, two threads) count their
     union once. The profiler's step annotations enclose everything and name nothing."""
     ops = sorted((op for op in ops if not op[0].startswith("ProfilerStep#")), key=_START)
+    if _idle_inside is not None:  # the same sweep in C (_gaps.c), the same sums and order
+        ids: dict[str, int] = {}
+        name_ids = array("i", [ids.setdefault(op[0], len(ids)) for op in ops])
+        pairs = _idle_inside(array("d", map(itemgetter(0), gaps)), array("d", map(itemgetter(1), gaps)), name_ids,
+                             array("d", map(_START, ops)), array("d", map(itemgetter(2), ops)), len(ids))
+        names = list(ids)
+        return {names[i]: us for i, us in pairs}
     out: dict[str, float] = {}
     active: list[tuple[float, int]] = []
     k, n = 0, len(ops)
