@@ -45,12 +45,18 @@ def test_the_gap_classifier_is_built_and_shares_the_rules_constants() -> None:
                                "HOST_BUSY_FRAC": HOST_BUSY_FRAC, "SYNC_SLACK_US": SYNC_SLACK_US}
 
 
+def _python_only(m: pytest.MonkeyPatch) -> None:
+    """As installed without a C compiler: every compiled part of timeline.py replaced by its Python."""
+    for name in ("_gap_causes", "_idle_inside", "_sorted_times"):
+        m.setattr(timeline, name, None)
+
+
 @pytest.mark.parametrize("path", PUBLIC, ids=[p.name for p in PUBLIC])
 def test_the_same_analysis_with_and_without_the_compiled_classifier(path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     t = collect(path)
     compiled = analyze_tables(t).to_dict()
-    monkeypatch.setattr(timeline, "_gap_causes", None)
+    _python_only(monkeypatch)
     assert analyze_tables(t).to_dict() == compiled
 
 
@@ -143,7 +149,7 @@ def test_random_timelines_get_the_same_causes_and_sums(monkeypatch: pytest.Monke
         window = (lo - rng.choice([0.0, 50.0]), hi + rng.choice([0.0, 5000.0]))
         compiled, causes = _timelines(t, window)
         with monkeypatch.context() as m:
-            m.setattr(timeline, "_gap_causes", None)
+            _python_only(m)
             reference, _ = _timelines(t, window)
         assert compiled == reference  # every field, the floats to the last bit
         for a, b in zip(compiled, reference, strict=True):  # and the ops that held the host in the same order
@@ -179,11 +185,25 @@ def test_idle_inside_ops_the_same_sums_in_the_same_order(monkeypatch: pytest.Mon
                         q(a + rng.expovariate(1 / rng.choice([5.0, 50.0, 500.0])))))
         compiled = list(timeline.idle_inside_ops(gaps, ops).items())
         with monkeypatch.context() as m:
-            m.setattr(timeline, "_idle_inside", None)
+            _python_only(m)
             reference = list(timeline.idle_inside_ops(gaps, ops).items())
         assert compiled == reference
         several += len(compiled) > 1
     assert several > 500  # most cases name several ops, so the order is tested
+
+
+def test_sorted_times_sorts_as_python_does() -> None:
+    from diagnoser.traces._gaps import sorted_times
+
+    rng = random.Random(3)
+    for n in (0, 1, 2, 17, 5000):
+        xs = [rng.choice([rng.uniform(0, 2e15), float(rng.randint(0, 50)), rng.uniform(-1e3, 1e3), 1e308, 5e-324])
+              for _ in range(n)]
+        out = array("d")
+        out.frombytes(sorted_times(array("d", xs)))
+        assert out.tolist() == sorted(xs)
+    with pytest.raises(TypeError):
+        sorted_times(array("f", [1.0]))
 
 
 def test_bad_arguments_are_refused_not_read_past() -> None:

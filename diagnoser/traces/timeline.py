@@ -44,9 +44,11 @@ from diagnoser.traces.tables import Tables
 try:
     from diagnoser.traces._gaps import gap_causes as _gap_causes
     from diagnoser.traces._gaps import idle_inside as _idle_inside
+    from diagnoser.traces._gaps import sorted_times as _sorted_times
 except ImportError:  # installed without a C compiler: the Python below does it all (same answers, slower)
     _gap_causes = None  # type: ignore[assignment]
     _idle_inside = None  # type: ignore[assignment]
+    _sorted_times = None  # type: ignore[assignment]
 
 IDLE_CAUSES = ("host", "sync", "pageable_memcpy", "queue_dry", "kernel_overhead", "stream_wait")
 # HolisticTraceAnalysis' consecutive_kernel_delay is 30 (µs, although its docs say ns; pitfall P2). Same here, so
@@ -116,14 +118,17 @@ class HostActivity:
 
     def __init__(self, t: Tables) -> None:
         self._t = t
-        self._sorted: tuple[list[float], list[float]] | None = None
+        self._sorted: tuple[Sequence[float], Sequence[float]] | None = None
 
-    def _events(self) -> tuple[list[float], list[float]]:
+    def _events(self) -> tuple[Sequence[float], Sequence[float]]:
         if self._sorted is None:
-            starts, ends = self._t.h_ts.tolist(), self._t.h_end.tolist()
-            starts.sort()
-            ends.sort()
-            self._sorted = (starts, ends)
+            if _sorted_times is not None:  # sorted in C, kept as arrays (no float object for each time)
+                starts, ends = array("d"), array("d")
+                starts.frombytes(_sorted_times(self._t.h_ts))
+                ends.frombytes(_sorted_times(self._t.h_end))
+                self._sorted = (starts, ends)
+            else:
+                self._sorted = (sorted(self._t.h_ts.tolist()), sorted(self._t.h_end.tolist()))
         return self._sorted
 
     def busy_at_least(self, a: float, b: float, frac: float) -> bool:
