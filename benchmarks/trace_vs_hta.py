@@ -297,7 +297,8 @@ def _jobs_args(n: int) -> list[str]:
 
 
 def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeout: float, whole_max_mb: float,
-                hta_max_mb: float, only: list[str], baseline: Path | None = None) -> dict[str, Any]:
+                hta_max_mb: float, only: list[str], baseline: Path | None = None,
+                hta_repeat: int | None = None) -> dict[str, Any]:
     diagnoser = str(Path(sys.executable).with_name("diagnoser"))
     mb = _size(path) / 1e6
     tools: dict[str, list[str]] = {}
@@ -320,8 +321,10 @@ def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeou
     # this checkout first on the path, so a shared virtual environment runs this code
     env = {**os.environ, "DIAGNOSER_TRACE_MAX_BYTES": "64G", "PYTHONPATH": str(ROOT)}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in tools}
-    for _ in range(repeat):
+    for rep in range(repeat):
         for name, cmd in tools.items():  # interleaved, so a burst of load hits every tool alike
+            if name == "hta" and hta_repeat is not None and rep >= hta_repeat:
+                continue
             _warm(path)  # every tool reads the trace from the page cache (HTA's gigabytes push it out)
             load = os.getloadavg()[0]
             r = run_measured(cmd, timeout, env)
@@ -340,7 +343,10 @@ def bench_trace(path: Path, repeat: int, jobs: list[int], skip_hta: bool, timeou
         result["tools"][name] = {"wall_s": statistics.median(r["wall_s"] for r in ok),
                                  "rss_mb": statistics.median(r["rss_mb"] for r in ok),
                                  "cpu_s": statistics.median(r["user_s"] + r["sys_s"] for r in ok),
-                                 "load": statistics.median(r["load"] for r in ok), "runs": len(ok)}
+                                 "load": statistics.median(r["load"] for r in ok), "runs": len(ok),
+                                 # each run's figures in turn, for ratios taken run by run against a peer
+                                 "each_cpu_s": [r["user_s"] + r["sys_s"] for r in rs if r["rc"] == 0],
+                                 "each_wall_s": [r["wall_s"] for r in rs if r["rc"] == 0]}
     lib = [r for name, rs in runs.items() if name.startswith("lib-") for r in rs if r["rc"] == 0]
     if lib:
         result["ours"] = ours_numbers(json.loads(lib[-1]["stdout"]))
@@ -414,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                           "or as a folder of RANKS rank files; e.g. " + " ".join(SHAPES)))
     ap.add_argument("--repeat", type=int, default=3, help="runs per tool per trace (median reported)")
     ap.add_argument("--big-repeat", type=int, default=1, help="runs per tool on traces over 100 MB")
+    ap.add_argument("--hta-repeat", type=int, default=None, metavar="N",
+                    help="HTA only in the first N rounds (its minute-long runs; the other tools in every round)")
     ap.add_argument("--skip-hta", action="store_true")
     ap.add_argument("--baseline", type=Path, default=None, metavar="CHECKOUT",
                     help="also time the analysis of another checkout of this repository (base-lib-jN), e.g. a "
@@ -445,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         if (os.cpu_count() or 1) <= 2:
             jobs = [n for n in jobs if n != 0] or [1]  # "all" is 2 here: the same run as -j 2
         results.append(bench_trace(path, repeat, jobs, args.skip_hta, args.timeout, args.whole_max_mb,
-                                   args.hta_max_mb, args.only, args.baseline))
+                                   args.hta_max_mb, args.only, args.baseline, args.hta_repeat))
     machine = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
                "date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_at_end": os.getloadavg()}
     (OUT / "results.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1))
