@@ -224,6 +224,10 @@ def test_bad_arguments_are_refused_not_read_past() -> None:
         gap_causes(ok[0], *ok[1:6], array("q", [0]), *ok[7:])  # names as 64-bit ints
     with pytest.raises(ValueError):
         gap_causes(ok[0], [1.0], [], *ok[3:])
+    with pytest.raises(TypeError):
+        gap_causes(*ok[:8], array("d", [0.0, 1.0]), *ok[9:])  # call durations longer than their starts
+    with pytest.raises(TypeError):
+        gap_causes(*ok[:10], b"\0\0", ok[11])  # the two name masks of unequal length
     long_gap = [(0.0, 5000.0, None, None)]
     with pytest.raises(TypeError):
         gap_causes(long_gap, *ok[1:11], lambda: None)  # host activity that is not (starts, ends)

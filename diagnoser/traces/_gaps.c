@@ -242,24 +242,34 @@ static Py_ssize_t op_index(PyObject *o) {
     return i;
 }
 
+/* The columns a call reads, through the buffer protocol, released together. */
 typedef struct {
-    Py_buffer g_name, r_ts, r_dur, pageable, to_host;
+    Py_buffer b[5];
     int held;
-} Views;
+} Columns;
 
-static void views_release(Views *v) {
-    Py_buffer *all[5] = {&v->g_name, &v->r_ts, &v->r_dur, &v->pageable, &v->to_host};
-    for (int i = 0; i < v->held; i++) PyBuffer_Release(all[i]);
-    v->held = 0;
+static void columns_release(Columns *cs) {
+    for (int i = 0; i < cs->held; i++) PyBuffer_Release(&cs->b[i]);
+    cs->held = 0;
 }
 
-static int view(PyObject *obj, Py_buffer *b, Views *v, const char *format, Py_ssize_t itemsize) {
+/* obj's buffer as a column of items of this format, n of them (n < 0: any number): *buf and *len; -1 with an
+ * exception set. */
+static int column(Columns *cs, PyObject *obj, char format, Py_ssize_t itemsize, Py_ssize_t n, const void **buf,
+                  Py_ssize_t *len) {
+    Py_buffer *b = &cs->b[cs->held];
     if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    v->held++;
-    if (b->itemsize != itemsize || (format && (!b->format || b->format[0] != format[0] || b->format[1]))) {
-        PyErr_Format(PyExc_TypeError, "expected a buffer of '%s' items", format ? format : "B");
+    cs->held++;
+    if (b->itemsize != itemsize || !b->format || b->format[0] != format || b->format[1]) {
+        PyErr_Format(PyExc_TypeError, "expected an array of '%c' items", format);
         return -1;
     }
+    if (n >= 0 && b->len / itemsize != n) {
+        PyErr_Format(PyExc_TypeError, "expected %zd items, got %zd", n, b->len / itemsize);
+        return -1;
+    }
+    *buf = b->buf;
+    *len = b->len / itemsize;
     return 0;
 }
 
@@ -270,26 +280,22 @@ static PyObject *gap_causes(PyObject *self, PyObject *args) {
                           &gs_start_o, &gs_end_o, &PyList_Type, &of_gpu, &g_name_o, &r_ts_o, &r_dur_o, &pageable_o,
                           &to_host_o, &host_events))
         return NULL;
-    Views v = {.held = 0};
+    Columns cs = {.held = 0};
     Ctx c = {.of_gpu = of_gpu, .host_events = host_events};
     Doubles ss = {0}, se = {0}, gs = {0}, ge = {0};
     PyObject *causes = NULL, *out = NULL;
-    if (view(g_name_o, &v.g_name, &v, "i", sizeof(int)) || view(r_ts_o, &v.r_ts, &v, "d", sizeof(double)) ||
-        view(r_dur_o, &v.r_dur, &v, "d", sizeof(double)) || view(pageable_o, &v.pageable, &v, NULL, 1) ||
-        view(to_host_o, &v.to_host, &v, NULL, 1))
+    const void *g_name, *r_ts, *r_dur, *pageable, *to_host;
+    if (column(&cs, g_name_o, 'i', sizeof(int), -1, &g_name, &c.n_gpu) ||
+        column(&cs, r_ts_o, 'd', sizeof(double), -1, &r_ts, &c.n_rt) ||
+        column(&cs, r_dur_o, 'd', sizeof(double), c.n_rt, &r_dur, &c.n_rt) ||
+        column(&cs, pageable_o, 'B', 1, -1, &pageable, &c.n_names) ||
+        column(&cs, to_host_o, 'B', 1, c.n_names, &to_host, &c.n_names))
         goto done;
-    if (v.r_ts.len != v.r_dur.len || v.pageable.len != v.to_host.len) {
-        PyErr_SetString(PyExc_ValueError, "columns of unequal length");
-        goto done;
-    }
-    c.g_name = v.g_name.buf;
-    c.n_gpu = v.g_name.len / (Py_ssize_t)sizeof(int);
-    c.r_ts = v.r_ts.buf;
-    c.r_dur = v.r_dur.buf;
-    c.n_rt = v.r_ts.len / (Py_ssize_t)sizeof(double);
-    c.pageable = v.pageable.buf;
-    c.to_host = v.to_host.buf;
-    c.n_names = v.pageable.len;
+    c.g_name = g_name;
+    c.r_ts = r_ts;
+    c.r_dur = r_dur;
+    c.pageable = pageable;
+    c.to_host = to_host;
     if (doubles(sync_start_o, &ss) || doubles(sync_end_o, &se) || doubles(gs_start_o, &gs) || doubles(gs_end_o, &ge))
         goto done;
     if (ss.n != se.n || gs.n != ge.n) {
@@ -362,7 +368,7 @@ done:
     PyMem_Free(ge.v);
     PyMem_Free(c.h_starts.v);
     PyMem_Free(c.h_ends.v);
-    views_release(&v);
+    columns_release(&cs);
     return out;
 }
 
@@ -420,51 +426,24 @@ typedef struct {
     double lo, hi;
 } Span;
 
-/* A column of numbers (an array of doubles or ints) read through the buffer protocol. */
-static int column(PyObject *obj, Py_buffer *b, char format, Py_ssize_t itemsize, Py_ssize_t n) {
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (b->itemsize != itemsize || !b->format || b->format[0] != format || b->format[1] ||
-        (n >= 0 && b->len / itemsize != n)) {
-        PyBuffer_Release(b);
-        PyErr_Format(PyExc_TypeError, "expected an array of %zd '%c' items", n, format);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *idle_inside(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *g0_o, *g1_o, *name_o, *start_o, *end_o;
     int n_names;
     if (!PyArg_ParseTuple(args, "OOOOOi:idle_inside", &g0_o, &g1_o, &name_o, &start_o, &end_o, &n_names)) return NULL;
-    Py_buffer bg0, bg1, bname, bstart, bend;
-    if (column(g0_o, &bg0, 'd', sizeof(double), -1) < 0) return NULL;
-    Py_ssize_t n_gaps = bg0.len / (Py_ssize_t)sizeof(double);
-    if (column(g1_o, &bg1, 'd', sizeof(double), n_gaps) < 0) {
-        PyBuffer_Release(&bg0);
+    Columns cs = {.held = 0};
+    const void *g0_b, *g1_b, *name_b, *start_b, *end_b;
+    Py_ssize_t n_gaps, n;
+    if (column(&cs, g0_o, 'd', sizeof(double), -1, &g0_b, &n_gaps) ||
+        column(&cs, g1_o, 'd', sizeof(double), n_gaps, &g1_b, &n_gaps) ||
+        column(&cs, name_o, 'i', sizeof(int), -1, &name_b, &n) ||
+        column(&cs, start_o, 'd', sizeof(double), n, &start_b, &n) ||
+        column(&cs, end_o, 'd', sizeof(double), n, &end_b, &n)) {
+        columns_release(&cs);
         return NULL;
     }
-    if (column(name_o, &bname, 'i', sizeof(int), -1) < 0) {
-        PyBuffer_Release(&bg0);
-        PyBuffer_Release(&bg1);
-        return NULL;
-    }
-    Py_ssize_t n = bname.len / (Py_ssize_t)sizeof(int);
-    if (column(start_o, &bstart, 'd', sizeof(double), n) < 0) {
-        PyBuffer_Release(&bg0);
-        PyBuffer_Release(&bg1);
-        PyBuffer_Release(&bname);
-        return NULL;
-    }
-    if (column(end_o, &bend, 'd', sizeof(double), n) < 0) {
-        PyBuffer_Release(&bg0);
-        PyBuffer_Release(&bg1);
-        PyBuffer_Release(&bname);
-        PyBuffer_Release(&bstart);
-        return NULL;
-    }
-    const double *g0s = bg0.buf, *g1s = bg1.buf, *starts = bstart.buf, *ends = bend.buf;
-    const int *names = bname.buf;
+    const double *g0s = g0_b, *g1s = g1_b, *starts = start_b, *ends = end_b;
+    const int *names = name_b;
     PyObject *out = NULL;
     Open *heap = PyMem_Malloc(sizeof(Open) * (size_t)(n ? n : 1));
     Span *spans = PyMem_Malloc(sizeof(Span) * (size_t)(n ? n : 1));
@@ -578,11 +557,7 @@ done:
     PyMem_Free(total);
     PyMem_Free(order);
     PyMem_Free(seen);
-    PyBuffer_Release(&bg0);
-    PyBuffer_Release(&bg1);
-    PyBuffer_Release(&bname);
-    PyBuffer_Release(&bstart);
-    PyBuffer_Release(&bend);
+    columns_release(&cs);
     return out;
 }
 
@@ -609,9 +584,13 @@ static double from_key(uint64_t k) {
 #define BUCKETS (1 << DIGIT_BITS)
 static PyObject *sorted_times(PyObject *self, PyObject *arg) {
     (void)self;
-    Py_buffer b;
-    if (column(arg, &b, 'd', sizeof(double), -1) < 0) return NULL;
-    Py_ssize_t n = b.len / (Py_ssize_t)sizeof(double);
+    Columns cs = {.held = 0};
+    const void *buf;
+    Py_ssize_t n;
+    if (column(&cs, arg, 'd', sizeof(double), -1, &buf, &n)) {
+        columns_release(&cs);
+        return NULL;
+    }
     PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(double));
     uint64_t *keys = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
     uint64_t *tmp = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
@@ -620,7 +599,7 @@ static PyObject *sorted_times(PyObject *self, PyObject *arg) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto done;
     }
-    const double *v = b.buf;
+    const double *v = buf;
     for (Py_ssize_t i = 0; i < n; i++) keys[i] = order_key(v[i]);
     size_t counts[BUCKETS];
     for (int shift = 0; shift < 64; shift += DIGIT_BITS) {
@@ -643,7 +622,7 @@ static PyObject *sorted_times(PyObject *self, PyObject *arg) {
 done:
     PyMem_Free(keys);
     PyMem_Free(tmp);
-    PyBuffer_Release(&b);
+    columns_release(&cs);
     return out;
 }
 
