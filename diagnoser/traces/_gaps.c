@@ -422,7 +422,7 @@ static int part_cmp(const void *a, const void *b) { /* (lo, hi) tuples' order */
 }
 
 typedef struct {
-    int name;
+    Py_ssize_t next; /* the same name's next span in this gap, or -1 */
     double lo, hi;
 } Span;
 
@@ -449,13 +449,13 @@ static PyObject *idle_inside(PyObject *self, PyObject *args) {
     Span *spans = PyMem_Malloc(sizeof(Span) * (size_t)(n ? n : 1));
     Part *parts = PyMem_Malloc(sizeof(Part) * (size_t)(n ? n : 1));
     size_t nn = (size_t)(n_names > 0 ? n_names : 1);
-    Py_ssize_t *slot = PyMem_Malloc(sizeof(Py_ssize_t) * nn);   /* per name: its first span in this gap, or -1 */
-    Py_ssize_t *count = PyMem_Malloc(sizeof(Py_ssize_t) * nn);  /* per name: its spans in this gap */
+    Py_ssize_t *slot = PyMem_Malloc(sizeof(Py_ssize_t) * nn);  /* per name: its first span in this gap, or -1 */
+    Py_ssize_t *last = PyMem_Malloc(sizeof(Py_ssize_t) * nn);  /* per name: its last span in this gap */
     int *touched = PyMem_Malloc(sizeof(int) * nn);              /* the names of this gap, in order met */
     double *total = PyMem_Malloc(sizeof(double) * nn);
     int *order = PyMem_Malloc(sizeof(int) * nn); /* names in the order they enter the result */
     char *seen = PyMem_Calloc(nn, 1);
-    if (!heap || !spans || !parts || !slot || !count || !touched || !total || !order || !seen) {
+    if (!heap || !spans || !parts || !slot || !last || !touched || !total || !order || !seen) {
         PyErr_NoMemory();
         goto done;
     }
@@ -495,11 +495,12 @@ static PyObject *idle_inside(PyObject *self, PyObject *args) {
                 int name = names[j];
                 if (slot[name] < 0) {
                     slot[name] = n_spans;
-                    count[name] = 0;
                     touched[n_touched++] = name;
+                } else {
+                    spans[last[name]].next = n_spans;
                 }
-                count[name]++;
-                spans[n_spans].name = name;
+                last[name] = n_spans;
+                spans[n_spans].next = -1;
                 spans[n_spans].lo = lo;
                 spans[n_spans].hi = hi;
                 n_spans++;
@@ -508,17 +509,16 @@ static PyObject *idle_inside(PyObject *self, PyObject *args) {
         for (int t = 0; t < n_touched; t++) {
             int name = touched[t];
             double covered;
-            if (count[name] == 1) {
-                const Span *sp = &spans[slot[name]];
-                covered = sp->hi - sp->lo;
+            const Span *first = &spans[slot[name]];
+            if (first->next < 0) {
+                covered = first->hi - first->lo;
             } else { /* timeline._union */
                 Py_ssize_t m = 0;
-                for (Py_ssize_t i = slot[name]; i < n_spans; i++)
-                    if (spans[i].name == name) {
-                        parts[m].lo = spans[i].lo;
-                        parts[m].hi = spans[i].hi;
-                        m++;
-                    }
+                for (Py_ssize_t i = slot[name]; i >= 0; i = spans[i].next) {
+                    parts[m].lo = spans[i].lo;
+                    parts[m].hi = spans[i].hi;
+                    m++;
+                }
                 qsort(parts, (size_t)m, sizeof(Part), part_cmp);
                 double reach = g0;
                 covered = 0.0;
@@ -552,7 +552,7 @@ done:
     PyMem_Free(spans);
     PyMem_Free(parts);
     PyMem_Free(slot);
-    PyMem_Free(count);
+    PyMem_Free(last);
     PyMem_Free(touched);
     PyMem_Free(total);
     PyMem_Free(order);
