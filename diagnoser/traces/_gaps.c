@@ -25,28 +25,58 @@ typedef struct {
     Py_ssize_t n;
 } Doubles;
 
+/* The columns a call reads, through the buffer protocol, released together. */
+typedef struct {
+    Py_buffer b[5];
+    int held;
+} Columns;
+
+static void columns_release(Columns *cs) {
+    for (int i = 0; i < cs->held; i++) PyBuffer_Release(&cs->b[i]);
+    cs->held = 0;
+}
+
+/* obj's buffer as a column of items of this format, n of them (n < 0: any number): *buf and *len; -1 with an
+ * exception set. */
+static int column(Columns *cs, PyObject *obj, char format, Py_ssize_t itemsize, Py_ssize_t n, const void **buf,
+                  Py_ssize_t *len) {
+    Py_buffer *b = &cs->b[cs->held];
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    cs->held++;
+    if (b->itemsize != itemsize || !b->format || b->format[0] != format || b->format[1]) {
+        PyErr_Format(PyExc_TypeError, "expected an array of '%c' items", format);
+        return -1;
+    }
+    if (n >= 0 && b->len / itemsize != n) {
+        PyErr_Format(PyExc_TypeError, "expected %zd items, got %zd", n, b->len / itemsize);
+        return -1;
+    }
+    *buf = b->buf;
+    *len = b->len / itemsize;
+    return 0;
+}
+
 /* A list (or any sequence) of numbers, or an array of doubles, as doubles; 0 on success. */
 static int doubles(PyObject *seq, Doubles *out) {
     out->v = NULL;
     out->n = 0;
     if (PyObject_CheckBuffer(seq)) {
-        Py_buffer b;
-        if (PyObject_GetBuffer(seq, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-        if (b.itemsize != sizeof(double) || !b.format || b.format[0] != 'd' || b.format[1]) {
-            PyBuffer_Release(&b);
-            PyErr_SetString(PyExc_TypeError, "expected an array of doubles");
-            return -1;
+        Columns cs = {.held = 0};
+        const void *buf;
+        Py_ssize_t n;
+        int bad = column(&cs, seq, 'd', sizeof(double), -1, &buf, &n);
+        if (!bad) {
+            out->v = PyMem_Malloc(sizeof(double) * (size_t)(n ? n : 1));
+            if (out->v) {
+                memcpy(out->v, buf, sizeof(double) * (size_t)n);
+                out->n = n;
+            } else {
+                PyErr_NoMemory();
+                bad = -1;
+            }
         }
-        out->n = b.len / (Py_ssize_t)sizeof(double);
-        out->v = PyMem_Malloc(sizeof(double) * (size_t)(out->n ? out->n : 1));
-        if (!out->v) {
-            PyBuffer_Release(&b);
-            PyErr_NoMemory();
-            return -1;
-        }
-        memcpy(out->v, b.buf, sizeof(double) * (size_t)out->n);
-        PyBuffer_Release(&b);
-        return 0;
+        columns_release(&cs);
+        return bad;
     }
     PyObject *fast = PySequence_Fast(seq, "expected a sequence of numbers");
     if (!fast) return -1;
@@ -240,37 +270,6 @@ static Py_ssize_t op_index(PyObject *o) {
         return -2;
     }
     return i;
-}
-
-/* The columns a call reads, through the buffer protocol, released together. */
-typedef struct {
-    Py_buffer b[5];
-    int held;
-} Columns;
-
-static void columns_release(Columns *cs) {
-    for (int i = 0; i < cs->held; i++) PyBuffer_Release(&cs->b[i]);
-    cs->held = 0;
-}
-
-/* obj's buffer as a column of items of this format, n of them (n < 0: any number): *buf and *len; -1 with an
- * exception set. */
-static int column(Columns *cs, PyObject *obj, char format, Py_ssize_t itemsize, Py_ssize_t n, const void **buf,
-                  Py_ssize_t *len) {
-    Py_buffer *b = &cs->b[cs->held];
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    cs->held++;
-    if (b->itemsize != itemsize || !b->format || b->format[0] != format || b->format[1]) {
-        PyErr_Format(PyExc_TypeError, "expected an array of '%c' items", format);
-        return -1;
-    }
-    if (n >= 0 && b->len / itemsize != n) {
-        PyErr_Format(PyExc_TypeError, "expected %zd items, got %zd", n, b->len / itemsize);
-        return -1;
-    }
-    *buf = b->buf;
-    *len = b->len / itemsize;
-    return 0;
 }
 
 static PyObject *gap_causes(PyObject *self, PyObject *args) {

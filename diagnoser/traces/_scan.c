@@ -187,6 +187,18 @@ static int utf8_seq(const unsigned char *s, const unsigned char *e) {
     return n + 1;
 }
 
+#if defined(__SSE2__)
+/* Which of the 16 bytes at p are '"', '\\', or below 0x20 as a signed char (a control character, or non-ASCII): a bit
+ * each, the first byte lowest. */
+static inline int special16(const char *p) {
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
+                                            _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+                               _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
+    return _mm_movemask_epi8(hit);
+}
+#endif
+
 /* A string at c->p ('"'): its raw content in [*s, *e), whether it holds an escape. Checks the grammar, control
  * characters and UTF-8; escaped surrogates are not plain. */
 static int string(Cur *c, const char **s, const char **e, int *escaped) {
@@ -195,14 +207,8 @@ static int string(Cur *c, const char **s, const char **e, int *escaped) {
     *s = p;
     for (;;) {
 #if defined(__SSE2__)
-        /* 16 bytes a step: a quote, a backslash, or a byte below 0x20 as a signed char (a control character, or
-         * non-ASCII) */
-        while (end - p >= 16) {
-            __m128i v = _mm_loadu_si128((const __m128i *)p);
-            __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
-                                                    _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
-                                       _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
-            int mask = _mm_movemask_epi8(hit);
+        while (end - p >= 16) {  /* 16 bytes a step */
+            int mask = special16(p);
             if (mask) {
                 p += __builtin_ctz((unsigned)mask);
                 goto found;  /* (not through the 8-byte loop below, which would find it again) */
@@ -511,11 +517,7 @@ static inline int short_key(Cur *c, const char **k, const char **ke) {
 #if defined(__SSE2__)
     const char *p = c->p + 1;
     if (c->end - p < 16) return 0;
-    __m128i v = _mm_loadu_si128((const __m128i *)p);
-    __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
-                                            _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
-                               _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
-    int mask = _mm_movemask_epi8(hit);
+    int mask = special16(p);
     if (!mask) return 0;
     int i = __builtin_ctz((unsigned)mask);
     if (p[i] != '"') return 0; /* an escape, a control character or non-ASCII first: string() decides */
