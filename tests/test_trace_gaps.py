@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.traces import timeline
+from diagnoser.traces import kernels, timeline
 from diagnoser.traces.analysis import analyze_tables
-from diagnoser.traces.classify import LAUNCH_KIND_COPY, LAUNCH_KIND_KERNEL, LAUNCH_KIND_SYNC
+from diagnoser.traces.classify import LAUNCH_KIND_COPY, LAUNCH_KIND_GRAPH, LAUNCH_KIND_KERNEL, LAUNCH_KIND_SYNC
 from diagnoser.traces.tables import Tables, collect
 from diagnoser.traces.timeline import (
     HOST_BUSY_FRAC,
@@ -46,9 +46,11 @@ def test_the_gap_classifier_is_built_and_shares_the_rules_constants() -> None:
 
 
 def _python_only(m: pytest.MonkeyPatch) -> None:
-    """As installed without a C compiler: every compiled part of timeline.py replaced by its Python."""
-    for name in ("_gap_causes", "_idle_inside", "_sorted_times"):
+    """As installed without a C compiler: every compiled part of timeline.py and kernels.py replaced by its Python."""
+    for name in ("_gap_causes", "_idle_inside", "_sorted_times", "_sweep_ops"):
         m.setattr(timeline, name, None)
+    for name in ("_unions", "_per_name", "_graph_kernels_c", "_launch_stats"):
+        m.setattr(kernels, name, None)
 
 
 @pytest.mark.parametrize("path", PUBLIC, ids=[p.name for p in PUBLIC])
@@ -153,12 +155,108 @@ def test_random_timelines_get_the_same_causes_and_sums(monkeypatch: pytest.Monke
             reference, _ = _timelines(t, window)
         assert compiled == reference  # every field, the floats to the last bit
         for a, b in zip(compiled, reference, strict=True):  # and the ops that held the host in the same order
+            assert list(a.busy_us_by_stream.items()) == list(b.busy_us_by_stream.items())
             assert list(a.host_idle_ops_us.items()) == list(b.host_idle_ops_us.items())
             assert list(a.blocked_in_waits_us.items()) == list(b.blocked_in_waits_us.items())
         seen += causes
     # the random timelines reach every rule, so the equality above covers each
     assert set(seen) == set(IDLE_CAUSES), seen
     assert min(seen.values()) >= 20, seen
+
+
+_KERNEL_NAMES = ["gemm_kernel", "ncclKernel_AllReduce_RING_LL_Sum_float", "ncclDevKernel_SendRecv",
+                 "Memcpy HtoD (Pinned -> Device)", "Memset (Device)", "elementwise", "flash_fwd_kernel"]
+
+
+def _random_kernels(rng: random.Random) -> Tables:
+    """GPU ops of every kind on two devices and streams, compute and collective kernels overlapping or not, some in
+    graph replays (a graph id, a shared correlation id, a graph launch call), launch calls of each kind or none."""
+    t = Tables()
+    grid = rng.random() < 0.5
+    q = (lambda x: float(round(x))) if grid else (lambda x: x)
+    t.names = ["unused"] + list(_KERNEL_NAMES) + ["cudaLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync"]
+    t.name_ids = {n: i for i, n in enumerate(t.names)}
+    now = rng.uniform(0, 100)
+    for k in range(rng.randint(0, 80)):
+        now = q(now + rng.choice([0.0, rng.expovariate(1 / 20), -rng.uniform(0, 30)]))
+        nid = 1 + rng.randrange(len(_KERNEL_NAMES))
+        name = t.names[nid]
+        t.g_dev.append(rng.choice([0, 0, 1]))
+        t.g_stream.append(rng.choice([7, 7, 13, 1 << 40]))
+        kind = 1 if "Memcpy" in name else 2 if "Memset" in name else 0
+        t.g_kind.append(kind if rng.random() < 0.9 else rng.randrange(3))  # (a name's kind is its first op's)
+        t.g_ts.append(max(0.0, now))
+        t.g_dur.append(q(rng.choice([rng.expovariate(1 / 15), 0.0, 2.0])))
+        t.g_name.append(nid)
+        t.g_bytes.append(rng.choice([0, 4096]))
+        t.g_graph.append(rng.choice([-1] * 9 + [3]))
+        corr = rng.choice([k, k, k, 5, -1])  # some ids shared (a replay's kernels), some missing
+        t.g_corr.append(corr)
+        if corr >= 0 and rng.random() < 0.8:
+            kind = rng.choice([LAUNCH_KIND_KERNEL] * 4 + [LAUNCH_KIND_GRAPH, LAUNCH_KIND_COPY])
+            t.r_kind.append(kind)
+            t.r_ts.append(q(t.g_ts[-1] - rng.uniform(0, 40)))
+            t.r_dur.append(q(rng.choice([rng.uniform(0, 10), rng.uniform(0, 60)])))
+            t.r_tid.append(1)
+            t.r_name.append(t.name_ids[{LAUNCH_KIND_GRAPH: "cudaGraphLaunch",
+                                        LAUNCH_KIND_COPY: "cudaMemcpyAsync"}.get(kind, "cudaLaunchKernel")])
+            t.r_corr.append(corr)
+    return t
+
+
+def test_random_kernels_get_the_same_statistics_and_unions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernel_stats (sums per name, graph replays, launch statistics) and device_unions (compute, communication and
+    its overlap) equal with and without the compiled loops: every field, dicts in the same order."""
+    rng = random.Random(2807)
+    reached = Counter()
+    for _ in range(1500):
+        t = _random_kernels(rng)
+        launches = Launches(t)
+        order = device_order(t)
+        selected = [i for idx in order.values() for i in idx if rng.random() < 0.9]
+        windows = [(min(t.g_ts, default=0.0) + rng.choice([0.0, 15.0]), max(t.g_ts, default=0.0) + 10.0)]
+        compiled = kernels.kernel_stats(t, selected, launches)
+        unions = [kernels.device_unions(t, idx, w) for idx in order.values() for w in windows]
+        with monkeypatch.context() as m:
+            _python_only(m)
+            reference = kernels.kernel_stats(t, selected, launches)
+            ref_unions = [kernels.device_unions(t, idx, w) for idx in order.values() for w in windows]
+        assert compiled == reference
+        assert list(compiled.kernel_names.items()) == list(reference.kernel_names.items())
+        assert unions == ref_unions
+        reached.update(graph=compiled.graph_kernels > 0, launched=compiled.launched > 0,
+                       unlaunched=compiled.unlaunched > 0, short=compiled.short_kernels > 0,
+                       overlap=any(u[2] > 0 for u in unions), comm=any(u[1] > 0 for u in unions))
+    assert min(reached.values()) >= 200, reached  # every branch taken in many cases
+
+
+def test_the_compiled_kernel_loops_refuse_bad_arguments() -> None:
+    from diagnoser.traces._gaps import graph_kernels, launch_stats, per_name, sweep, unions
+
+    ts, dur, kind, name = array("d", [0.0, 1.0]), array("d", [1.0, 1.0]), array("b", [0, 0]), array("i", [0, 1])
+    assert per_name([0, 1, 1], name, dur, kind, 2) == {0: [1.0, 1, 0], 1: [2.0, 2, 0]}
+    with pytest.raises(IndexError):
+        per_name([2], name, dur, kind, 2)  # an op past the columns
+    with pytest.raises(IndexError):
+        per_name([1], name, dur, kind, 1)  # a name id past the names
+    with pytest.raises(TypeError):
+        per_name([0], name, array("d", [1.0]), kind, 2)  # columns of unequal length
+    with pytest.raises(IndexError):
+        sweep([0, -1], ts, dur, array("q", [0, 0]), 0.0, 5.0)
+    with pytest.raises(TypeError):
+        sweep((0, 1), ts, dur, array("q", [0, 0]), 0.0, 5.0)  # not a list
+    with pytest.raises(IndexError):
+        unions([0, 1], ts, dur, kind, name, b"\0", 0.0, 5.0, 0)  # the comm mask shorter than the names
+    corr, graph = array("q", [1, 1]), array("q", [-1, -1])
+    assert graph_kernels([0, 1], corr, graph, [None, None], array("b"), 2) == [0, 1]
+    with pytest.raises(IndexError):
+        graph_kernels([0, 1], array("q", [1, 2]), graph, [None, 4], array("b", [1]), 2)  # a call past the calls
+    with pytest.raises(ValueError):
+        graph_kernels([0], corr, graph, [None], array("b"), 2)  # of_gpu shorter than the columns
+    r = array("d", [0.0])
+    assert launch_stats([0, 1], [0, None], kind, b"\0\0", array("b", [1]), ts, dur, r, r, 0, 1) == (1, [0.0], [0.0], 0)
+    with pytest.raises(IndexError):
+        launch_stats([0], [3, None], kind, b"\0\0", array("b", [1]), ts, dur, r, r, 0, 1)
 
 
 def test_idle_inside_ops_the_same_sums_in_the_same_order(monkeypatch: pytest.MonkeyPatch) -> None:

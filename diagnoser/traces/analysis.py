@@ -47,8 +47,7 @@ from diagnoser.traces.engine_steps import engine_step_stats
 from diagnoser.traces.kernels import (
     COMM_KINDS,
     KernelStats,
-    comm_overlap_us,
-    compute_union_us,
+    device_unions,
     kernel_stats,
 )
 from diagnoser.traces.ops import (
@@ -257,9 +256,9 @@ def _timelines(a: TraceAnalysis, t: Tables, in_window: dict[int, list[int]], lau
         idx = in_window[dev]
         if idx:
             tl = build_timeline(t, dev, idx, a.window, launches, host, keep_range=shown[:2] if shown else None)
-            tl.compute_us = min(tl.busy_us, compute_union_us(t, idx, a.window))
+            compute, comm, overlapped = device_unions(t, idx, a.window)
+            tl.compute_us = min(tl.busy_us, compute)
             a.timelines.append(tl)
-            comm, overlapped = comm_overlap_us(t, idx, a.window)
             a.comm_us += comm
             a.comm_overlapped_us += overlapped
 

@@ -29,6 +29,17 @@ from diagnoser.traces.names import full_name, short_name
 from diagnoser.traces.tables import GPU_KERNEL, GPU_MEMCPY, Tables
 from diagnoser.traces.timeline import Launches
 
+try:  # the loops over every op in C (diagnoser/traces/_gaps.c): the same results to the last bit
+    from diagnoser.traces._gaps import graph_kernels as _graph_kernels_c
+    from diagnoser.traces._gaps import launch_stats as _launch_stats
+    from diagnoser.traces._gaps import per_name as _per_name
+    from diagnoser.traces._gaps import unions as _unions
+except ImportError:  # installed without a C compiler: the Python below
+    _graph_kernels_c = None  # type: ignore[assignment]
+    _launch_stats = None  # type: ignore[assignment]
+    _per_name = None  # type: ignore[assignment]
+    _unions = None  # type: ignore[assignment]
+
 TOP_KERNELS = 15
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "other")
 # Histogram bin upper edges (µs), 1-2-5 steps from 1 µs to 1 s; the last bin is open.
@@ -75,18 +86,12 @@ def kernel_stats(t: Tables, selected: list[int], launches: Launches, top: int = 
     achieved rates."""
     ks = KernelStats()
     names = t.names
-    g_kind, g_dur, g_name, g_ts, g_bytes = t.g_kind, t.g_dur, t.g_name, t.g_ts, t.g_bytes
-    r_kind, r_ts, r_dur = t.r_kind, t.r_ts, t.r_dur
-    of_gpu = launches.of_gpu
+    g_kind, g_dur, g_name, g_bytes = t.g_kind, t.g_dur, t.g_name, t.g_bytes
     # Per name first (a trace has few distinct names), then per class from the per-name totals.
-    per_name: dict[int, list] = {}  # name id -> [µs, count, kind]
-    for i in selected:
-        acc = per_name.get(g_name[i])
-        if acc is None:
-            per_name[g_name[i]] = [g_dur[i], 1, g_kind[i]]
-        else:
-            acc[0] += g_dur[i]
-            acc[1] += 1
+    if _per_name is not None:
+        per_name = _per_name(selected, g_name, g_dur, g_kind, len(names))
+    else:
+        per_name = _name_sums(t, selected)
     class_of_name = {nid: _op_class(names[nid], acc[2]) for nid, acc in per_name.items()}
     for nid, (us, n, kind) in per_name.items():
         cls = class_of_name[nid]
@@ -106,18 +111,24 @@ def kernel_stats(t: Tables, selected: list[int], launches: Launches, top: int = 
                 ks.memcpy_bytes_by_direction[d] = ks.memcpy_bytes_by_direction.get(d, 0) + g_bytes[i]
     kernels = [i for i in selected if g_kind[i] == GPU_KERNEL]
     # Launch statistics over kernels launched one by one; graph replays are counted apart.
-    ks.graph_launches = r_kind.count(LAUNCH_KIND_GRAPH)
-    launch_of = [of_gpu[i] for i in selected]
-    ks.unlaunched = launch_of.count(None)
-    graph = _graph_kernels(t, kernels, launches)
+    ks.graph_launches = t.r_kind.count(LAUNCH_KIND_GRAPH)
+    if _graph_kernels_c is not None:
+        graph = _graph_kernels_c(kernels, t.g_corr, t.g_graph, launches.of_gpu, t.r_kind, LAUNCH_KIND_GRAPH)
+    else:
+        graph = _graph_kernels(t, kernels, launches)
     ks.graph_kernels = len(graph)
     ks.graph_kernel_us = sum(g_dur[i] for i in graph)
-    single = [(i, li) for i, li in zip(selected, launch_of, strict=True)
-              if li is not None and g_kind[i] == GPU_KERNEL and i not in graph and r_kind[li] == LAUNCH_KIND_KERNEL]
-    ks.launched = len(single)
-    ks.launch_call_us = [r_dur[li] for _, li in single]
-    ks.launch_delay_us = [max(0.0, g_ts[i] - r_ts[li] - r_dur[li]) for i, li in single]
-    ks.short_kernels = sum(1 for i, li in single if g_dur[i] < r_dur[li])
+    if _launch_stats is not None:
+        in_graph = bytearray(len(g_kind))
+        for i in graph:
+            in_graph[i] = 1
+        ks.unlaunched, ks.launch_call_us, ks.launch_delay_us, ks.short_kernels = _launch_stats(
+            selected, launches.of_gpu, g_kind, in_graph, t.r_kind, t.g_ts, g_dur, t.r_ts, t.r_dur, GPU_KERNEL,
+            LAUNCH_KIND_KERNEL)
+    else:
+        ks.unlaunched, ks.launch_call_us, ks.launch_delay_us, ks.short_kernels = _launch_sums(
+            t, selected, launches, set(graph))
+    ks.launched = len(ks.launch_call_us)
     total = ks.total_us
     ranked = sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]
     for nid, acc in ranked:
@@ -130,18 +141,42 @@ def kernel_stats(t: Tables, selected: list[int], launches: Launches, top: int = 
     return ks
 
 
-def _graph_kernels(t: Tables, kernels: list[int], launches: Launches) -> set[int]:
+def _name_sums(t: Tables, selected: list[int]) -> dict[int, list]:
+    """Per name id, [µs, count, the kind of its first op], in the order the names first appear."""
+    g_kind, g_dur, g_name = t.g_kind, t.g_dur, t.g_name
+    per_name: dict[int, list] = {}
+    for i in selected:
+        acc = per_name.get(g_name[i])
+        if acc is None:
+            per_name[g_name[i]] = [g_dur[i], 1, g_kind[i]]
+        else:
+            acc[0] += g_dur[i]
+            acc[1] += 1
+    return per_name
+
+
+def _launch_sums(t: Tables, selected: list[int], launches: Launches,
+                 graph: set[int]) -> tuple[int, list[float], list[float], int]:
+    """(GPU ops without a launch call, each single launch's call time, the delay from its return to the kernel's
+    start, kernels shorter than their call) over the kernels launched one by one (not in a graph replay)."""
+    g_kind, g_dur, g_ts, r_kind, r_ts, r_dur = t.g_kind, t.g_dur, t.g_ts, t.r_kind, t.r_ts, t.r_dur
+    launch_of = [launches.of_gpu[i] for i in selected]
+    single = [(i, li) for i, li in zip(selected, launch_of, strict=True)
+              if li is not None and g_kind[i] == GPU_KERNEL and i not in graph and r_kind[li] == LAUNCH_KIND_KERNEL]
+    return (launch_of.count(None), [r_dur[li] for _, li in single],
+            [max(0.0, g_ts[i] - r_ts[li] - r_dur[li]) for i, li in single],
+            sum(1 for i, li in single if g_dur[i] < r_dur[li]))
+
+
+def _graph_kernels(t: Tables, kernels: list[int], launches: Launches) -> list[int]:
     """Kernels that ran inside a CUDA/HIP graph replay: launched by cudaGraphLaunch, carrying a "graph id", or sharing
     their correlation id with other kernels (a replay's kernels all carry its launch's id; a kernel launched on its
-    own has an id of its own). The last rule finds replays whose launch call fell outside a trimmed window."""
+    own has an id of its own). The last rule finds replays whose launch call fell outside a trimmed window. In the
+    kernels' order."""
     g_corr, g_graph, r_kind, of_gpu = t.g_corr, t.g_graph, t.r_kind, launches.of_gpu
     shared = {c for c, n in Counter(g_corr[i] for i in kernels).items() if n > 1 and c >= 0}
-    out = set()
-    for i in kernels:
-        li = of_gpu[i]
-        if g_graph[i] >= 0 or g_corr[i] in shared or (li is not None and r_kind[li] == LAUNCH_KIND_GRAPH):
-            out.add(i)
-    return out
+    return [i for i in kernels if g_graph[i] >= 0 or g_corr[i] in shared
+            or ((li := of_gpu[i]) is not None and r_kind[li] == LAUNCH_KIND_GRAPH)]
 
 
 def _top_stats(t: Tables, selected: list[int], ranked: list[tuple[int, list]], class_of_name: dict[int, str],
@@ -319,6 +354,17 @@ def _op_class(name: str, kind: int) -> str:
     if kind == GPU_KERNEL:
         return kernel_class(name)
     return MEMSET
+
+
+def device_unions(t: Tables, order: list[int], window: tuple[float, float]) -> tuple[float, float, float]:
+    """(compute time, communication time, the part of it overlapped by compute) on one device: compute_union_us and
+    comm_overlap_us, in one pass in C where built (diagnoser/traces/_gaps.c: the same sums to the last bit)."""
+    if _unions is None:
+        return compute_union_us(t, order, window), *comm_overlap_us(t, order, window)
+    is_comm = bytearray(len(t.names))
+    for nid in set(t.g_name):
+        is_comm[nid] = kernel_class(t.names[nid]) == COMM
+    return _unions(order, t.g_ts, t.g_dur, t.g_kind, t.g_name, is_comm, *window, GPU_KERNEL)
 
 
 def comm_overlap_us(t: Tables, order: list[int], window: tuple[float, float]) -> tuple[float, float]:

@@ -45,10 +45,12 @@ try:
     from diagnoser.traces._gaps import gap_causes as _gap_causes
     from diagnoser.traces._gaps import idle_inside as _idle_inside
     from diagnoser.traces._gaps import sorted_times as _sorted_times
+    from diagnoser.traces._gaps import sweep as _sweep_ops
 except ImportError:  # installed without a C compiler: the Python below does it all (same answers, slower)
     _gap_causes = None  # type: ignore[assignment]
     _idle_inside = None  # type: ignore[assignment]
     _sorted_times = None  # type: ignore[assignment]
+    _sweep_ops = None  # type: ignore[assignment]
 
 IDLE_CAUSES = ("host", "sync", "pageable_memcpy", "queue_dry", "kernel_overhead", "stream_wait")
 # HolisticTraceAnalysis' consecutive_kernel_delay is 30 (µs, although its docs say ns; pitfall P2). Same here, so
@@ -246,7 +248,7 @@ def build_timeline(t: Tables, device: int, order: list[int], window: tuple[float
     """Busy/idle of one device over `window`, with every idle gap attributed to a cause; the gaps that overlap
     `keep_range` are kept in `range_gaps` (clipped to it)."""
     tl = DeviceTimeline(device=device, window=window)
-    gaps = _sweep(t, order, window, tl)
+    gaps = (_sweep_compiled if _sweep_ops is not None else _sweep)(t, order, window, tl)
     g0s = [g[0] for g in gaps]
     causes = (_classify_compiled if _gap_causes is not None else _classify)(t, device, launches, host, tl, gaps, g0s)
     if t.long_ops:
@@ -304,6 +306,12 @@ def _sweep(t: Tables, order: list[int], window: tuple[float, float], tl: DeviceT
     tl.ops = n
     tl.busy_us = busy
     tl.busy_us_by_stream = streams
+    return gaps
+
+
+def _sweep_compiled(t: Tables, order: list[int], window: tuple[float, float], tl: DeviceTimeline) -> list[_RawGap]:
+    """_sweep in C (diagnoser/traces/_gaps.c): the same gaps, sums and per-stream dict (in the same order)."""
+    gaps, tl.ops, tl.busy_us, tl.busy_us_by_stream = _sweep_ops(order, t.g_ts, t.g_dur, t.g_stream, *window)
     return gaps
 
 
