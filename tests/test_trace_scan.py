@@ -260,8 +260,11 @@ def test_times_are_read_to_the_last_bit() -> None:
     spellings = []
     for _ in range(4000):
         x = rng.uniform(0, 10 ** rng.randint(0, 16))
-        spellings.append(rng.choice([repr(x), f"{x:.3f}", f"{x:.6f}", f"{x:.1f}", f"{x:.9e}", str(int(x))]))
+        spellings.append(rng.choice([repr(x), f"{x:.3f}", f"{x:.6f}", f"{x:.1f}", f"{x:.9e}", str(int(x)),
+                                     f"{x / 1e9:.20f}", f"{x:.12f}", f"{x * 1e6:.4f}"]))  # (runs of 8 digits)
     spellings += ["9007199254740992.0", "9007199254740993", "0.1", "0.30000000000000004", "5e-324", "1e-7",
+                  "12345678.12345678", "0.000000001234567812345678", "99999999999999999999.99999999",
+                  "10000000000000000000000", "0.00000000", "1234567812345678", "12345678123456781",
                   "4458677000933.188", "1683564901992914", "123456789.123456789", "0.0000000000000000000001"]
     body = ",".join(f'{{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": {s}, "dur": {s}}}'
                     for s in spellings)

@@ -149,7 +149,14 @@ typedef struct {
 } Cur;
 
 static inline void ws(Cur *c) {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) c->p++;
+    const char *p = c->p, *end = c->end;
+    if (p < end && *p == ' ') p++; /* Kineto writes one space after each ':' and ',' */
+    if (p < end && (unsigned char)*p > ' ') { /* and then no more: no whitespace is above the space */
+        c->p = p;
+        return;
+    }
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    c->p = p;
 }
 
 static int hexval(char ch) {
@@ -266,7 +273,7 @@ static int string(Cur *c, const char **s, const char **e, int *escaped) {
 
 /* A number token: its digits read once, as the grammar is checked. */
 typedef struct {
-    uint64_t m;  /* the significant digits, while there are at most 19 */
+    uint64_t m;  /* the significant digits (wrapped, and unused, past 19) */
     int digits;  /* significant digits (leading zeros left out) */
     int frac;    /* digits after the point */
     int is_int, neg, exp;
@@ -283,8 +290,10 @@ static int number(Cur *c, const char **s, Num *num) {
     if (p >= end) return c->bad = 1, -1;
     if (*p == '0') p++;
     else if (*p >= '1' && *p <= '9') {
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (++digits <= 19) m = m * 10 + (uint64_t)(*p - '0');
+        unsigned d;
+        while (p < end && (d = (unsigned char)*p - '0') < 10) { /* one test a digit: the readers use m only while */
+            m = m * 10 + d;                                       /* digits <= 19 */
+            digits++;
             p++;
         }
     } else return c->bad = 1, -1;
@@ -294,10 +303,12 @@ static int number(Cur *c, const char **s, Num *num) {
         num->is_int = 0;
         p++;
         if (p >= end || *p < '0' || *p > '9') return c->bad = 1, -1;
-        while (p < end && *p >= '0' && *p <= '9') {
+        unsigned d;
+        while (p < end && (d = (unsigned char)*p - '0') < 10) {
             frac++;
-            if (digits || *p != '0') {
-                if (++digits <= 19) m = m * 10 + (uint64_t)(*p - '0');
+            if (digits || d) { /* leading zeros are not significant */
+                m = m * 10 + d;
+                digits++;
             }
             p++;
         }
