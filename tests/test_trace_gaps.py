@@ -304,6 +304,19 @@ def test_sorted_times_sorts_as_python_does() -> None:
         sorted_times(array("f", [1.0]))
 
 
+def test_sorted_floats_and_median_as_python_gives_them() -> None:
+    import statistics
+
+    rng = random.Random(11)
+    for n in (1, 2, 3, 4095, 4096, 4097, 20000):
+        xs = [rng.choice([rng.expovariate(0.1), float(rng.randint(0, 9)), 0.0]) for _ in range(n)]
+        assert list(timeline.sorted_floats(xs)) == sorted(xs)
+        assert list(timeline.sorted_floats(array("d", xs))) == sorted(xs)
+        assert kernels.median(xs) == statistics.median(xs)
+    with pytest.raises(ValueError):
+        kernels.median([])
+
+
 def test_bad_arguments_are_refused_not_read_past() -> None:
     from diagnoser.traces._gaps import gap_causes
 

@@ -91,6 +91,7 @@ def kernel_class(name: str) -> str:
 _COPY_DIRECTION = re.compile(r"\b(HtoD|DtoH|DtoD|HtoH|PtoP|DtoA|AtoD|AtoH|HtoA|AtoA)\b")
 
 
+@lru_cache(maxsize=4096)
 def memcpy_direction(name: str) -> str:
     """'HtoD', 'DtoH', 'DtoD', 'PtoP', ... from a Kineto memcpy name such as 'Memcpy HtoD (Pageable -> Device)'."""
     m = _COPY_DIRECTION.search(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
@@ -27,7 +28,7 @@ from diagnoser.traces.classify import (
 )
 from diagnoser.traces.names import full_name, short_name
 from diagnoser.traces.tables import GPU_KERNEL, GPU_MEMCPY, Tables
-from diagnoser.traces.timeline import Launches
+from diagnoser.traces.timeline import Launches, sorted_floats
 
 try:  # the loops over every op in C (diagnoser/traces/_gaps.c): the same results to the last bit
     from diagnoser.traces._gaps import graph_kernels as _graph_kernels_c
@@ -190,7 +191,7 @@ def _top_stats(t: Tables, selected: list[int], ranked: list[tuple[int, list]], c
     out = []
     for nid, (us, n, _) in ranked:
         ops = wanted[nid]
-        durs = sorted(t.g_dur[i] for i in ops)
+        durs = sorted_floats([t.g_dur[i] for i in ops])
         name = t.names[nid]
         stat = KernelStat(name=short_name(name), full_name=full_name(name), kind=class_of_name[nid], count=n,
                           total_us=us, share=us / total if total > 0 else 0.0, mean_us=us / n if n else 0.0,
@@ -215,7 +216,17 @@ def _top_stats(t: Tables, selected: list[int], ranked: list[tuple[int, list]], c
     return out
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
+def median(values: list[float]) -> float:
+    """statistics.median, sorted by sorted_floats (in C where built)."""
+    ordered = sorted_floats(values)
+    n = len(ordered)
+    if not n:
+        raise ValueError("no median of no values")
+    i = n // 2
+    return ordered[i] if n % 2 else (ordered[i - 1] + ordered[i]) / 2
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
     """The q-quantile of sorted values, interpolated between the two nearest ranks (numpy's default)."""
     if not sorted_values:
         return 0.0
@@ -229,7 +240,7 @@ def duration_stats(durations: list[float]) -> DurationStats | None:
     """Percentiles and a 1-2-5 histogram (counts and summed time per bin) of kernel durations in µs."""
     if not durations:
         return None
-    values = sorted(durations)
+    values = sorted_floats(durations)
     edges = list(DURATION_EDGES_US)
     counts = [0] * (len(edges) + 1)
     time = [0.0] * (len(edges) + 1)
