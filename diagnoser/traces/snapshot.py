@@ -64,11 +64,10 @@ def build_window(t: Tables, selected: list[int], rng: tuple[float, float, str], 
     keep_range=rng."""
     start, end, label = rng
     g_ts, g_dur = t.g_ts, t.g_dur
-    ops = sorted((i for i in selected if g_ts[i] + g_dur[i] > start), key=g_ts.__getitem__)
-    in_range = [i for i in ops if g_ts[i] < end]
+    in_range = sorted([i for i in selected if g_ts[i] < end and g_ts[i] + g_dur[i] > start], key=g_ts.__getitem__)
     capped = False
-    if len(in_range) < MIN_ITEMS and label.startswith("middle"):
-        in_range = ops[:MIN_ITEMS]
+    if len(in_range) < MIN_ITEMS and label.startswith("middle"):  # (the ops past the end only here: a few)
+        in_range = sorted([i for i in selected if g_ts[i] + g_dur[i] > start], key=g_ts.__getitem__)[:MIN_ITEMS]
         if in_range:
             end = max(end, g_ts[in_range[-1]] + g_dur[in_range[-1]])
     if len(in_range) > MAX_ITEMS:
@@ -95,7 +94,7 @@ def build_window(t: Tables, selected: list[int], rng: tuple[float, float, str], 
             for tl in timelines for g in tl.range_gaps if g.start < end and min(g.end, end) - g.start >= shortest]
     calls = []
     r_ts, r_dur, r_kind, r_tid = t.r_ts, t.r_dur, t.r_kind, t.r_tid
-    inside = sorted((i for i, ts in enumerate(r_ts) if start <= ts < end), key=r_ts.__getitem__)
+    inside = sorted([i for i, ts in enumerate(r_ts) if start <= ts < end], key=r_ts.__getitem__)
     for i in inside[:MAX_HOST_CALLS]:
         calls.append(HostCall(tid=r_tid[i], start_us=_ns(r_ts[i] - start), dur_us=_ns(r_dur[i]),
                               kind=_CALL_KIND.get(r_kind[i], "call")))
