@@ -330,6 +330,12 @@ def test_a_folder_of_ranks_is_compared_rank_by_rank() -> None:
             assert r.compute_frac + r.comm_exposed_frac == pytest.approx(r.gpu_busy_frac)  # type: ignore[operator]
         assert s.sampled and s.workload == "training" and s.platform == "cuda"
         assert s.kernel_count == sum(r.kernel_count for r in s.ranks)
+        # the job's window is the first rank's, drawn; the other ranks carry no window of their own
+        assert s.timeline is not None and s.timeline == analysis(SAMPLED / "rank-0.json.gz").summary.timeline
+        assert a.snapshot is s.timeline
+        ranks_json = a.to_dict()["ranks"]
+        assert ranks_json[0]["summary"]["timeline"] is not None
+        assert [r["summary"]["timeline"] for r in ranks_json[1:]] == [None]
 
 
 def _rank_trace(rank: int, slow: float) -> dict[str, Any]:
