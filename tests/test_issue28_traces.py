@@ -76,6 +76,7 @@ def _frontend(ops: int) -> list[dict[str, Any]]:
     (True, "host_4242.async_llm.1733000000000.pt.trace.json", 0),  # vLLM's own name for it
     (True, "trace-b.json", 0),  # named like anything: no GPU events and no model ops beside GPU ranks
     (False, "host_4242.async_llm.1733000000000.pt.trace.json", 3),  # a CPU build: its few ops are not the model's
+    (True, "0host_4242.async_llm.1733000000000.pt.trace.json", 0),  # sorted before the worker: the first file
 ])
 def test_a_frontend_in_a_rank_folder_is_not_a_rank(tmp_path: Path, gpu: bool, frontend_name: str, ops: int) -> None:
     folder = tmp_path / "vllm_traces"
@@ -91,6 +92,7 @@ def test_a_frontend_in_a_rank_folder_is_not_a_rank(tmp_path: Path, gpu: bool, fr
     assert s.rank_count == 1
     assert s.gpu_busy_frac == alone.gpu_busy_frac  # not averaged with a CPU-only process
     assert s.kernel_count == alone.kernel_count
+    assert s.timeline == alone.timeline and (s.timeline is not None) == gpu  # the first rank's window, drawn
     assert a.to_dict()["frontends"] == [str(folder / frontend_name)]
     result = runner.invoke(app, ["analyze", str(folder)])
     assert result.exit_code == 0, result.output

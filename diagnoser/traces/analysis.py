@@ -124,14 +124,24 @@ def analyze_trace(path: str | Path | Sequence[str | Path], *, window: str = "aut
 
 def _analyze_files(files: list[Path], window: str, gpu_name: str | None, max_bytes: int | None,
                    jobs: int | None) -> list[TraceAnalysis]:
-    """Each rank's analysis, the ranks spread over the jobs' processes (parallel.each_file)."""
+    """Each rank's analysis, the ranks spread over the jobs' processes (parallel.each_file). Only the first file's
+    window to draw is built (the job's, ranks.combine); where the first file is a serving frontend, the first rank is
+    read again for its window."""
     from diagnoser.traces.parallel import each_file
+    from diagnoser.traces.ranks import split_frontends
 
-    return each_file(partial(_analyze_one, window=window, gpu_name=gpu_name, max_bytes=max_bytes), files, jobs)
+    out = each_file(partial(_analyze_one, window=window, gpu_name=gpu_name, max_bytes=max_bytes, drawn=files[0]),
+                    files, jobs)
+    first = split_frontends(out)[0][0]
+    if first is not out[0] and first.gpu_ops:
+        out[out.index(first)] = analyze_file(first.path, window=window, gpu_name=gpu_name, max_bytes=max_bytes,
+                                             jobs=jobs)
+    return out
 
 
-def _analyze_one(path: Path, jobs: int, *, window: str, gpu_name: str | None, max_bytes: int | None) -> TraceAnalysis:
-    return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs)
+def _analyze_one(path: Path, jobs: int, *, window: str, gpu_name: str | None, max_bytes: int | None,
+                 drawn: Path) -> TraceAnalysis:
+    return analyze_file(path, window=window, gpu_name=gpu_name, max_bytes=max_bytes, jobs=jobs, draw=path == drawn)
 
 
 def _common_parent(files: list[Path]) -> Path:
@@ -140,7 +150,8 @@ def _common_parent(files: list[Path]) -> Path:
 
 
 def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = None,
-                 max_bytes: int | None = None, jobs: int | None = None) -> TraceAnalysis:
+                 max_bytes: int | None = None, jobs: int | None = None, draw: bool = True) -> TraceAnalysis:
+    """One trace file's analysis; `draw`: with its window to draw (TraceAnalysis.snapshot)."""
     from diagnoser.traces.parallel import collect_parallel
 
     t = collect_parallel(path, jobs=jobs, max_bytes=max_bytes)
@@ -148,23 +159,24 @@ def analyze_file(path: Path, *, window: str = "auto", gpu_name: str | None = Non
         if t.stats.truncated:
             raise TraceError(f"{path} is cut short before its first complete event; nothing to analyse.")
         raise TraceError(f"{path} is a trace with no events.")
-    return analyze_tables(t, window=window, gpu_name=gpu_name)
+    return analyze_tables(t, window=window, gpu_name=gpu_name, draw=draw)
 
 
-def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = None) -> TraceAnalysis:
+def analyze_tables(t: Tables, *, window: str = "auto", gpu_name: str | None = None,
+                   draw: bool = True) -> TraceAnalysis:
     """The analysis of decoded columns. The cyclic garbage collector is paused meanwhile: the analysis builds lists of
     millions of numbers and no cycles, and each full collection would walk all of them (15 % of the analysis of an
     800 MB trace)."""
     was = gc.isenabled()
     gc.disable()
     try:
-        return _analyze_tables(t, window, gpu_name)
+        return _analyze_tables(t, window, gpu_name, draw)
     finally:
         if was:
             gc.enable()
 
 
-def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalysis:
+def _analyze_tables(t: Tables, window: str, gpu_name: str | None, draw: bool) -> TraceAnalysis:
     skipped: list[str] = list(t.stats.notes)
     reasons = t.stats.skips + t.skips
     if reasons:
@@ -191,7 +203,7 @@ def _analyze_tables(t: Tables, window: str, gpu_name: str | None) -> TraceAnalys
     in_window = {dev: [i for i in idx if g_ts[i] < w1 and g_ts[i] + g_dur[i] > w0] for dev, idx in order.items()}
     selected = [i for idx in in_window.values() for i in idx]
     skipped += _missing_gpu_notes(t, devices, selected)
-    shown = choose_range(t, selected, win, launches)
+    shown = choose_range(t, selected, win, launches) if draw else None
     _timelines(analysis, t, in_window, launches, shown)
     index: LaunchIndex | None = build_launch_index(t, launches, selected) if t.costed and selected else None
     if t.costed:
