@@ -48,7 +48,6 @@ from diagnoser.traces.kernels import (
     KernelStats,
     device_unions,
     kernel_stats,
-    median,
 )
 from diagnoser.traces.ops import (
     LaunchIndex,
@@ -474,8 +473,8 @@ def _fill_kernels(a: TraceAnalysis, t: Tables, k: KernelStats) -> None:
     s.cuda_graph_launches = k.graph_launches
     if k.launched:
         s.short_kernel_frac = k.short_kernels / k.launched
-        s.launch_call_us_p50 = median(k.launch_call_us)
-        s.launch_delay_us_p50 = median(k.launch_delay_us)
+        s.launch_call_us_p50 = k.launch_call_us_p50
+        s.launch_delay_us_p50 = k.launch_delay_us_p50
     s.comm_exposed_frac = ((a.comm_us - a.comm_overlapped_us) / (s.window_s * 1e6 * len(
         a.timelines)) if a.comm_us else 0.0) if s.window_s > 0 else None
     s.graph_kernel_count_frac = k.graph_kernels / k.kernels if k.kernels else None

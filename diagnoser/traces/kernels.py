@@ -65,8 +65,10 @@ class KernelStats:
     durations: DurationStats | None = None
     # launch statistics over individually launched kernels (runtime or driver API, not graph replays)
     launched: int = 0
-    launch_call_us: list[float] = field(default_factory=list)
-    launch_delay_us: list[float] = field(default_factory=list)
+    # the medians of each call's time and of its delay to the kernel's start (not the lists: 40,000 floats a rank
+    # that would travel back from each rank's worker)
+    launch_call_us_p50: float | None = None
+    launch_delay_us_p50: float | None = None
     short_kernels: int = 0  # kernels that ran shorter than their own launch call
     unlaunched: int = 0  # GPU ops with no launch record in the trace
 
@@ -123,13 +125,14 @@ def kernel_stats(t: Tables, selected: list[int], launches: Launches, top: int = 
         in_graph = bytearray(len(g_kind))
         for i in graph:
             in_graph[i] = 1
-        ks.unlaunched, ks.launch_call_us, ks.launch_delay_us, ks.short_kernels = _launch_stats(
+        ks.unlaunched, calls, delays, ks.short_kernels = _launch_stats(
             selected, launches.of_gpu, g_kind, in_graph, t.r_kind, t.g_ts, g_dur, t.r_ts, t.r_dur, GPU_KERNEL,
             LAUNCH_KIND_KERNEL)
     else:
-        ks.unlaunched, ks.launch_call_us, ks.launch_delay_us, ks.short_kernels = _launch_sums(
-            t, selected, launches, set(graph))
-    ks.launched = len(ks.launch_call_us)
+        ks.unlaunched, calls, delays, ks.short_kernels = _launch_sums(t, selected, launches, set(graph))
+    ks.launched = len(calls)
+    if calls:
+        ks.launch_call_us_p50, ks.launch_delay_us_p50 = median(calls), median(delays)
     total = ks.total_us
     ranked = sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]
     for nid, acc in ranked:
