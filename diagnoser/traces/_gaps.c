@@ -733,6 +733,20 @@ static PyObject *op_or_none(Py_ssize_t i) {
     return PyLong_FromSsize_t(i);
 }
 
+/* list.append(x) and d[k] = v, taking the new references given (NULL: a failed allocation); -1 with an exception. */
+static int append_new(PyObject *list, PyObject *x) {
+    int bad = !x || PyList_Append(list, x);
+    Py_XDECREF(x);
+    return bad ? -1 : 0;
+}
+
+static int set_new(PyObject *dict, PyObject *k, PyObject *v) {
+    int bad = !k || !v || PyDict_SetItem(dict, k, v);
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+    return bad ? -1 : 0;
+}
+
 /* timeline._sweep */
 static PyObject *sweep(PyObject *self, PyObject *args) {
     (void)self;
@@ -764,12 +778,8 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         if (e > w1) e = w1;
         if (streams_add(&st, g_stream[i], e - s)) goto done;
         if (s > cur_end) {
-            PyObject *g = Py_BuildValue("(ddNN)", cur_end, s, op_or_none(i), op_or_none(prev_op));
-            if (!g || PyList_Append(gaps, g)) {
-                Py_XDECREF(g);
+            if (append_new(gaps, Py_BuildValue("(ddNN)", cur_end, s, op_or_none(i), op_or_none(prev_op))))
                 goto done;
-            }
-            Py_DECREF(g);
             busy += e - s;
             cur_end = e;
             prev_op = i;
@@ -780,21 +790,11 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         }
     }
     if (cur_end < w1) {
-        PyObject *g = Py_BuildValue("(ddON)", cur_end, w1, Py_None, op_or_none(prev_op));
-        if (!g || PyList_Append(gaps, g)) {
-            Py_XDECREF(g);
-            goto done;
-        }
-        Py_DECREF(g);
+        if (append_new(gaps, Py_BuildValue("(ddON)", cur_end, w1, Py_None, op_or_none(prev_op)))) goto done;
     }
     if (!(streams = PyDict_New())) goto done;
-    for (Py_ssize_t k = 0; k < st.n; k++) {
-        PyObject *key = PyLong_FromLongLong(st.ids[k]), *val = PyFloat_FromDouble(st.sums[k]);
-        int bad = !key || !val || PyDict_SetItem(streams, key, val);
-        Py_XDECREF(key);
-        Py_XDECREF(val);
-        if (bad) goto done;
-    }
+    for (Py_ssize_t k = 0; k < st.n; k++)
+        if (set_new(streams, PyLong_FromLongLong(st.ids[k]), PyFloat_FromDouble(st.sums[k]))) goto done;
     out = Py_BuildValue("(OndO)", gaps, n, busy, streams);
 done:
     Py_XDECREF(gaps);
@@ -961,12 +961,8 @@ static PyObject *per_name(PyObject *self, PyObject *args) {
     if (!(dict = PyDict_New())) goto done;
     for (Py_ssize_t k = 0; k < seen; k++) {
         Py_ssize_t nid = first[k];
-        PyObject *key = PyLong_FromSsize_t(nid);
-        PyObject *val = Py_BuildValue("[dni]", us[nid], count[nid], (int)kind[nid]);
-        int bad = !key || !val || PyDict_SetItem(dict, key, val);
-        Py_XDECREF(key);
-        Py_XDECREF(val);
-        if (bad) goto done;
+        if (set_new(dict, PyLong_FromSsize_t(nid), Py_BuildValue("[dni]", us[nid], count[nid], (int)kind[nid])))
+            goto done;
     }
     out = dict;
     dict = NULL;
@@ -1054,12 +1050,7 @@ static PyObject *graph_kernels(PyObject *self, PyObject *args) {
             if (li == -2) goto done;
             in = li >= 0 && r_kind[li] == graph_kind;
         }
-        if (in) {
-            PyObject *x = PyLong_FromSsize_t(i);
-            int bad = !x || PyList_Append(list, x);
-            Py_XDECREF(x);
-            if (bad) goto done;
-        }
+        if (in && append_new(list, PyLong_FromSsize_t(i))) goto done;
     }
     out = list;
     list = NULL;
@@ -1113,11 +1104,9 @@ static PyObject *launch_stats(PyObject *self, PyObject *args) {
         }
         if (g_kind[i] != kernel_kind || in_graph[i] || r_kind[li] != launch_kind) continue;
         double delay = g_ts[i] - r_ts[li] - r_dur[li];
-        PyObject *c = PyFloat_FromDouble(r_dur[li]), *d = PyFloat_FromDouble(delay > 0.0 ? delay : 0.0);
-        int bad = !c || !d || PyList_Append(calls, c) || PyList_Append(delays, d);
-        Py_XDECREF(c);
-        Py_XDECREF(d);
-        if (bad) goto done;
+        if (append_new(calls, PyFloat_FromDouble(r_dur[li]))
+            || append_new(delays, PyFloat_FromDouble(delay > 0.0 ? delay : 0.0)))
+            goto done;
         shorter += g_dur[i] < r_dur[li];
     }
     out = Py_BuildValue("(nOOn)", unlaunched, calls, delays, shorter);
