@@ -111,8 +111,8 @@ class DeviceTimeline:
 
 def sorted_floats(values: Sequence[float]) -> Sequence[float]:
     """The values sorted: in C where built, as an array('d') (a radix sort of the doubles' bits, no float object for
-    each while sorting: host activity's million times, a trace's kernel durations); else, and for a few thousand
-    values (where the radix sort's six passes over its count tables cost more), by sorted()."""
+    each while sorting: host activity's million times, a trace's kernel durations); else, and below a few thousand
+    values (where clearing and summing the radix sort's count tables costs more than the sort), by sorted()."""
     if _sorted_times is None or len(values) < 4096:
         return sorted(values)
     out = array("d")
