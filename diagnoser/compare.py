@@ -18,6 +18,8 @@ from typing import Any
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import FixKind
+from diagnoser.engines.knobs import Setting, direction_of
+from diagnoser.engines.tables import knobs_of
 from diagnoser.errors import InputError
 from diagnoser.pipeline import Outcome
 from diagnoser.rules import gains
@@ -270,8 +272,9 @@ def _changes(before: Outcome, after: Outcome) -> list[Change]:
         "chunked_prefill": FixKind.SPLIT_PREFILL,
     }
     same_engine = bool(sa.engine) and sa.engine == sb.engine  # both command lines read, by one engine's flags
+    tabled = _knob_changes(before, after, out) if same_engine else set()
     for name in type(sa).__struct_fields__:
-        if name in ("trace_cost", "extra", "selftest_scenario"):
+        if name in ("trace_cost", "extra", "selftest_scenario") or name in tabled:
             continue
         x, y = getattr(sa, name), getattr(sb, name)
         if x != y:
@@ -279,7 +282,7 @@ def _changes(before: Outcome, after: Outcome) -> list[Change]:
             out.append(Change(f"serving.{name}", before_text, _fmt(y),
                               _applied(kinds.get(name), x, y, from_default=same_engine and name in _KV_SIZE)))
     for key in sorted(set(sa.extra) | set(sb.extra)):
-        if sa.extra.get(key) != sb.extra.get(key):
+        if key not in tabled and sa.extra.get(key) != sb.extra.get(key):
             out.append(Change(f"serving.{key}", _fmt(sa.extra.get(key)), _fmt(sb.extra.get(key))))
     ma, mb = before.capture.model, after.capture.model
     if ma is not None and mb is not None:
@@ -314,6 +317,30 @@ def _changes(before: Outcome, after: Outcome) -> list[Change]:
 # KV-size settings whose absence is the engine's default, not an unknown: the command line leaves them out until they
 # are set, so "not given" before and a value after is the fix applied.
 _KV_SIZE = ("kv_cache_tokens", "gpu_memory_utilization", "mem_fraction_static")
+
+
+def _knob_changes(before: Outcome, after: Outcome, out: list[Change]) -> set[str]:
+    """Every knob of the engine's table (engines/) that moved between the windows, each as it was in force
+    (configured, or the default for the engine's version), mapped to the fix its direction applies; the names it
+    looked at, so the generic comparison skips them."""
+    engine = before.capture.serving.engine
+    table = knobs_of(engine)
+    for name, knob in table.items():
+        x, y = before.evidence.knob(name), after.evidence.knob(name)
+        if x is None or y is None or x.value == y.value:
+            continue
+        way = direction_of(knob, x.value, y.value)
+        if way is None and not x.known and y.known and not y.is_default:
+            way = knob.relieves  # set where the engine's (unknown) default ran: an operator sets it to relieve it
+        out.append(Change(f"serving.{name}", _in_force_text(x), _in_force_text(y),
+                          knob.fixes.get(way) if way is not None else None))
+    return set(table)
+
+
+def _in_force_text(s: Setting) -> str:
+    if not s.known:
+        return "engine default"
+    return _fmt(s.value) + (" (default)" if s.is_default else "")
 
 
 def _applied(kind: FixKind | None, before: Any, after: Any, *, from_default: bool = False) -> FixKind | None:

@@ -105,6 +105,12 @@ class FixKind(str, Enum):
     INT4_WEIGHTS = "int4_weights"
     FP8_MATMUL = "fp8_matmul"
     SPLIT_PREFILL = "split_prefill"
+    # the engine's per-step token budget (vLLM --max-num-batched-tokens): raised where it holds prompts back,
+    # lowered where prefill chunks stall decodes; opposite directions of one knob, so two kinds that never merge
+    TOKEN_BUDGET = "token_budget"
+    CAP_PREFILL = "cap_prefill"
+    CONTEXT_LENGTH = "context_length"  # requests refused for a prompt over the served context length
+    ADMISSION = "admission"  # offered load above what the server serves: capacity or admission control
     ADD_GPUS = "add_gpus"
     # kernels and launches
     FUSE_KERNELS = "fuse_kernels"
@@ -138,7 +144,8 @@ SERVING_ONLY = frozenset({
     FixKind.BATCH_MORE, FixKind.CONTINUOUS_BATCHING, FixKind.KV_MEMORY, FixKind.STOP_PREEMPTION, FixKind.FP8_KV,
     FixKind.TUNED_ENGINE,
     FixKind.SPLIT_PREFILL, FixKind.REDUCE_TP, FixKind.PREFIX_CACHING, FixKind.SPEC_DECODE, FixKind.MAX_TOKENS,
-    FixKind.LORA, FixKind.RIGHT_SIZE, FixKind.CONFIRM_METRICS,
+    FixKind.LORA, FixKind.RIGHT_SIZE, FixKind.CONFIRM_METRICS, FixKind.TOKEN_BUDGET, FixKind.CAP_PREFILL,
+    FixKind.CONTEXT_LENGTH, FixKind.ADMISSION,
 })
 TRAINING_ONLY = frozenset({FixKind.OVERLAP_COMM, FixKind.LARGER_BATCH, FixKind.FUSED_OPTIMIZER,
                            FixKind.BALANCE_RANKS})

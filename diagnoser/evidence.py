@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, ClassVar
 from diagnoser import signals as S
 from diagnoser.capture import GpuInfo, ModelInfo, ServingConfig, StackSamples, TraceSummary, Unavailable
 from diagnoser.diagnosis import FixKind, Regime
+from diagnoser.engines.knobs import Setting
+from diagnoser.engines.tables import in_force, platform_of
 
 if TYPE_CHECKING:
     from diagnoser.physics import GpuSpec
@@ -214,6 +216,7 @@ class Meta:
     cpu_only: bool = False
     origin: str = ""
     server_kind: str = ""
+    server_version: str = ""  # as the engine reported it (vLLM's /version), "" when unknown
     model_name: str = ""
     gpus: tuple[GpuInfo, ...] = ()
     measured_roofs: bool = False
@@ -291,6 +294,14 @@ class Evidence:
         return "not collected in this capture"
 
     # --- what several rules ask ------------------------------------------------------------------------------
+
+    def knob(self, name: str) -> Setting | None:
+        """The serving engine's knob `name` as it is in force in this capture (configured, else the engine's default
+        for its version and platform, else unknown and why); None where the engine has no knob table or no such
+        knob (engines/)."""
+        engine = self.serving.engine or self.meta.server_kind
+        platform = platform_of(self.meta.server_version, self.meta.cpu_only, self.meta.gpus, self.serving)
+        return in_force(engine, name, self.serving, self.meta.server_version, platform)
 
     def observed_batch(self) -> float | None:
         """Sequences per step: the server's running count, its batch size, or the trace's decode batch."""

@@ -85,6 +85,7 @@ def _meta(capture: Capture) -> Meta:
         target=capture.target, window_s=capture.duration_s, started_at=capture.started_at, host=capture.host,
         tool_version=capture.tool_version, cpu_only=capture.cpu_only, origin=capture.origin,
         server_kind=capture.server.kind if capture.server is not None else "",
+        server_version=capture.server.version if capture.server is not None else "",
         model_name=(capture.model.name or "unnamed") if capture.model is not None else "",
         gpus=tuple(capture.gpus), measured_roofs=any(g.measured for g in capture.gpus),
         exited_at_s=capture.process.exited_at_s if capture.process is not None else None,

@@ -163,6 +163,10 @@ SERVER_HTTP_REQUESTS_PER_S = _sig(
     "server.http_requests_per_s", "1/s",
     "Inference API requests answered per second by the HTTP layer (vLLM's http_requests_total for /v1/ handlers), "
     "those whose client had gone counted too: against the engine's finished requests it shows the abandoned ones.")
+SERVER_HTTP_REJECTED_PER_S = _sig(
+    "server.http_rejected_per_s", "1/s",
+    "Inference API requests the HTTP layer answered with a 4xx status per second (vLLM's http_requests_total, status "
+    "4xx, for /v1/ handlers): refused before the engine ran them, such as a prompt longer than --max-model-len.")
 SERVER_REQUEST_ERRORS_PER_S = _sig(
     "server.request_errors_per_s", "1/s", "Requests that ended in an engine error per second (vLLM).")
 SERVER_PROMPT_TOKENS_CACHED_PER_S = _sig(

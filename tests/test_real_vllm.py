@@ -84,7 +84,10 @@ def test_verdict_and_first_fix_as_written_before(recorded: dict[str, sit.Recordi
         assert first in s.first_fix, _explain(r)
     if s.fix_text:
         assert s.fix_text in d["fixes"][0]["action"], _explain(r)
-    if s.first_fix and s.first_fix[0] not in ("", "right_size", "split_prefill"):
+    offered = {f["kind"] for f in d["fixes"]}
+    for kind in s.forbidden_fixes:
+        assert kind not in offered, _explain(r)
+    if s.first_fix and s.first_fix[0] not in ("", "right_size", "split_prefill", "token_budget"):
         assert d["fixes"][0]["benefit"] == "speed", _explain(r)
 
 

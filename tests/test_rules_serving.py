@@ -37,7 +37,9 @@ PREFILL_HEAVY = {"server.prefill_time_mean_s": [0.5], "server.decode_time_mean_s
 
 
 def test_srv001_low_hit_rate_on_long_prompts_gain_bounded_by_the_prefill_saved():
-    f = run("SRV001", {"server.prompt_len_mean": [2000.0], "server.prefix_cache_hit_rate": [0.05], **PREFILL_HEAVY})
+    # caching on and the pool full: prefixes are evicted before they are asked for again
+    f = run("SRV001", {"server.prompt_len_mean": [2000.0], "server.prefix_cache_hit_rate": [0.05],
+                       "server.kv_usage": [0.95], **PREFILL_HEAVY})
     assert f is not None and f.code == "SRV001" and "hits 5%" in f.message
     (fix,) = f.fixes
     # prefill 50 % of the work; hits 5 % -> 50 %: (0.5 - 0.05) / 0.95 of prefill saved = 23.7 % of the work
@@ -167,7 +169,7 @@ def test_srv004_is_advisory_a_latency_tail_never_names_the_verdict():
     cap.serving = msgspec.structs.replace(cap.serving, max_num_seqs=16)
     d = diagnose(cap)
     assert d.verdict == "inconclusive" and "batching" not in d.headline
-    assert "SRV004" in [f.code for f in d.findings] and d.fixes and d.fixes[0].kind is FixKind.SPLIT_PREFILL
+    assert "SRV004" in [f.code for f in d.findings] and d.fixes and d.fixes[0].kind is FixKind.CAP_PREFILL
 
 
 def test_srv005_speculation_slower_than_none_is_dropped():

@@ -153,22 +153,27 @@ def _source_names(src: Source) -> list[str]:
     return [n for num, den in src.pairs for n in (*num, *den)]
 
 
-_SPEC = re.compile(r'^(?P<name>[^{]+)(?:\{(?P<label>[a-zA-Z_]\w*)(?P<op>=|!=|=~|!~)"(?P<value>[^"]*)"\})?$')
+_SPEC = re.compile(r'^(?P<name>[^{]+)(?:\{(?P<body>[^}]*)\})?$')
+_MATCHER = re.compile(r'\s*(?P<label>[a-zA-Z_]\w*)(?P<op>=|!=|=~|!~)"(?P<value>[^"]*)"\s*(?:,|$)')
 
 
 @dataclass(frozen=True)
 class LabelMatch:
-    """One label matcher of a spec, as PromQL writes them: = and != compare, =~ and !~ match the whole value."""
+    """A spec's label matchers, as PromQL writes them: = and != compare, =~ and !~ match the whole value; `also`
+    holds the matchers after the first, all of which must match too."""
 
     label: str
     op: str
     value: str
+    also: tuple[LabelMatch, ...] = ()
 
     def matches(self, labels: dict[str, str]) -> bool:
         got = labels.get(self.label, "")
         if self.op in ("=", "!="):
-            return (got == self.value) is (self.op == "=")
-        return (re.fullmatch(self.value, got) is not None) is (self.op == "=~")
+            ok = (got == self.value) is (self.op == "=")
+        else:
+            ok = (re.fullmatch(self.value, got) is not None) is (self.op == "=~")
+        return ok and all(m.matches(labels) for m in self.also)
 
 
 def spec_name(spec: str) -> str:
@@ -177,13 +182,18 @@ def spec_name(spec: str) -> str:
 
 
 def parse_spec(spec: str) -> tuple[str, LabelMatch | None]:
-    """'family{label="v"}' -> ('family', LabelMatch('label', '=', 'v')); 'name' -> ('name', None)."""
+    """'family{label="v"}' -> ('family', LabelMatch('label', '=', 'v')); 'family{a="x",b=~"y"}' -> the first
+    matcher with the second in `also`; 'name' -> ('name', None)."""
     m = _SPEC.match(spec)
     if m is None:
         return spec, None
-    if m.group("label"):
-        return m.group("name"), LabelMatch(m.group("label"), m.group("op"), m.group("value"))
-    return m.group("name"), None
+    body = m.group("body")
+    if not body:
+        return m.group("name"), None
+    found = [LabelMatch(x.group("label"), x.group("op"), x.group("value")) for x in _MATCHER.finditer(body)]
+    if not found:
+        return spec, None
+    return m.group("name"), LabelMatch(found[0].label, found[0].op, found[0].value, tuple(found[1:]))
 
 
 # --- vLLM (V1 names first, then the V0 and pre-0.9 names still in the field) -------------------------------------
@@ -208,6 +218,9 @@ _VLLM_SIGNALS: dict[str, tuple[Source, ...]] = {
     # answered there but, when the front end cancels it before the engine finishes it (vLLM 0.32), counted in no
     # finished_reason.
     S.SERVER_HTTP_REQUESTS_PER_S: (Rate(('http_requests_total{handler=~"/v1/.*"}',)),),
+    # The same counter's 4xx answers (the instrumentator groups statuses as 2xx/4xx/5xx): requests the server
+    # refused before the engine took them (a prompt over --max-model-len is a 400), not clients giving up.
+    S.SERVER_HTTP_REJECTED_PER_S: (Rate(('http_requests_total{handler=~"/v1/.*",status=~"4.*"}',)),),
     S.SERVER_PROMPT_TOKENS_CACHED_PER_S: (Rate((_V + "prompt_tokens_cached_total",
                                                 _V + 'prompt_tokens_by_source_total{source="local_cache_hit"}')),),
     S.SERVER_ADMISSION_REJECTIONS_PER_S: (Rate((_V + "admission_rejections_total",)),),

@@ -178,7 +178,7 @@ def new_window(target: AttachTarget) -> tuple[Capture, ProcessTree | None]:
             raise SourceUnavailable(f"process {target.pid} exited before the window started.") from None
         capture.process = tree.info()
     if target.metrics_url:
-        capture.server = ServerInfo(kind=target.server_kind, url=target.metrics_url)
+        capture.server = ServerInfo(kind=target.server_kind, url=target.metrics_url, version=target.engine_version)
     elif target.pid is not None:
         capture.server = ServerInfo(kind=target.server_kind)
         if target.metrics_problem:

@@ -8,6 +8,7 @@ after ten seconds of sampling nothing.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import re
 import shlex
@@ -19,10 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 
 from diagnoser.capture import ServingConfig
+from diagnoser.collectors import http
 from diagnoser.collectors.server_metrics import FETCH_TIMEOUT_S, MetricsError, probe
+from diagnoser.engines import vllm as vllm_knobs
 from diagnoser.errors import InputError, SourceUnavailable
 from diagnoser.reports.redact import MASK, redact_argv
 
@@ -72,6 +76,18 @@ _SERVING_FLAGS = {
 }
 _BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--disable-cuda-graph": "disable_cuda_graph",
                "--enable-prefix-caching": "prefix_caching", "--enable-chunked-prefill": "chunked_prefill"}
+# vLLM's knob table (engines/vllm.py) adds every spelling of its knobs: a knob the table names is read.
+for _knob in vllm_knobs.KNOBS:
+    for _flag in _knob.flags:
+        if _knob.kind is bool:
+            _BOOL_FLAGS.setdefault(_flag, _knob.name)
+        else:
+            _SERVING_FLAGS.setdefault(_flag, _knob.name)
+# vLLM's argparse spells every boolean's opposite --no-X: it turns the knob off.
+_NEGATED_FLAGS = {"--no-" + flag[2:]: key for flag, key in _BOOL_FLAGS.items() if flag.startswith("--enable-")}
+# Environment variables the engine reads for a knob (its table's `env`), kept under their own names in `extra`.
+_ENV_KNOBS = tuple(var for knob in vllm_knobs.KNOBS for var in knob.env)
+VERSION_PATH = "/version"  # vLLM's API server: {"version": "0.32.0+cpu"}
 # Flag keys whose typed field in ServingConfig has another name.
 _FIELD_OF = {"max_running_requests": "max_num_seqs"}
 _MODEL_FLAGS = ("--model", "--model-path", "--model-id")
@@ -92,6 +108,7 @@ class AttachTarget:
     cmdline: list[str] = field(default_factory=list)
     # The PID the user named when the page was found on an ancestor's tree (a worker's API server), else None.
     rerooted_from: int | None = None
+    engine_version: str = ""  # as the engine says it (vLLM's /version), "" when it does not
 
 
 def resolve_target(pid: int | None = None, port: int | None = None, metrics_url: str | None = None,
@@ -117,15 +134,45 @@ def resolve_target(pid: int | None = None, port: int | None = None, metrics_url:
         proc = check_process(target.pid)
         target.cmdline = _cmdline(proc)
         target.server_kind = kind_from_cmdline(target.cmdline) or "unknown"
-        target.serving = serving_from_cmdline(target.cmdline)
+        target.serving = _with_environment(serving_from_cmdline(target.cmdline), proc)
         target.model_config = model_config_from_cmdline(target.cmdline, _cwd(proc))
     if metrics_url is not None:
         kind, _ = probe(metrics_url, probe_timeout)  # garbage or unreachable: the user named it, so fail now
         target.server_kind = _better_kind(kind, target.server_kind)
     else:
         _discover_metrics(target, host, probe_timeout)
+    if target.metrics_url and target.server_kind == "vllm":
+        target.engine_version = engine_version(target.metrics_url, probe_timeout)
     target.description = describe(target)
     return target
+
+
+def engine_version(metrics_url: str, timeout: float) -> str:
+    """The version the engine's API server reports at /version beside its /metrics (vLLM), or "" where it reports
+    none: a knob's default depends on it, and an unknown version leaves that default unknown, never guessed."""
+    parsed = urllib.parse.urlparse(metrics_url)
+    url = urllib.parse.urlunparse((parsed.scheme, parsed.netloc, VERSION_PATH, "", "", ""))
+    try:
+        body = http.fetch(url, timeout_s=timeout, max_bytes=4096)
+        text = json.loads(body.decode("utf-8", "replace")).get("version", "")
+    except (http.FetchError, ValueError, AttributeError):
+        return ""
+    return text if isinstance(text, str) and re.fullmatch(r"[0-9A-Za-z.+_-]{1,40}", text) else ""
+
+
+def _with_environment(serving: ServingConfig, proc: psutil.Process) -> ServingConfig:
+    """Knobs the engine reads from its environment (vLLM's CPU KV space), where the command line did not set them
+    and the process's environment may be read."""
+    try:
+        env = proc.environ()
+    except (psutil.Error, OSError):
+        return serving
+    extra = dict(serving.extra)
+    for var in _ENV_KNOBS:
+        raw = env.get(var, "").strip()
+        if raw and re.fullmatch(r"[0-9.]{1,20}", raw):
+            extra[var] = raw
+    return msgspec.structs.replace(serving, extra=extra) if extra != serving.extra else serving
 
 
 def _check_url(url: str) -> None:
@@ -401,8 +448,9 @@ def serving_from_cmdline(cmdline: list[str]) -> ServingConfig:
     fields = ServingConfig.__struct_fields__
     for i, arg in enumerate(args):
         flag, _, inline = arg.partition("=")
-        if flag in _BOOL_FLAGS:
-            known[_BOOL_FLAGS[flag]] = True
+        if flag in _BOOL_FLAGS or flag in _NEGATED_FLAGS:
+            on = flag in _BOOL_FLAGS
+            known[_BOOL_FLAGS[flag] if on else _NEGATED_FLAGS[flag]] = on
             continue
         key = _SERVING_FLAGS.get(flag)
         if key is None:

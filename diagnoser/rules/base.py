@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from diagnoser.diagnosis import Benefit, Citation, Finding, Fix, FixKind, GainKind, Limiter, Regime
+from diagnoser.engines.knobs import Setting
 from diagnoser.evidence import Evidence, Signal
 from diagnoser.rules import formula as fm
 from diagnoser.signals import Sig, known
@@ -220,6 +221,11 @@ def _reading(signal: Signal, ok: frozenset[str], code: str) -> Signal:
     return view
 
 
+class CannotDecide(Exception):
+    """Raised by a predicate that cannot decide from this capture (the limit it compares against is unknown): the rule
+    is reported as skipped with this reason, never as passed."""
+
+
 class Check:
     """What a predicate gets: the evidence, the thresholds in force, and helpers to read, cite and conclude.
 
@@ -253,6 +259,20 @@ class Check:
             raise KeyError(f"{self.rule.code} reads {name} but neither requires nor uses it")
         found = self.ev.signals.get(name)
         return None if found is None else _reading(found, self.rule.statistics[name], self.rule.code)
+
+    def knob(self, name: str) -> Setting | None:
+        """The serving engine's knob `name` in force (engines/): configured, else the engine's default for its
+        version, else unknown; None where the engine has no knob table."""
+        return self.ev.knob(name)
+
+    def limit(self, name: str) -> Setting:
+        """A knob the rule cannot decide without: its setting, or CannotDecide saying why it is unknown."""
+        s = self.ev.knob(name)
+        if s is None or not s.known:
+            why = s.why_unknown if s is not None else f"the engine ({self.ev.serving.engine or 'unknown'}) has no " \
+                f"table of its {name}"
+            raise CannotDecide(f"cannot decide: {why}")
+        return s
 
     def formula(self) -> float | None:
         """The rule's `fleet=` formula on this evidence: its strength where it fires, else None."""

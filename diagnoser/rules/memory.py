@@ -21,6 +21,9 @@ def _kv_knob(c: Check, mem_used: float | None) -> str:
     if serving.extra.get("kv_cache_memory_bytes"):
         return (f"The KV pool is sized by vLLM --kv-cache-memory-bytes ({serving.extra['kv_cache_memory_bytes']}): "
                 "raise it so the waiting requests can run.")
+    if serving.extra.get("VLLM_CPU_KVCACHE_SPACE"):
+        return (f"The KV pool is sized by VLLM_CPU_KVCACHE_SPACE={serving.extra['VLLM_CPU_KVCACHE_SPACE']} (GiB) in "
+                "the server's environment: raise it while the host has memory free, so the waiting requests can run.")
     if c.ev.meta.cpu_only and (serving.engine or c.ev.meta.server_kind) == "vllm":
         return ("vLLM's CPU build sizes the KV pool from VLLM_CPU_KVCACHE_SPACE (GiB) or --kv-cache-memory-bytes: "
                 "raise it while the host has memory free, so the waiting requests can run.")

@@ -19,7 +19,7 @@ from diagnoser.diagnosis import Finding, Skipped
 from diagnoser.errors import InputError
 from diagnoser.evidence import Evidence, NoSuchStatistic
 from diagnoser.fileio import read_text_bounded
-from diagnoser.rules.base import AnyOf, Check, Rule
+from diagnoser.rules.base import AnyOf, CannotDecide, Check, Rule
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -142,6 +142,9 @@ class RuleSet:
                 # only a counter's rate): the rule cannot decide, and says so rather than guess one.
                 skipped.append(Skipped(r.code, f"needs the {exc.what} of {exc.signal}, which the window statistics "
                                                "do not hold"))
+                continue
+            except CannotDecide as exc:
+                skipped.append(Skipped(r.code, str(exc)))
                 continue
             if result is None:
                 passed.append(r.code)

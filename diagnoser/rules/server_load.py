@@ -6,10 +6,12 @@ rules (load.py, host.py) add to them.
 
 from __future__ import annotations
 
+import math
+
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
 from diagnoser.rules import gains
-from diagnoser.rules.base import MAX, MEAN, P50, P90, AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import MAX, MEAN, P50, P90, VALUE, AnyOf, CannotDecide, Check, Gain, Page, Threshold, rule
 
 
 @rule(
@@ -41,9 +43,12 @@ from diagnoser.rules.base import MAX, MEAN, P50, P90, AnyOf, Check, Gain, Page, 
     ),
 )
 def batch_pinned_at_limit(c: Check) -> Finding | None:
-    cap = c.ev.serving.max_num_seqs
     running, waiting = c.req(S.SERVER_RUNNING), c.req(S.SERVER_WAITING)
-    if not cap or running.p50 < c.t["at_cap"] * cap or waiting.mean < c.t["waiting_mean"]:
+    if waiting.mean < c.t["waiting_mean"]:
+        return None
+    limit, flag, where = _sequence_limit(c)
+    cap = limit
+    if running.p50 < c.t["at_cap"] * cap:
         return None
     kv = c.opt(S.SERVER_KV_USAGE)
     if kv is not None and kv.p90 >= c.t["kv_usage_max"]:
@@ -68,10 +73,24 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
                          "at an unchanged step time, but a step's time can grow or shrink with the batch and no "
                          "model and device roofs price it here")
     c.fix(FixKind.BATCH_MORE, "Raise the batch limit", f"Raise the concurrent-sequence limit from {cap} to about "
-          f"{target} (vLLM --max-num-seqs {target}; SGLang --max-running-requests {target}): the queue keeps it "
-          "full.", g)
-    return c.finding(0.85, f"The batch is pinned at the server's limit of {cap} sequences while {waiting.mean:.1f} "
-                     "requests wait and the KV cache has room: the limit, not the hardware, caps throughput.")
+          f"{target} ({flag} {target}): the queue keeps it full.", g)
+    return c.finding(0.85, f"The batch is pinned at the server's limit of {cap} sequences{where} while "
+                     f"{waiting.mean:.1f} requests wait and the KV cache has room: the limit, not the hardware, caps "
+                     "throughput.")
+
+
+def _sequence_limit(c: Check) -> tuple[int, str, str]:
+    """The running-sequence limit in force, the flag that sets it and, for a default, where the value comes from;
+    CannotDecide where it is unknown (an engine's default with no version to read it from)."""
+    s = c.knob("max_num_seqs")
+    if s is None:  # an engine with no knob table: only a limit read off its command line or page counts
+        cap = c.ev.serving.max_num_seqs
+        if not cap:
+            raise CannotDecide("cannot decide: the server's running-sequence limit is not on its command line or "
+                               "page, and this engine has no table of its defaults")
+        return cap, "SGLang --max-running-requests" if c.ev.serving.engine == "sglang" else "the server's limit", ""
+    s = c.limit("max_num_seqs")
+    return int(s.value), f"vLLM {s.knob.flag}", "" if not s.is_default else f" (not set: {s.source})"
 
 
 @rule(
@@ -122,18 +141,19 @@ def server_under_loaded(c: Check) -> Finding | None:
     limiter=Limiter.BATCHING,
     summary="Many requests end because the client went away: the server's latency exceeds what clients wait.",
     requires=(AnyOf(S.SERVER_ABORTS_PER_S, S.SERVER_HTTP_REQUESTS_PER_S),),
-    uses=(S.SERVER_REQUESTS_PER_S, S.SERVER_REQUEST_ERRORS_PER_S, S.SERVER_WAITING),
+    uses=(S.SERVER_REQUESTS_PER_S, S.SERVER_REQUEST_ERRORS_PER_S, S.SERVER_WAITING, S.SERVER_HTTP_REJECTED_PER_S),
     advisory=True,
     reads={S.SERVER_ABORTS_PER_S: (MEAN,), S.SERVER_HTTP_REQUESTS_PER_S: (MEAN,), S.SERVER_REQUESTS_PER_S: (MEAN,),
-           S.SERVER_REQUEST_ERRORS_PER_S: (MEAN,)},
+           S.SERVER_REQUEST_ERRORS_PER_S: (MEAN,), S.SERVER_HTTP_REJECTED_PER_S: (MEAN,)},
     thresholds={
         "abort_share": Threshold(0.10, "aborted share of the requests that ended in the window that counts", "ratio"),
     },
     page=Page(
         detects="At least {abort_share} of the requests that ended in the window were aborted by their client (vLLM "
         "request_success_total with finished_reason abort: a timeout or a cancel), or answered by the HTTP layer "
-        "(http_requests_total for /v1/ handlers) without the engine finishing them. Advisory: it qualifies the "
-        "verdict, never names it.",
+        "(http_requests_total for /v1/ handlers) without the engine finishing them; requests the server refused "
+        "(4xx answers, such as a prompt over --max-model-len) are not counted here but by SRV010. Advisory: it "
+        "qualifies the verdict, never names it.",
         why="A request the client gave up on used queue space and often compute, and nobody got the answer; the "
         "served throughput counts only the rest. Clients that time out and retry add load while the server is "
         "already behind.",
@@ -152,7 +172,9 @@ def clients_give_up(c: Check) -> Finding | None:
     # finished (a front end that cancels a request whose client left counts it nowhere else).
     gone, cited = (aborts.mean, aborts) if aborts is not None and aborts.mean > 0 else (0.0, None)
     if cited is None and http is not None and served is not None:
-        gone, cited = max(0.0, http.mean - done - (errors.mean if errors is not None else 0.0)), http
+        refused = c.opt(S.SERVER_HTTP_REJECTED_PER_S)
+        others = (errors.mean if errors is not None else 0.0) + (refused.mean if refused is not None else 0.0)
+        gone, cited = max(0.0, http.mean - done - others), http
     ended = gone + done
     if cited is None or ended <= 0 or gone / ended < c.t["abort_share"]:
         return None
@@ -226,4 +248,128 @@ def host_cpu_taken(c: Check) -> Finding | None:
                      f"{n:.0f} cores: the server waits for CPU.")
 
 
-RULES = (batch_pinned_at_limit, server_under_loaded, clients_give_up, host_cpu_taken)
+@rule(
+    code="SRV010",
+    name="requests-refused",
+    limiter=Limiter.BATCHING,
+    summary="Many requests are refused by the server (HTTP 4xx) before the engine runs them.",
+    requires=(S.SERVER_HTTP_REJECTED_PER_S, S.SERVER_HTTP_REQUESTS_PER_S),
+    uses=(S.SERVER_REQUESTS_PER_S,),
+    advisory=True,
+    reads={S.SERVER_HTTP_REJECTED_PER_S: (MEAN,), S.SERVER_HTTP_REQUESTS_PER_S: (MEAN,), S.SERVER_REQUESTS_PER_S:
+           (MEAN,)},
+    thresholds={
+        "refused_share": Threshold(0.10, "share of the API's answers that were 4xx refusals that counts", "ratio"),
+    },
+    page=Page(
+        detects="At least {refused_share} of the inference API's answers in the window were 4xx refusals (vLLM's "
+        "http_requests_total with status 4xx for /v1/ handlers): requests the server turned away before the "
+        "engine ran them. Told apart from clients giving up (SRV009, aborts) and engine errors. Advisory: it "
+        "qualifies the verdict, never names it.",
+        why="A refused request costs the server almost nothing and serves nobody: the load the engine sees is only "
+        "the rest, and the clients are not getting answers. vLLM answers 400 to a prompt longer than "
+        "--max-model-len (prompt + max_tokens over the context), to a model name it does not serve and to a "
+        "malformed body; the response's message says which.",
+        fixes="Read one refused response's message. For prompts over the context length: raise --max-model-len "
+        "where the model's position limit and the KV pool allow, or truncate prompts (and max_tokens) at the "
+        "client. Otherwise fix the clients' requests. No gain is predicted: it changes what is served, not how "
+        "fast.",
+        sources="vLLM OpenAI server input validation (the context-length check in serving); "
+        "prometheus-fastapi-instrumentator's status grouping (2xx/4xx/5xx).",
+    ),
+)
+def requests_refused(c: Check) -> Finding | None:
+    refused, http = c.req(S.SERVER_HTTP_REJECTED_PER_S), c.req(S.SERVER_HTTP_REQUESTS_PER_S)
+    if http.mean <= 0 or refused.mean / http.mean < c.t["refused_share"]:
+        return None
+    share = min(1.0, refused.mean / http.mean)
+    c.cite(refused, "mean", ">=", round(c.t["refused_share"] * http.mean, 4))
+    c.cite(http, "mean")
+    limit = c.knob("max_model_len")
+    where = f" (now {limit.value})" if limit is not None and limit.known else ""
+    c.fix(FixKind.CONTEXT_LENGTH, "Stop sending requests the server refuses", "Read a refused response's message; "
+          f"for prompts over the context length raise --max-model-len{where} where the model and KV pool allow, "
+          "or truncate prompts and max_tokens at the client.",
+          Gain(None, f"{share:.0%} of the answers were refusals: it changes what is served, not how fast",
+               benefit=Benefit.CAPACITY))
+    return c.finding(0.6, f"{share:.0%} of the API's answers were refusals (HTTP 4xx, {refused.mean:.2f}/s): the "
+                     "server turns these requests away before running them; the clients are not giving up.")
+
+
+@rule(
+    code="BAT006",
+    name="token-budget-binds",
+    limiter=Limiter.BATCHING,
+    summary="The per-step token budget holds prompts back: requests wait while the running batch is below its "
+    "limit and the KV cache has room.",
+    requires=(S.SERVER_RUNNING, S.SERVER_WAITING, S.SERVER_PROMPT_LEN_MEAN),
+    uses=(S.SERVER_KV_USAGE,),
+    reads={S.SERVER_RUNNING: (MEAN, P50,), S.SERVER_WAITING: (MEAN,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,),
+           S.SERVER_KV_USAGE: (P90,)},
+    thresholds={
+        "waiting_mean": Threshold(1.0, "mean queued requests that show demand the step cannot admit", "requests"),
+        "below_cap": Threshold(0.9, "running batch (median) under this share of the sequence limit: the sequence "
+                               "limit is not what holds the queue", "ratio"),
+        "kv_usage_max": Threshold(0.90, "KV use (p90) above which the KV cache holds the queue (VRAM001)", "ratio"),
+    },
+    page=Page(
+        detects="Requests waiting (mean {waiting_mean} or more) while the running batch's median is under "
+        "{below_cap} of the sequence limit and the KV cache is under {kv_usage_max} used, with the engine's "
+        "per-step token budget (vLLM --max-num-batched-tokens, its default for the engine's version where not set) "
+        "smaller than a mean prompt plus the running decodes: a waiting prompt does not fit in a step beside them, "
+        "so each step prefills one chunk and the others wait.",
+        why="Each step the scheduler spends its token budget: one token per decoding sequence, a prompt chunk's "
+        "length per prefilling one. A prompt longer than what is left is prefilled over several steps, and while "
+        "it is, no other waiting request is admitted: the budget, not the sequence limit or memory, sets the "
+        "batch.",
+        fixes="Raise the token budget (vLLM --max-num-batched-tokens) to at least two mean prompts beside the "
+        "running decodes, so a waiting prompt is admitted whole. It trades a longer step while prompts prefill "
+        "(decodes that share it wait longer: watch the inter-token tail, SRV004). Predicted: each prompt's "
+        "prefill steps fall to about one (time to first token); tokens/s is not priced without the device's "
+        "roofs or the engine's measured step curve.",
+        sources="vLLM V1 scheduler (token budget per step, chunked prefill); vLLM 0.32 EngineArgs defaults "
+        "(2048 on a CPU build and GPUs under 70 GiB, 8192 on 70-160 GiB, 16384 from 160 GiB, per rank); "
+        "Sarathi-Serve (Agrawal et al., OSDI 2024).",
+    ),
+)
+def token_budget_binds(c: Check) -> Finding | None:
+    running, waiting = c.req(S.SERVER_RUNNING), c.req(S.SERVER_WAITING)
+    prompt = c.req(S.SERVER_PROMPT_LEN_MEAN)
+    if waiting.mean < c.t["waiting_mean"]:
+        return None
+    budget, seqs = c.knob("max_num_batched_tokens"), c.knob("max_num_seqs")
+    if budget is None:
+        return None  # an engine without a knob table
+    budget = c.limit("max_num_batched_tokens")
+    if seqs is not None and seqs.known and running.p50 >= c.t["below_cap"] * int(seqs.value):
+        return None  # the sequence limit holds the queue (BAT005)
+    kv = c.opt(S.SERVER_KV_USAGE)
+    if kv is not None and kv.p90 >= c.t["kv_usage_max"]:
+        return None  # memory holds the queue (VRAM001)
+    b, p = int(budget.value), prompt.value
+    if b >= p + running.mean:
+        return None  # a whole prompt fits beside the decodes: the budget does not bind
+    c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
+    c.cite(running, "p50")
+    c.cite(prompt, "value", ">", round(b - running.mean, 1))
+    if kv is not None:
+        c.cite(kv, "p90", "<", c.t["kv_usage_max"])
+    target = _round_up(2 * p + running.mean + waiting.mean, 256)
+    steps = math.ceil(p / max(1.0, b - running.mean))
+    where = "" if not budget.is_default else f" (not set: {budget.source})"
+    c.fix(FixKind.TOKEN_BUDGET, "Raise the per-step token budget", f"Raise {budget.knob.flag} from {b} to about "
+          f"{target}: a {p:.0f}-token prompt then prefills in one step beside the running decodes instead of "
+          f"{steps}, and waiting requests are admitted.",
+          Gain.unknown(f"a prompt's prefill from {steps} steps to about one (time to first token); tokens/s not "
+                       "priced: no device roofs or measured step curve price a longer step here"))
+    return c.finding(0.8, f"The per-step token budget of {b}{where} is smaller than a mean prompt ({p:.0f} tokens) "
+                     f"beside {running.mean:.1f} decodes: {waiting.mean:.1f} requests wait while the batch is below "
+                     "its limit and the KV cache has room.")
+
+
+def _round_up(x: float, step: int) -> int:
+    return int(math.ceil(x / step) * step)
+
+
+RULES = (batch_pinned_at_limit, token_budget_binds, server_under_loaded, clients_give_up, requests_refused,
+         host_cpu_taken)

@@ -9,11 +9,13 @@ Each predicate reads only the signals it declares (diagnoser.rules.base) and the
 
 from __future__ import annotations
 
+import math
+
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Signal
 from diagnoser.rules import gains
-from diagnoser.rules.base import HIGHEST, LOWEST, MAX, MEAN, P90, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import HIGHEST, LOWEST, MAX, MEAN, P50, P90, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
 from diagnoser.units import fmt
 
 # Engines whose scheduler admits a request only with room for its prompt plus max_tokens (TGI's token budget,
@@ -79,8 +81,9 @@ def _number(text: str | None) -> float | None:
     summary="Long prompts are prefilled again and again: the prefix cache is off or rarely hits.",
     requires=(S.SERVER_PROMPT_LEN_MEAN,),
     uses=(S.SERVER_PREFIX_CACHE_HIT_RATE, S.SERVER_PROMPT_TOKENS_PER_S, S.SERVER_GEN_TOKENS_PER_S,
-          S.THEORY_DECODE_SHARE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S),
-    reads={S.SERVER_PROMPT_LEN_MEAN: (VALUE,), S.SERVER_PREFIX_CACHE_HIT_RATE: (VALUE,), S.SERVER_PROMPT_TOKENS_PER_S:
+          S.THEORY_DECODE_SHARE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_DECODE_TIME_MEAN_S, S.SERVER_KV_USAGE),
+    reads={S.SERVER_KV_USAGE: (P90,), S.SERVER_PREFIX_CACHE_HIT_RATE: (VALUE,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,),
+           S.SERVER_PROMPT_TOKENS_PER_S:
            (MEAN,), S.SERVER_GEN_TOKENS_PER_S: (MEAN,), S.THEORY_DECODE_SHARE: (VALUE,), S.SERVER_PREFILL_TIME_MEAN_S:
            (MEAN, VALUE,), S.SERVER_DECODE_TIME_MEAN_S: (MEAN, VALUE,)},
     thresholds={
@@ -90,12 +93,15 @@ def _number(text: str | None) -> float | None:
                                      "the shared share (serving key shared_prefix_frac)", "ratio"),
         "prompt_len_min": Threshold(256, "mean prompt tokens below which prefill is too short to matter", "tokens"),
         "prefill_share_min": Threshold(0.15, "prefill's share of the work below which caching cannot pay", "ratio"),
+        "kv_full": Threshold(0.90, "KV use (p90) at which a cache that is on evicts the prefixes it holds", "ratio"),
     },
     page=Page(
         detects="Prompts averaging {prompt_len_min} or more, prefill taking at least {prefill_share_min} of the work, "
         "and the prefix cache either switched off (vLLM cache_config_info enable_prefix_caching=False) or hitting "
         "under {hit_rate_max} of "
-        "the prompt tokens it is asked for over the window. It does not fire when the capture says the prompts "
+        "the prompt tokens it is asked for over the window while the KV cache is at least {kv_full} used (a cache "
+        "that is on and has room answers hits for every prefix that repeats: a low rate there is unique prompts, "
+        "the workload, not a miss). It does not fire when the capture says the prompts "
         "share nothing (serving key shared_prefix_frac = 0). The gain is bounded from the tokens the engine "
         "processed: a prompt token costs at most a generated token's time (prefill runs many tokens per weight "
         "read), so prompt tokens' share of all tokens bounds prefill's share of the work; with every shared "
@@ -124,6 +130,11 @@ def prefix_cache_missing(c: Check) -> Finding | None:
     off = serving.prefix_caching is False
     if _value(prompt) < c.t["prompt_len_min"] or not (off or (hit is not None and _value(hit) < c.t["hit_rate_max"])):
         return None
+    kv = c.opt(S.SERVER_KV_USAGE)
+    if not off and (kv is None or kv.p90 < c.t["kv_full"]):
+        # With caching on, the hits against the queries say whether prompts repeat at all: a low rate with room in
+        # the pool (nothing evicted) is the workload, unique prompts, not a cache that misses.
+        return None
     h = 0.0 if off or hit is None else _value(hit)
     # The tokens the engine processed bound prefill's share of its work; a request's own prefill / (prefill +
     # decode) time reads low under concurrency (its decode steps carry other requests' prefills), so it only gates
@@ -148,10 +159,12 @@ def prefix_cache_missing(c: Check) -> Finding | None:
                     f"({assumed} shared share) save {saved:.0%} of the work: 1 / (1 - {saved:.2f})",
                     GainKind.UPPER_BOUND)
     action = ("Start vLLM with --enable-prefix-caching (SGLang: drop --disable-radix-cache)" if off else
-              "Put the shared prompt first and byte-identical, route equal prefixes to one replica, and leave the "
-              "KV cache room so prefixes are not evicted")
+              "Leave the KV cache room so prefixes are not evicted (it is full), put the shared prompt first and "
+              "byte-identical, and route equal prefixes to one replica")
     c.fix(FixKind.PREFIX_CACHING, "Reuse shared prompt prefixes", action + ".", gain)
-    state = "is off" if off else f"hits {h:.0%} of the prompt tokens it is asked for"
+    if kv is not None and not off:
+        c.cite(kv, "p90", ">=", c.t["kv_full"])
+    state = "is off" if off else f"hits {h:.0%} of the prompt tokens it is asked for while the KV cache is full"
     return c.finding(0.5, f"Prompts average {_value(prompt):.0f} tokens and the prefix cache {state}: shared prefixes "
                      "are prefilled again for every request.")
 
@@ -162,22 +175,30 @@ def prefix_cache_missing(c: Check) -> Finding | None:
     limiter=Limiter.BATCHING,
     summary="Time to first token is mostly time spent waiting to be scheduled: the server lacks capacity.",
     requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_QUEUE_TIME_MEAN_S),
-    uses=(S.SERVER_KV_USAGE, S.SERVER_WAITING, S.SERVER_PREFILL_TIME_MEAN_S),
-    reads={S.SERVER_TTFT_MEAN_S: (VALUE,), S.SERVER_QUEUE_TIME_MEAN_S: (VALUE,), S.SERVER_KV_USAGE: (P90,)},
+    uses=(S.SERVER_KV_USAGE, S.SERVER_WAITING, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_RUNNING,
+          S.SERVER_PROMPT_LEN_MEAN),
+    reads={S.SERVER_TTFT_MEAN_S: (VALUE,), S.SERVER_QUEUE_TIME_MEAN_S: (VALUE,), S.SERVER_KV_USAGE: (P90,),
+           S.SERVER_RUNNING: (MEAN, P50), S.SERVER_WAITING: (MEAN,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,)},
     thresholds={
         "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making", "s"),
         "queue_share": Threshold(0.5, "queue time's share of TTFT at which waiting dominates", "ratio"),
         "kv_full": Threshold(0.90, "KV use (p90) at which memory, not the scheduler's limits, holds requests",
                              "ratio"),
+        "at_cap": Threshold(0.9, "running batch (median) over the sequence limit at which that limit holds requests",
+                            "ratio"),
     },
     page=Page(
         detects="Mean time to first token of {ttft_min_s} or more, {queue_share} or more of it spent queued (vLLM "
         "request_queue_time vs time_to_first_token; SGLang queue_time; Triton queue duration).",
         why="A request that waits is not being served at all: the batch is at the scheduler's limit "
         "(max-num-seqs) or the KV cache is full, so new requests queue until others finish.",
-        fixes="A capacity fix, not a speed fix: more replicas or GPUs for the load; if the KV cache has room, a "
-        "larger running batch (vLLM --max-num-seqs, SGLang --max-running-requests); if it is full, more KV memory "
-        "(FP8 KV cache, --gpu-memory-utilization). Predicted: TTFT falls by at most the queue time.",
+        fixes="The knob that holds the queue, in its direction: if the KV cache is full, more KV memory (FP8 KV "
+        "cache, the KV pool's size knob in force); if the running batch is at the sequence limit (median at least "
+        "{at_cap} of it), a larger limit (vLLM --max-num-seqs, SGLang --max-running-requests); if a mean prompt "
+        "beside the running decodes exceeds the per-step token budget, a larger budget (vLLM "
+        "--max-num-batched-tokens); if none of them binds, the server serves as fast as it can: more replicas or "
+        "GPUs for the load. A knob already past what the load needs is never advised. Predicted: TTFT falls by at "
+        "most the queue time.",
         sources=_LATENCY_SOURCES,
     ),
 )
@@ -199,10 +220,36 @@ def ttft_dominated_by_queueing(c: Check) -> Finding | None:
         c.fix(FixKind.KV_MEMORY, "Give the KV cache more memory (capacity)", "FP8 KV cache (vLLM --kv-cache-dtype "
               "fp8), a higher --gpu-memory-utilization, or more GPUs: the cache is what keeps requests waiting.", gain)
     else:
-        c.fix(FixKind.BATCH_MORE, "Admit more requests per step (capacity)", "Raise vLLM --max-num-seqs / SGLang "
-              "--max-running-requests while the KV cache has room, or add replicas.", gain)
+        _queue_fix(c, gain)
     return c.finding(0.55, f"Requests wait {q:.2f} s of their {t:.2f} s to first token ({q / t:.0%}): time to first "
                      f"token is queueing, the server is at capacity{' (KV cache full)' if full else ''}.")
+
+
+def _queue_fix(c: Check, gain: Gain) -> None:
+    """The fix for a queue the KV cache does not hold: the scheduler's knob that binds, in its direction."""
+    running, waiting, prompt = c.opt(S.SERVER_RUNNING), c.opt(S.SERVER_WAITING), c.opt(S.SERVER_PROMPT_LEN_MEAN)
+    seqs, budget = c.knob("max_num_seqs"), c.knob("max_num_batched_tokens")
+    if seqs is None or not seqs.known or running is None:
+        # No table or no known limit: the sequence limit is the usual cap, named for each engine.
+        c.fix(FixKind.BATCH_MORE, "Admit more requests per step (capacity)", "Raise vLLM --max-num-seqs / SGLang "
+              "--max-running-requests while the KV cache has room, or add replicas.", gain)
+        return
+    cap, flight = int(seqs.value), running.p50
+    if flight >= c.t["at_cap"] * cap:
+        want = max(cap + 1, round(running.mean + (waiting.mean if waiting is not None else 0.0)))
+        c.fix(FixKind.BATCH_MORE, "Admit more requests per step (capacity)", f"Raise {seqs.knob.flag} from {cap} to "
+              f"about {want}: the running batch sits at it ({flight:.1f}) while requests wait.", gain)
+        return
+    if budget is not None and budget.known and prompt is not None and prompt.value + running.mean > budget.value:
+        want = int(math.ceil((2 * prompt.value + running.mean) / 256) * 256)
+        c.fix(FixKind.TOKEN_BUDGET, "Raise the per-step token budget (capacity)", f"Raise {budget.knob.flag} from "
+              f"{budget.value} to about {want}: a {prompt.value:.0f}-token prompt does not fit in a step beside the "
+              f"running decodes, so waiting requests are admitted a chunk at a time ({flight:.1f} running of {cap}).",
+              gain)
+        return
+    c.fix(FixKind.ADD_GPUS, "Add serving capacity", f"Neither the sequence limit ({flight:.1f} running of {cap}), "
+          "the token budget nor the KV cache holds the queue: the engine serves as fast as it can. Add replicas "
+          "(or GPUs), or shed load at admission.", gain)
 
 
 @rule(
@@ -211,8 +258,10 @@ def ttft_dominated_by_queueing(c: Check) -> Finding | None:
     limiter=Limiter.COMPUTE,
     summary="Time to first token is mostly the prompt's own prefill, not waiting.",
     requires=(S.SERVER_TTFT_MEAN_S, S.SERVER_PREFILL_TIME_MEAN_S),
-    uses=(S.SERVER_QUEUE_TIME_MEAN_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S),
-    reads={S.SERVER_TTFT_MEAN_S: (VALUE,), S.SERVER_PREFILL_TIME_MEAN_S: (VALUE,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,)},
+    uses=(S.SERVER_QUEUE_TIME_MEAN_S, S.SERVER_PROMPT_LEN_MEAN, S.SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S,
+          S.SERVER_RUNNING),
+    reads={S.SERVER_TTFT_MEAN_S: (VALUE,), S.SERVER_PREFILL_TIME_MEAN_S: (VALUE,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,),
+           S.SERVER_RUNNING: (MEAN,)},
     thresholds={
         "ttft_min_s": Threshold(0.5, "mean time to first token below which no split is worth making", "s"),
         "prefill_share": Threshold(0.5, "prefill time's share of TTFT at which prefill dominates", "ratio"),
@@ -223,9 +272,11 @@ def ttft_dominated_by_queueing(c: Check) -> Finding | None:
         "(vLLM request_prefill_time vs time_to_first_token).",
         why="Long prompts, or prefill split into small chunks that share each step with decodes, make the first "
         "token wait for the prompt's compute.",
-        fixes="Larger prefill chunks per step (vLLM --max-num-batched-tokens; SGLang --chunked-prefill-size) "
-        "shorten prefill at the cost of decode latency during it; prefix caching removes repeated prompt tokens; "
-        "disaggregated prefill (separate prefill and decode instances) stops the two from sharing steps. "
+        fixes="Where prompts are longer than the per-step token budget (each prefilled over several steps), a "
+        "larger budget (vLLM --max-num-batched-tokens; SGLang --chunked-prefill-size) shortens prefill at the cost "
+        "of decode latency during it; where a prompt already fits in one step, the budget is not the knob (it is "
+        "never advised): prefix caching removes repeated prompt tokens, and disaggregated prefill (separate "
+        "prefill and decode instances) stops the two from sharing steps. "
         "Predicted: TTFT falls at most by the prefill time (latency, not throughput).",
         sources=_LATENCY_SOURCES + " Sarathi-Serve (Agrawal et al., OSDI 2024) and DistServe (Zhong et al., OSDI "
         "2024) on chunked and disaggregated prefill.",
@@ -242,10 +293,23 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
     prompt = c.opt(S.SERVER_PROMPT_LEN_MEAN)
     if prompt is not None:
         c.cite(prompt, "value")
-    c.fix(FixKind.SPLIT_PREFILL, "Prefill in larger chunks, or on its own instances", "Raise vLLM "
-          "--max-num-batched-tokens (SGLang --chunked-prefill-size) so a prompt prefills in fewer steps, or "
-          "disaggregate prefill and decode; reuse shared prefixes (prefix caching).",
-          Gain.unknown(f"latency, not throughput: TTFT falls at most by the prefill time, {t:.2f} s to {t - p:.2f} s"))
+    latency = f"latency, not throughput: TTFT falls at most by the prefill time, {t:.2f} s to {t - p:.2f} s"
+    budget = c.knob("max_num_batched_tokens")
+    running = c.opt(S.SERVER_RUNNING)
+    decodes = running.mean if running is not None else 0.0
+    if budget is not None and budget.known and prompt is not None and prompt.value + decodes > budget.value:
+        want = int(math.ceil((prompt.value + decodes) / 256) * 256)
+        c.fix(FixKind.TOKEN_BUDGET, "Prefill each prompt in one step", f"Raise {budget.knob.flag} from "
+              f"{budget.value} to about {want}: a {prompt.value:.0f}-token prompt now takes "
+              f"{math.ceil(prompt.value / max(1.0, budget.value - decodes))} steps to prefill.", Gain.unknown(latency))
+    elif budget is not None and budget.known:
+        c.fix(FixKind.SPLIT_PREFILL, "Prefill on instances of its own", f"A {_prompt_text(prompt)}prompt already "
+              f"fits in one step ({budget.knob.flag} {budget.value}): disaggregate prefill and decode, or reuse "
+              "shared prefixes (prefix caching) where prompts repeat.", Gain.unknown(latency))
+    else:
+        c.fix(FixKind.SPLIT_PREFILL, "Prefill on instances of its own, or in larger chunks", "Disaggregate prefill "
+              "and decode; reuse shared prefixes (prefix caching); where prompts are longer than the per-step token "
+              "budget (vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size), raise it.", Gain.unknown(latency))
     return c.finding(0.5, f"Prefill takes {p:.2f} s of the {t:.2f} s to first token ({p / t:.0%}): time to first "
                      "token is the prompt's compute, not queueing.")
 
@@ -258,12 +322,13 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
     requires=(S.SERVER_ITL_P50_S, S.SERVER_ITL_P99_S,
               AnyOf(S.SERVER_ITERATION_TOKENS_P99, S.SERVER_PREFILL_STEP_MEAN_S),
               AnyOf(S.SERVER_RUNNING, S.SERVER_BATCH_SIZE)),
-    uses=(S.SERVER_ITERATION_TOKENS_P50, S.SERVER_DECODE_STEP_MEAN_S, S.SERVER_PROMPT_TOKENS_PER_S),
+    uses=(S.SERVER_ITERATION_TOKENS_P50, S.SERVER_DECODE_STEP_MEAN_S, S.SERVER_PROMPT_TOKENS_PER_S,
+          S.SERVER_PROMPT_LEN_MEAN),
     advisory=True,
     reads={S.SERVER_RUNNING: (MAX,), S.SERVER_BATCH_SIZE: (MAX,), S.SERVER_ITL_P50_S: (VALUE, HIGHEST,),
            S.SERVER_ITL_P99_S: (VALUE, LOWEST,), S.SERVER_ITERATION_TOKENS_P50: (VALUE, HIGHEST,),
            S.SERVER_ITERATION_TOKENS_P99: (VALUE, LOWEST,), S.SERVER_DECODE_STEP_MEAN_S: (VALUE, HIGHEST,),
-           S.SERVER_PREFILL_STEP_MEAN_S: (VALUE, LOWEST,)},
+           S.SERVER_PREFILL_STEP_MEAN_S: (VALUE, LOWEST,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,)},
     thresholds={
         "itl_ratio": Threshold(3.0, "p99 / p50 inter-token latency at which the tail counts as inflated"),
         "step_ratio": Threshold(4.0, "tokens of the p99 step over the median step (vLLM), or prefill over decode "
@@ -279,9 +344,11 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
         "never as exact values. Advisory: it names a latency tail and its cause, never the verdict.",
         why="A decode token comes out once per step; a step that also prefills a prompt chunk takes as long as that "
         "chunk's compute, so every running sequence's next token waits for someone else's prompt.",
-        fixes="Cap the prefill per step: a smaller chunk (vLLM --max-num-batched-tokens, SGLang "
-        "--chunked-prefill-size) trades some TTFT for a tighter inter-token tail; disaggregated prefill removes "
-        "the interference. Predicted: p99 inter-token latency falls at most to the median (latency, not "
+        fixes="Cap the prefill per step, the opposite direction to SRV003's larger chunks (the two are never one "
+        "fix): on vLLM a long-prefill cap (--long-prefill-token-threshold, about a quarter of a mean prompt) where "
+        "none is set, else a smaller token budget (--max-num-batched-tokens); SGLang --chunked-prefill-size. It "
+        "trades some TTFT for a tighter inter-token tail; disaggregated prefill removes the interference. "
+        "Predicted: p99 inter-token latency falls at most to the median (latency, not "
         "throughput).",
         sources="Sarathi-Serve (Agrawal et al., OSDI 2024): generation stalls from prefills in the same batch; "
         "vLLM chunked-prefill docs; DistServe (OSDI 2024).",
@@ -313,13 +380,41 @@ def itl_inflated_by_prefill(c: Check) -> Finding | None:
     c.cite(p50, "value")
     c.cite(cite[0], "value", ">=", round(c.t["step_ratio"] * cite[1].highest, 6))
     c.cite(cite[1], "value")
-    c.fix(FixKind.SPLIT_PREFILL, "Cap the prefill that rides in decode steps", "Lower vLLM --max-num-batched-tokens "
-          "(SGLang --chunked-prefill-size) so a step carries a smaller prompt chunk, or disaggregate prefill and "
-          "decode.", Gain.unknown(f"latency, not throughput: p99 inter-token latency falls at most to the median, "
-                                  f"from at least {fmt(p99.lowest, 's')} to at most {fmt(p50.highest, 's')}"))
+    _cap_prefill_fix(c, Gain.unknown(f"latency, not throughput: p99 inter-token latency falls at most to the median, "
+                                     f"from at least {fmt(p99.lowest, 's')} to at most {fmt(p50.highest, 's')}"))
     return c.finding(0.45, f"p99 inter-token latency is at least {p99.lowest / p50.highest:.1f}x the median while "
                      f"the heaviest steps carry at least {ratio:.1f}x the work of a typical one: prefills stall "
                      "decoding.")
+
+
+def _cap_prefill_fix(c: Check, gain: Gain) -> None:
+    """Less prompt per step, through the knob that is not yet at the value: vLLM's long-prefill cap where none is
+    set (it leaves the decodes' room alone), else a smaller token budget, else no knob is left: disaggregate."""
+    prompt = c.opt(S.SERVER_PROMPT_LEN_MEAN)
+    cap, budget = c.knob("long_prefill_token_threshold"), c.knob("max_num_batched_tokens")
+    if cap is None or budget is None or not budget.known:
+        c.fix(FixKind.CAP_PREFILL, "Cap the prefill that rides in decode steps", "Lower the prefill per step (vLLM "
+              "--long-prefill-token-threshold or --max-num-batched-tokens, SGLang --chunked-prefill-size) so a step "
+              "carries a smaller prompt chunk, or disaggregate prefill and decode.", gain)
+        return
+    chunk = max(64, 2 ** int(math.log2(max(64.0, prompt.value / 4)))) if prompt is not None else 256
+    now = int(cap.value) if cap.known and cap.value else None
+    if (now is None or now > chunk) and chunk < budget.value:
+        c.fix(FixKind.CAP_PREFILL, "Cap the prefill that rides in decode steps", f"Set {cap.knob.flag} {chunk} "
+              f"({'none set' if now is None else f'now {now}'}): a long prompt then takes at most {chunk} tokens of "
+              f"a step ({budget.knob.flag} {budget.value}), leaving the decodes' steps short.", gain)
+        return
+    if chunk < budget.value and budget.value > 256:
+        c.fix(FixKind.CAP_PREFILL, "Cap the prefill that rides in decode steps", f"Lower {budget.knob.flag} from "
+              f"{budget.value} to about {max(256, chunk)} so a step carries a smaller prompt chunk.", gain)
+        return
+    c.fix(FixKind.SPLIT_PREFILL, "Prefill on instances of its own", f"The per-step prefill is already capped "
+          f"({budget.knob.flag} {budget.value}): disaggregate prefill and decode so prompts stop sharing decode "
+          "steps.", gain)
+
+
+def _prompt_text(prompt: Signal | None) -> str:
+    return f"{prompt.value:.0f}-token " if prompt is not None else ""
 
 
 def _spec_speedup(alpha: float, k: int, cost: float) -> float:

@@ -36,6 +36,8 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "default": ("--max-num-seqs", "16"),
     "seqs2": ("--max-num-seqs", "2"),
     "noprefix": ("--max-num-seqs", "16", "--no-enable-prefix-caching"),
+    # a per-step token budget far below the prompts (the CPU build's default is 2048)
+    "budget128": ("--max-num-seqs", "16", "--max-num-batched-tokens", "128"),
 }
 
 
@@ -52,6 +54,8 @@ class Situation:
     must_find: tuple[str, ...] = ()  # rule codes that must be among the findings
     applied: str = ""  # the server set-up with the first fix applied; "" = no fix to re-measure
     busy_host: bool = False  # other tenants keep every core busy during the window
+    forbidden_fixes: tuple[str, ...] = ()  # FixKind values that must not be offered at all (a knob already loose)
+    side_load: dict[str, Any] = field(default_factory=dict)  # a second load beside the first (Load's fields)
 
 
 SITUATIONS: tuple[Situation, ...] = (
@@ -96,6 +100,31 @@ SITUATIONS: tuple[Situation, ...] = (
         "every core busy: the engine gets a fraction of the CPU it would have. On a CPU build that is the limit: "
         "host-limited must be said, and no gain promised for the cores given back.",
         verdicts=("host_launch",), first_fix=("host_cpu",), must_find=("HOST004",), busy_host=True),
+    Situation(
+        "budget-capped", "budget128", {"clients": 4, "prompt_words": 512, "max_tokens": 16},
+        "--max-num-batched-tokens 128 with 512-token unique prompts from 4 clients on a 16-sequence server: a prompt "
+        "needs 4+ steps of the whole budget, so one request prefills at a time and the others wait with 15 slots "
+        "and the KV cache free. The token budget binds (batching); its fix raises --max-num-batched-tokens (the "
+        "CPU default, 2048, fits several prompts a step), never --max-num-seqs, which is far from binding. Not "
+        "priced on a CPU build: the fix must still help when applied.",
+        verdicts=("batching",), first_fix=("token_budget",), fix_text="--max-num-batched-tokens",
+        must_find=("BAT006",), forbidden_fixes=("batch_more",), applied="default"),
+    Situation(
+        "budget-loose", "default", {"clients": 4, "prompt_words": 512, "max_tokens": 16},
+        "The same load on the default server (2048 tokens a step, larger than a prompt beside the decodes; prefix "
+        "caching on, every prompt unique): 4 of 16 running, nothing holds a request back. The budget must not be "
+        "advised raised, nor the sequence limit; a 0 % prefix-cache hit rate is the workload (unique prompts) with "
+        "the cache on and room in the pool, not a miss (no SRV001).",
+        verdicts=("inconclusive", "idle", "compute"), forbidden=("SRV001", "BAT006", "BAT005"),
+        forbidden_fixes=("token_budget", "batch_more", "prefix_caching")),
+    Situation(
+        "over-length", "kv12", {"clients": 2, "prompt_words": 300, "max_tokens": 16},
+        "Two clients sending 300-token prompts to a server with --max-model-len 256: vLLM refuses each with HTTP 400 "
+        "before it is queued; beside them one client's valid 64-token requests. Most answers are refusals (SRV010), "
+        "not clients giving up (no SRV009); the valid load is one request at a time: under-loaded.",
+        verdicts=("idle", "inconclusive"), must_find=("SRV010",), forbidden=("SRV009",),
+        first_fix=("right_size", "context_length", ""),
+        side_load={"clients": 1, "prompt_words": 64, "max_tokens": 64}),
 )
 
 
@@ -203,7 +232,9 @@ def _nothing() -> Iterator[None]:
 
 def run_window(server: VllmServer, situation: Situation, out: Path) -> Recording:
     load = Load(port=server.port, model=MODEL_NAME, seconds=WARM_S + WINDOW_S + 200, **situation.load)
-    with load:
+    side = Load(port=server.port, model=MODEL_NAME, seconds=WARM_S + WINDOW_S + 200, seed=7, **situation.side_load) \
+        if situation.side_load else None
+    with load, side if side is not None else _nothing():
         time.sleep(WARM_S)
         with busy_cores() if situation.busy_host else _nothing():
             before = (load.done, load.tokens, load.gave_up, time.monotonic())
