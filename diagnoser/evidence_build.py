@@ -50,6 +50,7 @@ def build_evidence(source: Capture | WindowSignals, *, physics: PhysicsCache | N
     for signal in _pooled(capture.series):
         ev.add(signal)
     _derive_memory_fraction(capture, ev)
+    _derive_queue_growth(ev)
     if capture.trace is not None:
         for signal in _trace_signals(capture.trace):
             ev.add(signal)
@@ -91,6 +92,22 @@ def _meta(capture: Capture) -> Meta:
         exited_at_s=capture.process.exited_at_s if capture.process is not None else None,
         notes=tuple(capture.notes),
         unavailable=tuple(capture.unavailable))
+
+
+def _derive_queue_growth(ev: Evidence) -> None:
+    """The waiting gauge's least-squares slope over the window: a queue that grows all window is offered load above
+    what the server serves, whatever its mean."""
+    waiting = ev.get(S.SERVER_WAITING)
+    if waiting is None or len(waiting.times) != waiting.n or waiting.n < 5:
+        return
+    ts, vs = waiting.times, waiting.values
+    span = max(ts) - min(ts)
+    if span < 5.0:
+        return
+    mt, mv = math.fsum(ts) / len(ts), waiting.mean
+    var = math.fsum((t - mt) ** 2 for t in ts)
+    slope = math.fsum((t - mt) * (v - mv) for t, v in zip(ts, vs, strict=True)) / var
+    ev.add(Signal(S.SERVER_WAITING_GROWTH_PER_S, S.SERVER_WAITING_GROWTH_PER_S.unit, waiting.sources, (slope,)))
 
 
 def _derive_energy(capture: Capture, ev: Evidence) -> None:

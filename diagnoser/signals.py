@@ -163,6 +163,11 @@ SERVER_HTTP_REQUESTS_PER_S = _sig(
     "server.http_requests_per_s", "1/s",
     "Inference API requests answered per second by the HTTP layer (vLLM's http_requests_total for /v1/ handlers), "
     "those whose client had gone counted too: against the engine's finished requests it shows the abandoned ones.")
+SERVER_WAITING_GROWTH_PER_S = _sig(
+    "server.waiting_growth_per_s", "1/s",
+    "How fast the queue of waiting requests grew over the window: the least-squares slope of the server's waiting "
+    "gauge against time (derived, needs 5 samples over 5 s). Positive all window: requests arrive faster than the "
+    "server serves them.")
 SERVER_HTTP_REJECTED_PER_S = _sig(
     "server.http_rejected_per_s", "1/s",
     "Inference API requests the HTTP layer answered with a 4xx status per second (vLLM's http_requests_total, status "
@@ -224,6 +229,10 @@ SERVER_SPEC_ACCEPTANCE_RATE = _sig(
 SERVER_SPEC_MEAN_ACCEPT_LEN = _sig(
     "server.spec_mean_accept_len", "tokens",
     "Tokens emitted per verification step, the bonus token included (speculative decoding).")
+SERVER_SPEC_DRAFTS_PER_TOKEN = _sig(
+    "server.spec_drafts_per_token", "ratio",
+    "Speculative drafts proposed per generated token over the window (vLLM spec_decode_num_drafts_total over "
+    "generation_tokens_total): about the share of a sequence's decode steps that carried a draft.")
 SERVER_SPEC_DRAFT_LEN = _sig(
     "server.spec_draft_len", "tokens",
     "Draft tokens proposed per draft (the speculative length k).")

@@ -250,3 +250,67 @@ def test_compare_names_each_changed_knob_with_the_fix_it_applies() -> None:
     c = _pair({}, {"max_num_seqs": 64})
     (ch,) = [ch for ch in c.changes if ch.what == "serving.max_num_seqs"]
     assert ch.before == "128 (default)" and ch.fix is FixKind.STOP_PREEMPTION  # lowered: fewer admitted
+
+
+def test_offered_load_above_capacity_is_its_own_finding() -> None:
+    """Open-loop arrivals at twice what the server serves: the queue grows all window (2 requests a second here)."""
+    grows = {"server.running": 128.0, "server.waiting": [float(i) for i in range(30)], "server.kv_usage": 0.3,
+             "server.requests_per_s": 4.0}
+    d = diagnose(capture(grows))
+    assert "SRV011" in codes(d) and "BAT005" in codes(d)
+    (fix,) = [f for f in d.fixes if "SRV011" in f.rules]
+    assert fix.kind is FixKind.ADMISSION and "--max-num-queued-reqs" in fix.action
+    srv11 = next(f for f in d.findings if f.code == "SRV011")
+    assert "2.00 requests a second" in srv11.message
+    # The neighbour: a steady queue of the same mean is a limit that binds, not arrivals outrunning service.
+    d = diagnose(capture({**grows, "server.waiting": 14.5}))
+    assert "SRV011" not in codes(d) and "BAT005" in codes(d)
+
+
+def test_the_engines_environment_sets_a_knob(tmp_path: Any) -> None:
+    """VLLM_CPU_KVCACHE_SPACE read from a real process's environment: the KV pool's bytes knob in force."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from diagnoser.collectors.target import _with_environment
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={"VLLM_CPU_KVCACHE_SPACE": "3", "PATH": "/usr/bin:/bin"})
+    try:
+        serving = _with_environment(ServingConfig(engine="vllm"), psutil.Process(proc.pid))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert serving.extra["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    s = setting(vllm.KV_CACHE_MEMORY_BYTES, serving, (0, 32, 0), Platform(cpu=True))
+    assert s.value == 3 * (1 << 30) and not s.is_default
+
+
+def test_speculation_that_rarely_drafts_is_not_sized_as_if_every_step_verified_a_draft() -> None:
+    """ngram speculation that drafted 56 tokens (about 19 drafts of 3) in about 12,500 generated: the acceptance
+    formula ('0.77x plain decoding, up to +30 %') described steps that never happened."""
+    d = diagnose(capture({"server.spec_mean_accept_len": [1.6], "server.spec_draft_len": [3.0],
+                          "server.spec_drafts_per_token": [19 / 12500]}))
+    (f,) = [f for f in d.findings if f.code == "SRV005"]
+    assert "0.2% of the generated tokens" in f.message
+    (fix,) = [x for x in d.fixes if "SRV005" in x.rules]
+    assert fix.gain is None and "per-step overhead" in fix.basis
+    # The neighbour: drafts on most steps, as the formula assumes, accepted too rarely: the formula sizes it.
+    d = diagnose(capture({"server.spec_mean_accept_len": [1.1], "server.spec_draft_len": [3.0],
+                          "server.spec_drafts_per_token": [0.5]}))
+    (fix,) = [x for x in d.fixes if "SRV005" in x.rules]
+    assert fix.gain is not None
+
+
+def test_docs_attach_md_lists_every_knob_as_the_table_says() -> None:
+    from pathlib import Path
+
+    from diagnoser.engines.tables import DOC_BEGIN, DOC_END, markdown
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "attach.md").read_text()
+    held = doc[doc.index(DOC_BEGIN):doc.index(DOC_END) + len(DOC_END)] + "\n"
+    assert held == markdown(), "docs/attach.md's knob table is stale: regenerate it with `python -m diagnoser.engines`"
+    for k in vllm.KNOBS:
+        assert f"`{k.flag}`" in held

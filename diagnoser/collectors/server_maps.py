@@ -248,6 +248,11 @@ _VLLM_SIGNALS: dict[str, tuple[Source, ...]] = {
     S.SERVER_SPEC_DRAFT_LEN: (
         WindowRatio((((_V + "spec_decode_num_draft_tokens_total",), (_V + "spec_decode_num_drafts_total",)),)),
     ),
+    # Drafts proposed per generated token over the window: how often a sequence's step carried a draft at all
+    # (ngram speculation proposes one only where the prompt holds a match).
+    S.SERVER_SPEC_DRAFTS_PER_TOKEN: (
+        WindowRatio((((_V + "spec_decode_num_drafts_total",), (_V + "generation_tokens_total",)),)),
+    ),
 }
 _VLLM_HISTOGRAMS = {
     "ttft": Hist((_V + "time_to_first_token_seconds",)),

@@ -47,7 +47,8 @@ class Platform:
 @dataclass(frozen=True)
 class ByPlatform:
     """A default that differs by platform (vLLM's get_batch_defaults for the OpenAI API server): on a CPU build, on
-    a GPU under 70 GiB (or an A100), 70-160 GiB, and 160 GiB or more; `per_rank` multiplies by the world size."""
+    a GPU under 70 GiB (or an A100), 70-160 GiB, and 160 GiB or more; `per_rank` multiplies the CPU build's value by
+    the world size (vLLM does so on CPU only)."""
 
     cpu: Any
     gpu: Any
@@ -66,7 +67,7 @@ class ByPlatform:
             v = self.gpu_70g
         else:
             v = self.gpu
-        return v * p.world_size if self.per_rank and isinstance(v, int) else v
+        return v * p.world_size if self.per_rank and p.cpu and isinstance(v, int) else v
 
 
 @dataclass(frozen=True)

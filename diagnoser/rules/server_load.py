@@ -371,5 +371,55 @@ def _round_up(x: float, step: int) -> int:
     return int(math.ceil(x / step) * step)
 
 
+@rule(
+    code="SRV011",
+    name="offered-load-above-capacity",
+    limiter=Limiter.BATCHING,
+    summary="Requests arrive faster than the server serves them: the queue grows all window.",
+    requires=(S.SERVER_WAITING_GROWTH_PER_S, S.SERVER_WAITING),
+    uses=(S.SERVER_REQUESTS_PER_S,),
+    advisory=True,
+    reads={S.SERVER_WAITING_GROWTH_PER_S: (VALUE,), S.SERVER_WAITING: (MEAN, MAX), S.SERVER_REQUESTS_PER_S: (MEAN,)},
+    thresholds={
+        "growth_share": Threshold(0.10, "queue growth over the served rate at which arrivals outrun service "
+                                  "(a share of the requests served per second)", "ratio"),
+        "growth_min": Threshold(0.2, "queue growth in requests per second below which a trend is noise", "1/s"),
+    },
+    page=Page(
+        detects="The waiting queue growing all window (least-squares slope of the waiting gauge) by at least "
+        "{growth_min} requests a second and by at least {growth_share} of the requests served per second: "
+        "arrivals outrun service, an open loop above capacity. Advisory: it qualifies the verdict, never names it.",
+        why="A server serves at most its capacity; offered load above it does not raise throughput, it queues. "
+        "The queue, and every request's wait, grows for as long as the overload lasts, whatever knob binds inside "
+        "the server: a knob that binds raises capacity only as far as the device allows.",
+        fixes="Capacity or admission control, not a scheduler knob: add replicas or GPUs for the offered load, or "
+        "bound the queue (vLLM --max-num-queued-reqs answers 503 beyond it, so a load balancer retries elsewhere) "
+        "and shed load early. Fix the limiter the verdict names too, for the capacity it gives. No gain predicted.",
+        sources="Little's law and queueing stability (arrival rate above service rate: the queue grows without "
+        "bound); vLLM 0.32 SchedulerConfig.max_num_queued_reqs; Google SRE book, 'Handling Overload'.",
+    ),
+)
+def offered_load_above_capacity(c: Check) -> Finding | None:
+    growth, waiting = c.req(S.SERVER_WAITING_GROWTH_PER_S), c.req(S.SERVER_WAITING)
+    served = c.opt(S.SERVER_REQUESTS_PER_S)
+    rate = served.mean if served is not None else 0.0
+    bar = max(c.t["growth_min"], c.t["growth_share"] * rate)
+    if growth.value < bar:
+        return None
+    c.cite(growth, "value", ">=", round(bar, 4))
+    c.cite(waiting, "max")
+    if served is not None:
+        c.cite(served, "mean")
+    queued = c.knob("max_num_queued_reqs")
+    bound = " (vLLM --max-num-queued-reqs answers 503 beyond it)" if queued is not None else ""
+    c.fix(FixKind.ADMISSION, "Add capacity or bound the queue", "The offered load is above what this server serves: "
+          f"add replicas or GPUs for it, or bound the queue{bound} and shed load early.",
+          Gain(None, f"the queue grows {growth.value:.2f} requests a second: no knob serves more than the device "
+               "allows", benefit=Benefit.CAPACITY))
+    served_text = f" against {rate:.2f} served" if served is not None else ""
+    return c.finding(0.6, f"The queue grows by {growth.value:.2f} requests a second all window (up to "
+                     f"{waiting.max:.0f} waiting){served_text}: requests arrive faster than the server serves them.")
+
+
 RULES = (batch_pinned_at_limit, token_budget_binds, server_under_loaded, clients_give_up, requests_refused,
-         host_cpu_taken)
+         offered_load_above_capacity, host_cpu_taken)

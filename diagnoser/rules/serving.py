@@ -430,17 +430,22 @@ def _spec_speedup(alpha: float, k: int, cost: float) -> float:
     limiter=Limiter.COMPUTE,
     summary="Speculative decoding's accepted tokens do not pay for the drafting, or a shorter draft would pay more.",
     requires=(AnyOf(S.SERVER_SPEC_MEAN_ACCEPT_LEN, S.SERVER_SPEC_ACCEPTANCE_RATE),),
-    uses=(S.SERVER_SPEC_DRAFT_LEN,),
+    uses=(S.SERVER_SPEC_DRAFT_LEN, S.SERVER_SPEC_DRAFTS_PER_TOKEN),
     reads={S.SERVER_SPEC_MEAN_ACCEPT_LEN: (VALUE,), S.SERVER_SPEC_ACCEPTANCE_RATE: (VALUE,), S.SERVER_SPEC_DRAFT_LEN:
-           (VALUE,)},
+           (VALUE,), S.SERVER_SPEC_DRAFTS_PER_TOKEN: (VALUE,)},
     thresholds={
         "draft_cost": Threshold(0.10, "cost of one draft token as a share of a target-model step (EAGLE-style "
                                 "heads ~0.05-0.1; a separate draft model ~ its size over the target's)"),
         "tune_gain": Threshold(1.10, "speed-up of the best draft length over the current one that is worth a "
                                "change"),
+        "draft_share_min": Threshold(0.20, "drafts per generated token below which most steps carry no draft: the "
+                                     "acceptance formula does not describe the window"),
     },
     page=Page(
-        detects="Speculative decoding whose measured tokens per verification step, against the draft's cost, "
+        detects="Speculative decoding that drafts on under {draft_share_min} of the generated tokens' steps (vLLM "
+        "drafts over generation tokens: ngram speculation with no match in the prompt proposes nothing), whose "
+        "cost is then the speculative path on every step and whose gain is at most the few accepted tokens; or "
+        "speculative decoding whose measured tokens per verification step, against the draft's cost, "
         "give no speed-up over plain decoding (drop it), or a draft length whose acceptance falls so fast that a "
         "shorter draft is at least {tune_gain}x as fast (tune it), with a draft token costing {draft_cost} of a "
         "target step. Acceptance and draft length come from the engine's "
@@ -460,6 +465,9 @@ def _spec_speedup(alpha: float, k: int, cost: float) -> float:
 def speculative_decoding_not_paying(c: Check) -> Finding | None:
     length, rate, k_sig = (c.opt(S.SERVER_SPEC_MEAN_ACCEPT_LEN), c.opt(S.SERVER_SPEC_ACCEPTANCE_RATE),
                            c.opt(S.SERVER_SPEC_DRAFT_LEN))
+    drafts = c.opt(S.SERVER_SPEC_DRAFTS_PER_TOKEN)
+    if drafts is not None and _value(drafts) < c.t["draft_share_min"]:
+        return _rarely_drafting(c, drafts, length)
     cost = c.t["draft_cost"]
     k = round(_value(k_sig)) if k_sig is not None and _value(k_sig) >= 1 else None
     if length is not None and k is not None:
@@ -496,6 +504,24 @@ def speculative_decoding_not_paying(c: Check) -> Finding | None:
         return c.finding(0.4, f"Speculative decoding accepts {_value(rate):.0%} of drafted tokens: a {best_k}-token "  # type: ignore[arg-type]
                          f"draft would beat the current {k} ({best:.2f}x vs {formula_now:.2f}x plain decoding).")
     return None
+
+
+def _rarely_drafting(c: Check, drafts: Signal, length: Signal | None) -> Finding:
+    """Speculation that proposes a draft on few steps: every step pays the speculative path, few gain from it. What
+    it could save is bounded by the accepted tokens; what it costs per step is not in the engine's counters."""
+    share = _value(drafts)
+    accepted = share * max(0.0, _value(length) - 1.0) if length is not None else None
+    c.cite(drafts, "value", "<", c.t["draft_share_min"])
+    if length is not None:
+        c.cite(length, "value")
+    saved = f"; the accepted drafts saved at most {accepted:.1%} of the steps" if accepted is not None else ""
+    c.fix(FixKind.SPEC_DECODE, "Turn speculative decoding off", "Serve without --speculative-config (SGLang: no "
+          f"--speculative-algorithm): it proposed a draft for {share:.1%} of the generated tokens, so nearly every "
+          "step pays the speculative path for nothing.",
+          Gain.unknown(f"drafts on {share:.1%} of the steps{saved}: the cost is the speculative path's per-step "
+                       "overhead, which the engine's counters do not measure (compare the step time without it)"))
+    return c.finding(0.5, f"Speculative decoding proposed a draft for only {share:.1%} of the generated tokens: "
+                     "nearly every step pays for a speculative path that rarely drafts.")
 
 
 @rule(
