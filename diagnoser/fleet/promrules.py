@@ -41,7 +41,14 @@ from dataclasses import dataclass
 
 from diagnoser import signals as S
 from diagnoser.characterise import COUNTER_DRAM_MIN, COUNTER_TENSOR_BUSY, COUNTER_TENSOR_IDLE
-from diagnoser.collectors.dcgm import CLOCK_EVENT_POWER, CLOCK_EVENT_THERMAL, FIELDS_BY_KEY
+from diagnoser.collectors.dcgm import (
+    CLOCK_EVENT_POWER,
+    CLOCK_EVENT_THERMAL,
+    FIELDS_BY_KEY,
+    NAMESPACE_LABELS,
+    NODE_LABELS,
+    POD_LABELS,
+)
 from diagnoser.collectors.dcgm_stats import FLEET_SIGNALS
 from diagnoser.collectors.prom_stats import (
     FALLBACK,
@@ -57,7 +64,7 @@ from diagnoser.collectors.prom_stats import (
 from diagnoser.collectors.prometheus_source import bits_expr
 from diagnoser.diagnosis import Limiter, Regime
 from diagnoser.errors import InputError
-from diagnoser.rules import RuleSet, default_rules
+from diagnoser.rules import Rule, RuleSet, default_rules
 from diagnoser.rules.formula import Formula, Named
 from diagnoser.rules.load import BUSY
 
@@ -76,6 +83,22 @@ ALERTS: dict[str, tuple[str, str, str]] = {
     Limiter.LATENCY.value: ("GpuKernelBound", "info", "is busy far below its roofs: its kernels are the gap"),
     Limiter.VRAM.value: ("GpuMemoryFull", "info", "has its device memory nearly full"),
 }
+
+# Where an alert's runbook is: each rule's page in docs/rules.md (`diagnoser rules --markdown`), by the anchor of its
+# heading; `--runbook-url-prefix` points the links at wherever the operator serves that page.
+RUNBOOK_PREFIX = "docs/rules.md"
+# The identity labels an alert carries beside its GPU's key: where the GPU is and what it serves, for the summary.
+ALERT_LABELS = ("gpu", "modelName", *NODE_LABELS[:-1], *POD_LABELS, *NAMESPACE_LABELS)
+
+
+def runbook_anchor(rule: Rule) -> str:
+    """The anchor of a rule's heading in docs/rules.md (`## CODE name`), as GitHub and most Markdown renderers spell
+    it: lower case, spaces as hyphens, other punctuation dropped."""
+    return re.sub(r"[^a-z0-9 _-]", "", f"{rule.code} {rule.name}".lower()).replace(" ", "-")
+
+
+def runbook_url(rule: Rule, prefix: str = RUNBOOK_PREFIX) -> str:
+    return f"{prefix.rstrip('#')}#{runbook_anchor(rule)}"
 
 
 def _names(field_key: str) -> list[str]:
@@ -346,6 +369,11 @@ def _held_expr(q: _Compiler, reason: str) -> str:
 def finding_exprs(window_s: float, shard: Shard, ruleset: RuleSet) -> tuple[dict[str, str], dict[str, str]]:
     """Each rule's PromQL, compiled from its formula (`@rule(fleet=...)`): the series of the GPUs where it fires,
     valued at its strength; and the parts they read, recorded once (name -> expression, in order)."""
+    q, found = _compiled(window_s, shard, ruleset)
+    return found, q.recorded
+
+
+def _compiled(window_s: float, shard: Shard, ruleset: RuleSet) -> tuple[_Compiler, dict[str, str]]:
     q = _Compiler(window_s, shard, ruleset)
     readers = Counter(name for rule in ruleset.rules if rule.fleet is not None
                       for name in {f.name for f in rule.fleet.walk() if isinstance(f, Named)})
@@ -357,7 +385,24 @@ def finding_exprs(window_s: float, shard: Shard, ruleset: RuleSet) -> tuple[dict
             expr = q.finding(rule.code, rule.fleet)
             if expr is not None:
                 found[rule.code] = expr
-    return found, q.recorded
+    return q, found
+
+
+class PartCompiler:
+    """A part of a rule's formula (a statistic it compares with a threshold, say) in PromQL over the series the
+    unsharded findings group records, for a dashboard to plot what a finding read: compiled by the same compiler, after
+    every finding, so a part reads only what the group records (one that would need a series of its own is refused)."""
+
+    def __init__(self, window_s: float, ruleset: RuleSet) -> None:
+        self._q, self.findings = _compiled(window_s, Shard(1, 1), ruleset)
+        self.recorded = dict(self._q.recorded)
+
+    def promql(self, code: str, part: Formula) -> str | None:
+        self._q.code = code
+        expr = part.promql(self._q)
+        if self._q.recorded != self.recorded:
+            raise ValueError(f"a part of rule {code}'s formula reads a series the rule group does not record")
+        return expr
 
 
 def finding_promql(code: str, ruleset: RuleSet, window_s: float = 3600) -> str | None:
@@ -366,7 +411,8 @@ def finding_promql(code: str, ruleset: RuleSet, window_s: float = 3600) -> str |
     return finding_exprs(window_s, Shard(1, 1), ruleset)[0].get(code)
 
 
-def findings_rules(window_s: float, shard: Shard, ruleset: RuleSet) -> list[dict[str, object]]:
+def findings_rules(window_s: float, shard: Shard, ruleset: RuleSet, runbook_prefix: str = RUNBOOK_PREFIX
+                   ) -> list[dict[str, object]]:
     """The parts the findings read, one recording rule per finding (its rule and limiter as the rule's labels), the
     primary limiter, the count per limiter and the alerts: every rule reads recorded series only."""
     w = duration(window_s)
@@ -395,25 +441,52 @@ def findings_rules(window_s: float, shard: Shard, ruleset: RuleSet) -> list[dict
     out += _labelled([{"record": limiter, "expr": f"({primary}) * 0 + 1"},
                       {"record": f"limiter:diagnoser_gpus:count_{w}",
                        "expr": f"count by (limiter) ({r.of(limiter)})"}], shard.labels)
-    out += _alerts(w, limiter, r, shard)
+    out += _alerts(window_s, limiter, finding, r, shard, ruleset, list(exprs), runbook_prefix)
     return out
 
 
-def _alerts(w: str, limiter: str, r: _Read, shard: Shard) -> list[dict[str, object]]:
+def _alerts(window_s: float, limiter: str, finding: str, r: _Read, shard: Shard, ruleset: RuleSet,
+            codes: list[str], runbook_prefix: str) -> list[dict[str, object]]:
+    """One alert per limiter worth one, valued at the strength of the finding that named it, with the GPU's identity
+    labels (node, pod, model) for the summary; its runbook is that rule's page."""
     out: list[dict[str, object]] = []
+    k, w = KEY_LABELS, duration(window_s)
+    identity = f"(topk by ({k}) (1, {r.of(identity_record_name(window_s))}) * 0 + 1)"
+    uuid = "{{ or $labels.UUID $labels.uuid }}{{ with $labels.GPU_I_ID }} (MIG instance {{ . }}){{ end }}"
+    where = ("{{ with or $labels.Hostname $labels.hostname $labels.node $labels.kubernetes_node }} on {{ . }}{{ end }}"
+             "{{ with or $labels.exported_pod $labels.pod $labels.pod_name }} (pod {{ . }}){{ end }}")
     for value, (name, severity, what) in ALERTS.items():
+        named = [rule for rule in (ruleset.get(code) for code in codes) if rule is not None
+                 and rule.limiter.value == value]
+        if not named:
+            continue  # no rule of the group names this limiter
+        expr = (f"({r.of(finding)} and on ({k}, rule) {r.of(limiter, f'limiter={json.dumps(value)}')})"
+                f"\n  * on ({k}) group_left ({', '.join(ALERT_LABELS)})\n{identity}")
         out.append({
-            "alert": name, "expr": r.of(limiter, f"limiter={json.dumps(value)}"), "for": w,
+            "alert": name, "expr": expr, "for": w,
             "labels": {"severity": severity, **shard.labels},
             "annotations": {
-                "summary": f"GPU {{{{ $labels.UUID }}}}{{{{ $labels.uuid }}}} {what} ({{{{ $labels.rule }}}}, "
-                           f"over {w})",
-                "description": "Diagnose it: diagnoser dcgm --prometheus <this Prometheus> --uuid "
-                               "{{ $labels.UUID }}{{ $labels.uuid }} --since " + w
-                               + "; the fleet: diagnoser fleet --since " + w + ".",
+                "summary": f"GPU {uuid}{where} {what} ({{{{ $labels.rule }}}}, over {w})",
+                "description": ("{{ with $labels.modelName }}A {{ . }}: {{ end }}"
+                                + _by_rule({rule.code: rule.summary for rule in named})
+                                + " The finding's strength is {{ $value | printf \"%.2f\" }}. Diagnose it: "
+                                  "diagnoser dcgm --prometheus <this Prometheus> --uuid "
+                                  f"{{{{ or $labels.UUID $labels.uuid }}}} --since {w}; the fleet: diagnoser fleet "
+                                  f"--since {w}. The rule's page says why it matters and how to fix it."),
+                "runbook_url": _by_rule({rule.code: runbook_url(rule, runbook_prefix) for rule in named}),
             },
         })
     return out
+
+
+def _by_rule(values: Mapping[str, str]) -> str:
+    """A Go template that is the value of the alert's rule (the first rule's when the label names none of them)."""
+    if len(values) == 1:
+        return next(iter(values.values()))
+    items = list(values.items())
+    text = "".join(f"{{{{ {'if' if i == 0 else 'else if'} eq $labels.rule {json.dumps(code)} }}}}{value}"
+                   for i, (code, value) in enumerate(items[1:]))
+    return text + f"{{{{ else }}}}{items[0][1]}{{{{ end }}}}"
 
 
 @dataclass(frozen=True)
@@ -424,7 +497,7 @@ class Group:
 
 
 def build_groups(window_s: float, *, interval: str = "1m", rules: RuleSet | None = None, shard_count: int = 1,
-                 shard_by: str = "gpu") -> list[Group]:
+                 shard_by: str = "gpu", runbook_prefix: str = RUNBOOK_PREFIX) -> list[Group]:
     """The rule groups, with the thresholds in force in `rules` (the shipped ones by default): for each shard a
     statistics group (the passes over the samples) and a findings group (arithmetic on what the statistics group
     recorded), which the engine evaluates side by side."""
@@ -433,7 +506,8 @@ def build_groups(window_s: float, *, interval: str = "1m", rules: RuleSet | None
     groups: list[Group] = []
     for shard in shards(shard_count, shard_by):
         groups.append(Group(f"diagnoser-gpu-{w}-statistics{shard.suffix}", interval, statistics_rules(window_s, shard)))
-        groups.append(Group(f"diagnoser-gpu-{w}{shard.suffix}", interval, findings_rules(window_s, shard, ruleset)))
+        groups.append(Group(f"diagnoser-gpu-{w}{shard.suffix}", interval,
+                            findings_rules(window_s, shard, ruleset, runbook_prefix)))
     return groups
 
 
@@ -443,14 +517,15 @@ def build_rules(window_s: float, *, rules: RuleSet | None = None) -> list[dict[s
 
 
 def rule_group_yaml(window_s: float, *, interval: str = "1m", rules: RuleSet | None = None, shard_count: int = 1,
-                    shard_by: str = "gpu") -> str:
+                    shard_by: str = "gpu", runbook_prefix: str = RUNBOOK_PREFIX) -> str:
     """The rule groups as a Prometheus rule file (YAML; strings JSON-quoted, expressions as literal blocks)."""
     w = duration(window_s)
     lines = ["# diagnoser: per-GPU window statistics, findings and limiters over " + w + " windows (generated by",
              "# `diagnoser rules --prometheus-rules`). Load it into Prometheus (rule_files), Thanos Ruler, Mimir's",
              "# ruler or vmalert. `diagnoser fleet --since " + w + "` reads the recorded statistics when present.",
              "groups:"]
-    for group in build_groups(window_s, interval=interval, rules=rules, shard_count=shard_count, shard_by=shard_by):
+    for group in build_groups(window_s, interval=interval, rules=rules, shard_count=shard_count, shard_by=shard_by,
+                              runbook_prefix=runbook_prefix):
         lines += [f"  - name: {json.dumps(group.name)}", f"    interval: {group.interval}", "    rules:"]
         lines += [line for rule in group.rules for line in _rule_yaml(rule)]
     return "\n".join(lines) + "\n"
@@ -487,7 +562,7 @@ def default_interval(window_s: float) -> str:
 
 
 def prometheus_rules_text(window: str, interval: str | None, rules: RuleSet | None = None, *, shard_count: int = 1,
-                          shard_by: str = "gpu") -> str:
+                          shard_by: str = "gpu", runbook_prefix: str = RUNBOOK_PREFIX) -> str:
     """`diagnoser rules --prometheus-rules`: the options checked, then the YAML with the thresholds in force;
     `interval` None: the window's default."""
     from diagnoser.units import parse_duration
@@ -503,9 +578,19 @@ def prometheus_rules_text(window: str, interval: str | None, rules: RuleSet | No
         raise InputError(f"--shards wants a number from 1 to {MAX_SHARDS}, not {shard_count}.")
     if not _LABEL_NAME.match(shard_by):
         raise InputError(f"--shard-by wants a label name such as gpu or Hostname, not '{shard_by}'.")
-    return rule_group_yaml(window_s, interval=interval, rules=rules, shard_count=shard_count, shard_by=shard_by)
+    check_runbook_prefix(runbook_prefix)
+    return rule_group_yaml(window_s, interval=interval, rules=rules, shard_count=shard_count, shard_by=shard_by,
+                           runbook_prefix=runbook_prefix)
 
 
-__all__ = ["ALERTS", "EVALUATIONS_PER_WINDOW", "MAX_SHARDS", "SHARD_LABEL", "Group", "Shard", "build_groups",
-           "build_rules", "default_interval", "finding_promql", "prometheus_rules_text", "rule_group_yaml", "shards",
+def check_runbook_prefix(prefix: str) -> None:
+    """A prefix goes into YAML and Go templates as it is: no spaces, quotes, braces or fragment of its own."""
+    if not prefix or re.search(r"[\s\"'{}#<>`\\]", prefix):
+        raise InputError(f"--runbook-url-prefix wants the URL of docs/rules.md (no spaces, quotes, braces or '#'), "
+                         f"not {prefix!r}.")
+
+
+__all__ = ["ALERTS", "ALERT_LABELS", "EVALUATIONS_PER_WINDOW", "MAX_SHARDS", "RUNBOOK_PREFIX", "SHARD_LABEL", "Group",
+           "PartCompiler", "Shard", "build_groups", "build_rules", "check_runbook_prefix", "default_interval",
+           "finding_promql", "prometheus_rules_text", "rule_group_yaml", "runbook_anchor", "runbook_url", "shards",
            "spec_clock_expr"]
