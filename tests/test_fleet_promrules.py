@@ -29,6 +29,7 @@ from tests.prom_harness import (
     REPO,
     ExporterProcess,
     PrometheusServer,
+    ScrapeTarget,
     find_prometheus,
     legacy_fleet,
     node_targets,
@@ -60,25 +61,95 @@ def test_rule_group_passes_promtool(tmp_path: Path) -> None:
         assert check.returncode == 0, check.stdout + check.stderr
         assert "SUCCESS" in check.stdout
     assert ">= 0.45" in r.stdout  # the override reaches the PromQL, as it reaches the Python rule
+    _assert_runbooks(r.stdout, "docs/rules.md")
+    # A prefix of the user's: the links point there, and the file still passes.
+    prefix = "https://runbooks.example.com/diagnoser/docs/rules.md"
+    r = cli("rules", "--prometheus-rules", "--runbook-url-prefix", prefix)
+    assert r.returncode == 0, r.stderr
+    path.write_text(r.stdout)
+    check = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
+    _assert_runbooks(r.stdout, prefix)
     for bad, fragment in ((("--window", "1s", "--interval", "1s"), "two evaluation intervals"),
                           (("--interval", "soon"), "--interval wants"), (("--window", "x"), "--window"),
-                          (("--shards", "0"), "--shards wants"), (("--shards", "2", "--shard-by", "a-b"), "--shard-by")):
+                          (("--shards", "0"), "--shards wants"), (("--shards", "2", "--shard-by", "a-b"), "--shard-by"),
+                          (("--runbook-url-prefix", "https://x/rules.md#top"), "--runbook-url-prefix wants"),
+                          (("--runbook-url-prefix", 'x" y'), "--runbook-url-prefix wants")):
         r = cli("rules", "--prometheus-rules", *bad)
         assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr
+
+
+def docs_anchors() -> set[str]:
+    """The anchors of docs/rules.md's headings as GitHub writes them: lower case, punctuation but hyphens and
+    underscores dropped, spaces as hyphens."""
+    return {re.sub(r"[^a-z0-9 _-]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in (REPO / "docs" / "rules.md").read_text().splitlines() if line.startswith("#")}
+
+
+def _assert_runbooks(text: str, prefix: str) -> None:
+    """Every alert links its rule's page (a heading of docs/rules.md) and says what and where from its labels."""
+    import yaml
+
+    alerts = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "alert" in r]
+    anchors = docs_anchors()
+    assert {a["alert"] for a in alerts} == {name for name, _, _ in ALERTS.values()}
+    rules = default_rules()
+    for alert in alerts:
+        notes = alert["annotations"]
+        limiter = next(v for v, (name, _, _) in ALERTS.items() if name == alert["alert"])
+        named = {r.code for r in rules.rules if r.fleet is not None and r.limiter.value == limiter}
+        # One link per rule that can name the alert's limiter, chosen by its `rule` label (a Go template when two
+        # rules can), each to a heading of docs/rules.md.
+        links = re.findall(re.escape(prefix) + r"#([a-z0-9_-]+)", notes["runbook_url"])
+        assert links and set(links) <= anchors, (alert["alert"], notes["runbook_url"], sorted(anchors)[:5])
+        assert sorted(a.split("-", 1)[0].upper() for a in links) == sorted(named), (alert["alert"], links)
+        rest = re.sub(re.escape(prefix) + r"#[a-z0-9_-]+", "", notes["runbook_url"])
+        assert rest == "" if len(links) == 1 else rest.startswith("{{ if eq $labels.rule "), notes["runbook_url"]
+        assert "{{ or $labels.UUID $labels.uuid }}" in notes["summary"] and "$labels.Hostname" in notes["summary"]
+        assert "{{ $value" in notes["description"] and "$labels.modelName" in notes["description"]
 
 
 @pytest.mark.skipif(shutil.which("vmalert") is None,
                     reason="vmalert is not installed (Debian's victoria-metrics has it)")
 def test_rule_group_loads_in_vmalert(tmp_path: Path) -> None:
     path = tmp_path / "rules.yml"
-    path.write_text(rule_group_yaml(3600))
-    r = subprocess.run(["vmalert", f"-rule={path}", "-dryRun"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for text in (rule_group_yaml(3600), rule_group_yaml(3600, runbook_prefix="https://wiki.example/gpu/rules.md"),
+                 rule_group_yaml(3600, shard_count=3, shard_by="Hostname")):
+        path.write_text(text)
+        r = subprocess.run(["vmalert", f"-rule={path}", "-dryRun"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+AGENT_INSTANCE = "agent-0000"
 
 
 @pytest.fixture(scope="module")
-def ruled(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """The planted fleets scraped by a Prometheus that evaluates the rule group every second over 15 s windows."""
+def agent_endpoint():  # type: ignore[no-untyped-def]
+    """A real agent metrics endpoint (agent/metrics.py's MetricsServer) holding what two targets' runs left: one
+    verdict with its first fix and a source it could not read, one run that failed."""
+    from diagnoser.agent.history import RunRecord
+    from diagnoser.agent.metrics import AgentMetrics, MetricsServer
+
+    metrics = AgentMetrics()
+    now = time.time()
+    metrics.record_run(RunRecord(target="vllm:8000", started_at=now - 40, finished_at=now - 10, status="ok",
+                                 verdict="memory_bandwidth", confidence=0.82, efficiency=0.61, top_fix="FP8 weights",
+                                 top_fix_rule="BW001", top_fix_gain=1.7, gpu="0", pod="bandwidth-server-00001-7f9c",
+                                 problems=["server: connection refused"]))
+    metrics.record_run(RunRecord(target="sglang:30000", started_at=now - 40, finished_at=now - 5, status="timeout",
+                                 error="the window did not end", gpu="1", pod="idle-server-00004-7f9c"))
+    metrics.record_cycle(now - 5, 35.0)
+    server = MetricsServer(metrics, "127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def ruled(tmp_path_factory, agent_endpoint):  # type: ignore[no-untyped-def]
+    """The planted fleets scraped by a Prometheus that evaluates the rule group every second over 15 s windows, and
+    a real agent's metrics endpoint scraped beside them."""
     if find_prometheus() is None:
         pytest.skip(NO_PROMETHEUS)
     workdir = tmp_path_factory.mktemp("ruled")
@@ -92,7 +163,9 @@ def ruled(tmp_path_factory):  # type: ignore[no-untyped-def]
     try:
         for e in exporters:
             e.start()
-        prom = PrometheusServer(workdir, [t for e in exporters for t in node_targets(e)], rule_files=[rules, sharded]).start()
+        agent = ScrapeTarget(f"127.0.0.1:{agent_endpoint.port}", "/metrics", AGENT_INSTANCE)
+        prom = PrometheusServer(workdir, [t for e in exporters for t in node_targets(e)] + [agent],
+                                rule_files=[rules, sharded]).start()
         gpus = [g for e in exporters for g in e.fleet.gpus]
         # Every GPU classified over a full window (the first evaluations see a window only partly filled).
         poll(lambda: prom.query("min(count_over_time(DCGM_FI_DEV_FB_USED[1h]))") and
@@ -250,6 +323,29 @@ def test_alerts_for_the_limiters_that_call_for_action(ruled) -> None:  # type: i
     errors = {g.uuid for g in gpus if g.profile == "xid"}
     poll(lambda: throttled <= alerting().get(ALERTS["throttling"][0], set()), 60, "the throttling alerts")
     found = alerting()
+    # Each alert carries its GPU's node, pod and model and is valued at its finding's strength (as the description
+    # says; THR001's is 0.5-0.9), its summary filled from them, its runbook its rule's page.
+    from tests.prom_harness import _get
+
+    active = [a for a in json.loads(_get(f"{prom.url}/api/v1/alerts", 30))["data"]["alerts"]
+              if a["labels"]["alertname"] == ALERTS["throttling"][0]]
+    assert active
+    for a in active:
+        labels = a["labels"]
+        node = labels.get("Hostname") or labels.get("hostname")
+        assert labels["rule"] == "THR001" and node and labels.get("modelName"), labels
+        assert 0.5 <= float(a["value"]) <= 0.9, a["value"]
+        uuid = labels.get("UUID") or labels.get("uuid")
+        assert a["annotations"]["summary"].startswith(f"GPU {uuid}") and f" on {node}" in a["annotations"]["summary"]
+        assert f"strength is {float(a['value']):.2f}" in a["annotations"]["description"]
+        assert a["annotations"]["runbook_url"] == "docs/rules.md#thr001-clocks-throttled"
+    # Two rules name the kernel-bound limiter: each alert's link is its own rule's page.
+    kernel = poll(lambda: [a for a in json.loads(_get(f"{prom.url}/api/v1/alerts", 30))["data"]["alerts"]
+                           if a["labels"]["alertname"] == ALERTS["latency"][0]], 60, "the kernel-bound alerts")
+    for a in kernel:  # type: ignore[attr-defined]
+        code = a["labels"]["rule"]
+        assert code in ("LAT001", "LAT002") and a["annotations"]["runbook_url"].startswith(
+            f"docs/rules.md#{code.lower()}-"), a
     assert errors <= found[ALERTS["errors"][0]]
     idle = {g.uuid for g in gpus if g.profile == "idle"}
     assert idle <= found[ALERTS["idle"][0]]
@@ -287,3 +383,118 @@ def test_a_lost_statistic_is_asked_again_and_a_loss_is_partial_in_the_exit_code(
     result = CliRunner().invoke(app, ["fleet", "--prometheus", prom.url, "--since", "15s", "--json"])
     assert result.exit_code == 4, result.output
     assert "partial result" in result.stderr and json.loads(result.stdout)["lost"] == ["sm_active"]
+
+
+# --- the Grafana dashboard's queries (fleet/dashboard.py) on the same Prometheus -----------------------------------
+
+
+def _grafana(expr: str, **values: str) -> str:
+    """A query as Grafana sends it: each variable replaced by its value (All: `.*`), the rate interval by a minute."""
+    expr = expr.replace("$__rate_interval", "1m")
+    for name in ("node", "pod", "model", "gpu"):
+        expr = expr.replace(f"${name}", values.get(name, ".*"))
+    assert "$" not in expr.replace('"$1"', ""), expr
+    return expr
+
+
+def _range(prom, expr: str, seconds: float = 120, step: str = "1s") -> list[dict]:  # type: ignore[no-untyped-def,type-arg]
+    import urllib.parse
+
+    from tests.prom_harness import _get
+
+    end = time.time()
+    params = urllib.parse.urlencode({"query": expr, "start": f"{end - seconds:.3f}", "end": f"{end:.3f}",
+                                     "step": step})
+    answer = json.loads(_get(f"{prom.url}/api/v1/query_range?{params}", 60))
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def _variable_values(prom, variable: dict, **values: str) -> list[str]:  # type: ignore[no-untyped-def,type-arg]
+    """What Grafana lists for a query variable: label_values(expr, label), or query_result(expr) through the regex
+    (each series written as Grafana writes it, `name{label="value",...}`)."""
+    definition = variable["definition"]
+    found = re.fullmatch(r"label_values\((.*), (\w+)\)", definition, re.S)
+    if found:
+        expr, label = found.groups()
+        return sorted({s["metric"][label] for s in prom.query(_grafana(expr, **values)) if label in s["metric"]})
+    found = re.fullmatch(r"query_result\((.*)\)", definition, re.S)
+    assert found, definition
+    regex = re.compile(variable["regex"].strip("/"))
+    out = set()
+    for s in prom.query(_grafana(found.group(1), **values)):
+        labels = ",".join(f'{k}="{v}"' for k, v in s["metric"].items() if k != "__name__")
+        hit = regex.search(f"{s['metric'].get('__name__', '')}{{{labels}}} {s['value'][1]} {s['value'][0]}")
+        if hit:
+            out.add(hit.group(1))
+    return sorted(out)
+
+
+def test_every_dashboard_query_has_data_on_the_test_fleet_and_agent(ruled) -> None:  # type: ignore[no-untyped-def]
+    """deploy/grafana's dashboard, generated for this group's window: every panel's query, every variable's and
+    every annotation's returns series, on the fleet's recorded series and on a real agent's scraped metrics."""
+    from diagnoser.fleet.dashboard import dashboard
+
+    prom, gpus = ruled
+    d = dashboard(15, interval="1s")
+    # The alerts' annotation needs an alert firing: the throttled GPUs' fire once their `for` has passed.
+    poll(lambda: prom.query('ALERTS{alertstate="firing"}'), 90, "a firing alert")
+    empty: list[str] = []
+    row = ""
+    for panel in d["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+            continue
+        for target in panel["targets"]:
+            expr = _grafana(target["expr"])
+            result = prom.query(expr) if target["instant"] else _range(prom, expr)
+            if not result:
+                empty.append(f"{row} / {panel['title']}: {expr[:300]}")
+    for note in d["annotations"]["list"]:
+        if "expr" in note:  # a verdict change: each GPU's first limiter is one, in the hour the fleet has run
+            if not _range(prom, _grafana(note["expr"]), seconds=3600, step=note["step"]):
+                empty.append(f"annotation {note['name']}")
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    for name in ("node", "pod", "model", "gpu"):
+        if not _variable_values(prom, variables[name]):
+            empty.append(f"variable {name}")
+    assert empty == [], "\n".join(empty)
+    # What the panels show is what was planted: the table's rows carry their runbook and first fix, the agent's
+    # verdict is its target's number, the variables list the fleet's nodes, pods and GPUs.
+    table = next(p for p in d["panels"] if p["title"].startswith("The most at stake"))
+    rows = prom.query(_grafana(table["targets"][0]["expr"]))
+    assert all(r["metric"].get("runbook") and r["metric"].get("first_fix") for r in rows)
+    stakes = {r["metric"]["limiter"]: float(r["value"][1]) for r in rows}
+    assert stakes.get("idle") == stakes.get("errors") == 1.0 and 0 < stakes["batching"] < 1, stakes
+    verdicts = next(p for p in d["panels"] if p["title"] == "Verdict per server")
+    number = {s["metric"]["target"]: float(s["value"][1]) for s in prom.query(_grafana(verdicts["targets"][0]["expr"]))}
+    from diagnoser.fleet.dashboard import verdict_numbers
+
+    assert number == {"vllm:8000": verdict_numbers()["memory_bandwidth"]}
+    assert set(_variable_values(prom, variables["node"])) == {g.hostname for g in gpus}
+    assert set(_variable_values(prom, variables["gpu"])) == {g.uuid for g in gpus}
+    assert {g.pod for g in gpus if g.pod} <= set(_variable_values(prom, variables["pod"]))
+
+
+def test_the_dashboards_variables_narrow_its_panels(ruled) -> None:  # type: ignore[no-untyped-def]
+    """A node chosen: its pods and GPUs listed, its GPUs counted; a GPU chosen: the GPU's panels show it alone."""
+    from diagnoser.fleet.dashboard import dashboard
+
+    prom, gpus = ruled
+    d = dashboard(15, interval="1s")
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    node = "node-0005"  # the renamed exporter's node: its label is `hostname`, not `Hostname`
+    on_node = [g for g in gpus if g.hostname == node]
+    assert set(_variable_values(prom, variables["gpu"], node=node)) == {g.uuid for g in on_node}
+    assert set(_variable_values(prom, variables["pod"], node=node)) == {g.pod for g in on_node if g.pod}
+    per_verdict = next(p for p in d["panels"] if p["title"] == "GPUs per verdict")["targets"][0]["expr"]
+    counted = prom.query(_grafana(per_verdict, node=node))
+    assert sum(float(s["value"][1]) for s in counted) == len(on_node)
+    throttled = next(g for g in gpus if g.profile == "throttled" and not g.mig_id)
+    gpu_row = [p for p in d["panels"] if p["type"] != "row" and p["gridPos"]["y"] > 9 and "server" not in p["title"]
+               and not p["title"].startswith(("First fix", "Predicted", "Confidence", "Scrape", "Since", "Sources"))]
+    clock = next(p for p in gpu_row if p["title"].startswith("THR001") and "clock_frac" in p["title"])
+    shown = prom.query(_grafana(clock["targets"][0]["expr"], gpu=throttled.uuid))
+    assert [s["metric"].get("UUID") or s["metric"].get("uuid") for s in shown] == [throttled.uuid]
+    bar = clock["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"]
+    assert float(shown[0]["value"][1]) < bar  # why it is throttled: its clock under the threshold drawn

@@ -92,6 +92,13 @@ def register(app: typer.Typer) -> None:
                                      "character picks a GPU's shard; every series of a GPU must carry the same."),
         rules_config: Path | None = typer.Option(None, "--rules-config", help="TOML file overriding thresholds: the "
                                                  "pages (and --prometheus-rules) use the values in force."),
+        runbook_url_prefix: str = typer.Option("docs/rules.md", "--runbook-url-prefix", help="With "
+                                               "--prometheus-rules or --grafana-dashboard: the URL of docs/rules.md "
+                                               "as your team serves it; each alert's runbook_url is it and the "
+                                               "rule's anchor."),
+        grafana_dashboard: bool = typer.Option(False, "--grafana-dashboard", help="Print the Grafana dashboard "
+                                               "(JSON) of the rule group of --window and the agent's metrics "
+                                               "(deploy/grafana/diagnoser-fleet.json is it for the defaults)."),
     ) -> None:
         """List every rule, or print one rule's page: what it detects, why it matters, how to fix it."""
         rules = default_rules()
@@ -100,8 +107,14 @@ def register(app: typer.Typer) -> None:
         if prometheus_rules:
             from diagnoser.fleet.promrules import prometheus_rules_text
 
-            text = prometheus_rules_text(window, interval, rules, shard_count=shard_count, shard_by=shard_by)
+            text = prometheus_rules_text(window, interval, rules, shard_count=shard_count, shard_by=shard_by,
+                                         runbook_prefix=runbook_url_prefix)
             typer.echo(text, nl=False)
+            return
+        if grafana_dashboard:
+            from diagnoser.fleet.dashboard import grafana_dashboard_text
+
+            typer.echo(grafana_dashboard_text(window, interval, rules, runbook_prefix=runbook_url_prefix), nl=False)
             return
         if markdown:
             typer.echo(rules_markdown(rules))
