@@ -377,9 +377,12 @@ def host_load(before: Outcome, after: Outcome) -> str:
 
 
 BATCH_CHANGE = "running batch (measured)"
-# Fixes whose point is a larger running batch: the batch moving with them is their effect, not a second change.
-# Prefix caching is one: shared prefix blocks are stored once (more sequences fit) and prefill leaves the steps.
-_RAISE_BATCH = frozenset({FixKind.KV_MEMORY, FixKind.FP8_KV, FixKind.BATCH_MORE, FixKind.PREFIX_CACHING})
+# Fixes whose point is to change what runs each step: the batch moving with them is their effect, not a second
+# change. Prefix caching is one: shared prefix blocks are stored once (more sequences fit) and prefill leaves the
+# steps; the token budget and the prefill cap set how much of each prompt a step takes, and so how many requests are
+# prefilling at once.
+_RAISE_BATCH = frozenset({FixKind.KV_MEMORY, FixKind.FP8_KV, FixKind.BATCH_MORE, FixKind.PREFIX_CACHING,
+                          FixKind.TOKEN_BUDGET, FixKind.CAP_PREFILL})
 
 
 def confounders(before: Outcome, after: Outcome, changes: list[Change] | None = None) -> list[str]:

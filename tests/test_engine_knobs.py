@@ -129,6 +129,19 @@ def test_a_tight_token_budget_is_named_not_the_sequence_limit() -> None:
     assert not any(f.kind is FixKind.BATCH_MORE for f in d.fixes), [f.action for f in d.fixes]
 
 
+def test_a_budget_that_chunks_every_prompt_binds_without_a_queue() -> None:
+    """As a real vLLM 0.32 (CPU build) read it with --max-num-batched-tokens 128 and 512-token unique prompts from 4
+    clients: vLLM V1 admits every request and prefills them a chunk a step, so 3-4 run and nothing waits; the time
+    to first token (10.8 s) is half prefill (5.2 s) over 5 steps a prompt. Nothing fired before: no queue."""
+    d = diagnose(capture({"server.running": [2.0, 3.0, 3.0, 3.0, 4.0, 4.0, 3.0, 4.0, 4.0, 4.0],
+                          "server.waiting": [2.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                          "server.ttft_mean_s": [10.76], "server.prefill_time_mean_s": [5.18],
+                          "server.queue_time_mean_s": [2.06], "server.prompt_len_mean": [512.0],
+                          "server.kv_usage": 0.02}, serving={"max_num_batched_tokens": 128, "max_num_seqs": 16}))
+    assert d.verdict == "batching" and codes(d)[0] == "BAT006"
+    assert d.fixes[0].kind is FixKind.TOKEN_BUDGET and "prefills over 5 steps" in d.findings[0].message
+
+
 def test_the_budget_at_a_default_larger_than_every_prompt_is_never_advised() -> None:
     """The same load on vLLM 0.32's CPU default (2048 tokens per step): a 512-token prompt fits in one step."""
     d = diagnose(capture({"server.running": 4.0, "server.waiting": 0.0, "server.ttft_mean_s": [1.2],

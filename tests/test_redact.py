@@ -61,6 +61,10 @@ def test_name_rules() -> None:
     assert is_secret_name("--api-key") and is_secret_name("OPENAI_API_KEY") and is_secret_name("hf_token")
     assert is_secret_name("X-Api-Key") and is_secret_name("--password") and is_secret_name("AWS_SESSION_TOKEN")
     assert not is_secret_name("--max-num-batched-tokens") and not is_secret_name("--tokenizer")
+    # a quantity named after what it counts: vLLM's long-prefill cap is a number of tokens, not a credential
+    assert not is_secret_name("--long-prefill-token-threshold") and is_secret_name("--token")
+    assert redact("--long-prefill-token-threshold 512 --hf-token hf_x") == \
+        f"--long-prefill-token-threshold 512 --hf-token {MASK}"
     assert not is_secret_name("--port") and not is_secret_name("PATH")
 
 

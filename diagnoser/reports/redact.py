@@ -30,6 +30,10 @@ _SECRET_PARTS = frozenset({
 _SECRET_NAMES = frozenset({"apikey", "accesstoken", "refreshtoken", "idtoken", "authtoken", "hftoken",
                            "xapikey", "xamzsignature", "xamzcredential", "xamzsecuritytoken"})
 
+# A last name part that makes the value a quantity, whatever came before ("token" in vLLM's
+# --long-prefill-token-threshold names what is counted, not a credential).
+_QUANTITY_TAILS = frozenset({"threshold", "limit", "size", "len", "length", "count", "budget", "ratio", "max", "min"})
+
 # Token formats recognisable on their own, wherever they appear.
 _TOKEN_SHAPES = re.compile(
     r"""(?x)
@@ -78,7 +82,7 @@ def _name_parts(name: str) -> list[str]:
 def is_secret_name(name: str) -> bool:
     """Whether a flag, environment variable or parameter name says its value is a secret."""
     parts = _name_parts(name)
-    if not parts:
+    if not parts or parts[-1] in _QUANTITY_TAILS:  # "--long-prefill-token-threshold 512" is a number of tokens
         return False
     if "".join(parts) in _SECRET_NAMES:
         return True

@@ -300,24 +300,26 @@ def requests_refused(c: Check) -> Finding | None:
     code="BAT006",
     name="token-budget-binds",
     limiter=Limiter.BATCHING,
-    summary="The per-step token budget holds prompts back: requests wait while the running batch is below its "
-    "limit and the KV cache has room.",
+    summary="The per-step token budget splits every prompt over several steps: prefill holds requests back while "
+    "the running batch is below its limit and the KV cache has room.",
     requires=(S.SERVER_RUNNING, S.SERVER_WAITING, S.SERVER_PROMPT_LEN_MEAN),
-    uses=(S.SERVER_KV_USAGE,),
+    uses=(S.SERVER_KV_USAGE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_TTFT_MEAN_S),
     reads={S.SERVER_RUNNING: (MEAN, P50,), S.SERVER_WAITING: (MEAN,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,),
-           S.SERVER_KV_USAGE: (P90,)},
+           S.SERVER_KV_USAGE: (P90,), S.SERVER_PREFILL_TIME_MEAN_S: (VALUE,), S.SERVER_TTFT_MEAN_S: (VALUE,)},
     thresholds={
         "waiting_mean": Threshold(1.0, "mean queued requests that show demand the step cannot admit", "requests"),
+        "prefill_share": Threshold(0.3, "prefill time's share of the time to first token at which the chunked "
+                                   "prefill holds requests back (where nothing queues)", "ratio"),
         "below_cap": Threshold(0.9, "running batch (median) under this share of the sequence limit: the sequence "
                                "limit is not what holds the queue", "ratio"),
         "kv_usage_max": Threshold(0.90, "KV use (p90) above which the KV cache holds the queue (VRAM001)", "ratio"),
     },
     page=Page(
-        detects="Requests waiting (mean {waiting_mean} or more) while the running batch's median is under "
-        "{below_cap} of the sequence limit and the KV cache is under {kv_usage_max} used, with the engine's "
-        "per-step token budget (vLLM --max-num-batched-tokens, its default for the engine's version where not set) "
-        "smaller than a mean prompt plus the running decodes: a waiting prompt does not fit in a step beside them, "
-        "so each step prefills one chunk and the others wait.",
+        detects="The engine's per-step token budget (vLLM --max-num-batched-tokens, its default for the engine's "
+        "version where not set) smaller than a mean prompt plus the running decodes, so every prompt is prefilled "
+        "over two or more steps, while it holds requests back: requests waiting (mean {waiting_mean} or more) or "
+        "prefill taking at least {prefill_share} of the time to first token; and neither the sequence limit "
+        "(running median under {below_cap} of it) nor the KV cache (under {kv_usage_max} used) binds.",
         why="Each step the scheduler spends its token budget: one token per decoding sequence, a prompt chunk's "
         "length per prefilling one. A prompt longer than what is left is prefilled over several steps, and while "
         "it is, no other waiting request is admitted: the budget, not the sequence limit or memory, sets the "
@@ -335,23 +337,30 @@ def requests_refused(c: Check) -> Finding | None:
 def token_budget_binds(c: Check) -> Finding | None:
     running, waiting = c.req(S.SERVER_RUNNING), c.req(S.SERVER_WAITING)
     prompt = c.req(S.SERVER_PROMPT_LEN_MEAN)
-    if waiting.mean < c.t["waiting_mean"]:
-        return None
     budget, seqs = c.knob("max_num_batched_tokens"), c.knob("max_num_seqs")
     if budget is None:
         return None  # an engine without a knob table
-    budget = c.limit("max_num_batched_tokens")
+    b, p = c.limit("max_num_batched_tokens").value, prompt.value
+    if b >= p + running.mean:
+        return None  # a whole prompt fits beside the decodes: the budget does not bind
     if seqs is not None and seqs.known and running.p50 >= c.t["below_cap"] * int(seqs.value):
         return None  # the sequence limit holds the queue (BAT005)
     kv = c.opt(S.SERVER_KV_USAGE)
     if kv is not None and kv.p90 >= c.t["kv_usage_max"]:
         return None  # memory holds the queue (VRAM001)
-    b, p = int(budget.value), prompt.value
-    if b >= p + running.mean:
-        return None  # a whole prompt fits beside the decodes: the budget does not bind
-    c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
-    c.cite(running, "p50")
+    prefill, ttft = c.opt(S.SERVER_PREFILL_TIME_MEAN_S), c.opt(S.SERVER_TTFT_MEAN_S)
+    share = min(1.0, prefill.value / ttft.value) if prefill is not None and ttft is not None and ttft.value > 0 \
+        else None
+    queued = waiting.mean >= c.t["waiting_mean"]
+    if not queued and (share is None or share < c.t["prefill_share"]):
+        return None
     c.cite(prompt, "value", ">", round(b - running.mean, 1))
+    c.cite(running, "p50")
+    if queued:
+        c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
+    elif prefill is not None and ttft is not None:
+        c.cite(prefill, "value", ">=", round(c.t["prefill_share"] * ttft.value, 4))
+        c.cite(ttft, "value")
     if kv is not None:
         c.cite(kv, "p90", "<", c.t["kv_usage_max"])
     target = _round_up(2 * p + running.mean + waiting.mean, 256)
@@ -359,12 +368,14 @@ def token_budget_binds(c: Check) -> Finding | None:
     where = "" if not budget.is_default else f" (not set: {budget.source})"
     c.fix(FixKind.TOKEN_BUDGET, "Raise the per-step token budget", f"Raise {budget.knob.flag} from {b} to about "
           f"{target}: a {p:.0f}-token prompt then prefills in one step beside the running decodes instead of "
-          f"{steps}, and waiting requests are admitted.",
+          f"{steps}.",
           Gain.unknown(f"a prompt's prefill from {steps} steps to about one (time to first token); tokens/s not "
                        "priced: no device roofs or measured step curve price a longer step here"))
+    held = f"{waiting.mean:.1f} requests wait" if queued else \
+        f"prefill is {share:.0%} of the time to first token"
     return c.finding(0.8, f"The per-step token budget of {b}{where} is smaller than a mean prompt ({p:.0f} tokens) "
-                     f"beside {running.mean:.1f} decodes: {waiting.mean:.1f} requests wait while the batch is below "
-                     "its limit and the KV cache has room.")
+                     f"beside {running.mean:.1f} decodes, so each prompt prefills over {steps} steps: {held} while "
+                     "the batch is below its limit and the KV cache has room.")
 
 
 def _round_up(x: float, step: int) -> int:

@@ -404,7 +404,9 @@ def _cap_prefill_fix(c: Check, gain: Gain) -> None:
               f"({'none set' if now is None else f'now {now}'}): a long prompt then takes at most {chunk} tokens of "
               f"a step ({budget.knob.flag} {budget.value}), leaving the decodes' steps short.", gain)
         return
-    if chunk < budget.value and budget.value > 256:
+    fits = prompt is None or prompt.value <= budget.value  # a budget that already chunks prompts is not lowered:
+    # SRV003 / BAT006 may raise it on the same page, and one knob is advised in one direction only
+    if fits and chunk < budget.value and budget.value > 256:
         c.fix(FixKind.CAP_PREFILL, "Cap the prefill that rides in decode steps", f"Lower {budget.knob.flag} from "
               f"{budget.value} to about {max(256, chunk)} so a step carries a smaller prompt chunk.", gain)
         return

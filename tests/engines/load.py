@@ -25,6 +25,7 @@ class Load:
     shared_prefix: int = 0  # words at the start of every prompt that are the same for every request
     max_tokens: int = 32
     timeout_s: float = 120.0
+    pause_s: float = 0.0  # each client waits this long after every answer (a client that paces its retries)
     seconds: float = 600.0  # hard cap on the whole run
     requests: int = 100_000  # hard cap on requests sent
     seed: int = 0
@@ -96,3 +97,5 @@ class Load:
                 time.sleep(0.2)
             finally:
                 conn.close()
+            if self.pause_s > 0:
+                self._stop.wait(self.pause_s)

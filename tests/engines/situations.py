@@ -118,9 +118,10 @@ SITUATIONS: tuple[Situation, ...] = (
         verdicts=("inconclusive", "idle", "compute"), forbidden=("SRV001", "BAT006", "BAT005"),
         forbidden_fixes=("token_budget", "batch_more", "prefix_caching")),
     Situation(
-        "over-length", "kv12", {"clients": 2, "prompt_words": 300, "max_tokens": 16},
-        "Two clients sending 300-token prompts to a server with --max-model-len 256: vLLM refuses each with HTTP 400 "
-        "before it is queued; beside them one client's valid 64-token requests. Most answers are refusals (SRV010), "
+        "over-length", "kv12", {"clients": 2, "prompt_words": 300, "max_tokens": 16, "pause_s": 0.25},
+        "Two clients sending 300-token prompts to a server with --max-model-len 256, each retrying after a quarter "
+        "second: vLLM refuses each with HTTP 400 before it is queued; beside them one client's valid 64-token "
+        "requests. Most answers are refusals (SRV010), "
         "not clients giving up (no SRV009); the valid load is one request at a time: under-loaded.",
         verdicts=("idle", "inconclusive"), must_find=("SRV010",), forbidden=("SRV009",),
         first_fix=("right_size", "context_length", ""),
