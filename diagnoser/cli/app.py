@@ -54,6 +54,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "throttled, failing."),
     "agent": ("agent", "Diagnose this node's inference servers on a schedule; keep a history; export metrics."),
     "history": ("history", "Show how each target's verdict changed over time (from `diagnoser agent`'s history)."),
+    "mcp": ("mcp", "Serve the commands to an AI assistant as Model Context Protocol tools over stdio."),
 }
 
 
