@@ -95,19 +95,31 @@ def _meta(capture: Capture) -> Meta:
 
 
 def _derive_queue_growth(ev: Evidence) -> None:
-    """The waiting gauge's least-squares slope over the window: a queue that grows all window is offered load above
-    what the server serves, whatever its mean."""
+    """How fast the waiting queue grew over the window: the lesser of the least-squares slopes of its two halves,
+    so a queue that grows all window (arrivals above service) reads positive and one that filled once and then held
+    (closed-loop clients starting, a burst) reads about zero."""
     waiting = ev.get(S.SERVER_WAITING)
-    if waiting is None or len(waiting.times) != waiting.n or waiting.n < 5:
+    if waiting is None or len(waiting.times) != waiting.n or waiting.n < 6:
         return
-    ts, vs = waiting.times, waiting.values
-    span = max(ts) - min(ts)
-    if span < 5.0:
+    pairs = sorted(zip(waiting.times, waiting.values, strict=True))
+    if pairs[-1][0] - pairs[0][0] < 5.0:
         return
-    mt, mv = math.fsum(ts) / len(ts), waiting.mean
+    half = len(pairs) // 2
+    slopes = [_slope(pairs[:half + 1]), _slope(pairs[half:])]
+    known = [x for x in slopes if x is not None]
+    if len(known) == 2:
+        ev.add(Signal(S.SERVER_WAITING_GROWTH_PER_S, S.SERVER_WAITING_GROWTH_PER_S.unit, waiting.sources,
+                      (min(known),)))
+
+
+def _slope(pairs: list[tuple[float, float]]) -> float | None:
+    ts = [t for t, _ in pairs]
+    mt = math.fsum(ts) / len(ts)
     var = math.fsum((t - mt) ** 2 for t in ts)
-    slope = math.fsum((t - mt) * (v - mv) for t, v in zip(ts, vs, strict=True)) / var
-    ev.add(Signal(S.SERVER_WAITING_GROWTH_PER_S, S.SERVER_WAITING_GROWTH_PER_S.unit, waiting.sources, (slope,)))
+    if var <= 0:
+        return None
+    mv = math.fsum(v for _, v in pairs) / len(pairs)
+    return math.fsum((t - mt) * (v - mv) for t, v in pairs) / var
 
 
 def _derive_energy(capture: Capture, ev: Evidence) -> None:

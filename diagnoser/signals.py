@@ -165,9 +165,10 @@ SERVER_HTTP_REQUESTS_PER_S = _sig(
     "those whose client had gone counted too: against the engine's finished requests it shows the abandoned ones.")
 SERVER_WAITING_GROWTH_PER_S = _sig(
     "server.waiting_growth_per_s", "1/s",
-    "How fast the queue of waiting requests grew over the window: the least-squares slope of the server's waiting "
-    "gauge against time (derived, needs 5 samples over 5 s). Positive all window: requests arrive faster than the "
-    "server serves them.")
+    "How fast the queue of waiting requests grew over the window: the lesser of the least-squares slopes of the "
+    "server's waiting gauge over each half of the window (derived, needs 6 samples over 5 s). Positive: the queue "
+    "grew all window, requests arriving faster than the server serves them; a queue that filled once and held "
+    "reads about zero.")
 SERVER_HTTP_REJECTED_PER_S = _sig(
     "server.http_rejected_per_s", "1/s",
     "Inference API requests the HTTP layer answered with a 4xx status per second (vLLM's http_requests_total, status "

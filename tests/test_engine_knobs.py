@@ -278,6 +278,11 @@ def test_offered_load_above_capacity_is_its_own_finding() -> None:
     # The neighbour: a steady queue of the same mean is a limit that binds, not arrivals outrunning service.
     d = diagnose(capture({**grows, "server.waiting": 14.5}))
     assert "SRV011" not in codes(d) and "BAT005" in codes(d)
+    # Closed-loop clients arriving as the window opens: the queue fills once, then holds (a real vLLM, 8 clients of
+    # 1536-token prompts): no overload.
+    filled = [0.0] * 20 + [5.0] * 10
+    d = diagnose(capture({**grows, "server.running": 3.0, "server.waiting": filled}))
+    assert "SRV011" not in codes(d)
 
 
 def test_the_engines_environment_sets_a_knob(tmp_path: Any) -> None:

@@ -96,6 +96,17 @@ def test_top_fix_addresses_it_within_the_gain_the_measurements_allow(case: tuple
         assert gain is not None and low <= gain <= high, _show(d)
     if "top3_any" in spec:
         assert {f.kind.value for f in d.fixes[:3]} & set(spec["top3_any"]), _show(d)
+    for word in spec.get("top_fix_text", []):
+        assert d.fixes and word in d.fixes[0].action, _show(d)
+
+
+def test_findings_named_and_not(case: tuple[dict[str, Any], Diagnosis]) -> None:
+    spec, d = case
+    codes = [f.code for f in d.findings]
+    for code in spec.get("findings_has", []):
+        assert code in codes, f"{code} not among {codes}: {_show(d)}"
+    for code in spec.get("findings_lack", []):
+        assert code not in codes, f"{code} among {codes}: {_show(d)}"
 
 
 def test_no_forbidden_fix_and_no_gain_beyond_the_measured_split(case: tuple[dict[str, Any], Diagnosis]) -> None:

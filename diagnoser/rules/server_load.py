@@ -397,8 +397,9 @@ def _round_up(x: float, step: int) -> int:
         "growth_min": Threshold(0.2, "queue growth in requests per second below which a trend is noise", "1/s"),
     },
     page=Page(
-        detects="The waiting queue growing all window (least-squares slope of the waiting gauge) by at least "
-        "{growth_min} requests a second and by at least {growth_share} of the requests served per second: "
+        detects="The waiting queue growing all window (the lesser of its two halves' least-squares slopes) by at "
+        "least {growth_min} requests a second and by at least {growth_share} of the requests served per second, "
+        "with requests finishing in the window: "
         "arrivals outrun service, an open loop above capacity. Advisory: it qualifies the verdict, never names it.",
         why="A server serves at most its capacity; offered load above it does not raise throughput, it queues. "
         "The queue, and every request's wait, grows for as long as the overload lasts, whatever knob binds inside "
@@ -413,6 +414,8 @@ def _round_up(x: float, step: int) -> int:
 def offered_load_above_capacity(c: Check) -> Finding | None:
     growth, waiting = c.req(S.SERVER_WAITING_GROWTH_PER_S), c.req(S.SERVER_WAITING)
     served = c.opt(S.SERVER_REQUESTS_PER_S)
+    if served is not None and served.mean <= 0:
+        return None  # nothing finished in the window: slow requests, not a measured service rate to compare with
     rate = served.mean if served is not None else 0.0
     bar = max(c.t["growth_min"], c.t["growth_share"] * rate)
     if growth.value < bar:
