@@ -117,6 +117,13 @@ def _file(value: str, p: Param) -> str:
     return str(path)
 
 
+def _num(value: float | None) -> str:
+    """A bound or a value as a person writes it: 1000000, 0.1, 1e+300."""
+    if value is None:
+        return "none"
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
+
+
 def _one(value: Any, p: Param) -> Any:
     if not _type_ok(value, p.type):
         raise InputError(f"'{p.name}' must be {_JSON_NAMES[p.type]}, not {_what(value)}.")
@@ -130,9 +137,9 @@ def _one(value: Any, p: Param) -> Any:
     if p.type in ("integer", "number"):
         low, high = p.minimum, p.maximum
         if low is not None and value < low or high is not None and value > high:
-            span = f"from {low:g} to {high:g}" if low is not None and high is not None else \
-                f"at least {low:g}" if low is not None else f"at most {high:g}"
-            raise InputError(f"'{p.name}' must be {span}, not {value:g}.")
+            span = f"from {_num(low)} to {_num(high)}" if low is not None and high is not None else \
+                f"at least {_num(low)}" if low is not None else f"at most {_num(high)}"
+            raise InputError(f"'{p.name}' must be {span}, not {_num(value)}.")
     if p.type == "string":
         if len(value) > MAX_TEXT:
             raise InputError(f"'{p.name}' is longer than {MAX_TEXT} characters.")
