@@ -175,6 +175,17 @@ def test_a_result_over_the_output_limit_is_refused_not_cut(tmp_path: Path) -> No
     session(config, scenario)
 
 
+def test_a_call_past_its_time_is_stopped_and_said_so(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "[limits]\ntimeout_s = 0.001\n")  # no command starts that fast
+
+    async def scenario(s: ClientSession) -> None:
+        said = await refusal(s, "analyze", {"trace": str(TRACE)})
+        assert said == "analyze did not finish within 0.001 s ([limits] timeout_s) and was stopped."
+        assert "did not finish" in await refusal(s, "rules", {})  # and the server goes on serving
+
+    session(config, scenario)
+
+
 @pytest.fixture
 def light_server() -> Any:
     proc = subprocess.Popen([sys.executable, "-m", "tests.light_server", "--page", "vllm"], cwd=REPO,
@@ -237,11 +248,13 @@ def run_mcp(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 
 def test_without_the_sdk_it_says_how_to_install_it(tmp_path: Path) -> None:
-    hidden = tmp_path / "no-sdk" / "mcp"
-    hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'mcp'\", name='mcp')\n")
+    hidden = tmp_path / "no-sdk"  # the core install: neither the SDK nor its dependencies
+    for name in ("mcp", "mcp_types", "anyio"):
+        (hidden / name).mkdir(parents=True)
+        (hidden / name / "__init__.py").write_text(f"raise ModuleNotFoundError('No module named {name!r}', "
+                                                   f"name={name!r})\n")
     r = run_mcp("--config", str(write_config(tmp_path, "")),
-                env={"PYTHONPATH": os.pathsep.join([str(hidden.parent), str(REPO)])})
+                env={"PYTHONPATH": os.pathsep.join([str(hidden), str(REPO)])})
     assert r.returncode == 3, r.stderr
     assert r.stderr.strip().splitlines() == ["diagnoser: diagnoser mcp needs the MCP SDK: pip install "
                                              "'diagnoser[mcp]'."]

@@ -22,10 +22,10 @@ def register(app: typer.Typer) -> None:
         from diagnoser.mcp_tools.config import load
 
         settings = load(config)  # a bad config fails here, before the assistant connects
-        try:
-            from diagnoser.mcp_tools.server import serve
-        except ImportError as exc:
-            if (exc.name or "").split(".")[0] not in ("mcp", "mcp_types"):
-                raise
+        try:  # the SDK (an extra) first: without it, its dependencies (anyio) are missing too
+            import mcp  # noqa: F401
+        except ImportError:
             raise SourceUnavailable("diagnoser mcp needs the MCP SDK: pip install 'diagnoser[mcp]'.") from None
+        from diagnoser.mcp_tools.server import serve
+
         serve(settings)
