@@ -251,8 +251,8 @@ def test_without_the_sdk_it_says_how_to_install_it(tmp_path: Path) -> None:
     hidden = tmp_path / "no-sdk"  # the core install: neither the SDK nor its dependencies
     for name in ("mcp", "mcp_types", "anyio"):
         (hidden / name).mkdir(parents=True)
-        (hidden / name / "__init__.py").write_text(f"raise ModuleNotFoundError('No module named {name!r}', "
-                                                   f"name={name!r})\n")
+        message = f"No module named {name!r}"
+        (hidden / name / "__init__.py").write_text(f"raise ModuleNotFoundError({message!r}, name={name!r})\n")
     r = run_mcp("--config", str(write_config(tmp_path, "")),
                 env={"PYTHONPATH": os.pathsep.join([str(hidden), str(REPO)])})
     assert r.returncode == 3, r.stderr
