@@ -157,6 +157,7 @@ def test_bad_arguments_are_refused_in_one_sentence(no_config: Path, tmp_path: Pa
         assert "'window' must be one of" in await refusal(s, "analyze", {"trace": str(TRACE), "window": "all"})
         assert "unknown-model" in await refusal(s, "theory", {"model": "unknown-model"})
         assert "no rule with the code or name" in await refusal(s, "rules", {"code": "NOPE999"})
+        assert "must not start with '-'" in await refusal(s, "rules", {"code": "--prometheus-rules"})
         assert "no tool named 'shell'" in await refusal(s, "shell", {"command": "ls"})
         assert "compare two captures or two traces" in await refusal(s, "compare", {"before": str(CAPTURE),
                                                                                     "after": str(TRACE)})

@@ -71,8 +71,8 @@ class Tool:
                 "required": [p.name for p in self.params if p.required], "additionalProperties": False}
 
     def timeout_s(self, args: dict[str, Any], config: Config) -> float:
-        # An attach runs its window, then diagnoses: the window is added to the limit, never cut by it.
-        return config.timeout_s + float(args.get("duration", 0.0))
+        # An attach runs its window, then diagnoses: the longest window allowed is added to the limit, never cut by it.
+        return config.timeout_s + (config.max_attach_s if self.name == "attach" else 0.0)
 
 
 # --- checking one call's arguments ------------------------------------------------------------------------------------
@@ -145,6 +145,8 @@ def _one(value: Any, p: Param) -> Any:
             raise InputError(f"'{p.name}' is longer than {MAX_TEXT} characters.")
         if "\0" in value:
             raise InputError(f"'{p.name}' holds a NUL character.")
+        if value.startswith("-") and not p.file:  # a value, never an option of the command
+            raise InputError(f"'{p.name}' must not start with '-', not {value!r}.")
         if p.enum and value not in p.enum:
             raise InputError(f"'{p.name}' must be one of {', '.join(p.enum)}, not {value!r}.")
         if p.file:
@@ -184,7 +186,7 @@ def _flags(args: dict[str, Any], names: dict[str, str]) -> list[str]:
         if value is None:
             continue
         for v in value if isinstance(value, list) else [value]:
-            out += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
+            out += [flag, str(v)]  # a float as repr writes it: every digit the assistant gave
     return out
 
 
@@ -252,7 +254,7 @@ def _attach(args: dict[str, Any], config: Config) -> list[str]:
         raise InputError(f"'duration' may be at most {config.max_attach_s:g} s ([attach] max_duration_s in "
                          f"{config.where}), not {duration:g}.")
     target = [str(pid)] if pid is not None else ["--port", str(port)]
-    return ["attach", *target, "--duration", f"{duration:g}", "--json",
+    return ["attach", *target, "--duration", str(duration), "--json",
             *_flags(args, {"model": "--model"}), *_rules(config)]
 
 
@@ -323,7 +325,7 @@ TOOLS: tuple[Tool, ...] = (
          "[attach] allow-list names the port or PID.",
          (Param("port", "integer", "The TCP port the server listens on.", minimum=1, maximum=65535),
           Param("pid", "integer", "The server's PID.", minimum=1, maximum=2**22),
-          Param("duration", "number", "Seconds to observe (default 10; the config caps it).", minimum=0.1,
+          Param("duration", "number", "Seconds to observe (default 10, or the config's cap if lower).", minimum=0.1,
                 maximum=600),
           Param("model", "string", _MODEL)), _attach),
 )
