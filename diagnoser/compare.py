@@ -332,6 +332,8 @@ def _knob_changes(before: Outcome, after: Outcome, out: list[Change]) -> set[str
         way = direction_of(knob, x.value, y.value)
         if way is None and not x.known and y.known and not y.is_default:
             way = knob.relieves  # set where the engine's (unknown) default ran: an operator sets it to relieve it
+        elif way is None and x.known and not y.known and not knob.defaults:
+            way = knob.relieves  # a limit with no default dropped (a pinned KV pool): lifting it relieves it
         out.append(Change(f"serving.{name}", _in_force_text(x), _in_force_text(y),
                           knob.fixes.get(way) if way is not None else None))
     return set(table)
@@ -385,14 +387,22 @@ _RAISE_BATCH = frozenset({FixKind.KV_MEMORY, FixKind.FP8_KV, FixKind.BATCH_MORE,
                           FixKind.TOKEN_BUDGET, FixKind.CAP_PREFILL})
 
 
+def _refused(o: Outcome) -> bool:
+    refused = o.evidence.get(S.SERVER_HTTP_REJECTED_PER_S)
+    return refused is not None and refused.mean > 0
+
+
 def confounders(before: Outcome, after: Outcome, changes: list[Change] | None = None) -> list[str]:
     """What else changed between the captures, so that a measured ratio cannot be laid on a fix: another model,
     other GPUs, other traffic (a decode against a prefill, another context length), another host load, or two fixes
     at once."""
     out = []
-    kinds = {ch.fix for ch in changes or [] if ch.fix is not None}
+    # A longer context length changes which requests are admitted, not how fast the admitted ones run: a second
+    # change only where either window refused requests.
+    idle = set() if _refused(before) or _refused(after) else {FixKind.CONTEXT_LENGTH}
+    kinds = {ch.fix for ch in changes or [] if ch.fix is not None and ch.fix not in idle}
     if len(kinds) > 1 and not kinds <= _RAISE_BATCH:
-        moved = [ch for ch in changes or [] if ch.fix is not None]
+        moved = [ch for ch in changes or [] if ch.fix is not None and ch.fix not in idle]
         out.append("several changes at once (" + "; ".join(f"{ch.what} {ch.before} -> {ch.after}" for ch in moved)
                    + ")")
     batch = next((ch for ch in changes or [] if ch.what == BATCH_CHANGE), None)

@@ -332,3 +332,52 @@ def test_docs_attach_md_lists_every_knob_as_the_table_says() -> None:
     assert held == markdown(), "docs/attach.md's knob table is stale: regenerate it with `python -m diagnoser.engines`"
     for k in vllm.KNOBS:
         assert f"`{k.flag}`" in held
+
+
+def test_a_pinned_pool_dropped_is_the_kv_fix_and_a_longer_context_no_second_change() -> None:
+    """The real tier's kv-capped fix: the server restarted without --num-gpu-blocks-override and without its
+    --max-model-len 256; no request was refused in either window, so the context length is not a second fix."""
+    signals = {"server.running": 2.0, "server.waiting": 1.0, "server.gen_tokens_per_s": 100.0}
+    a = capture(signals, serving={"num_gpu_blocks_override": 12, "max_model_len": 256})
+    b = capture(signals, serving={"max_model_len": 2048})
+    b.target = "after"
+    c = compare(diagnose_capture(a), diagnose_capture(b))
+    (ch,) = [ch for ch in c.changes if ch.what == "serving.num_gpu_blocks_override"]
+    assert ch.fix is FixKind.KV_MEMORY
+    assert not any("several changes" in x for x in c.confounders), c.confounders
+    refused = {**signals, "server.http_requests_per_s": 5.0, "server.http_rejected_per_s": 4.0}
+    a = capture(refused, serving={"num_gpu_blocks_override": 12, "max_model_len": 256})
+    b = capture(refused, serving={"max_model_len": 2048})
+    b.target = "after"
+    c = compare(diagnose_capture(a), diagnose_capture(b))
+    assert any("several changes" in x for x in c.confounders), c.confounders
+
+
+# --- the real engine's kept windows -----------------------------------------------------------------------------
+
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "vllm"
+
+
+def _kept(name: str) -> Any:
+    from diagnoser.capture import load
+
+    return diagnose_capture(load(FIXTURES / f"{name}.dgc"))
+
+
+def test_kept_budget_fix_is_seen_applied_and_helped() -> None:
+    """--max-num-batched-tokens 128 -> the CPU default (2048), the same load: compare names the knob, credits the
+    token-budget fix (not batch_more) and measures a gain; nothing was promised on a CPU build."""
+    before, after = _kept("budget-capped"), _kept("budget-capped-fixed")
+    assert before.diagnosis.fixes[0].kind is FixKind.TOKEN_BUDGET
+    c = compare(before, after)
+    (ch,) = [ch for ch in c.changes if ch.what == "serving.max_num_batched_tokens"]
+    assert (ch.before, ch.after, ch.fix) == ("128", "2048 (default)", FixKind.TOKEN_BUDGET)
+    (p,) = [p for p in c.predictions if p.kind is FixKind.TOKEN_BUDGET]
+    assert p.applied and p.realised is not None and p.realised > 1.0 and p.predicted is None
+    assert not c.confounders, c.confounders
+
+
+def test_kept_kv_fix_is_graded_without_the_context_length_as_a_second_change() -> None:
+    c = compare(_kept("kv-capped"), _kept("kv-capped-fixed"))
+    (p,) = [p for p in c.predictions if p.kind is FixKind.KV_MEMORY]
+    assert p.applied and p.verdict == "within the bound", (p, c.confounders)
