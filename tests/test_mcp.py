@@ -221,6 +221,42 @@ def test_attach_runs_only_where_the_allow_list_says_and_within_its_window(tmp_pa
     session(config, scenario)
 
 
+def _call_processes(port: int) -> list[Any]:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        words = proc.info["cmdline"] or []
+        if "diagnoser" in words and "attach" in words and str(port) in words:
+            found.append(proc)
+    return found
+
+
+@pytest.mark.slow
+def test_a_call_in_flight_ends_with_its_client(tmp_path: Path, light_server: Any) -> None:
+    """The client goes away mid-call (stdin closed, then the server terminated): the command it was running is
+    stopped too, not left to run out its window."""
+    import psutil
+
+    _, port = light_server
+    config = write_config(tmp_path, f"[attach]\nports = [{port}]\nmax_duration_s = 600\n")
+    seen: list[Any] = []
+
+    async def scenario(s: ClientSession) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.call_tool, "attach", {"port": port, "duration": 500})
+            with anyio.fail_after(120):
+                while not seen:
+                    seen.extend(_call_processes(port))
+                    await anyio.sleep(0.2)
+            tg.cancel_scope.cancel()  # the client leaves while the window runs
+
+    session(config, scenario)
+    [child] = seen
+    gone = psutil.wait_procs([child], timeout=120)[0]
+    assert gone == [child] or child.status() == psutil.STATUS_ZOMBIE
+
+
 @pytest.mark.slow
 @pytest.mark.prometheus
 @pytest.mark.skipif(find_prometheus() is None, reason=NO_PROMETHEUS)

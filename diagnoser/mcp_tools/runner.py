@@ -26,6 +26,28 @@ GRACE_S = 10.0  # from SIGTERM to SIGKILL
 MAX_SENTENCE = 1000
 
 
+# The process groups of the calls running now: ended with the server (end_all), never left behind it.
+_RUNNING: set[int] = set()
+
+
+def end_all(signum: int, frame: object = None) -> None:
+    """A signal handler for the server: SIGKILL every running call's process group (nobody is left to read what it
+    would print), then die of the signal as the server would have without the handler."""
+    for pgid in list(_RUNNING):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def end_with_the_server() -> None:
+    """Install end_all for the signals that end a server (its client's SIGTERM, a closed terminal, Ctrl-C)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, end_all)
+
+
 class ToolFailed(Exception):
     """A call that gave no document: its message is the one sentence the assistant sees."""
 
@@ -91,6 +113,7 @@ async def run_cli(argv: list[str], *, timeout_s: float, max_output_bytes: int,
     process = await anyio.open_process([sys.executable, "-m", "diagnoser", *argv], stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                        start_new_session=True)
+    _RUNNING.add(process.pid)
     out, err = _Read(bytearray()), _Read(bytearray())
     over = anyio.Event()
     timed_out = False
@@ -112,6 +135,7 @@ async def run_cli(argv: list[str], *, timeout_s: float, max_output_bytes: int,
             tg.cancel_scope.cancel()
     finally:
         await _end(process)  # cancelled (the client gave up) or done: nothing of it outlives the call
+        _RUNNING.discard(process.pid)
     if out.over:
         raise ToolFailed(f"the result of {argv[0]} is over {max_output_bytes:,} bytes ([limits] max_output_bytes); "
                          "ask for less (one rule, fewer fleet rows, a narrower selection) or raise the limit.")

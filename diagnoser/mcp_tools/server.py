@@ -18,7 +18,7 @@ from mcp.server.stdio import stdio_server
 from diagnoser import __version__
 from diagnoser.errors import DiagnoserError
 from diagnoser.mcp_tools.config import Config
-from diagnoser.mcp_tools.runner import ToolFailed, run_cli
+from diagnoser.mcp_tools.runner import ToolFailed, end_with_the_server, run_cli
 from diagnoser.mcp_tools.tools import TOOLS, command_line
 from diagnoser.textsafe import one_line
 
@@ -67,4 +67,5 @@ async def _serve(config: Config) -> None:
 
 def serve(config: Config) -> None:
     """Serve over stdin/stdout until the client closes them."""
+    end_with_the_server()  # a client stopping the server stops the calls it runs too
     anyio.run(_serve, config)
