@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("doctor", "Say which sources (NVML, GPM, DCGM, counters, server metrics) work here and how to enable "
                "the rest."),
     "diagnose": ("diagnose", "Diagnose a saved capture: verdict, evidence, ranked fixes."),
+    "verify": ("verify", "Diagnose a server, wait for it to come back with a change, measure again, and grade the "
+               "first fix."),
     "analyze": ("analyze", "Analyse a torch.profiler trace: idle causes, kernel classes, intensity, phases, then the "
                 "verdict."),
     "trace": ("trace", "Take a torch.profiler trace of a running PyTorch server (hook, vLLM/SGLang endpoints, or "

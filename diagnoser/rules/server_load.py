@@ -46,7 +46,7 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
     running, waiting = c.req(S.SERVER_RUNNING), c.req(S.SERVER_WAITING)
     if waiting.mean < c.t["waiting_mean"]:
         return None
-    limit, flag, where = _sequence_limit(c)
+    limit, flags, where = _sequence_limit(c)
     cap = limit
     if running.p50 < c.t["at_cap"] * cap:
         return None
@@ -73,14 +73,14 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
                          "at an unchanged step time, but a step's time can grow or shrink with the batch and no "
                          "model and device roofs price it here")
     c.fix(FixKind.BATCH_MORE, "Raise the batch limit", f"Raise the concurrent-sequence limit from {cap} to about "
-          f"{target} ({flag} {target}): the queue keeps it full.", g)
+          f"{target} ({'; '.join(f'{f} {target}' for f in flags)}): the queue keeps it full.", g)
     return c.finding(0.85, f"The batch is pinned at the server's limit of {cap} sequences{where} while "
                      f"{waiting.mean:.1f} requests wait and the KV cache has room: the limit, not the hardware, caps "
                      "throughput.")
 
 
-def _sequence_limit(c: Check) -> tuple[int, str, str]:
-    """The running-sequence limit in force, the flag that sets it and, for a default, where the value comes from;
+def _sequence_limit(c: Check) -> tuple[int, tuple[str, ...], str]:
+    """The running-sequence limit in force, the flags that set it and, for a default, where the value comes from;
     CannotDecide where it is unknown (an engine's default with no version to read it from)."""
     s = c.knob("max_num_seqs")
     if s is None:  # an engine with no knob table: only a limit read off its command line or page counts
@@ -88,10 +88,11 @@ def _sequence_limit(c: Check) -> tuple[int, str, str]:
         if not cap:
             raise CannotDecide("cannot decide: the server's running-sequence limit is not on its command line or "
                                "page, and this engine has no table of its defaults")
-        return cap, "SGLang --max-running-requests" if c.ev.serving.engine == "sglang" else "the server's limit", ""
+        flags = {"sglang": ("SGLang --max-running-requests",), "demo": ("--max-num-seqs",)}.get(
+            c.ev.serving.engine or c.ev.meta.server_kind, ("vLLM --max-num-seqs", "SGLang --max-running-requests"))
+        return cap, flags, ""
     s = c.limit("max_num_seqs")
-    return int(s.value), f"vLLM {s.knob.flag}", "" if not s.is_default else f" (not set: {s.source})"
-
+    return int(s.value), (f"vLLM {s.knob.flag}",), "" if not s.is_default else f" (not set: {s.source})"
 
 @rule(
     code="IDLE002",
@@ -398,7 +399,7 @@ def _round_up(x: float, step: int) -> int:
     },
     page=Page(
         detects="The waiting queue growing all window (the lesser of its two halves' least-squares slopes) by at "
-        "least {growth_min} requests a second and by at least {growth_share} of the requests served per second, "
+        "least {growth_min} (requests a second) and by at least {growth_share} of the requests served per second, "
         "with requests finishing in the window: "
         "arrivals outrun service, an open loop above capacity. Advisory: it qualifies the verdict, never names it.",
         why="A server serves at most its capacity; offered load above it does not raise throughput, it queues. "
