@@ -59,22 +59,27 @@ def wait_for_change(before: AttachTarget, port: int, wait_s: float, say: Callabl
     while time.monotonic() < deadline:
         if stopped():
             raise SourceUnavailable("stopped before the server came back.")
-        try:
-            now = resolve(port)
-        except DiagnoserError:
-            now, news = None, "down (restarting?)"
-        else:
-            news = changed(before, now) if now.metrics_url else "up, its metrics not answering yet"
-            if now.metrics_url and news:
-                say(f"diagnoser: the server on port {port} is back: {news}")
-                return now
-            news = news or "unchanged"
+        news = _news(before, port, resolve)
+        if not isinstance(news, str):
+            say(f"diagnoser: the server on port {port} is back: {changed(before, news)}")
+            return news
         if news != state:
             say(f"diagnoser: the server on port {port} is {news}; waiting for it to come back with the change")
             state = news
         time.sleep(poll_s)
     raise SourceUnavailable(f"the server on port {port} did not come back with a change within {wait_s:g} s "
                             "(--wait); restart it with the fix applied, or give a longer --wait.")
+
+
+def _news(before: AttachTarget, port: int, resolve: Callable[[int], AttachTarget]) -> AttachTarget | str:
+    """The changed server on the port, or what it is doing instead."""
+    try:
+        now = resolve(port)
+    except DiagnoserError:
+        return "down (restarting?)"
+    if not now.metrics_url:
+        return "up, its metrics not answering yet"
+    return now if changed(before, now) else "unchanged"
 
 
 def _first_fix_lines(outcome: Outcome) -> list[str]:
