@@ -381,3 +381,22 @@ def test_kept_kv_fix_is_graded_without_the_context_length_as_a_second_change() -
     c = compare(_kept("kv-capped"), _kept("kv-capped-fixed"))
     (p,) = [p for p in c.predictions if p.kind is FixKind.KV_MEMORY]
     assert p.applied and p.verdict == "within the bound", (p, c.confounders)
+
+
+def test_the_real_engine_tier_tries_each_knob_binding_and_loose_or_says_why_not() -> None:
+    """Every knob of vLLM's table has a situation of the real-engine tier where it binds (its fix, in its relieving
+    direction, is the one expected first) and one where it is loose (that fix must not be offered), or a reason."""
+    from tests.engines.situations import MATRIX, SITUATIONS
+
+    by_name = {s.name: s for s in SITUATIONS}
+    assert set(MATRIX) == {k.name for k in vllm.KNOBS}, "tests/engines/situations.py MATRIX: one entry per knob"
+    for name, entry in MATRIX.items():
+        if isinstance(entry, str):
+            assert len(entry) > 20, name
+            continue
+        knob = vllm.BY_NAME[name]
+        assert knob.relieves is not None
+        relief = knob.fixes[knob.relieves].value
+        binds, loose = by_name[entry[0]], by_name[entry[1]]
+        assert relief in binds.first_fix, (name, binds.name, binds.first_fix)
+        assert relief in loose.forbidden_fixes, (name, loose.name, loose.forbidden_fixes)

@@ -68,8 +68,10 @@ SITUATIONS: tuple[Situation, ...] = (
     Situation(
         "moderate", "default", {"clients": 4, "prompt_words": 64, "max_tokens": 64},
         "Four closed-loop clients on a 16-sequence server: 4 running, nothing waits, KV nearly empty. Healthy: no "
-        "limiter the server could remove (the load is what it is).",
-        verdicts=("inconclusive", "idle"), first_fix=("right_size", "split_prefill", "")),
+        "limiter the server could remove (the load is what it is): neither the sequence limit nor the KV pool may "
+        "be advised raised.",
+        verdicts=("inconclusive", "idle"), first_fix=("right_size", "split_prefill", "cap_prefill", ""),
+        forbidden_fixes=("batch_more", "kv_memory")),
     Situation(
         "batch-capped", "seqs2", {"clients": 12, "prompt_words": 64, "max_tokens": 64},
         "--max-num-seqs 2 with 12 clients: the batch is pinned at 2, about 10 wait, the KV cache has room. The "
@@ -116,7 +118,7 @@ SITUATIONS: tuple[Situation, ...] = (
         "advised raised, nor the sequence limit; a 0 % prefix-cache hit rate is the workload (unique prompts) with "
         "the cache on and room in the pool, not a miss (no SRV001).",
         verdicts=("inconclusive", "idle", "compute"), forbidden=("SRV001", "BAT006", "BAT005"),
-        forbidden_fixes=("token_budget", "batch_more", "prefix_caching")),
+        forbidden_fixes=("token_budget", "batch_more", "prefix_caching", "context_length")),
     Situation(
         "over-length", "kv12", {"clients": 2, "prompt_words": 300, "max_tokens": 16, "pause_s": 0.25},
         "Two clients sending 300-token prompts to a server with --max-model-len 256, each retrying after a quarter "
@@ -127,6 +129,33 @@ SITUATIONS: tuple[Situation, ...] = (
         first_fix=("right_size", "context_length", ""),
         side_load={"clients": 1, "prompt_words": 64, "max_tokens": 64}),
 )
+
+
+# The knob matrix: for each knob of vLLM's table (diagnoser/engines/vllm.py), the situation above in which it binds and
+# one in which it is loose (the load needs no more than it gives: its fix must not be offered), or why this tier does
+# not exercise it yet. tests/test_engine_knobs.py holds it to the table and to the situations' expectations.
+MATRIX: dict[str, tuple[str, str] | str] = {
+    "max_num_seqs": ("batch-capped", "moderate"),
+    "max_num_batched_tokens": ("budget-capped", "budget-loose"),
+    "max_model_len": ("over-length", "budget-loose"),
+    "num_gpu_blocks_override": ("kv-capped", "moderate"),
+    "prefix_caching": ("prefix-off", "budget-loose"),
+    "gpu_memory_utilization": "the CPU build sizes its KV pool from VLLM_CPU_KVCACHE_SPACE, not from a share of a "
+    "GPU's memory",
+    "kv_cache_memory_bytes": "not yet: binding it needs a pool of a few hundred tokens, which VLLM_CPU_KVCACHE_SPACE "
+    "(whole GiB) cannot give; the tier pins the pool with --num-gpu-blocks-override instead",
+    "chunked_prefill": "on for every generative model in V1; turning it off is unsupported, so it has no loose side",
+    "long_prefill_token_threshold": "not yet: its binding side is SRV004's long prompts beside short decodes, which "
+    "two loads of different prompts in one window would give",
+    "kv_cache_dtype": "not yet: an FP8 KV cache on the CPU build is untried",
+    "block_size": "not yet: no rule reads the block's tail waste",
+    "speculative_config": "not yet: ngram speculation on the CPU build is untried",
+    "tensor_parallel_size": "one CPU socket: no second device to split over",
+    "data_parallel_size": "one CPU socket: no second engine replica",
+    "scheduling_policy": "it reorders the queue and relieves no constraint (no direction to advise)",
+    "max_num_queued_reqs": "not yet: binding needs open-loop arrivals above capacity (SRV011), a load the tier's "
+    "closed-loop clients do not make",
+}
 
 
 @dataclass
