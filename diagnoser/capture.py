@@ -407,6 +407,23 @@ class ThreadStacks(msgspec.Struct, kw_only=True):
     stacks: list[HotStack] = msgspec.field(default_factory=list)
 
 
+class CounterTrack(msgspec.Struct, kw_only=True):
+    """One of the server's counters as it read at each scrape: the window's rate is its change from the first scrape
+    to the last over their times, whatever the engine's bursts did between (a mean of the per-interval rates is not
+    it when scrapes are irregular). `name` is the rate signal the counter gives (server.gen_tokens_per_s), `values`
+    the counter's totals (summed over its label sets), `times` the scrapes' seconds since the window start (when the
+    request went out) and `fetch_s` how long each answer took, which bounds when in it the page was written."""
+
+    name: str
+    times: list[float] = msgspec.field(default_factory=list)
+    values: list[float] = msgspec.field(default_factory=list)
+    fetch_s: list[float] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if type(self.name) is not str:
+            self.name = str.__str__(self.name)
+
+
 class StackSamples(msgspec.Struct, kw_only=True):
     """Python stacks sampled from the target during the window (py-spy), busiest threads first."""
 
@@ -506,6 +523,9 @@ class Capture(msgspec.Struct, kw_only=True):
     cpu_only: bool = False
     # The target's Python stacks sampled during the window (collectors/stacks.py), when sampling worked.
     stacks: StackSamples | None = None
+    # The server's counters at each scrape (collectors/server_metrics.py), for rates over the whole window; older
+    # captures have none and their rates are read from the rate series.
+    counters: list[CounterTrack] = msgspec.field(default_factory=list)
 
     def series_named(self, name: str) -> list[Series]:
         return [s for s in self.series if s.name == name]

@@ -63,11 +63,26 @@ class Measure:
     bound_op: str = ""
     bound: float | None = None
     bound_why: str = ""
+    # A rate from the server's counters: their change from the first scrape to the last over the time between
+    # (method "counter delta"), with each side's standard error from the scrape times and the counters' steps; a
+    # mean of the per-interval rates only for a window with too few scrapes ("mean of the samples").
+    method: str = ""
+    before_se: float | None = None
+    after_se: float | None = None
+    # Why the ratio is no measurement of the fix: the load ended (or stopped) inside a window.
+    ungraded: str = ""
+    # A quantile interpolated inside a histogram bucket is no measurement: each side is its bucket (low, high), shown
+    # as such, and the ratio only the range the two buckets allow (ratio_low, ratio_high; high None when unbounded).
+    before_bucket: tuple[float, float] | None = None
+    after_bucket: tuple[float, float] | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
 
     @property
     def ratio(self) -> float | None:
         """after / before, when the two are measured well enough to divide (see bound for a ratio that is a limit)."""
-        if self.before is None or self.after is None or self.before <= 0 or self.unresolved or self.bound_op:
+        if self.before is None or self.after is None or self.before <= 0 or self.unresolved or self.bound_op \
+                or self.before_bucket is not None or self.after_bucket is not None:
             return None
         return self.after / self.before
 
@@ -76,6 +91,8 @@ class Measure:
         """The ratio's relative standard error, from each side's standard error of the mean."""
         if self.ratio is None or not self.before or not self.after:
             return None
+        if self.before_se is not None and self.after_se is not None:
+            return math.hypot(self.before_se / self.before, self.after_se / self.after)
         parts = []
         for mean, sd, n in ((self.before, self.before_sd, self.n_before), (self.after, self.after_sd, self.n_after)):
             if sd is None or n < 2:
@@ -226,11 +243,113 @@ def _itl_from_rates(before: Outcome, after: Outcome) -> Measure | None:
     whatever it does)."""
     sides = []
     for o in (before, after):
-        batch, gen = o.evidence.observed_batch(), o.evidence.value(S.SERVER_GEN_TOKENS_PER_S)
+        counted = window_rate(o, S.SERVER_GEN_TOKENS_PER_S)
+        batch = o.evidence.observed_batch()
+        gen = counted.value if counted is not None else o.evidence.value(S.SERVER_GEN_TOKENS_PER_S)
         sides.append(batch / gen if batch and gen and batch > 0 and gen > 0 else None)
     if sides[0] is None or sides[1] is None:
         return None
     return Measure(ITL_FROM_RATES, "s", sides[0], sides[1])
+
+
+@dataclass(frozen=True)
+class WindowRate:
+    """A counter's rate over the window: its change from the first scrape to the last over their times."""
+
+    value: float
+    se: float  # standard error, in the rate's unit
+    span_s: float
+    scrapes: int
+    method: str  # "counter delta" (Capture.counters) or "counter delta (from the rate series)"
+    ended: str  # "" or how the load ended inside the window
+
+
+# The share of the window's end over which a counter that stopped moving says the load ended inside it.
+LOAD_END_SHARE = 0.25
+
+
+def _stopped(times: list[float], totals: list[float]) -> str:
+    """How the load ended inside the window, from a counter's totals at each scrape: it did not move over the last
+    LOAD_END_SHARE of the window (and at least two scrape intervals), after it had moved; "" when it kept moving."""
+    if len(times) < 3 or totals[-1] <= totals[0]:
+        return ""
+    last_move = next(i for i in range(len(totals) - 1, 0, -1) if totals[i] > totals[i - 1])
+    quiet = times[-1] - times[last_move]
+    span = times[-1] - times[0]
+    if last_move <= len(times) - 3 and quiet >= LOAD_END_SHARE * span:
+        return (f"the load stopped {times[last_move]:.1f} s into the window: its counters did not move over the last "
+                f"{quiet:.1f} s of {span:.1f} s")
+    return ""
+
+
+def _idle_end(outcome: Outcome) -> str:
+    """Most of the window's last half with nothing running, after something ran: the load ended inside it."""
+    runs = [s for s in outcome.capture.series if s.name == S.SERVER_RUNNING and len(s.values) >= 6]
+    if len(runs) != 1:
+        return ""
+    times, values = runs[0].times, runs[0].values
+    half = [v for t, v in zip(times, values, strict=True) if t >= (times[0] + times[-1]) / 2]
+    first = [v for t, v in zip(times, values, strict=True) if t < (times[0] + times[-1]) / 2]
+    if len(half) >= 3 and all(v == 0 for v in half[-3:]) and sum(v == 0 for v in half) > 0.5 * len(half) \
+            and sum(v > 0 for v in first) > 0.5 * len(first):
+        return "nothing ran in most of the window's second half after requests ran in its first: the load ended"
+    return ""
+
+
+def window_rate(outcome: Outcome, name: str) -> WindowRate | None:
+    """The window's rate of one of the server's counters: (last total - first total) / (last time - first time),
+    never a mean of the per-interval rates (an engine that updates its counters in bursts on a busy host makes those
+    irregular: a mean of 9-13 of them read x1.39 where the counters moved x0.93). Its standard error: each end's
+    total is uncertain by up to the largest step the counter took between two scrapes (a burst on either side of the
+    scrape: the spread of each interval's increase about the window's rate), each end's time by how long its answer
+    took. From Capture.counters, else (older captures) from the rate
+    series, whose points are each interval's increase over its length."""
+    track = next((c for c in outcome.capture.counters if c.name == name and len(c.times) >= 2), None)
+    if track is not None:
+        times, totals = list(track.times), list(track.values)
+        fetch = list(track.fetch_s) if len(track.fetch_s) == len(times) else [0.0] * len(times)
+        # a counter reset (a restart) leaves the window from it on
+        start = max((i for i in range(1, len(totals)) if totals[i] < totals[i - 1]), default=0)
+        times, totals, fetch = times[start:], totals[start:], fetch[start:]
+        method = "counter delta"
+    else:
+        series = [s for s in outcome.capture.series if s.name == name]
+        if len(series) != 1 or len(series[0].values) < 3:
+            return None
+        pts = list(zip(series[0].times, series[0].values, strict=True))
+        times, totals = [pts[0][0]], [0.0]
+        for (t0, _), (t1, rate) in zip(pts, pts[1:], strict=False):
+            times.append(t1)
+            totals.append(totals[-1] + rate * (t1 - t0))
+        fetch = [0.0] * len(times)
+        method = "counter delta (from the rate series)"
+    if len(times) < 2 or times[-1] <= times[0]:
+        return None
+    span = times[-1] - times[0]
+    delta = totals[-1] - totals[0]
+    value = delta / span
+    # How far each interval's increase strayed from the window's rate over it: a deviation is the two ends' errors
+    # (a burst counted on one side of a scrape or the other) plus any real change of rate, so their spread is the
+    # error of the two ends' totals together (at least). With one interval, a burst as large as the whole increase.
+    devs = [(b - a) - value * (t1 - t0) for a, b, t0, t1 in zip(totals, totals[1:], times, times[1:], strict=False)]
+    count_sd = math.sqrt(sum(d * d for d in devs) / (len(devs) - 1)) if len(devs) >= 2 else delta * math.sqrt(2 / 12)
+    # Each end's time is known to within how long its answer took (uniform in it).
+    time_sd = math.hypot(fetch[0], fetch[-1]) / math.sqrt(12)
+    se = math.hypot(count_sd / span, value * time_sd / span)
+    ended = _stopped(times, totals) or _idle_end(outcome)
+    return WindowRate(value, se, span, len(times), method, ended)
+
+
+def _rate_measure(name: S.Sig, before: Outcome, after: Outcome) -> Measure | None:
+    """A rate before and after, each from its counters over the window (window_rate); None when either side has
+    too few scrapes (then the mean of the samples is all there is)."""
+    a, b = window_rate(before, name), window_rate(after, name)
+    if a is None or b is None:
+        return None
+    ended = "; ".join(f"{side}: {w.ended}" for side, w in (("BEFORE", a), ("AFTER", b)) if w.ended)
+    return Measure(name, name.unit, a.value, b.value, n_before=a.scrapes, n_after=b.scrapes,
+                   method=a.method if a.method == b.method else f"{a.method} / {b.method}", before_se=a.se,
+                   after_se=b.se, ungraded=ended)
 
 
 def _measure(name: S.Sig, before: Outcome, after: Outcome) -> Measure | None:
@@ -247,8 +366,20 @@ def _measure(name: S.Sig, before: Outcome, after: Outcome) -> Measure | None:
     unresolved = _unresolved(name, name.unit, before, after) if a and b else ""
     op, limit, why = _first_bucket_bound(name, name.unit, before, after) if a and b and not unresolved else \
         ("", None, "")
+    buckets = (_bucket(name, before) if a else None, _bucket(name, after) if b else None) \
+        if name in _QUANTILE_PAIRS else (None, None)
+    low = high = None
+    if buckets[0] is not None and buckets[1] is not None and not unresolved and not op:
+        # One rule for every quantile (p50 as p99): inside a bucket it is only the bucket, so two in different
+        # buckets give the range of ratios the buckets allow, never the ratio of the interpolated values.
+        (la, ha), (lb, hb) = buckets
+        low = lb / ha if not math.isinf(ha) and ha > 0 else None
+        high = hb / la if la > 0 and not math.isinf(hb) else None
+        if low is None and high is None:
+            unresolved = "both quantiles lie in unbounded buckets: no ratio"
     return Measure(name, name.unit, a.mean if a else None, b.mean if b else None, sd(a), sd(b),
-                   a.n if a else 0, b.n if b else 0, unresolved, op, limit, why)
+                   a.n if a else 0, b.n if b else 0, unresolved, op, limit, why, before_bucket=buckets[0],
+                   after_bucket=buckets[1], ratio_low=low, ratio_high=high)
 
 
 def _fmt(value: Any) -> str:
@@ -490,6 +621,9 @@ def _judge(p: Prediction, measure: Measure | None, confounded: list[str]) -> Pre
     if measure is None or measure.ratio is None:
         return Prediction(**{**asdict(p), "kind": p.kind, "verdict": "not measurable: no rate in both captures"})
     realised = measure.ratio
+    if measure.ungraded:
+        return Prediction(**{**asdict(p), "kind": p.kind,
+                             "verdict": f"not graded: {measure.ungraded}; the window's rate is not the server's"})
     if confounded:
         return Prediction(**{**asdict(p), "kind": p.kind, "realised": realised,
                              "verdict": "not checked: the captures differ in more than this fix (see the note)"})
@@ -522,7 +656,7 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
     db, da = before.diagnosis, after.diagnosis
     c = Comparison(before.capture.target, after.capture.target, db.verdict, da.verdict, db.headline, da.headline)
     c.changes = _changes(before, after)
-    c.rates = [m for n in RATES if (m := _measure(n, before, after)) is not None]
+    c.rates = [m for n in RATES if (m := _rate_measure(n, before, after) or _measure(n, before, after)) is not None]
     c.latencies = [m for n in LATENCIES if (m := _measure(n, before, after)) is not None]
     derived = _itl_from_rates(before, after)
     if derived is not None:
@@ -552,6 +686,9 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
     if not c.rates:
         c.notes.append("Neither capture has a server rate (tokens/s, requests/s): realised gains cannot be measured; "
                        "attach with --port to read the server's /metrics.")
+    if measure is not None and measure.ungraded:
+        c.notes.append(f"No realised gain: {measure.ungraded}. Attach again while the load runs through the whole "
+                       "window.")
     if confounded:
         c.notes.append("Not a test of the fixes: " + "; ".join(confounded) + ". A measured ratio mixes that change "
                        "with any fix, so no prediction is graded.")
@@ -559,4 +696,4 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
 
 
 __all__ = ["ITL_FROM_RATES", "AGREEMENT", "LOSS", "NOISY_BOUND", "Change", "Comparison", "Measure", "Prediction",
-           "compare", "confounders", "host_load"]
+           "WindowRate", "compare", "confounders", "host_load", "window_rate"]

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 
 from diagnoser import signals as S
-from diagnoser.capture import Capture, ServingConfig, bucket_labels
+from diagnoser.capture import Capture, CounterTrack, ServingConfig, bucket_labels
 from diagnoser.collectors.base import SeriesBook
 from diagnoser.collectors.exposition import (
     ParseError,
@@ -747,6 +747,8 @@ class ServerMetricsCollector:
         self.scrapes = 0  # scrapes whose mapped values were read
         self.pages = 0  # scrapes that returned a metrics page
         self.resets: set[str] = set()
+        self._fetch_s = 0.0  # how long the current scrape's answer took
+        self._tracks: dict[str, CounterTrack] = {}  # each rate's counter at every scrape (Capture.counters)
 
     def start(self, capture: Capture) -> None:
         self.book = SeriesBook(capture, "server")
@@ -757,7 +759,9 @@ class ServerMetricsCollector:
         assert self.book is not None
         full = final or self.map is None or self.scrapes % HISTOGRAM_EVERY == 0
         try:
+            asked = time.monotonic()
             text = self._fetcher.get()
+            self._fetch_s = time.monotonic() - asked
             samples, report = parse_page(text, self._names if full else self._light, origin=self.url)
             if not samples and self.map is not None:
                 samples = self._unmapped(text)
@@ -898,6 +902,7 @@ class ServerMetricsCollector:
         if value is None:
             return False
         current[signal] = value
+        self._track(signal, t, value)
         before = self._prev.get(signal)
         if src.moving and value <= 0:
             return True  # the page has it, but nothing was ever counted: not a measurement of zero
@@ -907,6 +912,19 @@ class ServerMetricsCollector:
             else:
                 self.book.add(signal, t, (value - before) / dt)
         return True
+
+    def _track(self, signal: str, t: float, value: float) -> None:
+        """The counter's total at this scrape, kept for the window's rate (first and last scrape)."""
+        assert self.book is not None
+        track = self._tracks.get(signal)
+        if track is None:
+            track = self._tracks[signal] = CounterTrack(name=signal)
+            self.book.capture.counters.append(track)
+        if track.times and t <= track.times[-1]:
+            return
+        track.times.append(t)
+        track.values.append(value)
+        track.fetch_s.append(round(self._fetch_s, 6))
 
     def _step_ratio(self, signal: str, src: StepRatio, samples: Samples, t: float,
                     current: dict[str, float]) -> bool:

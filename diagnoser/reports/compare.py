@@ -13,7 +13,7 @@ from diagnoser.compare import AGREEMENT, ITL_FROM_RATES, Comparison, Measure
 from diagnoser.reports.figdata import Figure, GainPair, GainPairs, NotDrawn, Ratio, Ratios
 from diagnoser.reports.labels import limiter_label
 from diagnoser.reports.redact import redact, redact_fields, redact_obj
-from diagnoser.units import fmt
+from diagnoser.units import fmt, fmt_bucket
 
 
 def _ratio(m: Measure) -> str:
@@ -21,6 +21,12 @@ def _ratio(m: Measure) -> str:
         return "not resolved"
     if m.bound_op and m.bound is not None:
         return f"{'≤' if m.bound_op == '<=' else '≥'} x{m.bound:.2f}"
+    if m.ratio_low is not None or m.ratio_high is not None:
+        if m.ratio_high is None:
+            return f"≥ x{m.ratio_low:.2f} (from the buckets)"
+        if m.ratio_low is None:
+            return f"≤ x{m.ratio_high:.2f} (from the buckets)"
+        return f"x{m.ratio_low:.2f} to x{m.ratio_high:.2f} (from the buckets)"
     if m.ratio is None:
         return "-"
     text = f"x{m.ratio:.2f}"
@@ -31,9 +37,12 @@ def _ratio(m: Measure) -> str:
 
 def _value(m: Measure, side: str) -> str:
     mean = getattr(m, side)
-    sd = getattr(m, f"{side}_sd")
+    sd = getattr(m, f"{side}_se") if m.method else getattr(m, f"{side}_sd")
     if mean is None:
         return "-"
+    bucket = getattr(m, f"{side}_bucket")
+    if bucket is not None:
+        return fmt_bucket(mean, m.unit, bucket)
     return fmt(mean, m.unit) + (f" ± {fmt(sd, m.unit)}" if sd is not None else "")
 
 
@@ -49,9 +58,12 @@ def terminal_lines(c: Comparison) -> list[str]:
             + (f"  (fix: {ch.fix.value})" if ch.fix else "") for ch in c.changes] or ["  nothing the captures record"]
     for title, group in (("Rates", c.rates), ("Latencies", c.latencies), ("GPU activity", c.activity)):
         if group:
-            out += ["", f"{title} (mean ± sd of the samples; ratio ± its standard error)"]
+            how = ("each the counters' change over the window ± its standard error" if title == "Rates"
+                   and any(m.method for m in group) else "mean ± sd of the samples")
+            out += ["", f"{title} ({how}; ratio ± its standard error; a quantile inside a histogram bucket is shown "
+                    "as its bucket)" if title == "Latencies" else f"{title} ({how}; ratio ± its standard error)"]
             out += [f"  {m.signal}: {_value(m, 'before')} -> {_value(m, 'after')}  {_ratio(m)}"
-                    + (f" ({m.unresolved or m.bound_why})" if m.unresolved or m.bound_why else "") for m in group]
+                    + (f" ({why})" if (why := m.unresolved or m.bound_why or m.ungraded) else "") for m in group]
     out += ["", "Predicted (by the BEFORE capture) against realised"]
     for p in c.predictions:
         line = f"  {p.title} [{p.kind.value}]: predicted {_gain(p.predicted)} ({p.predicted_kind}, {p.benefit})"
@@ -194,7 +206,7 @@ def build_compare_view(c: Comparison) -> CompareView:
     if c.before_verdict != c.after_verdict:
         summary.append(f"the verdict moved from {sides[0].verdict} to {sides[1].verdict}")
     measures = [{"group": group, "signal": m.signal, "label": _label(m.signal), "before": _value(m, "before"),
-                 "after": _value(m, "after"), "ratio": _ratio(m), "why": m.unresolved or m.bound_why}
+                 "after": _value(m, "after"), "ratio": _ratio(m), "why": m.unresolved or m.bound_why or m.ungraded}
                 for group, ms in (("rate", c.rates), ("latency", c.latencies), ("activity", c.activity))
                 for m in ms]
     return CompareView(c, f"Compare: {c.before_target} -> {c.after_target}", sides, summary, _gains_figure(c),
