@@ -2,9 +2,11 @@
 decode each chunk and move its events into columns (tables.Tables), and the parent appends the parts in file order
 (Tables.extend), which gives exactly what one pass would have built. The analysis then runs on the merged columns.
 
-- A plain JSON file is memory-mapped: the parent finds the events array and cuts it into ranges at event boundaries
-  (decode.first_cut: a boundary whose next event decodes on its own), and each worker reads its ranges from the
-  mapping itself, chunk by chunk; nothing is copied between processes but the columns that come back.
+- A plain JSON file is read by offset: the parent finds the events array and cuts it into ranges at event boundaries
+  (decode.first_cut: a boundary whose next event decodes on its own), and each worker reads its ranges from the file
+  itself, chunk by chunk, into one buffer it reuses; nothing is copied between processes but the columns that come
+  back. Every read is checked whole: a file cut short while it is read is one error (TraceError, exit 2), where a
+  memory map of it faulted (SIGBUS) or broke the worker pool.
 - A gzip file cannot be read from the middle: the parent decompresses it and cuts the stream into chunks
   (decode.raw_chunks) while the workers decode the chunks already sent, so decompression overlaps decoding.
 
@@ -16,7 +18,6 @@ forked when the process has a single thread (they inherit the imported modules),
 from __future__ import annotations
 
 import gc
-import mmap
 import multiprocessing
 import os
 import statistics
@@ -36,6 +37,7 @@ from diagnoser.traces.decode import (
     MAX_EVENT_BYTES,
     WHOLE,
     DecodeStats,
+    TraceError,
     TraceFile,
     _open_stream,
     add_tail_metadata,
@@ -178,54 +180,105 @@ def _range_task(path: str, start: int, end: int, last_mode: int, chunk_bytes: in
     """The columns of the events in bytes [start, end) of a plain trace (whole events, comma-separated)."""
     tf = TraceFile(path=Path(path))
     part = Tables()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        read_mapped(part, mm, start, end, last_mode, chunk_bytes, tf)
+    with PlainFile(Path(path)) as rd:
+        read_mapped(part, rd, start, end, last_mode, chunk_bytes, tf)
     return part, tf.stats
 
 
-def read_mapped(t: Tables, mm: Any, start: int, end: int, last_mode: int, chunk_bytes: int, tf: TraceFile) -> None:
-    """The events of mm[start:end] (whole events, comma-separated) into `t`. Each chunk (cut at event boundaries, as
-    the ranges are) is read by the scan where it lies in the mapping; a chunk the scan finds not plain, and the end
-    of a file cut short, as the single pass reads them (range_chunks: the typed decode, damage skipped and counted).
-    The pages read are handed back as it goes, so the mapping does not grow the process by the file's size."""
+# How far past a range's nominal end the next event boundary is looked for first (then up to MAX_EVENT_BYTES).
+_PROBE_BYTES = 1 << 20
+# A test seam: the size a plain trace is cut to once its events are found, before they are read (see
+# tests/test_traces_truncated.py: a file cut short while it is read, the same way every time).
+CUT_WHILE_READ_ENV = "DIAGNOSER_TEST_CUT_TRACE_AT"
+
+
+class PlainFile:
+    """A plain trace read by offset, every read checked whole: a file cut short while it is read is one TraceError
+    (exit 2) in this process or a worker, never a fault on a mapped page."""
+
+    def __init__(self, path: Path, size: int | None = None) -> None:
+        self.path = path
+        try:
+            self._f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed by close / the with block)
+        except OSError as exc:
+            raise TraceError(f"cannot read {path}: {exc.strerror or exc}.") from None
+        self.size = os.fstat(self._f.fileno()).st_size if size is None else size
+        self._buf = bytearray()
+
+    def __enter__(self) -> PlainFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def read(self, a: int, b: int) -> bytes:
+        """Bytes [a, b) of the file (a copy)."""
+        with self.view(a, b) as v:
+            return bytes(v)
+
+    def view(self, a: int, b: int) -> memoryview:
+        """Bytes [a, b) of the file in this reader's buffer (valid until the next read; release it first)."""
+        n = b - a
+        if len(self._buf) < n:
+            self._buf = bytearray(max(n, len(self._buf) + len(self._buf) // 2))
+        view = memoryview(self._buf)[:n]
+        got = 0
+        try:
+            self._f.seek(a)
+            while got < n:
+                k = self._f.readinto(view[got:])
+                if not k:
+                    break
+                got += k
+        except OSError as exc:
+            view.release()
+            raise TraceError(f"cannot read {self.path}: {exc.strerror or exc}.") from None
+        if got < n:
+            view.release()
+            raise self.cut_short()
+        return view
+
+    def cut_short(self) -> TraceError:
+        try:
+            now = f"{os.fstat(self._f.fileno()).st_size:,} bytes"
+        except OSError:
+            now = "shorter"
+        return TraceError(f"{self.path} was cut short while it was read (it was {self.size:,} bytes, it is now {now}); "
+                          "analyse it again once whatever writes it has finished.")
+
+
+def read_mapped(t: Tables, rd: PlainFile, start: int, end: int, last_mode: int, chunk_bytes: int,
+                tf: TraceFile) -> None:
+    """The events of bytes [start, end) of the file (whole events, comma-separated) into `t`. Each chunk (cut at
+    event boundaries, as the ranges are) is read into the reader's buffer and scanned there; a chunk the scan finds
+    not plain, and the end of a file cut short, as the single pass reads them (range_chunks: the typed decode,
+    damage skipped and counted)."""
     stats = tf.stats
-    released = start - start % mmap.PAGESIZE
     was = gc.isenabled()
     gc.disable()  # nothing here forms cycles
     try:
-        with memoryview(mm) as view:
-            for a, b in _split(mm, start, end, chunk_bytes):
-                mode = last_mode if b == end else WHOLE
-                n = scan_chunk(t, view[a:b], bare=True) if mode == WHOLE else None
+        for a, b in _split(rd, start, end, chunk_bytes):
+            mode = last_mode if b == end else WHOLE
+            with rd.view(a, b) as view:
+                n = scan_chunk(t, view, bare=True) if mode == WHOLE else None
                 if n is None:
-                    for data, m in range_chunks(mm, a, b, mode, chunk_bytes, tf):
+                    for data, m in range_chunks(view, 0, b - a, mode, chunk_bytes, tf):
                         stats.events += read_chunk(t, data, m, stats, fast=False)
                 else:
                     stats.events += n
-                released = _hand_back(mm, released, b)
     finally:
         if was:
             gc.enable()
 
 
-def _hand_back(mm: Any, released: int, upto: int) -> int:
-    """Drop the mapped pages below `upto` from this process (they are the file's: a later read faults them in
-    again); the new low mark."""
-    hi = upto - upto % mmap.PAGESIZE
-    if hi > released and hasattr(mmap, "MADV_DONTNEED"):
-        try:
-            mm.madvise(mmap.MADV_DONTNEED, released, hi - released)
-        except (OSError, ValueError):
-            return released
-        return hi
-    return released
-
-
-def range_chunks(mm: Any, start: int, end: int, last_mode: int, chunk_bytes: int,
+def range_chunks(buf: Any, start: int, end: int, last_mode: int, chunk_bytes: int,
                  tf: TraceFile) -> Iterator[tuple[bytes, int]]:
-    """Chunks of whole events of mm[start:end], cut at event boundaries as a single pass cuts them (damage skipped
+    """Chunks of whole events of buf[start:end], cut at event boundaries as a single pass cuts them (damage skipped
     the same way)."""
-    blocks = (mm[i:min(end, i + _BLOCK)] for i in range(start, end, _BLOCK))
+    blocks = (bytes(buf[i:min(end, i + _BLOCK)]) for i in range(start, end, _BLOCK))
     return raw_chunks(b"", False, blocks, tf, chunk_bytes, ends=last_mode)
 
 
@@ -259,27 +312,25 @@ def _collect_mapped(path: Path, jobs: int, limit: int, chunk_bytes: int, range_b
     from diagnoser.traces.tables import collect
 
     tf = TraceFile(path=path)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        except (OSError, ValueError):  # no address space for it (a limit on it), or a file that cannot be mapped
-            mm = None
-        if mm is None:
+    with PlainFile(path) as rd:
+        size = rd.size
+        if not size:
             return collect(path, chunk_bytes=chunk_bytes, max_bytes=limit)
         t = Tables(path=path)
         t.stats.bytes_in = t.stats.bytes_json = size
-        with mm:
-            span = _events_span(mm, size, path, tf)
-            if span is None:  # a head the single pass must judge (and word the error for)
-                return collect(path, chunk_bytes=chunk_bytes, max_bytes=limit)
-            start, end, last_mode = span
-            if jobs == 1:
-                read = TraceFile(path=path)
-                read_mapped(t, mm, start, end, last_mode, chunk_bytes, read)
-                t.stats.merge(read.stats)
-                return _finish_mapped(t, tf)
-            ranges = _split(mm, start, end, max(range_bytes, (end - start) // (64 * jobs) + 1))
+        span = _events_span(rd, size, tf)
+        if span is None:  # a head the single pass must judge (and word the error for)
+            return collect(path, chunk_bytes=chunk_bytes, max_bytes=limit)
+        start, end, last_mode = span
+        cut_at = os.environ.get(CUT_WHILE_READ_ENV)
+        if cut_at:
+            os.truncate(path, int(cut_at))
+        if jobs == 1:
+            read = TraceFile(path=path)
+            read_mapped(t, rd, start, end, last_mode, chunk_bytes, read)
+            t.stats.merge(read.stats)
+            return _finish_mapped(t, tf)
+        ranges = _split(rd, start, end, max(range_bytes, (end - start) // (64 * jobs) + 1))
     tasks = ((str(path), a, b, last_mode if b == end else WHOLE, chunk_bytes) for a, b in ranges)
     gc_was = gc.isenabled()
     gc.disable()
@@ -300,31 +351,37 @@ def _finish_mapped(t: Tables, tf: TraceFile) -> Tables:
     return t
 
 
-def _events_span(mm: Any, size: int, path: Path, tf: TraceFile) -> tuple[int, int, int] | None:
-    """(start, end, mode of the last range) of the events in a mapped plain trace, the metadata in tf; None when the
-    head is not a trace's (the single pass words the error)."""
-    first = 0
-    while first < size and mm[first] in _WS + b"\xef\xbb\xbf":
-        first += 1
-    if first >= size:
+def _events_span(rd: PlainFile, size: int, tf: TraceFile) -> tuple[int, int, int] | None:
+    """(start, end, mode of the last range) of the events in a plain trace, the metadata in tf; None when the head is
+    not a trace's (the single pass words the error)."""
+    head = rd.read(0, min(size, _PROBE_BYTES))
+    first = _skip(head, 0, _WS + b"\xef\xbb\xbf")
+    if first >= len(head):
         return None
-    if mm[first] == ord("["):  # the Chrome "JSON Array Format": events only
+    if head[first] == ord("["):  # the Chrome "JSON Array Format": events only
         start, in_object = first + 1, False
-    elif mm[first] == ord("{"):
-        m = _EVENTS_KEY.search(mm, first, min(size, MAX_EVENT_BYTES))
+    elif head[first] == ord("{"):
+        m = _EVENTS_KEY.search(head, first)
+        if m is None and size > len(head):
+            head = rd.read(0, min(size, MAX_EVENT_BYTES))
+            m = _EVENTS_KEY.search(head, first)
         if m is None:
             return None
-        parse_head_metadata(mm[first:m.start()], tf)
+        parse_head_metadata(head[first:m.start()], tf)
         start, in_object = m.end(), True
     else:
         return None
-    while start < size and mm[start] in _WS:
-        start += 1
+    while start < size:  # the whitespace before the first event, however long
+        block = rd.read(start, min(size, start + _PROBE_BYTES))
+        k = _skip(block, 0, _WS)
+        start += k
+        if k < len(block):
+            break
     tail_from = max(start, size - _TAIL_BYTES)
-    closed = find_array_end(mm[tail_from:size], in_object)
+    closed = find_array_end(rd.read(tail_from, size), in_object)
     if closed is None and tail_from > start:
         tail_from = max(start, size - MAX_EVENT_BYTES)
-        closed = find_array_end(mm[tail_from:size], in_object)
+        closed = find_array_end(rd.read(tail_from, size), in_object)
     if closed is None:
         tf.stats.truncated = True
         return start, size, CUT_SHORT
@@ -333,16 +390,29 @@ def _events_span(mm: Any, size: int, path: Path, tf: TraceFile) -> tuple[int, in
     return start, tail_from + i, WHOLE
 
 
-def _split(mm: Any, start: int, end: int, range_bytes: int) -> list[tuple[int, int]]:
+def _skip(buf: bytes, i: int, chars: bytes) -> int:
+    while i < len(buf) and buf[i] in chars:
+        i += 1
+    return i
+
+
+def _split(rd: PlainFile, start: int, end: int, range_bytes: int) -> list[tuple[int, int]]:
     """[start, end) cut into ranges of about range_bytes at event boundaries."""
     out: list[tuple[int, int]] = []
     pos = start
     while end - pos > range_bytes + range_bytes // 2:
-        cut = first_cut(mm, pos + range_bytes, min(end, pos + range_bytes + MAX_EVENT_BYTES))
+        at = pos + range_bytes
+        cut = None
+        for span in (_PROBE_BYTES, MAX_EVENT_BYTES):
+            hi = min(end, at + span)
+            window = rd.read(at, hi)
+            cut = first_cut(window, 0, len(window))
+            if cut is not None or hi == end:
+                break
         if cut is None:
             break
-        out.append((pos, cut[0] + 1))
-        pos = cut[1]
+        out.append((pos, at + cut[0] + 1))
+        pos = at + cut[1]
     out.append((pos, end))
     return out
 
@@ -374,4 +444,5 @@ def _collect_gzip(path: Path, jobs: int, limit: int, chunk_bytes: int) -> Tables
     return t
 
 
-__all__ = ["collect_parallel", "default_jobs", "each_file", "others_running", "range_chunks", "trace_jobs"]
+__all__ = ["CUT_WHILE_READ_ENV", "PlainFile", "collect_parallel", "default_jobs", "each_file", "others_running",
+           "range_chunks", "trace_jobs"]
