@@ -113,6 +113,27 @@ def _confidence(primary: Finding, findings: list[Finding], ev: Evidence) -> tupl
     return round(conf, 3), reasons
 
 
+# An idle verdict against the target's own use: its process tree using this share of the host's cores, or its GPU
+# busy this share of the window, is a server at work, whatever its gauges read.
+BUSY_CPU_SHARE = 0.6
+BUSY_GPU = 0.8
+
+
+def contradicted_by_use(primary: Finding, ev: Evidence) -> str:
+    """Why a verdict contradicts what the target itself used, or "": an idle server does not keep its cores or its
+    GPU busy."""
+    if primary.limiter is not Limiter.IDLE:
+        return ""
+    mine, cores = ev.get(S.HOST_TARGET_CPU), ev.get(S.HOST_CORES)
+    if mine is not None and cores is not None and cores.max > 0 and mine.mean >= BUSY_CPU_SHARE * cores.max:
+        return (f"the server's own processes used {mine.mean:.2f} of the host's {cores.max:g} cores, a busy server's "
+                "use, not an idle one's")
+    busy = ev.busy_fraction() if not ev.meta.cpu_only else None
+    if busy is not None and busy >= BUSY_GPU:
+        return f"its GPU was busy {busy:.0%} of the window, a busy server's use, not an idle one's"
+    return ""
+
+
 def _to_collect(ev: Evidence, rules: RuleSet | None = None) -> list[str]:
     """What to collect for a firmer verdict: the signals the rules that could not run declare and the evidence lacks
     (by family, with where to get them), then what limits the data (a cut-short trace, a short window)."""
@@ -252,6 +273,16 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
                          findings=ordered, fixes=fixes, withheld=withheld, to_collect=_to_collect(ev),
                          confidence_reasons=reasons, headline=f"Inconclusive between the roofs: {primary.message}",
                          regime=regime, saturation=primary.saturation, **common)
+    contradiction = contradicted_by_use(primary, ev)
+    if contradiction:
+        # The server's own gauges say idle, its process or its GPU says busy: the gauges are not the workload (a
+        # vLLM running gauge read 0 in 8 of 10 scrapes under 4 closed-loop clients using 1.87 of 2 cores).
+        notes.append(f"The verdict {primary.limiter.label} ({primary.code}) does not stand: {contradiction}.")
+        return Diagnosis(verdict=Verdict.INCONCLUSIVE, confidence=min(confidence, MIN_CONFIDENCE - 0.01),
+                         findings=ordered, fixes=fixes, withheld=withheld, to_collect=_to_collect(ev),
+                         confidence_reasons=[*reasons, f"contradicted: {contradiction}"],
+                         headline=f"Inconclusive: the server's metrics read {primary.limiter.label} "
+                         f"({primary.message}) but {contradiction}.", regime=regime, **common)
     if confidence < MIN_CONFIDENCE:
         return Diagnosis(verdict=Verdict.INCONCLUSIVE, confidence=confidence, findings=ordered, fixes=fixes,
                          withheld=withheld, to_collect=_to_collect(ev), confidence_reasons=reasons,

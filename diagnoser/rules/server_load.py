@@ -204,12 +204,16 @@ def clients_give_up(c: Check) -> Finding | None:
                               "(Linux schedstat; the thread that waited most)", "ratio"),
         "others_share_unseen": Threshold(0.40, "share of the host's cores used by other processes that counts on its "
                                          "own where the run-queue wait cannot be read", "ratio"),
+        "target_cpu": Threshold(0.15, "CPU the server's own process tree uses (mean) at or above which it wants the "
+                                "CPU, where its run-queue wait cannot be read", "cores"),
     },
     page=Page(
         detects="The whole host's CPU at least {host_busy} busy on average while processes outside the server's tree "
         "(this tool's own sampling left out) use at least {others_share} of its cores and a working thread of the "
         "server (5 % of a core or more) waits, runnable, for a CPU at least {cpu_wait} of the time; where that wait "
-        "cannot be read, others using {others_share_unseen} of the cores.",
+        "cannot be read, others using {others_share_unseen} of the cores while the server itself uses at least "
+        "{target_cpu}. A server that wants no CPU (no request in the window, its threads neither running nor "
+        "waiting) is not starved by its neighbours, however busy they keep the host: an idle verdict stands.",
         why="A serving engine's scheduler, tokenizer and kernel launches run on the CPU, and a CPU build runs the "
         "model there too. When other tenants keep every core busy, the server waits for a core between steps: "
         "each step and each launch takes longer whatever the GPU could do.",
@@ -231,14 +235,18 @@ def host_cpu_taken(c: Check) -> Finding | None:
     share = c.t["others_share"] if wait is not None else c.t["others_share_unseen"]
     if others.mean < share * n or (wait is not None and wait.mean < c.t["cpu_wait"]):
         return None
+    # The server must want the CPU: its threads seen waiting for it, else its own use (neighbours' load alone, with
+    # the server at 0.02 cores and no request in the window, outranked an idle verdict).
+    mine = c.opt(S.HOST_TARGET_CPU)
+    if wait is None and (mine is None or mine.mean < c.t["target_cpu"]):
+        return None
     c.cite(host, "mean", ">=", c.t["host_busy"])
     c.cite(others, "mean", ">=", round(share * n, 3))
     c.cite(cores, "max")
     if wait is not None:
         c.cite(wait, "mean", ">=", c.t["cpu_wait"])
-    mine = c.opt(S.HOST_TARGET_CPU)
     if mine is not None:
-        c.cite(mine, "mean")
+        c.cite(mine, "mean", *((">=", c.t["target_cpu"]) if wait is None else ()))
     # The CPU share taken does not bound the loss: threads that meet at barriers all wait for the slowest.
     gain = Gain.unknown(f"other processes take {others.mean:.2f} of {n:.0f} cores; a threaded engine loses more than "
                         "that share (its threads wait for each other), so no bound is given")
