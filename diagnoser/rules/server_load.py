@@ -339,7 +339,7 @@ def requests_refused(c: Check) -> Finding | None:
         "prefill steps fall to about one (time to first token); tokens/s is not priced without the device's "
         "roofs or the engine's measured step curve.",
         sources="vLLM V1 scheduler (token budget per step, chunked prefill); vLLM 0.32 EngineArgs defaults "
-        "(2048 on a CPU build and GPUs under 70 GiB, 8192 on 70-160 GiB, 16384 from 160 GiB, per rank); "
+        "(2048 per rank on a CPU build, 2048 on GPUs under 70 GiB, 8192 on 70-160 GiB, 16384 from 160 GiB); "
         "Sarathi-Serve (Agrawal et al., OSDI 2024).",
     ),
 )
