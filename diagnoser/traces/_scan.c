@@ -22,7 +22,40 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+/* The bit scans and SSE2: GCC and Clang spell them __builtin_ctz and __SSE2__; MSVC has _BitScanForward in <intrin.h>
+ * and SSE2 on every x64 target (and on x86 built with /arch:SSE2, _M_IX86_FP >= 2) without defining __SSE2__. */
+#if defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h>
+static __forceinline int ctz32(unsigned x) {  /* x != 0 */
+    unsigned long i;
+    _BitScanForward(&i, x);
+    return (int)i;
+}
+static __forceinline int ctz64(uint64_t x) {  /* x != 0 */
+    unsigned long i;
+#if defined(_M_X64) || defined(_M_ARM64)
+    _BitScanForward64(&i, x);
+    return (int)i;
+#else
+    if ((uint32_t)x) {
+        _BitScanForward(&i, (uint32_t)x);
+        return (int)i;
+    }
+    _BitScanForward(&i, (uint32_t)(x >> 32));
+    return (int)i + 32;
+#endif
+}
+#if defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#define SCAN_SSE2 1
+#endif
+#else
+#define ctz32(x) __builtin_ctz(x)
+#define ctz64(x) __builtin_ctzll(x)
 #if defined(__SSE2__)
+#define SCAN_SSE2 1
+#endif
+#endif
+#if defined(SCAN_SSE2)
 #include <emmintrin.h>
 #endif
 
@@ -38,8 +71,15 @@ typedef struct {
 
 static int buf_grow(Buf *b) {
     Py_ssize_t cap = b->cap ? b->cap * 2 : 1024;
+    if (cap > PY_SSIZE_T_MAX / b->size) {
+        PyErr_NoMemory();
+        return -1;
+    }
     char *p = (char *)realloc(b->p, (size_t)(cap * b->size));
-    if (!p) return -1;
+    if (!p) {
+        PyErr_NoMemory();  /* a MemoryError, not a NULL without an exception (SystemError) */
+        return -1;
+    }
     b->p = p;
     b->cap = cap;
     return 0;
@@ -98,7 +138,10 @@ static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
 static int names_grow(Names *t) {
     Py_ssize_t cap = (t->mask + 1) * 2;
     Slot *s = (Slot *)calloc((size_t)cap, sizeof(Slot));
-    if (!s) return -1;
+    if (!s) {
+        PyErr_NoMemory();
+        return -1;
+    }
     for (Py_ssize_t i = 0; i <= t->mask; i++) {
         if (!t->slots[i].key) continue;
         Py_ssize_t j = (Py_ssize_t)(t->slots[i].hash & (uint64_t)(cap - 1));
@@ -194,7 +237,7 @@ static int utf8_seq(const unsigned char *s, const unsigned char *e) {
     return n + 1;
 }
 
-#if defined(__SSE2__)
+#if defined(SCAN_SSE2)
 /* Which of the 16 bytes at p are '"', '\\', or below 0x20 as a signed char (a control character, or non-ASCII): a bit
  * each, the first byte lowest. */
 static inline int special16(const char *p) {
@@ -213,11 +256,11 @@ static int string(Cur *c, const char **s, const char **e, int *escaped) {
     int esc = 0;
     *s = p;
     for (;;) {
-#if defined(__SSE2__)
+#if defined(SCAN_SSE2)
         while (end - p >= 16) {  /* 16 bytes a step */
             int mask = special16(p);
             if (mask) {
-                p += __builtin_ctz((unsigned)mask);
+                p += ctz32((unsigned)mask);
                 goto found;  /* (not through the 8-byte loop below, which would find it again) */
             }
             p += 16;
@@ -228,7 +271,7 @@ static int string(Cur *c, const char **s, const char **e, int *escaped) {
             memcpy(&w, p, 8);
             uint64_t hit = special8(w);
             if (hit) {  /* the lowest flagged byte is a true one (little-endian: the first in the text) */
-                p += __builtin_ctzll(hit) >> 3;
+                p += ctz64(hit) >> 3;
                 break;
             }
             p += 8;
@@ -525,12 +568,12 @@ typedef int (*Member)(Cur *c, Ev *ev, const char *key, Py_ssize_t klen, unsigned
 /* A key at c->p ('"') of at most 15 plain ASCII bytes, read inline in one 16-byte step: nearly every key is one
  * ("ph", "ts", "args", "External id", ...), about 15 to an event. 0 when it is not, for string() to read. */
 static inline int short_key(Cur *c, const char **k, const char **ke) {
-#if defined(__SSE2__)
+#if defined(SCAN_SSE2)
     const char *p = c->p + 1;
     if (c->end - p < 16) return 0;
     int mask = special16(p);
     if (!mask) return 0;
-    int i = __builtin_ctz((unsigned)mask);
+    int i = ctz32((unsigned)mask);
     if (p[i] != '"') return 0; /* an escape, a control character or non-ASCII first: string() decides */
     *k = p;
     *ke = p + i;
@@ -980,7 +1023,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         goto done;
     }
     int rc = read_chunk(&ch, (const char *)view.buf, view.len, long_us, bare);
-    if (rc < 0) goto done;
+    if (rc < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();  /* (every failure sets its exception; never NULL without one) */
+        goto done;
+    }
     if (rc > 0) {
         out = Py_None;
         Py_INCREF(out);

@@ -26,11 +26,13 @@ from diagnoser.traces.classify import (
     kernel_class,
     memcpy_direction,
 )
+from diagnoser.traces.compiled import require_compiled
 from diagnoser.traces.names import full_name, short_name
 from diagnoser.traces.tables import GPU_KERNEL, GPU_MEMCPY, Tables
 from diagnoser.traces.timeline import Launches, sorted_floats
 
 try:  # the loops over every op in C (diagnoser/traces/_gaps.c): the same results to the last bit
+    require_compiled()  # (DIAGNOSER_NO_C=1: the Python path, as without a compiler)
     from diagnoser.traces._gaps import graph_kernels as _graph_kernels_c
     from diagnoser.traces._gaps import launch_stats as _launch_stats
     from diagnoser.traces._gaps import per_name as _per_name

@@ -33,6 +33,7 @@ from diagnoser.traces.classify import (
     SYNC_CALLS,
     runtime_kind,
 )
+from diagnoser.traces.compiled import require_compiled
 from diagnoser.traces.decode import (
     CHUNK_BYTES,
     SKIP_BAD_TYPE,
@@ -50,6 +51,7 @@ from diagnoser.traces.engine_steps import CPU_OP_CLASS, VLLM_STEP_PREFIX, parse_
 from diagnoser.traces.flops import COSTED_OPS
 
 try:
+    require_compiled()  # (DIAGNOSER_NO_C=1: the Python path, as without a compiler)
     from diagnoser.traces._scan import scan as _scan
 except ImportError:  # installed without a C compiler: the typed decode reads every chunk (same answers, slower)
     _scan = None  # type: ignore[assignment]

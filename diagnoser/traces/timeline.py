@@ -39,9 +39,11 @@ from itertools import accumulate, repeat
 from operator import gt, itemgetter
 
 from diagnoser.traces.classify import LAUNCH_KIND_COPY, LAUNCH_KIND_SYNC, is_pageable_copy
+from diagnoser.traces.compiled import require_compiled
 from diagnoser.traces.tables import Tables
 
 try:
+    require_compiled()  # (DIAGNOSER_NO_C=1: the Python path, as without a compiler)
     from diagnoser.traces._gaps import gap_causes as _gap_causes
     from diagnoser.traces._gaps import idle_inside as _idle_inside
     from diagnoser.traces._gaps import sorted_times as _sorted_times
