@@ -243,7 +243,7 @@ def gpu_errors(c: Check) -> Finding | None:
     summary="The GPU idles with work queued, waiting on another stream or a collective, not on the host.",
     requires=(S.TRACE_IDLE_STREAM_WAIT_FRAC, S.TRACE_SHARE_COMM),
     uses=(S.TRACE_RANK_IMBALANCE, S.TRACE_SHARE_ALL_TO_ALL),
-    reads={S.TRACE_IDLE_STREAM_WAIT_FRAC: (VALUE,), S.TRACE_SHARE_COMM: (VALUE,)},
+    reads={S.TRACE_IDLE_STREAM_WAIT_FRAC: (VALUE,), S.TRACE_SHARE_COMM: (VALUE,), S.TRACE_RANK_IMBALANCE: (VALUE,)},
     thresholds={
         "wait_frac": Threshold(0.15, "share of the window idle with work queued on the device", "ratio"),
         "comm_share": Threshold(0.05, "communication kernels' share of busy time that makes the waits collective "
@@ -274,14 +274,23 @@ def collective_waits(c: Check) -> Finding | None:
     also = (f" The host meanwhile sits in {blocked[0]} ({blocked[1]:.0%} of the window), a read-back it waits for: "
             "it cannot queue the next step's work behind the wait." if blocked else "")
     if c.ev.workload == "training":
+        if blocked:
+            c.fix(FixKind.PIN_MEMORY, "Move the read-back off the step's path", f"The host waits in {blocked[0]} "
+                  "while the GPU waits on peers: copy into a pinned buffer with non_blocking=True and wait on its "
+                  "event where the values are used, or pipeline the input one batch ahead (TorchRec's "
+                  "TrainPipelineSparseDist for the all-to-all's sizes), so the host queues the next step's work.",
+                  gains.removal(blocked[1], "the host's blocking read-back"))
         c.fix(FixKind.OVERLAP_COMM, "Overlap the collectives with compute", "Start each collective as soon as its "
               "input is ready and keep compute queued behind it (DDP bucket_cap_mb, torch.distributed async ops, "
-              "TorchRec pipelined all-to-all), so waits on peers hide behind work."
-              + (f" Move the read-back ({blocked[0]}) off the step's path: copy into a pinned buffer with "
-                 "non_blocking=True and wait on its event where the values are used, or pipeline the input one batch "
-                 "ahead (TorchRec's TrainPipelineSparseDist for the all-to-all's sizes)." if blocked else ""), g)
+              "TorchRec pipelined all-to-all), so waits on peers hide behind work.", g)
+        # Whether the waits are for stragglers is the other ranks' to say: one rank's file cannot show when they
+        # arrived, so from one rank the fix is named without a size.
+        ranks = c.opt(S.TRACE_RANK_IMBALANCE)
         c.fix(FixKind.BALANCE_RANKS, "Balance the ranks", "A collective finishes when its slowest rank arrives: "
-              "rebalance the work (embedding-table sharding plan, data per rank) so no rank idles waiting.", g)
+              "rebalance the work (embedding-table sharding plan, data per rank) so no rank idles waiting.",
+              g if ranks is not None else Gain.unknown(
+                  "one rank's trace cannot show when the other ranks arrived, so how much of the wait is for "
+                  "stragglers is unknown: analyze the other ranks' traces of the same steps too (a folder of them)"))
     else:
         c.fix(FixKind.REDUCE_TP, "Wait less on collectives per token", "Fewer tensor-parallel ranks with more "
               "replicas, TP only within NVLink, overlapped or custom all-reduce.", g)
