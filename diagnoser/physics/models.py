@@ -70,6 +70,46 @@ _MLA_TYPES = frozenset({"deepseek_v2", "deepseek_v3"})
 _MLA_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 
 
+# Keys of layouts diagnoser does not size: each says some layers differ from the rest (hybrid attention/Mamba
+# stacks, MoE on some layers only, chunked attention, a dense MLP of another width), so a config holding one is
+# refused by name rather than sized as a uniform stack (Jamba read that way has 92 B parameters for its 52 B, and
+# 8x the KV per token; Llama 4 Scout misses its shared expert and its chunked attention).
+_UNREAD_KEYS: dict[str, str] = {
+    "attn_layer_period": "attention on every n-th layer only, Mamba on the rest",
+    "attn_layer_offset": "attention on some layers only, Mamba on the rest",
+    "expert_layer_period": "experts on every n-th layer only",
+    "expert_layer_offset": "experts on some layers only",
+    "layers_block_type": "a per-layer block type (attention or Mamba)",
+    "hybrid_override_pattern": "a per-layer block pattern (attention, Mamba or MLP)",
+    "interleave_moe_layer_step": "experts on every n-th layer, a shared expert and a dense MLP of another width",
+    "moe_layers": "experts on the listed layers only",
+    "intermediate_size_mlp": "a dense MLP of another width on the layers without experts",
+    "attention_chunk_size": "chunked attention on some layers",
+    "no_rope_layers": "a per-layer attention pattern (chunked or global)",
+    "full_attn_idxs": "a per-layer attention pattern",
+    "attn_layer_indices": "attention on the listed layers only",
+}
+# Any other key of this form names a per-layer pattern too, or a state-space (Mamba/SSM) block, and is refused.
+_PATTERN_KEY = re.compile(r"(^|_)(mamba|ssm|linear_attn)(_|$)|layer_(period|offset|step|freq|pattern|indices|idxs)$"
+                          r"|block_types?$|_pattern$")
+# Pattern-like keys diagnoser reads (sliding-window layouts) or that do not change the shape.
+_READ_PATTERN_KEYS = frozenset({"sliding_window_pattern"})
+
+
+def _refuse_unread_layout(cfg: dict[str, Any], label: str) -> None:
+    """Refuse a config with a layer pattern diagnoser does not size, naming its key (a null or an empty list is
+    the uniform default and passes)."""
+    for key, value in cfg.items():
+        if value is None or value == [] or value is False or key in _READ_PATTERN_KEYS:
+            continue
+        what = _UNREAD_KEYS.get(key)
+        if what is None and _PATTERN_KEY.search(key):
+            what = "a per-layer pattern or state-space block"
+        if what is not None:
+            raise InputError(f"{label} has {key} ({what}), which diagnoser cannot size yet: read as a uniform "
+                             "stack its parameters and KV cache would be wrong, so it is refused.")
+
+
 def _first(cfg: dict[str, Any], *keys: str) -> Any:
     for key in keys:
         if cfg.get(key) is not None:
@@ -431,6 +471,7 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str = "", label: str = "the co
     """A ModelInfo from a parsed config.json. Multimodal configs use their nested text_config."""
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg, **cfg["text_config"]}
+    _refuse_unread_layout(cfg, label)
     shape = _Shape(cfg, label)
     _check_quant(cfg.get("quantization_config"), label)
     params, active = shape.counts()
