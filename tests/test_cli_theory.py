@@ -461,3 +461,53 @@ def test_fp32_configs_are_served_in_16_bits(app: typer.Typer, tmp_path: Path) ->
     explicit = run_json(app, "--model", path, "--dtype", "fp32")
     assert explicit["settings"]["dtype"] == "fp32" and explicit["weight_bytes"] == 6_738_415_616 * 4
     assert not any("float32" in n for n in explicit["notes"])
+
+
+# Each figure a user gives, 1,000x off (or in another unit), is refused in one sentence naming it, its unit and the
+# plausible range, exit 2; the same figures at a real GPU's values (an H100 SXM) pass.
+_H100_SPEC = {"name": "'X'", "memory_gb": "80", "hbm_tb_per_s": "3.35", "tdp_w": "700", "nvlink_gb_per_s": "900",
+              "pcie_gb_per_s": "128", "max_sm_clock_mhz": "1980"}
+
+
+def _spec_text(**change: str) -> str:
+    figures = {**_H100_SPEC, **change}
+    rate = figures.pop("bf16", "989.4")
+    return "".join(f"{k} = {v}\n" for k, v in figures.items()) + f"[tflops]\nbf16 = {rate}\n"
+
+
+@pytest.mark.parametrize(("change", "fragments"), [
+    ({"hbm_tb_per_s": "3350"}, ("hbm_tb_per_s", "TB/s", "0.02 to 30")),  # GB/s given as TB/s
+    ({"hbm_tb_per_s": "900"}, ("hbm_tb_per_s", "TB/s", "0.02 to 30")),  # a V100's 900 GB/s as TB/s
+    ({"hbm_tb_per_s": "0.003"}, ("hbm_tb_per_s", "TB/s", "0.02 to 30")),
+    ({"bf16": "989400"}, ("tflops.bf16", "FLOP/s", "1e+11 to 5e+16")),  # GFLOP/s given as TFLOP/s
+    ({"memory_gb": "80000"}, ("memory_gb", "GB", "1 to 1024")),  # MB as GB
+    ({"tdp_w": "700000"}, ("tdp_w", "W", "5 to 3000")),  # mW as W
+    ({"tdp_w": "0.7"}, ("tdp_w", "W", "5 to 3000")),  # kW as W
+    ({"nvlink_gb_per_s": "900000"}, ("nvlink_gb_per_s", "GB/s", "10 to 1e+04")),
+    ({"pcie_gb_per_s": "64000"}, ("pcie_gb_per_s", "GB/s", "4 to 512")),
+    ({"max_sm_clock_mhz": "1.98"}, ("max_sm_clock_mhz", "MHz", "300 to 4000")),  # GHz as MHz
+])
+def test_an_implausible_gpu_figure_is_refused_naming_unit_and_range(
+        app: typer.Typer, tmp_path: Path, change: dict[str, str], fragments: tuple[str, ...]) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(_spec_text())
+    assert run_json(app, "--model", "llama-2-7b", "--gpu-spec", str(good))["gpu"]["name"] == "X"
+    path = tmp_path / "bad.toml"
+    path.write_text(_spec_text(**change))
+    result = run(app, "--model", "llama-2-7b", "--gpu-spec", str(path))
+    assert_one_sentence_error(result, "plausible")
+    for fragment in fragments:
+        assert fragment in result.output, (fragment, result.output)
+
+
+@pytest.mark.parametrize(("flag", "value", "fragments"), [
+    ("--power-w", "700000", ("--power-w", "W per GPU", "5 to 3000")),
+    ("--power-w", "1", ("--power-w", "W per GPU", "5 to 3000")),
+    ("--usd-per-hour", "9800", ("--usd-per-hour", "USD per GPU hour", "0 to 500")),
+])
+def test_an_implausible_power_or_price_is_refused(app: typer.Typer, flag: str, value: str,
+                                                  fragments: tuple[str, ...]) -> None:
+    result = run(app, "--model", "llama-2-7b", flag, value)
+    assert_one_sentence_error(result, "plausible")
+    for fragment in fragments:
+        assert fragment in result.output, (fragment, result.output)

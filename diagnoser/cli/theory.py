@@ -572,6 +572,13 @@ def register(app: typer.Typer) -> None:
             if number is not None and not (math.isfinite(number) and (number > 0 or zero_ok and number == 0)):
                 raise InputError(f"{flag} must be a finite number {'of 0 or more' if zero_ok else 'above 0'}, "
                                  f"not {number:g}.")
+        # Plausible per-GPU figures (a TDP from a T4's 70 W to a GB200's 2,700 W; a cloud GPU hour from cents to
+        # tens of dollars): a figure in the wrong unit (kW as W, cents as dollars, a node's price as a GPU's) falls out.
+        for flag, number, unit, (low, high) in (("--power-w", power_w, "W per GPU", (5, 3000)),
+                                                ("--usd-per-hour", usd_per_hour, "USD per GPU hour", (0, 500))):
+            if number is not None and not low <= number <= high:
+                raise InputError(f"{flag} is {number:g} {unit}, outside the plausible {low:g} to {high:g} {unit}; "
+                                 "check its unit.")
         if efficiency is not None and not math.isfinite(efficiency):
             raise InputError(f"--efficiency must be a finite number, not {efficiency:g}.")
         if not (math.isfinite(mem_fraction) and 0 < mem_fraction <= 1):

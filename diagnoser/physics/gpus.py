@@ -426,14 +426,36 @@ _SPEC_EXAMPLE = ('name = "My GPU", memory_gb = 80, hbm_tb_per_s = 3.35, tdp_w = 
                  "bf16 = 989.4")
 
 
-def _spec_number(data: Mapping[str, Any], key: str, label: str, low: float, high: float) -> float | None:
+# Plausible ranges of a user's figures for one GPU (or one GCD), wide enough for every part from a T4 to a B300
+# and its successors, narrow enough that a figure in the wrong unit (GB/s given as TB/s: 1,000x) falls outside:
+# (low, high, unit as the key takes it).
+SPEC_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "memory_gb": (1, 1024, "GB"),
+    "memory_bytes": (1 * GIB, 1024 * GIB, "bytes"),
+    "hbm_bytes_per_s": (2e10, 3e13, "bytes/s"),  # 20 GB/s to 30 TB/s (B200: 8 TB/s)
+    "flops": (1e11, 5e16, "FLOP/s"),  # 0.1 TFLOP/s to 50 PFLOP/s dense (B200 FP4: 9 PFLOP/s)
+    "tdp_w": (5, 3000, "W"),
+    "nvlink_gb_per_s": (10, 10_000, "GB/s"),  # both directions; NVLink 5: 1,800
+    "pcie_gb_per_s": (4, 512, "GB/s"),  # both directions; PCIe 6 x16: 256
+    "max_sm_clock_mhz": (300, 4000, "MHz"),
+}
+
+
+def _out_of_range(label: str, what: str, value: float, bound: str) -> InputError:
+    low, high, unit = SPEC_BOUNDS[bound]
+    return InputError(f"{label}: {what} is {value:.4g} {unit}, outside the plausible {low:.4g} to {high:.4g} {unit} "
+                      "for one GPU; check its unit.")
+
+
+def _spec_number(data: Mapping[str, Any], key: str, label: str) -> float | None:
     value = data.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InputError(f"{label}: {key} must be a number, not {value!r:.40}.")
+    low, high, _ = SPEC_BOUNDS[key]
     if not low <= value <= high:
-        raise InputError(f"{label}: {key} is {value:g}, outside {low:g} to {high:g}; check its unit.")
+        raise _out_of_range(label, key, value, key)
     return float(value)
 
 
@@ -472,9 +494,11 @@ def _spec_flops(data: Mapping[str, Any], label: str) -> dict[str, float]:
             raise InputError(f"{label}: {dtype} has no tensor rate of its own (weight-only; it runs at the 16-bit "
                              "rate); leave it out.")
         rate = _with_unit(value, _FLOP_UNITS, f"{key}.{name}", label, 1e12 if key == "tflops" else 1.0)
-        if not (math.isfinite(rate) and 1e11 <= rate <= 1e18):
-            raise InputError(f"{label}: {key}.{name} is {rate:g} FLOP/s, outside 1e11 to 1e18; check its unit "
-                             "([tflops] takes TFLOP/s, [flops] FLOP/s).")
+        low, high, _ = SPEC_BOUNDS["flops"]
+        if not (math.isfinite(rate) and low <= rate <= high):
+            raise InputError(f"{label}: {key}.{name} is {rate:.4g} FLOP/s, outside the plausible {low:.4g} to "
+                             f"{high:.4g} FLOP/s for one GPU; check its unit ([tflops] takes TFLOP/s, [flops] "
+                             "FLOP/s).")
         flops[dtype] = rate
     if not {"bf16", "fp16", "fp32"} & set(flops):
         raise InputError(f"{label}: {key} needs a bf16, fp16 or fp32 rate, which 16-bit models' math runs at.")
@@ -497,22 +521,23 @@ def gpu_spec_from_mapping(data: Mapping[str, Any], label: str = "the GPU spec") 
     if not isinstance(name, str) or not name.strip() or len(name) > 80:
         raise InputError(f"{label}: name must be the GPU's name, 1 to 80 characters (e.g. {_SPEC_EXAMPLE}).")
     memory_key = _one_of(data, ("memory_bytes", "memory_gb"), label, "memory")
-    memory = _spec_number(data, memory_key, label, *((1 * GIB, 64 * 1024 * GIB) if memory_key == "memory_bytes"
-                                                      else (1, 65536)))
+    memory = _spec_number(data, memory_key, label)
     assert memory is not None
     memory_bytes = int(memory if memory_key == "memory_bytes" else memory * GIB)
     bandwidth_key = _one_of(data, ("hbm_bytes_per_s", "hbm_tb_per_s", "hbm_bandwidth"), label, "memory bandwidth")
     bandwidth = _with_unit(data[bandwidth_key], _BANDWIDTH_UNITS, bandwidth_key, label,
                            1e12 if bandwidth_key == "hbm_tb_per_s" else 1.0)
-    if not (math.isfinite(bandwidth) and 1e10 <= bandwidth <= 1e15):
-        raise InputError(f"{label}: {bandwidth_key} comes to {bandwidth:g} bytes/s, outside 10 GB/s to 1 PB/s; "
-                         "check its unit (hbm_tb_per_s takes TB/s, hbm_bytes_per_s bytes/s).")
-    tdp = _spec_number(data, "tdp_w", label, 1, 10_000)
+    low, high, _ = SPEC_BOUNDS["hbm_bytes_per_s"]
+    if not (math.isfinite(bandwidth) and low <= bandwidth <= high):
+        raise InputError(f"{label}: {bandwidth_key} comes to {bandwidth / 1e12:.4g} TB/s, outside the plausible "
+                         f"{low / 1e12:.4g} to {high / 1e12:.4g} TB/s for one GPU; check its unit (hbm_tb_per_s "
+                         "takes TB/s, hbm_bytes_per_s bytes/s).")
+    tdp = _spec_number(data, "tdp_w", label)
     if tdp is None:
         raise InputError(f"{label}: tdp_w, the board power in watts, is missing (it prices tokens per joule).")
-    nvlink = _spec_number(data, "nvlink_gb_per_s", label, 1, 100_000)
-    pcie = _spec_number(data, "pcie_gb_per_s", label, 1, 10_000) or 64.0
-    clock = _spec_number(data, "max_sm_clock_mhz", label, 100, 10_000)
+    nvlink = _spec_number(data, "nvlink_gb_per_s", label)
+    pcie = _spec_number(data, "pcie_gb_per_s", label) or 64.0
+    clock = _spec_number(data, "max_sm_clock_mhz", label)
     texts = {}
     for key in ("interconnect", "arch", "source"):
         value = data.get(key)
