@@ -192,14 +192,21 @@ def test_refusals_are_told_apart_from_clients_giving_up() -> None:
     assert "SRV009" in codes(d) and "SRV010" not in codes(d)
 
 
+def _v0(cap: Any) -> Any:
+    """vLLM's V0 engine (before 0.8), which observed iteration_tokens_total once per step: SRV004 reads it there."""
+    cap.server.version = "0.7.3"
+    return cap
+
+
 def test_opposite_directions_of_one_knob_are_two_fixes_never_one() -> None:
     """Long prompts arriving while short requests decode: SRV003 (TTFT is prefill) and SRV004 (prefills stall
     decodes) both hold; one wants larger chunks, the other smaller."""
-    d = diagnose(capture({"server.running": 4.0, "server.waiting": 0.0, "server.ttft_mean_s": [4.0],
-                          "server.prefill_time_mean_s": [3.5], "server.queue_time_mean_s": [0.1],
-                          "server.prompt_len_mean": [3000.0], "server.kv_usage": 0.2,
-                          "server.itl_p50_s": [0.02], "server.itl_p99_s": [1.0],
-                          "server.iteration_tokens_p50": [4.0], "server.iteration_tokens_p99": [2048.0]}))
+    d = diagnose(_v0(capture({"server.running": 4.0, "server.waiting": 0.0, "server.ttft_mean_s": [4.0],
+                              "server.prefill_time_mean_s": [3.5], "server.queue_time_mean_s": [0.1],
+                              "server.prompt_len_mean": [3000.0], "server.kv_usage": 0.2,
+                              "server.itl_p50_s": [0.02], "server.itl_p99_s": [1.0],
+                              "server.iteration_tokens_p50": [4.0], "server.iteration_tokens_p99": [2048.0]},
+                             serving={"chunked_prefill": True, "max_num_batched_tokens": 2048})))  # set on V0
     assert {"SRV003", "SRV004"} <= set(codes(d))
     by_rule = {f.rules: f for f in d.fixes}
     assert ("SRV003", "SRV004") not in by_rule and ("SRV004", "SRV003") not in by_rule
@@ -210,10 +217,10 @@ def test_opposite_directions_of_one_knob_are_two_fixes_never_one() -> None:
 
 
 def test_a_cap_already_in_place_is_not_advised_again() -> None:
-    d = diagnose(capture({"server.running": 4.0, "server.waiting": 0.0, "server.prompt_len_mean": [3000.0],
-                          "server.itl_p50_s": [0.02], "server.itl_p99_s": [1.0],
-                          "server.iteration_tokens_p50": [4.0], "server.iteration_tokens_p99": [600.0]},
-                         serving={"long_prefill_token_threshold": 256, "max_num_batched_tokens": 256}))
+    d = diagnose(_v0(capture({"server.running": 4.0, "server.waiting": 0.0, "server.prompt_len_mean": [3000.0],
+                              "server.itl_p50_s": [0.02], "server.itl_p99_s": [1.0],
+                              "server.iteration_tokens_p50": [4.0], "server.iteration_tokens_p99": [600.0]},
+                             serving={"long_prefill_token_threshold": 256, "max_num_batched_tokens": 256})))
     (fix,) = [f for f in d.fixes if "SRV004" in f.rules]
     assert fix.kind is FixKind.SPLIT_PREFILL and "already capped" in fix.action
 

@@ -41,3 +41,26 @@ def test_neighbours_load_does_not_decide_an_idle_servers_verdict() -> None:
     # a server that does want the CPU, its threads seen waiting for it, is still starved by them
     starved = {**idle, "host.target_cpu": 0.5, "host.target_cpu_wait": 0.45, "server.running": 4.0}
     assert "HOST004" in [f.code for f in diagnose(capture(starved, serving={"max_num_seqs": 16})).findings]
+
+
+def test_vllm_v1_iteration_tokens_are_not_read_as_work_per_step() -> None:
+    """A real vLLM (CPU build, V1) with --max-num-batched-tokens 128: no step can hold more than 128 tokens, yet its
+    iteration_tokens_total reads 997 at p99 (a prompt counted whole when its first token comes out). SRV004 may not
+    read it as tokens per step: it cannot decide, and says why."""
+    from pathlib import Path
+
+    from diagnoser import signals as S
+    from diagnoser.capture import load
+    from diagnoser.pipeline import diagnose_capture
+
+    vllm = Path(__file__).resolve().parent / "fixtures" / "vllm"
+    o = diagnose_capture(load(vllm / "budget-capped.dgc"))
+    assert o.capture.serving.max_num_batched_tokens == 128
+    p99 = o.evidence.value(S.SERVER_ITERATION_TOKENS_P99)
+    assert p99 is not None and p99 > 128  # what a per-step reading cannot be
+    for name in ("kv-capped", "batch-capped", "budget-loose"):
+        d = diagnose_capture(load(vllm / f"{name}.dgc")).diagnosis
+        assert "SRV004" not in [f.code for f in d.findings]
+        (why,) = [s.reason for s in d.skipped if s.code == "SRV004"]
+        assert "vLLM 0.32.0 records iteration_tokens_total when a request's first token comes out" in why
+        assert not any(c.signal.startswith("server.iteration_tokens") for f in d.findings for c in f.citations)

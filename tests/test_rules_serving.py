@@ -17,11 +17,11 @@ from diagnoser.rules.serving import _spec_speedup
 from tests.factories import llama_7b, make_capture
 
 
-def run(code: str, signals: dict[str, Any], *, kind: str = "vllm", serving: dict | None = None,
+def run(code: str, signals: dict[str, Any], *, kind: str = "vllm", serving: dict | None = None, version: str = "",
         **kw: Any) -> Finding | None:
     """One rule on a capture of explicit values. `serving`: ServingConfig fields; other keys go to its extra."""
     capture = make_capture(signals, **kw)
-    capture.server = ServerInfo(kind=kind)
+    capture.server = ServerInfo(kind=kind, version=version)
     typed = {k: v for k, v in (serving or {}).items() if k in ServingConfig.__struct_fields__}
     extra = {k: str(v) for k, v in (serving or {}).items() if k not in typed}
     capture.serving = msgspec.structs.replace(capture.serving, **typed, extra=extra)
@@ -99,11 +99,14 @@ def test_srv003_must_not_fire(ttft, prefill):
 
 
 CONCURRENT = {"server.running": [3.0, 4.0, 4.0]}
+# vLLM's V0 engine (before 0.8) observed iteration_tokens_total once per step: SRV004 reads it there only.
+V0 = "0.7.3"
 
 
 def test_srv004_itl_tail_from_heavy_steps_vllm_and_tgi():
     f = run("SRV004", {"server.itl_p50_s": [0.02], "server.itl_p99_s": [0.12],
-                       "server.iteration_tokens_p50": [40.0], "server.iteration_tokens_p99": [2048.0], **CONCURRENT})
+                       "server.iteration_tokens_p50": [40.0], "server.iteration_tokens_p99": [2048.0], **CONCURRENT},
+            version=V0)
     assert f is not None and "at least 6.0x the median" in f.message
     assert f.fixes[0].gain is None and "from at least 120.0 ms to at most 20.0 ms" in f.fixes[0].basis
     tgi = run("SRV004", {"server.itl_p50_s": [0.02], "server.itl_p99_s": [0.1], "server.prefill_step_mean_s": [0.4],
@@ -119,7 +122,7 @@ def _quantile(capture: Any, name: str, value: float, low: float, high: float) ->
 
 
 def _srv004_on(capture: Any) -> Finding | None:
-    capture.server = ServerInfo(kind="vllm")
+    capture.server = ServerInfo(kind="vllm", version=V0)
     rule = default_rules().get("SRV004")
     assert rule is not None
     ev = build_evidence(capture)
@@ -156,7 +159,7 @@ def test_srv004_compares_bucketed_quantiles_by_their_buckets_not_their_interpola
      "server.iteration_tokens_p99": [2048.0], "server.running": [1.0, 1.0, 0.0]},  # one request at a time
 ])
 def test_srv004_must_not_fire(signals):
-    assert run("SRV004", signals) is None
+    assert run("SRV004", signals, version=V0) is None
 
 
 def test_srv004_is_advisory_a_latency_tail_never_names_the_verdict():
@@ -165,7 +168,7 @@ def test_srv004_is_advisory_a_latency_tail_never_names_the_verdict():
     cap = make_capture({"server.itl_p50_s": [0.02], "server.itl_p99_s": [0.5], "server.iteration_tokens_p50": [4.0],
                         "server.iteration_tokens_p99": [512.0], "server.running": [4.0] * 10,
                         "server.waiting": [0.0] * 10}, gpu=None)
-    cap.server = ServerInfo(kind="vllm")
+    cap.server = ServerInfo(kind="vllm", version=V0)
     cap.serving = msgspec.structs.replace(cap.serving, max_num_seqs=16)
     d = diagnose(cap)
     assert d.verdict == "inconclusive" and "batching" not in d.headline

@@ -15,7 +15,22 @@ from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Signal
 from diagnoser.rules import gains
-from diagnoser.rules.base import HIGHEST, LOWEST, MAX, MEAN, P50, P90, VALUE, AnyOf, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.base import (
+    HIGHEST,
+    LOWEST,
+    MAX,
+    MEAN,
+    P50,
+    P90,
+    VALUE,
+    AnyOf,
+    CannotDecide,
+    Check,
+    Gain,
+    Page,
+    Threshold,
+    rule,
+)
 from diagnoser.units import fmt
 
 # Engines whose scheduler admits a request only with room for its prompt plus max_tokens (TGI's token budget,
@@ -338,7 +353,9 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
     },
     page=Page(
         detects="p99 inter-token latency at least {itl_ratio}x the median while the engine's steps show prefill work: "
-        "vLLM's tokens per step at p99 at least {step_ratio}x the median step, or TGI's prefill forward pass at "
+        "vLLM's tokens per step at p99 at least {step_ratio}x the median step (vLLM before 0.8 only: V1, the "
+        "default from 0.8, records iteration_tokens_total when a prompt's first token comes out and per batch of "
+        "outputs, not per step, so there the rule cannot decide), or TGI's prefill forward pass at "
         "least {step_ratio}x its decode pass; and at least {running_min} requests in flight at once. Quantiles "
         "interpolated inside a histogram bucket are compared by their buckets (the least p99 over the most p50), "
         "never as exact values. Advisory: it names a latency tail and its cause, never the verdict.",
@@ -367,7 +384,10 @@ def itl_inflated_by_prefill(c: Check) -> Finding | None:
         return None
     steps_hi, steps_lo = c.opt(S.SERVER_ITERATION_TOKENS_P99), c.opt(S.SERVER_ITERATION_TOKENS_P50)
     pre, dec = c.opt(S.SERVER_PREFILL_STEP_MEAN_S), c.opt(S.SERVER_DECODE_STEP_MEAN_S)
-    if steps_hi is not None and steps_lo is not None and steps_lo.highest > 0:
+    not_per_step = iteration_tokens_not_per_step(c.ev.meta.server_kind, c.ev.meta.server_version)
+    if not_per_step and steps_hi is not None and (pre is None or dec is None):
+        raise CannotDecide(not_per_step)
+    if not not_per_step and steps_hi is not None and steps_lo is not None and steps_lo.highest > 0:
         ratio, cite = steps_hi.lowest / steps_lo.highest, (steps_hi, steps_lo)
     elif pre is not None and dec is not None and dec.highest > 0:
         ratio, cite = pre.lowest / dec.highest, (pre, dec)
@@ -385,6 +405,27 @@ def itl_inflated_by_prefill(c: Check) -> Finding | None:
     return c.finding(0.45, f"p99 inter-token latency is at least {p99.lowest / p50.highest:.1f}x the median while "
                      f"the heaviest steps carry at least {ratio:.1f}x the work of a typical one: prefills stall "
                      "decoding.")
+
+
+# vLLM's V1 engine, the default from 0.8: its iteration_tokens_total is observed once per batch of outputs the front
+# end receives, a prompt's tokens counted when its first token comes out (a mean of 385 tokens per "iteration" on a
+# server whose steps hold at most 64), so it is no measure of the work in one step. V0 observed it per step.
+VLLM_V1_FROM = (0, 8)
+
+
+def iteration_tokens_not_per_step(server_kind: str, version: str) -> str:
+    """Why the engine's iteration-tokens histogram is not tokens per step, or "" where it is (vLLM before 0.8, whose
+    V0 engine observed it each step; diagnoser's demo server, which does too)."""
+    if server_kind != "vllm":
+        return ""
+    from diagnoser.engines.knobs import parse_version
+
+    parsed = parse_version(version) if version else None
+    if parsed is not None and parsed < VLLM_V1_FROM:
+        return ""
+    which = f"vLLM {version}" if parsed is not None else "vLLM of an unknown version (V1 is the default from 0.8)"
+    return (f"{which} records iteration_tokens_total when a request's first token comes out (a whole prompt at once) "
+            "and per batch of outputs, not per engine step: it does not say how much prefill a step carries")
 
 
 def _cap_prefill_fix(c: Check, gain: Gain) -> None:
