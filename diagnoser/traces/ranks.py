@@ -13,7 +13,9 @@ A serving frontend beside the ranks (vLLM writes its AsyncLLM process's trace, `
 same folder as the engine workers') is not a rank: it runs no kernels and none of the model's ops. It is left out of
 every statistic and listed in `frontends` (`is_frontend`).
 
-The job summary: busy and idle fractions are means over ranks; counts are summed; kernel-class and collective shares
+The job summary: busy and idle fractions are of the ranks' device time together (each rank's share weighed by its
+window times its devices: a rank cut short counts for the time it kept, never as much as a whole one); counts are
+summed; kernel-class and collective shares
 are weighted by GPU time; top kernels are merged by name (counts and times exact, p50/p90 the count-weighted mean of
 the ranks'); the duration histogram is summed (percentiles: count-weighted means of the ranks', the max exact); the
 timeline window is the first rank's, and the only one kept: each rank's entry in the JSON (`context.trace.ranks`)
@@ -94,10 +96,13 @@ def combine(path: Path, files: list[TraceAnalysis]) -> TraceAnalysis:
     with_gpu = [r for r in ranks if r.summary.gpu_busy_frac is not None]
     s.devices = sorted({d for r in ranks for d in r.summary.devices})
     if with_gpu:
-        s.gpu_busy_frac = statistics.fmean(r.summary.gpu_busy_frac for r in with_gpu)  # type: ignore[misc]
-        s.idle_frac_by_cause = {c: statistics.fmean(r.summary.idle_frac_by_cause.get(c, 0.0) for r in with_gpu)
+        s.gpu_busy_frac = _by_time(with_gpu, [r.summary.gpu_busy_frac for r in with_gpu])
+        s.idle_frac_by_cause = {c: _by_time(with_gpu, [r.summary.idle_frac_by_cause.get(c, 0.0) for r in with_gpu])
                                 for c in IDLE_CAUSES}
-    _pool(s, ranks, ("compute_time_frac", "non_compute_time_frac", "idle_time_frac"), statistics.fmean)
+    for name in ("compute_time_frac", "non_compute_time_frac", "idle_time_frac"):
+        measured = [r for r in ranks if getattr(r.summary, name) is not None]
+        if measured:
+            setattr(s, name, _by_time(measured, [getattr(r.summary, name) for r in measured]))
     grand = _pool_kernels(s, ranks)
     s.kernel_count = sum(r.summary.kernel_count for r in ranks)
     s.cuda_graph_launches = sum(r.summary.cuda_graph_launches for r in ranks)
@@ -137,6 +142,22 @@ def combine(path: Path, files: list[TraceAnalysis]) -> TraceAnalysis:
                          devices=first.devices, ranks=ranks, ridge_flop_per_byte=first.ridge_flop_per_byte,
                          gpu_spec=first.gpu_spec, world_size=first.world_size, snapshot=first.snapshot,
                          frontends=[a for a, _ in fronts])
+
+
+def _device_time(r: TraceAnalysis) -> float:
+    """A rank's window times its devices: what its busy and idle shares are shares of."""
+    return r.summary.window_s * max(1, len(r.timelines))
+
+
+def _by_time(ranks: list[TraceAnalysis], shares: list[float | None]) -> float:
+    """The job's share of its device time: each rank's share (in ranks' order) weighed by its device time (a rank cut
+    short counts for the time it kept, not as much as a whole one); the plain mean where no rank has a window."""
+    weights = [_device_time(r) for r in ranks]
+    values = [v or 0.0 for v in shares]
+    total = sum(weights)
+    if total <= 0:
+        return statistics.fmean(values)
+    return sum(v * w for v, w in zip(values, weights, strict=True)) / total
 
 
 def _pool(s: TraceSummary, ranks: list[TraceAnalysis], names: tuple[str, ...],
@@ -187,7 +208,8 @@ def _uncomparable(s: TraceSummary, ranks: list[TraceAnalysis]) -> None:
         why = "its file is cut short" if cut else "its window is under half the longest rank's"
         s.skipped.append(f"{name} is not compared with the other ranks: {why} ({a.summary.window_s * 1e3:.0f} of "
                          f"{longest * 1e3:.0f} ms), so its compute and communication shares describe another "
-                         "stretch of the job and no straggler is named from them")
+                         "stretch of the job and no straggler is named from them; the job's busy and idle shares "
+                         "count it for the time it kept")
 
 
 def _what_ran(s: TraceSummary, ranks: list[TraceAnalysis]) -> None:
