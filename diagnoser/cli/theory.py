@@ -60,6 +60,7 @@ from diagnoser.physics.attention import describe as describe_attention
 from diagnoser.physics.attention import mla_dims, sliding
 from diagnoser.physics.gpus import load_gpu_spec, looks_like_spec_file, resolve_gpu
 from diagnoser.physics.precision import normalise_dtype, weight_only
+from diagnoser.physics.quant import weight_format, with_weight_format
 from diagnoser.physics.whatif import REALISED_PREFIX
 from diagnoser.textsafe import printable
 
@@ -533,7 +534,8 @@ def register(app: typer.Typer) -> None:
                                            help="Share of each GPU's memory the server may use for weights and KV "
                                                 "cache, in (0, 1] (vLLM's --gpu-memory-utilization, default 0.9)."),
         dtype: str = typer.Option(None, "--dtype", help="Weight precision (default: the model's, 16-bit for a float32 "
-                                                        "config, else bf16)."),
+                                                        "config, else bf16), or a GGUF type (Q4_K_M, Q6_K, IQ3_M ...) "
+                                                        "or EXL2 bits (exl2:4.65)."),
         kv_dtype: str = typer.Option(None, "--kv-dtype", help="KV-cache precision (default: 16-bit)."),
         batch: int = typer.Option(1, "--batch", min=1, help="Sequences decoded together."),
         context: int = typer.Option(2048, "--context", min=0, help="Tokens per sequence (and the prompt size)."),
@@ -586,6 +588,9 @@ def register(app: typer.Typer) -> None:
         if gpu and gpu_spec:
             raise InputError("give --gpu or --gpu-spec, not both.")
         info = build_model(model, params, layers, kv_heads, head_dim)
+        fmt = weight_format(dtype) if dtype else None
+        if fmt is not None:  # a GGUF type or EXL2 bits: the model stored in that format
+            info, dtype = with_weight_format(info, fmt), fmt.dtype
         check_layout(info, tp, pp)
         for t in vs_tp:
             check_layout(info, t, pp, flag="--vs-tp")

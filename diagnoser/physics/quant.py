@@ -9,7 +9,10 @@ defaults below; docs/physics.md lists both with their sources.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+import msgspec
 
 from diagnoser.capture import ModelInfo
 from diagnoser.errors import InputError
@@ -33,13 +36,21 @@ class QuantScheme:
     scale_bytes: float
     lm_head: bool
     from_config: bool
+    bits: float = 0.0  # a format's bits per weight, block scales included (GGUF, EXL2); 0: element + scale/group
 
     @property
     def quantised(self) -> bool:
         return bytes_per_element(self.dtype) < 2
 
+    @property
+    def gguf(self) -> bool:
+        """A llama.cpp GGUF file: every matrix (the embedding too) at the format's bits, norms in FP32."""
+        return self.method.startswith("GGUF ")
+
     def bytes_per_weight(self, hidden: int | None) -> float:
-        """Element bytes plus the group's scale spread over its weights."""
+        """Element bytes plus the group's scale spread over its weights (a format's bits / 8 where it has them)."""
+        if self.bits > 0:
+            return self.bits / 8
         element = bytes_per_element(self.dtype)
         if self.group_size > 0:
             return element + self.scale_bytes / self.group_size
@@ -50,6 +61,8 @@ class QuantScheme:
     def describe(self) -> str:
         if not self.quantised:
             return self.dtype
+        if self.bits > 0:
+            return f"{self.method} ({self.bits:.3g} bits a weight, block scales included)"
         if self.group_size > 0:
             groups = f"{self.scale_bytes:g} B of scale per {self.group_size} weights"
         elif self.group_size == PER_CHANNEL:
@@ -79,6 +92,89 @@ _METHOD_DEFAULTS: dict[str, tuple[int, float]] = {
 }
 
 
+# --- llama.cpp's GGUF types and ExLlamaV2's EXL2 --------------------------------------------------------------------
+
+# Bytes per block and weights per block of ggml's quantised types, scales included: the block_* structs of ggml's
+# ggml-common.h (QK_K = 256; e.g. block_q4_K: two FP16 super-scales, 12 bytes of 6-bit scales, 128 bytes of nibbles
+# = 144 bytes per 256 weights = 4.5 bits a weight).
+_GGML_BLOCKS: dict[str, tuple[int, int]] = {
+    "q4_0": (18, 32), "q4_1": (20, 32), "q5_0": (22, 32), "q5_1": (24, 32), "q8_0": (34, 32),
+    "q2_k": (84, 256), "q3_k": (110, 256), "q4_k": (144, 256), "q5_k": (176, 256), "q6_k": (210, 256),
+    "iq1_s": (50, 256), "iq1_m": (56, 256), "iq2_xxs": (66, 256), "iq2_xs": (74, 256), "iq2_s": (82, 256),
+    "iq3_xxs": (98, 256), "iq3_s": (110, 256), "iq4_nl": (18, 32), "iq4_xs": (136, 256),
+}
+# File types that mix block types by tensor (llama.cpp's llama_model_quantize picks a type per tensor). Their
+# effective bits per weight are what llama.cpp's tools/quantize/quantize.cpp (QUANT_OPTIONS, printed by
+# `llama-quantize --help`) publishes: Llama-3-8B's file size in GiB ("Q4_K_M: 4.58G, +0.1754 ppl @ Llama-3-8B"),
+# over its 8,030,261,248 weights, or a stated bpw ("IQ3_M: 3.66 bpw quantization mix").
+_LLAMA3_8B_GIB: dict[str, float] = {
+    "q2_k": 2.96, "q3_k_s": 3.41, "q3_k_m": 3.74, "q3_k_l": 4.03, "q4_k_s": 4.37, "q4_k_m": 4.58, "q5_k_s": 5.21,
+    "q5_k_m": 5.33,
+}
+_LLAMA3_8B_WEIGHTS = 8_030_261_248
+_STATED_BPW: dict[str, float] = {"iq2_m": 2.7, "iq3_xs": 3.3, "iq3_m": 3.66}
+_GGUF_ALIASES = {"q3_k": "q3_k_m", "q4_k": "q4_k_m", "q5_k": "q5_k_m"}  # llama-quantize's aliases for file types
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """A named storage format with its bits per weight: `method` as shown ("GGUF Q4_K_M", "EXL2 4.65 bpw"), and the
+    precision class its bytes and compute rate go with (weight-only below 8 bits, dequantised in the matmul)."""
+
+    method: str
+    dtype: str
+    bits: float
+
+
+def ggml_type_bits(name: str) -> float | None:
+    """Bits per weight of one ggml block type (a tensor's type, not a file's mix), scales included."""
+    block = _GGML_BLOCKS.get(name.strip().lower())
+    return block[0] * 8 / block[1] if block else None
+
+
+def gguf_bits(name: str) -> float | None:
+    """Bits per weight of a GGUF type or file type, scales included; None for a name that is neither."""
+    key = name.strip().lower().replace("-", "_")
+    key = _GGUF_ALIASES.get(key, key)
+    if key in _LLAMA3_8B_GIB:
+        return _LLAMA3_8B_GIB[key] * 1024**3 * 8 / _LLAMA3_8B_WEIGHTS
+    if key in _STATED_BPW:
+        return _STATED_BPW[key]
+    return ggml_type_bits(key)
+
+
+def _class_of(bits: float) -> str:
+    return "int8" if bits >= 8 else "int4" if bits >= 4 else "int3" if bits >= 3 else "int2"
+
+
+_EXL2 = re.compile(r"exl2[\s:_-]*([0-9]*\.?[0-9]+)\s*(?:bpw|b)?")
+
+
+def weight_format(name: str) -> WeightFormat | None:
+    """A GGUF type ("Q4_K_M", "gguf:q6_k") or EXL2 at its average bits ("exl2:4.65", "exl2-4.65bpw"); None for any
+    other name. EXL2's bits must lie in 2 to 8, ExLlamaV2's range."""
+    text = name.strip().lower()
+    found = _EXL2.fullmatch(text)
+    if found:
+        bits = float(found.group(1))
+        if not 2 <= bits <= 8:
+            raise InputError(f"EXL2 at {bits:g} bits a weight is outside ExLlamaV2's 2 to 8 bits; write e.g. "
+                             "exl2:4.65.")
+        return WeightFormat(f"EXL2 {bits:g} bpw", _class_of(bits), bits)
+    key = text.removeprefix("gguf").lstrip(":_- ")
+    gguf = gguf_bits(key)
+    if gguf is None:
+        return None
+    return WeightFormat(f"GGUF {_GGUF_ALIASES.get(key.replace('-', '_'), key.replace('-', '_')).upper()}",
+                        _class_of(gguf), gguf)
+
+
+def with_weight_format(model: ModelInfo, fmt: WeightFormat) -> ModelInfo:
+    """The model stored in `fmt`: its precision class and the format's name, which quant_scheme reads back."""
+    return msgspec.structs.replace(model, dtype=fmt.dtype, quant_method=fmt.method, quant_group_size=None,
+                                   quant_scale_bytes=None, quant_lm_head=True)
+
+
 def quant_scheme(model: ModelInfo, dtype: str | None = None) -> QuantScheme:
     """The storage scheme of the weights at `dtype` (default: the model's). The model's own quantisation fields
     apply when `dtype` is its precision; another precision (a what-if) gets that precision's defaults."""
@@ -89,6 +185,9 @@ def quant_scheme(model: ModelInfo, dtype: str | None = None) -> QuantScheme:
     name, group, scale = _DEFAULTS[wanted]
     if wanted != own:
         return QuantScheme(wanted, name, group, scale, False, False)
+    fmt = weight_format(model.quant_method) if model.quant_method[:4].lower() in ("gguf", "exl2") else None
+    if fmt is not None:
+        return QuantScheme(wanted, fmt.method, 0, 0.0, True, True, bits=fmt.bits)
     method = model.quant_method.lower()
     if method in _METHOD_DEFAULTS:
         group, scale = _METHOD_DEFAULTS[method]
@@ -167,5 +266,8 @@ def weight_breakdown(model: ModelInfo, dtype: str | None = None) -> WeightBytes:
                            split.norms * element, scheme)
     per_weight = scheme.bytes_per_weight(model.hidden)
     wide = bytes_per_element(activation_dtype(scheme.dtype))
+    if scheme.gguf:  # llama.cpp quantises the token embedding too, and keeps norms in FP32
+        return WeightBytes(split.linear * per_weight, split.lm_head * per_weight, split.embedding * per_weight,
+                           split.norms * 4.0, scheme)
     head = split.lm_head * (per_weight if scheme.lm_head else wide)
     return WeightBytes(split.linear * per_weight, head, split.embedding * wide, split.norms * wide, scheme)
