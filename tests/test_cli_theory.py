@@ -511,3 +511,20 @@ def test_an_implausible_power_or_price_is_refused(app: typer.Typer, flag: str, v
     assert_one_sentence_error(result, "plausible")
     for fragment in fragments:
         assert fragment in result.output, (fragment, result.output)
+
+
+@pytest.mark.parametrize(("share", "shown"), [(None, "90%"), ("0.8", "80%")])
+def test_capacity_says_the_memory_share_it_assumed(app: typer.Typer, share: str | None, shown: str) -> None:
+    """A batch that does not fit is stated at the share of memory assumed for the server, in the same sentence."""
+    args = ["--model", "llama-3.1-8b", "--batch", "64", "--context", "8192"] + (["--mem-fraction", share]
+                                                                                 if share else [])
+    r = run_json(app, *args)
+    (note,) = [n for n in r["notes"] if "does not run" in n]
+    assert f"fit in {shown} of each GPU's memory" in note and "--mem-fraction" in note
+    assert note.count(". ") == 0 and note.endswith(".")
+    out = run(app, *args).stdout
+    assert f"none: batch 64 does not fit in {shown} of memory" in out
+    grown = ["--model", "llama-3.1-8b", "--batch", "8", "--context", "8192", "--vs-batch", "200"]
+    (w,) = run_json(app, *grown, *(["--mem-fraction", share] if share else []))["what_ifs"]
+    assert w["after_tokens_per_s"] == 0
+    assert f"does not fit beside the weights in {shown} of one" in w["explanation"]

@@ -141,8 +141,10 @@ def _notes(s: Setup, kv_known: bool, max_seqs: int | None) -> list[str]:
     if not kv_known:
         notes.append("KV cache not counted: pass --layers, --kv-heads and --head-dim to size it.")
     elif max_seqs is not None and s.batch > max_seqs > 0:
-        notes.append(f"Only {max_seqs} sequences of {s.context} tokens fit: batch {s.batch} does not run (the "
-                     "figures beside 'if it did' assume it did; try a smaller --batch, --kv-dtype fp8 or --tp).")
+        notes.append(f"Only {max_seqs} sequences of {s.context} tokens fit in {s.mem_fraction:.0%} of each GPU's "
+                     f"memory (the share assumed for the server, --mem-fraction): batch {s.batch} does not run at "
+                     "that share (the figures beside 'if it did' assume it did; try a smaller --batch, a larger "
+                     "--mem-fraction, --kv-dtype fp8 or --tp).")
     if s.model.max_context and s.context > s.model.max_context:
         notes.append(f"Context {s.context} exceeds the model's {s.model.max_context} positions.")
     math_dtype = compute_dtype(s.gpu, s.dtype)
@@ -347,7 +349,8 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     fit = r["max_concurrent_sequences"]
     if fit is not None and st["batch"] > fit:
         # The what-ifs start from 0 tokens/s for a batch that does not fit: say the same here.
-        rate = f"none: batch {st['batch']} does not fit ({_rate(d['ceiling_tokens_per_s'])} if it did)"
+        rate = (f"none: batch {st['batch']} does not fit in {st['mem_fraction']:.0%} of memory "
+                f"({_rate(d['ceiling_tokens_per_s'])} if it did)")
     rows += [("tokens/s", rate),
              ("ridge point", f"{ridge['flop_per_byte']:.0f} FLOP/byte at {r['gpu']['compute_dtype']}"),
              ("ridge batch", _ridge_text(ridge, st["context"] if kv else 0))]

@@ -81,12 +81,13 @@ def _memory_problem(model: ModelInfo, s: _Setup, context: float, mem_fraction: f
     weights = weight_bytes(model, s.dtype) / s.tp
     if weights > usable:
         return (f"{weights / 1e9:.1f} GB of weights per GPU exceed the {usable / 1e9:.1f} GB usable on one "
-                f"{s.gpu.name}")
+                f"{s.gpu.name} ({mem_fraction:.0%} of its memory assumed for the server)")
     if context and has_kv_shape(model):
         kv = s.batch * kv_bytes_per_sequence(model, context, s.kv_dtype, tp=s.tp)
         if weights + kv > usable:
             return (f"the KV cache of {s.batch:g} x {context:g} tokens ({kv / 1e9:.1f} GB per GPU) does not fit beside "
-                    f"the weights on one {s.gpu.name}")
+                    f"the weights in {mem_fraction:.0%} of one {s.gpu.name}'s memory (the share assumed for the "
+                    "server)")
     return ""
 
 
