@@ -36,8 +36,8 @@ BUNDLED_SOURCES: dict[str, str] = {
 
 # Architectures with a gated MLP (gate, up, down: three matrices) whatever their activation is called.
 _GATED_TYPES = frozenset({
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-    "phi3", "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "granite", "cohere", "internlm2", "yi",
+    "llama", "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+    "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "granite", "cohere", "internlm2", "yi",
 })
 _GATED_ACTS = frozenset({"silu", "swish", "swiglu"})
 # GPT-2 style: LayerNorm with bias, biases on every linear layer, learned position embeddings, 2-matrix MLP.
@@ -89,6 +89,13 @@ _UNREAD_KEYS: dict[str, str] = {
     "full_attn_idxs": "a per-layer attention pattern",
     "attn_layer_indices": "attention on the listed layers only",
 }
+# Llama 4 (transformers' Llama4TextConfig), read in full: experts on the layers interleave_moe_layer_step picks
+# (or moe_layers lists), each MoE layer with one shared expert of intermediate_size beside the routed ones, a dense
+# MLP of intermediate_size_mlp on the others, and chunked attention (attention_chunk_size) on the layers whose
+# no_rope_layers entry is 1 (by default 3 of every 4: every 4th layer is global, without RoPE).
+_LLAMA4_TYPES = frozenset({"llama4_text"})
+_LLAMA4_KEYS = frozenset({"interleave_moe_layer_step", "moe_layers", "intermediate_size_mlp", "attention_chunk_size",
+                          "no_rope_layers"})
 # Any other key of this form names a per-layer pattern too, or a state-space (Mamba/SSM) block, and is refused.
 _PATTERN_KEY = re.compile(r"(^|_)(mamba|ssm|linear_attn)(_|$)|layer_(period|offset|step|freq|pattern|indices|idxs)$"
                           r"|block_types?$|_pattern$")
@@ -99,8 +106,9 @@ _READ_PATTERN_KEYS = frozenset({"sliding_window_pattern"})
 def _refuse_unread_layout(cfg: dict[str, Any], label: str) -> None:
     """Refuse a config with a layer pattern diagnoser does not size, naming its key (a null or an empty list is
     the uniform default and passes)."""
+    read = _LLAMA4_KEYS if str(cfg.get("model_type", "")).lower() in _LLAMA4_TYPES else frozenset()
     for key, value in cfg.items():
-        if value is None or value == [] or value is False or key in _READ_PATTERN_KEYS:
+        if value is None or value == [] or value is False or key in _READ_PATTERN_KEYS or key in read:
             continue
         what = _UNREAD_KEYS.get(key)
         if what is None and _PATTERN_KEY.search(key):
@@ -389,7 +397,33 @@ class _Shape:
         self.dense_layers = _positive_int(cfg, label, "first_k_dense_replace", required=False) or 0
         self.dense_layers = min(self.dense_layers, self.layers) if self.experts > 1 else self.layers
         self._mla(cfg, label)
-        self.sliding_window, self.sliding_layers = _sliding_layout(cfg, label, self.model_type, self.layers)
+        if self.model_type in _LLAMA4_TYPES:
+            self._llama4(cfg, label)
+        else:
+            self.sliding_window, self.sliding_layers = _sliding_layout(cfg, label, self.model_type, self.layers)
+
+    def _llama4(self, cfg: dict[str, Any], label: str) -> None:
+        """Llama 4's layer pattern (see _LLAMA4_TYPES): which layers have experts, the shared expert, the dense
+        MLP's own width, and the chunked layers, whose KV a sequence holds at most a chunk of (a sliding window of
+        the chunk's size bounds it)."""
+        step = _positive_int(cfg, label, "interleave_moe_layer_step", required=False) or 1
+        listed = cfg.get("moe_layers")
+        if listed is not None and not (isinstance(listed, list) and all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.layers for i in listed)):
+            raise InputError(f"{label}: moe_layers must list layer indices below {self.layers}.")
+        moe = len(set(listed)) if listed is not None else len(range(step - 1, self.layers, step))
+        if self.experts > 1:
+            self.dense_layers = self.layers - moe
+            self.shared_width = self.intermediate  # Llama4TextMoe's shared_expert is an MLP of intermediate_size
+            self.expert_width = self.intermediate
+            self.intermediate = _positive_int(cfg, label, "intermediate_size_mlp", required=False) or self.intermediate
+        self.qk_norm = False  # Llama 4's q/k norm is an L2 norm without weights
+        chunk = _positive_int(cfg, label, "attention_chunk_size", required=False)
+        rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(self.layers)]
+        if not (isinstance(rope, list) and len(rope) == self.layers and all(r in (0, 1) for r in rope)):
+            raise InputError(f"{label}: no_rope_layers must hold a 0 or 1 for each of the {self.layers} layers.")
+        chunked = sum(1 for r in rope if r == 1)
+        self.sliding_window, self.sliding_layers = (chunk, chunked) if chunk and chunked else (None, 0)
 
     def _mla(self, cfg: dict[str, Any], label: str) -> None:
         """Multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank in the config): its projections and the
