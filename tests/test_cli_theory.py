@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import typer
 from typer.testing import CliRunner, Result
 
 from diagnoser.cli import theory
+from diagnoser.physics.whatif import ratio_text
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +57,8 @@ def test_bundled_model_report_in_80_columns(app: typer.Typer) -> None:
     # 2 x 32 all-reduces and a logits gather (0.326 ms): 4.265 / (2.133 + 0.326) = x1.73.
     for text in ("meta-llama/Llama-2-7b-hf on H100 SXM5 80GB", "6.74 B", "13.5 GB at fp16", "512 KiB",
                  "fits", "yes", "<= 59 of 2,048 tokens", "all sequences together", "memory-bound", "<= 234 at batch 1", "295 FLOP/byte",
-                 "never at 2,048 tokens", "2,048 tokens", "$ per million tokens", "fp16 -> fp8", "(x1.83)",
-                 "H100 SXM5 80GB -> H200 SXM 141GB", "batch 1 -> 32", "tp 1 -> 2", "(x1.73)", "0.326 ms a step",
+                 "never at 2,048 tokens", "2,048 tokens", "$ per million tokens", "fp16 -> fp8", "(x1.8)",
+                 "H100 SXM5 80GB -> H200 SXM 141GB", "batch 1 -> 32", "tp 1 -> 2", "(x1.7)", "0.326 ms a step",
                  "NVLink 4", "stored as fp8 per-tensor"):
         assert text in out, text
 
@@ -214,7 +216,7 @@ def test_measured_rate_gives_realised_gains_beside_the_ceiling_ratio(app: typer.
     assert 1 < tp2["realised_speedup"] < tp2["ceiling_speedup"] < 2
     assert any(a.startswith("realised gain:") for a in fp8["assumptions"])
     out = run(app, "--model", "llama-2-7b", "--efficiency", "0.5", "--vs-dtype", "fp8").output
-    assert "(x1.83); realised x1.3" in out and "x ceiling: the ratio of the ceilings" in out
+    assert "(x1.8); realised x1.3" in out and "x ceiling: the ratio of the ceilings" in out
     assert all(len(line.rstrip()) <= 80 for line in out.splitlines())
 
 
@@ -528,3 +530,19 @@ def test_capacity_says_the_memory_share_it_assumed(app: typer.Typer, share: str 
     (w,) = run_json(app, *grown, *(["--mem-fraction", share] if share else []))["what_ifs"]
     assert w["after_tokens_per_s"] == 0
     assert f"does not fit beside the weights in {shown} of one" in w["explanation"]
+
+
+@pytest.mark.parametrize(("value", "shown"), [(121.44, "x120"), (1.834, "x1.8"), (1.73, "x1.7"), (0.998, "x1.0"),
+                                             (9.96, "x10"), (33.1, "x33"), (0.0912, "x0.091"), (1507.0, "x1,500")])
+def test_ratios_are_shown_to_two_significant_digits(value: float, shown: str) -> None:
+    assert ratio_text(value) == shown
+
+
+def test_a_large_batch_jump_prints_two_digits(app: typer.Typer) -> None:
+    """Batch 1 -> 256 on a 70B over 8 GPUs: the ceiling ratio printed to two significant digits, as the JSON's
+    full figure rounds."""
+    args = ("--model", "llama-3.1-70b", "--gpu", "h100", "--tp", "8", "--context", "1024", "--vs-batch", "256")
+    (w,) = run_json(app, *args)["what_ifs"]
+    out = run(app, *args).output
+    assert f"({ratio_text(w['speedup'])})" in out and f"{w['speedup']:.2f}" not in out
+    assert re.search(r"\(x[0-9,]+(\.[0-9])?\)", out)

@@ -61,7 +61,7 @@ from diagnoser.physics.attention import mla_dims, sliding
 from diagnoser.physics.gpus import load_gpu_spec, looks_like_spec_file, resolve_gpu
 from diagnoser.physics.precision import normalise_dtype, weight_only
 from diagnoser.physics.quant import weight_format, with_weight_format
-from diagnoser.physics.whatif import REALISED_PREFIX
+from diagnoser.physics.whatif import REALISED_PREFIX, ratio_text
 from diagnoser.textsafe import printable
 
 WIDTH = 80
@@ -391,9 +391,9 @@ def _render_what_if(w: dict[str, Any], console: Console) -> None:
     elif w["speedup"] is None:
         head += " (fits now)"
     else:
-        head += f" (x{w['speedup']:.2f})"
+        head += f" ({ratio_text(w['speedup'])})"
         if w["realised_speedup"] is not None:
-            head += f"; realised x{w['realised_speedup']:.2f}"
+            head += f"; realised {ratio_text(w['realised_speedup'])}"
     nb, na = w.get("before_batch"), w.get("after_batch")
     if nb and na and nb != na and w["after_tokens_per_s"]:
         # A batch change moves the throughput of all sequences together; each sequence's own speed goes the other way.

@@ -7,6 +7,7 @@ parallelism, and, where the efficiency against the ceiling is known, the gain a 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from diagnoser.capture import ModelInfo
@@ -73,6 +74,19 @@ class _Setup:
     batch: float
     tp: int
     link: Interconnect
+
+
+def ratio_text(value: float) -> str:
+    """An estimated ratio to two significant digits (x121.44 -> x120, x1.834 -> x1.8, x0.998 -> x1.0): the models
+    behind it are not good to four."""
+    if not (math.isfinite(value) and value > 0):
+        return f"x{value:g}"
+    digits = 1 - math.floor(math.log10(value))
+    rounded = round(value, digits)
+    if math.floor(math.log10(rounded)) > math.floor(math.log10(value)):  # 9.96 -> 10: one digit fewer after the point
+        digits -= 1
+        rounded = round(value, digits)
+    return f"x{rounded:,.{max(digits, 0)}f}"
 
 
 def _memory_problem(model: ModelInfo, s: _Setup, context: float, mem_fraction: float) -> str:
@@ -248,10 +262,10 @@ def what_if(
         realised = realised_speedup(workloads[0], workloads[1], efficiency)
     tail = ""
     if speedup is not None and not problems[1]:
-        tail = f", so tokens/s x{speedup:.2f} at the ceiling"
+        tail = f", so tokens/s {ratio_text(speedup)} at the ceiling"
         if realised is not None:
-            tail += (f"; x{realised:.2f} realised at {efficiency:.0%} of the ceiling (the time beyond the roofline "
-                     "stays)")
+            tail += (f"; {ratio_text(realised)} realised at {efficiency:.0%} of the ceiling (the time beyond the "
+                     "roofline stays)")
     assumptions = _assumptions(model, before, after, context, efficiency if realised is not None else None,
                                mem_fraction)
     if capacity_note:
@@ -361,13 +375,13 @@ def generation_what_if(
         why = (f"each request's prefill of {prompt_tokens:,} tokens is counted beside its {generated_tokens:,} "
                f"generated tokens: the prefill is {prefill_share[0]:.0%} -> {prefill_share[1]:.0%} of the time at the "
                f"ceiling, and a larger batch shares only the decode's weight reads (decode alone: "
-               f"x{decode_only[1] / decode_only[0]:.2f})")
+               f"{ratio_text(decode_only[1] / decode_only[0])})")
     tail = ""
     if speedup is not None and not problems[1]:
-        tail = f", so tokens/s x{speedup:.2f} at the ceiling"
+        tail = f", so tokens/s {ratio_text(speedup)} at the ceiling"
         if realised is not None:
-            tail += (f"; x{realised:.2f} realised at {efficiency:.0%} of the decode ceiling (the time beyond the "
-                     "roofline stays per decode step)")
+            tail += (f"; {ratio_text(realised)} realised at {efficiency:.0%} of the decode ceiling (the time "
+                     "beyond the roofline stays per decode step)")
     notes = [f"requests of {prompt_tokens:,} prompt tokens and {generated_tokens:,} generated, the prompts "
              f"prefilled together, the decode steps at the mean context {prompt_tokens + generated_tokens / 2:,.0f}"]
     notes += _assumptions(model, before, after, held, efficiency if realised is not None else None, mem_fraction)
