@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from diagnoser import signals as S
+from diagnoser.capture import Capture
 from diagnoser.diagnosis import FixKind
 from diagnoser.engines.knobs import Setting, direction_of
 from diagnoser.engines.tables import knobs_of
@@ -154,6 +155,7 @@ class Comparison:
     predictions: list[Prediction] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     confounders: list[str] = field(default_factory=list)  # what else changed: no prediction is graded
+    loop: str = ""  # "closed (N clients)" where both windows are one closed loop; "" for open or unknown
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -235,6 +237,7 @@ def _first_bucket_bound(name: str, unit: str, before: Outcome, after: Outcome) -
 
 
 ITL_FROM_RATES = "derived.itl_per_sequence_s"
+LOOP_TIME = "derived.request_time_closed_loop_s"
 
 
 def _itl_from_rates(before: Outcome, after: Outcome) -> Measure | None:
@@ -282,9 +285,9 @@ def _stopped(times: list[float], totals: list[float]) -> str:
     return ""
 
 
-def _idle_end(outcome: Outcome) -> str:
+def _idle_end(capture: Capture) -> str:
     """Most of the window's last half with nothing running, after something ran: the load ended inside it."""
-    runs = [s for s in outcome.capture.series if s.name == S.SERVER_RUNNING and len(s.values) >= 6]
+    runs = [s for s in capture.series if s.name == S.SERVER_RUNNING and len(s.values) >= 6]
     if len(runs) != 1:
         return ""
     times, values = runs[0].times, runs[0].values
@@ -296,7 +299,7 @@ def _idle_end(outcome: Outcome) -> str:
     return ""
 
 
-def window_rate(outcome: Outcome, name: str) -> WindowRate | None:
+def window_rate(outcome: Outcome | Capture, name: str) -> WindowRate | None:
     """The window's rate of one of the server's counters: (last total - first total) / (last time - first time),
     never a mean of the per-interval rates (an engine that updates its counters in bursts on a busy host makes those
     irregular: a mean of 9-13 of them read x1.39 where the counters moved x0.93). Its standard error: each end's
@@ -304,7 +307,8 @@ def window_rate(outcome: Outcome, name: str) -> WindowRate | None:
     scrape: the spread of each interval's increase about the window's rate), each end's time by how long its answer
     took. From Capture.counters, else (older captures) from the rate
     series, whose points are each interval's increase over its length."""
-    track = next((c for c in outcome.capture.counters if c.name == name and len(c.times) >= 2), None)
+    capture = outcome.capture if isinstance(outcome, Outcome) else outcome
+    track = next((c for c in capture.counters if c.name == name and len(c.times) >= 2), None)
     if track is not None:
         times, totals = list(track.times), list(track.values)
         fetch = list(track.fetch_s) if len(track.fetch_s) == len(times) else [0.0] * len(times)
@@ -313,7 +317,7 @@ def window_rate(outcome: Outcome, name: str) -> WindowRate | None:
         times, totals, fetch = times[start:], totals[start:], fetch[start:]
         method = "counter delta"
     else:
-        series = [s for s in outcome.capture.series if s.name == name]
+        series = [s for s in capture.series if s.name == name]
         if len(series) != 1 or len(series[0].values) < 3:
             return None
         pts = list(zip(series[0].times, series[0].values, strict=True))
@@ -336,8 +340,18 @@ def window_rate(outcome: Outcome, name: str) -> WindowRate | None:
     # Each end's time is known to within how long its answer took (uniform in it).
     time_sd = math.hypot(fetch[0], fetch[-1]) / math.sqrt(12)
     se = math.hypot(count_sd / span, value * time_sd / span)
-    ended = _stopped(times, totals) or _idle_end(outcome)
+    ended = _stopped(times, totals) or _idle_end(capture)
     return WindowRate(value, se, span, len(times), method, ended)
+
+
+def load_ended(capture: Capture) -> str:
+    """How the load visibly ended inside a capture's window (its counters stopped, or nothing ran in most of its
+    end after requests ran), or "" when it did not or the capture has no server rate."""
+    for name in RATES:
+        w = window_rate(capture, name)
+        if w is not None:
+            return w.ended
+    return ""
 
 
 def _rate_measure(name: S.Sig, before: Outcome, after: Outcome) -> Measure | None:
@@ -368,11 +382,13 @@ def _measure(name: S.Sig, before: Outcome, after: Outcome) -> Measure | None:
         ("", None, "")
     buckets = (_bucket(name, before) if a else None, _bucket(name, after) if b else None) \
         if name in _QUANTILE_PAIRS else (None, None)
-    low = high = None
-    if buckets[0] is not None and buckets[1] is not None and not unresolved and not op:
+    low: float | None = None
+    high: float | None = None
+    first_side, second_side = buckets
+    if first_side is not None and second_side is not None and not unresolved and not op:
         # One rule for every quantile (p50 as p99): inside a bucket it is only the bucket, so two in different
         # buckets give the range of ratios the buckets allow, never the ratio of the interpolated values.
-        (la, ha), (lb, hb) = buckets
+        (la, ha), (lb, hb) = first_side, second_side
         low = lb / ha if not math.isinf(ha) and ha > 0 else None
         high = hb / la if la > 0 and not math.isinf(hb) else None
         if low is None and high is None:
@@ -518,6 +534,35 @@ _RAISE_BATCH = frozenset({FixKind.KV_MEMORY, FixKind.FP8_KV, FixKind.BATCH_MORE,
                           FixKind.TOKEN_BUDGET, FixKind.CAP_PREFILL})
 
 
+def clients_in_closed_loop(o: Outcome) -> int | None:
+    """The number of clients when the window's load is a closed loop (each client waits for its answer before it
+    sends the next): the load generator's concurrency where the capture records it, else the requests in flight
+    (running + waiting) capped at the same most all window, reached more than once and never passed, with the queue
+    not growing (arrivals keep pace with completions, the last third's queue no longer than the first's). None for
+    an open loop or a window that cannot tell."""
+    if o.capture.serving.load_concurrency:
+        return int(o.capture.serving.load_concurrency)
+    running = [s for s in o.capture.series if s.name == S.SERVER_RUNNING]
+    waiting = [s for s in o.capture.series if s.name == S.SERVER_WAITING]
+    if len(running) != 1 or len(waiting) != 1 or len(running[0].values) != len(waiting[0].values) \
+            or len(running[0].values) < 6:
+        return None
+    flight = [r + w for r, w in zip(running[0].values, waiting[0].values, strict=True)]
+    most = max(flight)
+    third = len(flight) // 3
+    queue = waiting[0].values
+    if most < 1 or most != int(most) or sum(f == most for f in flight) < 2 \
+            or sum(queue[-third:]) / third > sum(queue[:third]) / third + 0.5:
+        return None
+    return int(most)
+
+
+def closed_loop(before: Outcome, after: Outcome) -> int | None:
+    """The clients of a closed loop both windows share, or None (an open loop, or another number of clients)."""
+    a, b = clients_in_closed_loop(before), clients_in_closed_loop(after)
+    return a if a is not None and a == b else None
+
+
 def _refused(o: Outcome) -> bool:
     refused = o.evidence.get(S.SERVER_HTTP_REJECTED_PER_S)
     return refused is not None and refused.mean > 0
@@ -537,7 +582,9 @@ def confounders(before: Outcome, after: Outcome, changes: list[Change] | None = 
         out.append("several changes at once (" + "; ".join(f"{ch.what} {ch.before} -> {ch.after}" for ch in moved)
                    + ")")
     batch = next((ch for ch in changes or [] if ch.what == BATCH_CHANGE), None)
-    if batch is not None and not kinds & _RAISE_BATCH:
+    # In a closed loop of the same clients a speed fix moves the batch itself: each request ends sooner, and the
+    # clients' own time between requests becomes a larger share of the loop, so fewer are in flight at once.
+    if batch is not None and not kinds & _RAISE_BATCH and not (kinds and closed_loop(before, after)):
         out.append(f"the running batch changed ({batch.before} -> {batch.after}) with no fix that moves it")
     ca, cb = before.capture.serving.mean_context_tokens, after.capture.serving.mean_context_tokens
     if ca and cb and max(ca / cb, cb / ca) > 1.5:
@@ -664,6 +711,14 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
     c.activity = [m for n in (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE,
                               S.TRACE_GPU_IDLE_FRAC, S.THEORY_EFFICIENCY)
                   if (m := _measure(n, before, after)) is not None]
+    clients = closed_loop(before, after)
+    if clients is not None:
+        c.loop = f"closed ({clients} clients)"
+        requests = next((m for m in c.rates if m.signal == S.SERVER_REQUESTS_PER_S and m.ratio is not None), None)
+        if requests is not None and requests.before and requests.after:
+            # Little's law for the loop: each client's time per request is the clients over the requests per second.
+            c.latencies.insert(0, Measure(LOOP_TIME, "s", clients / requests.before, clients / requests.after,
+                                          method="closed loop: clients / requests per second"))
     applied = {ch.fix for ch in c.changes if ch.fix is not None}
     measure = _main_rate(c)
     confounded = c.confounders = confounders(before, after, c.changes)
@@ -686,6 +741,11 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
     if not c.rates:
         c.notes.append("Neither capture has a server rate (tokens/s, requests/s): realised gains cannot be measured; "
                        "attach with --port to read the server's /metrics.")
+    if clients is not None:
+        c.notes.append(f"Both windows are a closed loop of the same {clients} clients (requests in flight capped at "
+                       f"{clients}, the queue not growing): a faster server ends each request sooner and its client "
+                       "sends the next at once, so the throughput measures the fix and the time per request moves as "
+                       "its inverse (clients / requests per second); the running batch moving is the fix's effect.")
     if measure is not None and measure.ungraded:
         c.notes.append(f"No realised gain: {measure.ungraded}. Attach again while the load runs through the whole "
                        "window.")
@@ -696,4 +756,5 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
 
 
 __all__ = ["ITL_FROM_RATES", "AGREEMENT", "LOSS", "NOISY_BOUND", "Change", "Comparison", "Measure", "Prediction",
-           "WindowRate", "compare", "confounders", "host_load", "window_rate"]
+           "WindowRate", "clients_in_closed_loop", "closed_loop", "compare", "confounders", "host_load", "load_ended",
+           "window_rate"]

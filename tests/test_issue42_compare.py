@@ -107,3 +107,47 @@ def test_every_quantile_inside_a_bucket_is_its_bucket_in_compare() -> None:
     assert "server.ttft_p50_s: 10.00 s to 20.00 s (histogram bucket) -> 2.50 s to 5.00 s (histogram bucket)  " \
            "x0.12 to x0.50 (from the buckets)" in text
     assert "15.00 s" not in text
+
+
+def test_attach_says_where_its_window_lay_and_that_the_load_ended_inside_it() -> None:
+    """A host that stalls new processes began `attach --duration 15`'s window 16-34 s after the command; the user
+    read it as "the last 15 s". attach says when the window began and ended, and warns of a load that ended."""
+    from diagnoser.cli.attach import window_said
+
+    capture = _bursty(load(FP8), [float(t) for t in range(9)],
+                      [0.0, 700.0, 1400.0, 1888.0, 1888.0, 1888.0, 1888.0, 1888.0, 1888.0])
+    capture.duration_s = 8.0
+    line, note = window_said(capture, capture.started_at - 16.0)
+    assert line.startswith("diagnoser: the window ran from 16.0 s to 24.0 s after the command started (8.0 s "
+                           "observed); the load ended inside it: the load stopped 3.0 s into the window")
+    assert "began 16.0 s after the command" in note and "The load ended inside the window" in note
+    on_time = _bursty(load(FP8), TIMES, TOTALS)
+    on_time.duration_s = 8.0
+    line, note = window_said(on_time, on_time.started_at - 0.3)
+    assert "from 0.3 s to 8.3 s after the command started" in line and "ended inside" not in line and note == ""
+
+
+def _flight(c: Capture, running: list[float], waiting: list[float]) -> Capture:
+    c.series = [s for s in c.series if s.name not in (S.SERVER_RUNNING, S.SERVER_WAITING)]
+    times = [float(i) for i in range(len(running))]
+    c.series.append(Series(name=S.SERVER_RUNNING, unit="requests", source="server", times=times, values=running))
+    c.series.append(Series(name=S.SERVER_WAITING, unit="requests", source="server", times=times, values=waiting))
+    return c
+
+
+def test_a_closed_loop_is_graded_where_the_running_batch_moves_with_the_fix() -> None:
+    """4 closed-loop clients: a faster server ends each request sooner and its client's own time becomes more of
+    the loop, so fewer are in flight (3.4 -> 1.9). compare refused: "the running batch changed with no fix that moves
+    it". In a closed loop of the same clients that is the fix's effect: the throughput is graded."""
+    before = _flight(load(B1), [4, 3, 4, 3, 4, 3, 4, 3, 3, 3], [0.0] * 10)
+    after = _flight(load(FP8), [2, 1, 2, 4, 2, 1, 4, 2, 1, 2], [0.0] * 10)
+    c = compare(diagnose_capture(before), diagnose_capture(after))
+    assert not any("running batch" in x for x in c.confounders), c.confounders
+    assert c.loop == "closed (4 clients)" and any("closed loop of the same 4 clients" in n for n in c.notes)
+    (p,) = [p for p in c.predictions if p.kind is FixKind.FP8_WEIGHTS]
+    assert p.graded and p.verdict == "held"
+    # an open loop (in flight not capped at one number: arrivals set it) with the same batch move is still refused
+    open_after = _flight(load(FP8), [2, 1, 2, 6, 2, 1, 2, 2, 1, 2], [0.0, 0, 0, 1, 0, 0, 0, 0, 0, 0])
+    open_before = _flight(load(B1), [4, 3, 5, 3, 4, 3, 4, 3, 3, 3], [0.0] * 10)
+    o = compare(diagnose_capture(open_before), diagnose_capture(open_after))
+    assert o.loop == "" and any("running batch changed" in x for x in o.confounders)

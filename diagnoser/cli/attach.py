@@ -8,6 +8,7 @@ command exits 143.
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -162,6 +163,7 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every fix, its basis and skipped rules."),
     ) -> None:
         """Attach to a running inference server, observe it, and say what limits it."""
+        command_started = time.time()
         from diagnoser.collectors.session import Progress, collect
         from diagnoser.collectors.target import resolve_target
         from diagnoser.physics import resolve_model
@@ -197,6 +199,10 @@ def register(app: typer.Typer) -> None:
             if capture.process is not None and capture.process.exited_at_s is not None:
                 view.say(f"diagnoser: pid {capture.process.pid} exited {capture.process.exited_at_s:.1f} s into "
                          "the window; diagnosing what was captured until then.")
+            line, note = window_said(capture, command_started)
+            view.say(line)
+            if note:
+                capture.notes.append(note)
             add_model(capture, user_model, target)
             return capture
 
@@ -209,6 +215,32 @@ def register(app: typer.Typer) -> None:
         if save_to is not None:
             typer.echo(f"diagnoser: saved the capture to {save_to}", err=True)
         show(outcome, as_json=as_json, fail_on=wanted, verbose=verbose)
+
+
+# A window that began this long after the command is said in the capture's notes, not only on the terminal.
+LATE_START_S = 2.0
+
+
+def window_said(capture: Capture, command_started: float) -> tuple[str, str]:
+    """Where the window lay relative to the command (a host that stalls new processes began a 15 s window 16-34 s
+    after it, read by the user as "the last 15 s"), and how the load visibly ended inside it: the line attach
+    prints, and the note the capture keeps ("" when the window began on time and the load ran through it)."""
+    from diagnoser.compare import load_ended
+
+    began = capture.started_at - command_started
+    ended = began + capture.duration_s
+    line = (f"diagnoser: the window ran from {began:.1f} s to {ended:.1f} s after the command started "
+            f"({capture.duration_s:.1f} s observed)")
+    notes = []
+    if began >= LATE_START_S:
+        notes.append(f"The window began {began:.1f} s after the command and ended {ended:.1f} s after it: it describes "
+                     "those seconds, not the moments before the command.")
+    stopped = load_ended(capture)
+    if stopped:
+        line += f"; the load ended inside it: {stopped}"
+        notes.append(f"The load ended inside the window ({stopped}): the rates describe a server running out of "
+                     "work, not its load; attach again while the load runs through the whole window.")
+    return line + ".", " ".join(notes)
 
 
 def _gpu_problem(capture: Capture) -> str:
