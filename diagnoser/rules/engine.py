@@ -13,7 +13,9 @@ but still writes its headline and fixes.
 
 Confidence starts at the winner's strength and drops for thin windows, missing core signals, strong findings that
 contradict it, and what limits the data's quality (a cut-short trace, damaged events, a sampled trace, a handful of
-kernels). Below 0.3 the verdict is "inconclusive" and says what to collect.
+kernels). An idle finding from a proxy (the server's request counts) does not contradict a GPU a kernel keeps busy
+BUSY_GPU of the window, nor ties with it; a near tie keeps confidence below "high". Below 0.3 the verdict is
+"inconclusive" and says what to collect.
 
 Fixes (diagnoser.rules.judge) are then checked against the evidence: none for what is already in place, none that
 does not fit the workload, one per kind, every gain bounded by the measured time split, and the first one addresses
@@ -35,6 +37,8 @@ from diagnoser.rules.judge import judge_fixes
 from diagnoser.rules.ruleset import RuleSet, default_rules
 
 MIN_CONFIDENCE = 0.30
+# Where Diagnosis.confidence_label says "high"; a near tie stays below it.
+HIGH_CONFIDENCE = 0.70
 # Strengths closer than this are a near tie: the rules' strengths are graded evidence, not measurements to 0.01.
 NEAR_TIE = 0.05
 _ROOFS = {Limiter.MEMORY_BANDWIDTH, Limiter.COMPUTE, Limiter.LATENCY}
@@ -49,6 +53,10 @@ _CONFLICTS = {
     frozenset({Limiter.VRAM, Limiter.IDLE}),
     frozenset({Limiter.BATCHING, Limiter.IDLE}),
 }
+# An idle verdict against the target's own use: its process tree using this share of the host's cores, or its GPU
+# busy this share of the window, is a server at work, whatever its gauges read.
+BUSY_CPU_SHARE = 0.6
+BUSY_GPU = 0.8
 _ACTIVITY = (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_TENSOR_ACTIVE)
 
 
@@ -68,25 +76,33 @@ def choose_primary(findings: list[Finding], ev: Evidence) -> Finding | None:
 def near_tie(primary: Finding, findings: list[Finding], ev: Evidence) -> str:
     """One sentence when `primary` won by a hair over a finding of another limiter that the same step of
     choose_primary could have picked; "" when it won clearly or by precedence (GPU errors, VRAM that does not fit)."""
-    if (primary.limiter is Limiter.ERRORS and primary.strength >= 0.9) or (
-            primary.limiter is Limiter.VRAM and primary.strength >= 0.6):
+    rival = tie_rival(primary, findings, ev)
+    if rival is None:
         return ""
-    rivals = [f for f in findings if f.limiter is not primary.limiter]
-    busy = ev.busy_fraction()
-    if busy is not None and busy < 0.5 and primary.limiter not in _ROOFS:
-        rivals = [f for f in rivals if f.limiter not in _ROOFS]  # a GPU idle most of the time: roofs cannot win
-    if not rivals:
-        return ""
-    rival = max(rivals, key=lambda f: f.strength)
     margin = primary.strength - rival.strength
-    if abs(margin) >= NEAR_TIE:
-        return ""
     return (f"A near tie: {primary.limiter.label} ({primary.code}, strength {primary.strength:.3f}) against "
             f"{rival.limiter.label} ({rival.code}, strength {rival.strength:.3f}), {abs(margin):.3f} apart; the "
             f"window supports either about as well, so the fixes for both are listed.")
 
 
-def _confidence(primary: Finding, findings: list[Finding], ev: Evidence) -> tuple[float, list[str]]:
+def tie_rival(primary: Finding, findings: list[Finding], ev: Evidence) -> Finding | None:
+    """The finding of another limiter `primary` beat by less than NEAR_TIE, or None."""
+    if (primary.limiter is Limiter.ERRORS and primary.strength >= 0.9) or (
+            primary.limiter is Limiter.VRAM and primary.strength >= 0.6):
+        return None
+    rivals = [f for f in findings if f.limiter is not primary.limiter]
+    busy = ev.busy_fraction()
+    if busy is not None and busy < 0.5 and primary.limiter not in _ROOFS:
+        rivals = [f for f in rivals if f.limiter not in _ROOFS]  # a GPU idle most of the time: roofs cannot win
+    if busy is not None and busy >= BUSY_GPU and not ev.meta.cpu_only:
+        rivals = [f for f in rivals if f.limiter is not Limiter.IDLE]  # a GPU busy most of the time is not idle
+    if not rivals:
+        return None
+    rival = max(rivals, key=lambda f: f.strength)
+    return rival if abs(primary.strength - rival.strength) < NEAR_TIE else None
+
+
+def _confidence(primary: Finding, findings: list[Finding], ev: Evidence, tie: str = "") -> tuple[float, list[str]]:
     conf, reasons = primary.strength, [f"{primary.code} evidence strength {primary.strength:.2f}"]
     activity = [ev[n] for n in _ACTIVITY if n in ev]
     if not activity and S.TRACE_GPU_IDLE_FRAC not in ev:
@@ -98,13 +114,24 @@ def _confidence(primary: Finding, findings: list[Finding], ev: Evidence) -> tupl
     if primary.limiter in (Limiter.BATCHING, Limiter.IDLE) and S.SERVER_WAITING not in ev:
         conf *= 0.85
         reasons.append("no server queue metric to separate batching from a light load: x0.85")
+    busy = ev.busy_fraction() if not ev.meta.cpu_only else None
     for other in findings:
         if other is primary or frozenset({primary.limiter, other.limiter}) not in _CONFLICTS:
+            continue
+        if other.limiter is Limiter.IDLE and busy is not None and busy >= BUSY_GPU:
+            # A GPU-side measure of busy time outranks a proxy for idleness (a server's request counts): a GPU
+            # busy most of the window is not idle, whatever the running count reads.
+            reasons.append(f"{other.code} ({other.limiter.label}) set aside: the GPU was busy {busy:.0%} of the "
+                           "window")
             continue
         if other.strength >= primary.strength - 0.15:
             conf *= 0.65
             reasons.append(f"{other.code} ({other.limiter.label}) fits the evidence almost as well: x0.65")
             break
+    if tie and conf >= HIGH_CONFIDENCE:
+        # "High" confidence cannot stand above "the window supports either about as well".
+        conf = HIGH_CONFIDENCE - 0.01
+        reasons.append(f"a near tie with another limiter: below high ({conf:.2f})")
     for q in ev.quality:
         conf *= q.factor
         reasons.append(f"{q.reason}: x{q.factor:.2f}")
@@ -113,10 +140,6 @@ def _confidence(primary: Finding, findings: list[Finding], ev: Evidence) -> tupl
     return round(conf, 3), reasons
 
 
-# An idle verdict against the target's own use: its process tree using this share of the host's cores, or its GPU
-# busy this share of the window, is a server at work, whatever its gauges read.
-BUSY_CPU_SHARE = 0.6
-BUSY_GPU = 0.8
 
 
 def contradicted_by_use(primary: Finding, ev: Evidence) -> str:
@@ -258,14 +281,17 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
                          withheld=withheld, to_collect=_to_collect(ev),
                          headline=_inconclusive_headline(ev, skipped, len(rules), findings), regime=ev.regime,
                          **common)
-    confidence, reasons = _confidence(primary, findings, ev)
+    eligible = [f for f in findings if f.code not in advisory]
+    tie = near_tie(primary, eligible, ev)
+    rival = tie_rival(primary, eligible, ev)
+    confidence, reasons = _confidence(primary, findings, ev, tie)
     secondary = []
     for f in findings:
         if f.limiter is not primary.limiter and f.limiter.value not in secondary:
             secondary.append(f.limiter.value)
     ordered = [primary] + [f for f in findings if f is not primary]
-    fixes, withheld = judge_fixes(ordered, ev, rules)
-    common["near_tie"] = near_tie(primary, [f for f in findings if f.code not in advisory], ev)
+    fixes, withheld = judge_fixes(ordered, ev, rules, tied=rival.limiter if rival is not None else None)
+    common["near_tie"] = tie
     regime = primary.regime if primary.regime is not Regime.UNKNOWN else ev.regime
     decisive = (rule := rules.get(primary.code)) is None or rule.decisive
     if not decisive:
@@ -316,4 +342,4 @@ def _inconclusive_headline(ev: Evidence, skipped: list[Skipped], rule_count: int
     return "Inconclusive: no rule found a limiter in the signals captured."
 
 
-__all__ = ["diagnose", "diagnose_evidence", "choose_primary", "near_tie"]
+__all__ = ["diagnose", "diagnose_evidence", "choose_primary", "near_tie", "tie_rival"]
