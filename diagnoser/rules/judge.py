@@ -56,6 +56,10 @@ _UNDERFED = {Limiter.BATCHING, Limiter.HOST_LAUNCH, Limiter.IDLE}
 # and x3.09 where a change of engine was estimated at x2.6 and x6.9 (tests/fixtures/gpu/hf/README.md).
 _ASSUMED = {FixKind.TUNED_ENGINE}
 ASSUMED_RANK = 1.25
+# A capacity trade withheld where another fix offered removes its cause the other way: admitting fewer sequences
+# (a lower --max-num-seqs) stops KV evictions, as does a KV cache given more room, which lets the batch grow; both on
+# one page would advise the same knob in two directions.
+_SUPERSEDED = {FixKind.STOP_PREEMPTION: (FixKind.KV_MEMORY, FixKind.FP8_KV)}
 # The trace's idle shares by cause: a finding that stands on one (cites it against a threshold) sized its fixes
 # from the timeline's gaps.
 _IDLE_SIGNALS = "trace.idle."
@@ -186,6 +190,14 @@ def judge_fixes(findings: list[Finding], ev: Evidence, rules: RuleSet | None = N
                 continue
             proposed[fix.kind] = ([judged], finding, order)
             order += 1
+
+    for kind, by in _SUPERSEDED.items():
+        covering = [k for k in by if k in proposed]
+        if kind in proposed and covering and kind not in withheld:
+            first = proposed.pop(kind)[0][0]
+            withheld[kind] = Withheld(kind, first.title, f"the {covering[0].value.replace('_', ' ')} fix stops the "
+                                      "evictions by giving the cache room, and admitting fewer sequences would undo "
+                                      "the larger batch it allows", first.rule)
 
     def tier(limiter: Limiter) -> int:
         if limiter is primary.limiter or (limiter in _UNDERFED and primary.limiter in _UNDERFED):
