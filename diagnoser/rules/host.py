@@ -104,6 +104,17 @@ def _graphs_title(ev: Evidence) -> str:
 
 
 def _offload(c: Check, g: Gain, hot: HotCode | None = None) -> None:
+    if hot is not None and hot.role == "model forward":
+        # The stacks show the model's own forward on the serving thread: it cannot move to another thread (the next
+        # step waits for it); what moves is how much host work each step of it costs.
+        c.fix(FixKind.OFFLOAD_HOST_WORK, "Cut the host's cost of the model's forward", f"Start with {hot.function} "
+              f"({hot.self_frac:.0%} of the samples of thread {hot.thread or '?'}, model forward by its frames): the "
+              "model's own code runs on the serving thread and cannot move off it; make each step cost the host "
+              "less: a fused attention backend (transformers' attn_implementation, or a serving engine's kernels), "
+              "a static KV cache (cache_implementation=\"static\"), and compilation (torch.compile with "
+              "mode=\"reduce-overhead\", which replays CUDA graphs) so one launch replaces hundreds of Python calls.",
+              g)
+        return
     if hot is not None:
         # The sampled stacks name the code: the fix starts from it.
         c.fix(FixKind.OFFLOAD_HOST_WORK, "Take the hot Python code off the serving loop", f"Start with "
