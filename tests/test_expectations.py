@@ -6,6 +6,7 @@ before reading diagnoser's output. Every input is in tests/fixtures.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,14 @@ def test_verdict(case: tuple[dict[str, Any], Diagnosis]) -> None:
         assert word.lower() in d.headline.lower(), _show(d)
     if "workload" in spec:
         assert d.workload == spec["workload"], _show(d)
+
+
+def test_headline_names_no_generated_hash(case: tuple[dict[str, Any], Diagnosis]) -> None:
+    """A compiled graph's cache hash ("## Call CompiledFxGraph fleput27pphh...q46 ##") names nothing an operator can
+    find: the headline cites the call, not its hash."""
+    _, d = case
+    assert not re.search(r"\b(?=[a-z0-9]*\d)(?=[a-z0-9]*[a-z])[a-z0-9]{24,}\b", d.headline), d.headline
+    assert "##" not in d.headline, d.headline
 
 
 def test_confidence_reflects_the_data(case: tuple[dict[str, Any], Diagnosis]) -> None:

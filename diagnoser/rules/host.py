@@ -7,6 +7,8 @@ fix).
 
 from __future__ import annotations
 
+import re
+
 from diagnoser import signals as S
 from diagnoser.diagnosis import Finding, FixKind, GainKind, Limiter
 from diagnoser.evidence import Evidence
@@ -33,6 +35,18 @@ def serves_llm(ev: Evidence) -> bool:
             or any(name.startswith("server.") for name in ev.signals))
 
 
+# A compiled graph's generated name ("## Call CompiledFxGraph fleput27pphh...q46 ##"): the hash names a cache entry,
+# not code an operator can find.
+_COMPILED_CALL = re.compile(r"#+\s*Call\s+(CompiledFxGraph|\w+)\s+[a-z0-9]{16,}\s*#+", re.IGNORECASE)
+_HASH = re.compile(r"\s*\b(?=[a-z0-9]*\d)(?=[a-z0-9]*[a-z])[a-z0-9]{24,}\b")
+
+
+def op_name(name: str) -> str:
+    """A CPU op's name as a sentence cites it: a compiled graph's call without its cache hash."""
+    named = _COMPILED_CALL.sub(lambda m: f"{m.group(1)} call", name)
+    return _HASH.sub("", named).strip() or name
+
+
 def held_by(ev: Evidence) -> str:
     """What the host was inside while the GPU waited for it (the trace's long CPU ops), when those ops hold a real
     part of that time, and how much of it no such op holds (shorter ops and launches, or Python between them)."""
@@ -50,7 +64,7 @@ def held_by(ev: Evidence) -> str:
              "stacks, which name it)")
     if not top:
         return f" No CPU op or runtime call of 0.5 ms or more holds that time: it is in{short}."
-    text = " The host was inside " + ", ".join(f"{name} ({frac:.0%} of the window)" for name, frac in top)
+    text = " The host was inside " + ", ".join(f"{op_name(name)} ({frac:.0%} of the window)" for name, frac in top)
     rest = waited - sum(frac for _, frac in top)  # (nested ops make this an underestimate)
     if rest >= 0.1:
         text += f"; about {rest:.0%} of the window more is in{short}"
