@@ -62,7 +62,7 @@ def _inputs() -> list[tuple[str, Callable[[], Capture]]]:
 
     found: list[tuple[str, Callable[[], Capture]]] = [
         (str(p.relative_to(FIXTURES)), lambda p=p: load(p)) for p in sorted((FIXTURES / "gpu").rglob("*.dgc"))]
-    traces = sorted((FIXTURES / "traces").glob("*.json.gz")) + sorted((FIXTURES / "gpu" / "traces").glob("*.json.gz"))
+    traces = sorted((FIXTURES / "traces").rglob("*.json.gz")) + sorted((FIXTURES / "gpu" / "traces").glob("*.json.gz"))
     found += [(str(p.relative_to(FIXTURES)), lambda p=p: capture_from_trace(analyze_trace(p))) for p in traces]
     return found + list(_dcgm_captures())
 
@@ -148,3 +148,13 @@ def test_no_estimate_above_the_ceiling_ratio_it_is_read_from(pages: dict[str, st
     for kind in ("text", "html", "json"):
         for ceiling, about in CEILING.findall(" ".join(pages[kind].split())):
             assert float(about) <= float(ceiling) + 0.005, f"{kind}: x{about} read from x{ceiling} at the ceiling"
+
+
+def test_a_sampled_traces_caveat_is_said_once_per_page(pages: dict[str, str]) -> None:
+    """Why a trace is a sample (a long sentence) is said where the trace and the confidence are, not again in every
+    fix it leaves unsized."""
+    doc = json.loads(pages["json"])
+    for fix in doc.get("fixes", []):
+        assert "External ids" not in fix["basis"], fix["basis"]
+    text = " ".join(pages["text"].split())
+    assert text.count("consecutive External ids follow each other") <= 2, "the sample's reason repeated"

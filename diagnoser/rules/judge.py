@@ -93,9 +93,11 @@ def _bounded(fix: Fix, ev: Evidence, finding: Finding | None = None) -> Fix:
                         f"would remove is the pause's, not the workload's ({gain:.1f}x from this window); trace the "
                         "steady state to size it")
     if _from_idle_gaps(fix, finding) and ev.trace is not None and ev.trace.sampled:
-        return _unsized(fix, f"it holds a sample of its events ({ev.trace.sampled_reason or 'sampled'}), so which "
-                        "gaps the GPU idled in is not known (a launch missing from the sample reads as the host late, "
-                        f"a kernel missing as idle); {gain:.1f}x from the sample")
+        # Why the trace is a sample is said once, by the confidence's reasons and the trace's notes; each fix
+        # says only that it is one.
+        return _unsized(fix, "it holds a sample of its events, so which gaps the GPU idled in is not known (a launch "
+                        f"missing from the sample reads as the host late, a kernel missing as idle); {gain:.1f}x from "
+                        "the sample")
     if fix.kind in _HOST_SIDE | _KERNEL_SIDE and ev.trace is not None and ev.trace.truncated:
         # Sized from the shares of what was read: a cut-short file can end inside a step.
         fix = replace(fix, basis=fix.basis + "; from a trace cut short, whose last step may be partial: the whole "
