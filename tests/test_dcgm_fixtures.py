@@ -116,3 +116,15 @@ def test_lowercase_hostname_scrape_with_a30_mig_and_new_help_texts() -> None:
     assert picked.key == a30.key
     (by_node,) = select_gpus(s.gpus.values(), GpuSelector(node="dcgm-exporter-wwwjh", gpu=1))
     assert by_node.key == ada.key
+
+
+def test_t4_page_without_the_sm_clock_blames_the_counters_file_not_the_gpu() -> None:
+    """The T4 page holds three profiling fields only: the SM clock, which the default counters file exports and a T4
+    reports, is missing because this exporter's counters file leaves it out, not because of the GPU."""
+    s = scrape("t4x2_gke_k8s_prof.prom")
+    gpu = next(g for g in s.gpus.values() if g.index == 0)
+    cap = new_capture(gpu.describe(), started_at=1_700_000_000.0, duration_s=1.0)
+    mark_missing(cap, set(add_gpu_window(cap, window_of(s, gpu.key))), fields_in_source=s.fields_seen)
+    clock = next(u for u in cap.unavailable if u.what == "gpu.sm_clock_frac")
+    assert "counters file" in clock.reason and "for this GPU" not in clock.reason, clock.reason
+    assert "DCGM_FI_DEV_SM_CLOCK" in clock.hint, clock.hint

@@ -812,6 +812,12 @@ def missing_reason(signal: str, *, fields_in_source: set[str], failed: Mapping[s
     if absent and absent[0].name.startswith("DCGM_FI_PROF_"):
         return (f"{names} is not in this exporter's output (profiling fields need a data-center GPU from Volta on, "
                 "and before Hopper only one DCGM client may read them)", hint)
+    shipped = [f for f in absent if f.in_default_csv]
+    if shipped:
+        # Fields the default counters file exports, absent from this page: the exporter's counters file leaves them
+        # out (the GPU is not the reason: a T4 reports its SM clock).
+        return (f"{' / '.join(f.name for f in shipped)} is not in this exporter's output: its counters file (-f) "
+                "leaves out what the default one exports", f"add {shipped[0].name} to the counters CSV: {CSV_HINT}")
     return f"{names} is not in this exporter's output for this GPU", hint
 
 
