@@ -158,3 +158,14 @@ def test_a_sampled_traces_caveat_is_said_once_per_page(pages: dict[str, str]) ->
         assert "External ids" not in fix["basis"], fix["basis"]
     text = " ".join(pages["text"].split())
     assert text.count("consecutive External ids follow each other") <= 2, "the sample's reason repeated"
+
+
+def test_the_hosts_share_has_one_value_per_page() -> None:
+    """hf-static-compile-b1-fp32 once gave the host's idle share as 30 % (the trace's launch gaps), 34 % (those and the
+    idle after syncs, unnamed) and 25 % (NVML's idle) on one page: one quantity, one number; another quantity, its
+    own name."""
+    page = " ".join(_pages(load(FIXTURES / "gpu/hf/precision/hf-static-compile-b1-fp32.dgc"))["text"].split())
+    values = set(re.findall(r"idle (\d+)% of the traced window waiting for the host", page))
+    values |= set(re.findall(r"the host's (\d+)%", page))
+    values |= set(re.findall(r"the launch gaps \((\d+)%", page))
+    assert len(values) == 1, values

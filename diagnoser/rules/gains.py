@@ -303,7 +303,8 @@ def model_dtype_gain(ev: Evidence, new_dtype: str) -> Gain:
         return Gain(kept, f"{what}; the GPU {busy:.0%} busy: {kept_text}; no ceiling to bound it ({w.explanation})")
     bound = 1.0 / (1.0 - busy + min(busy, eff / w.speedup))
     return Gain(bound, f"{what}, {ctx_text}: the GPU's work at the {new_dtype} floor (the step now at {eff:.0%} of its "
-                       f"ceiling, the ceiling x{w.speedup:.2f}) with the host's {1 - busy:.0%} kept: up to "
+                       f"ceiling, the ceiling x{w.speedup:.2f}) with the GPU's idle {1 - busy:.0%} of the window "
+                       f"(busy {busy:.0%}) kept: up to "
                        f"x{bound:.2f}; {kept_text}", GainKind.UPPER_BOUND)
 
 

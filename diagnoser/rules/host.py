@@ -238,8 +238,9 @@ def launch_gaps(c: Check) -> Finding | None:
         # With the step replayed as a graph the host's time is not launch overhead but its own work, and the idle
         # after each sync is that work too (the sync returns as the GPU drains): removing the work removes both.
         c.cite(sync, "value")
-        _offload(c, gains.removal(host.value + sync.value, "the host's own work: the launch gaps and the idle after "
-                                  "each sync (graphs are replayed, so it is not launch overhead)"))
+        _offload(c, gains.removal(host.value + sync.value, f"the host's own work, the launch gaps ({host.value:.0%} "
+                                  f"of the traced window) and the idle after each sync ({sync.value:.0%}) together "
+                                  "(graphs are replayed, so it is not launch overhead)"))
     else:
         _offload(c, g)
     if c.ev.workload == "training":
