@@ -169,3 +169,12 @@ def test_the_hosts_share_has_one_value_per_page() -> None:
     values |= set(re.findall(r"the host's (\d+)%", page))
     values |= set(re.findall(r"the launch gaps \((\d+)%", page))
     assert len(values) == 1, values
+
+
+def test_nested_ops_are_one_share() -> None:
+    """hf-eager-b1's host sat in aten::scaled_dot_product_attention, which calls the cuDNN op, which calls its
+    forward: one 50 % of the window, not three (their shares together exceed the time the host waited)."""
+    headline = diagnose_evidence(build_evidence(load(FIXTURES / "gpu/hf/hf-eager-b1.dgc"))).headline
+    shares = [int(v) for v in re.findall(r"\((\d+)% of the window", headline.split("The host was inside", 1)[1])]
+    assert shares and sum(shares) <= 95, shares
+    assert "nested" in headline and "aten::_cudnn_attention_forward" in headline

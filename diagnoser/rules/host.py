@@ -59,13 +59,27 @@ def held_by(ev: Evidence) -> str:
     # A call that blocks the host (a copy to pageable memory) is named first: it is the op that held it, and the CPU
     # ops around it (aten::to, copy_) only enclose it.
     held = sorted(trace.host_idle_ops.items(), key=lambda kv: BLOCKS_HOST not in kv[0])
-    top = [(name, frac) for name, frac in held if frac >= 0.1 * waited][:3]
+    # Ops whose shares together exceed the time the host waited overlap: one runs inside the other (the aten op
+    # and the kernel call it makes), so they are one share, cited once with the ops nested in it.
+    top: list[tuple[list[str], float]] = []
+    for name, frac in held:
+        if frac < 0.1 * waited:
+            continue
+        if top and top[-1][1] + frac > waited + 1e-9:
+            top[-1][0].append(name)
+            continue
+        if len(top) == 3:
+            break
+        top.append(([name], frac))
     short = (" shorter ops and launches, or Python between them (diagnoser attach samples the process's Python "
              "stacks, which name it)")
     if not top:
         return f" No CPU op or runtime call of 0.5 ms or more holds that time: it is in{short}."
-    text = " The host was inside " + ", ".join(f"{op_name(name)} ({frac:.0%} of the window)" for name, frac in top)
-    rest = waited - sum(frac for _, frac in top)  # (nested ops make this an underestimate)
+    text = " The host was inside " + ", ".join(
+        f"{op_name(names[0])} ({frac:.0%} of the window"
+        + (f", with {', '.join(op_name(n) for n in names[1:])} nested in the same time)" if names[1:] else ")")
+        for names, frac in top)
+    rest = waited - sum(frac for _, frac in top)  # (ops nested without overlapping past it still undercount it)
     if rest >= 0.1:
         text += f"; about {rest:.0%} of the window more is in{short}"
     return text + "."
