@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from diagnoser import signals as S
 from diagnoser.capture import Capture, load, new_capture
 from diagnoser.evidence_build import build_evidence
 from diagnoser.reports.html import HtmlRenderer
@@ -76,7 +77,8 @@ def _pages(cap: Capture) -> dict[str, str]:
     buf = io.StringIO()
     TerminalRenderer(file=buf, color=False, width=200).render(report, verbose=True)
     page = html.unescape(re.sub(r"<[^>]+>", " ", BLOCK.sub("\n\n", HtmlRenderer().render(report))))
-    return {"text": buf.getvalue(), "html": page, "json": JsonRenderer().render(report)}
+    return {"text": buf.getvalue(), "html": page, "json": JsonRenderer().render(report),
+            "waiting_read": "yes" if S.SERVER_WAITING in ev else ""}
 
 
 def _json_strings(obj: Any) -> Iterator[str]:
@@ -178,3 +180,11 @@ def test_nested_ops_are_one_share() -> None:
     shares = [int(v) for v in re.findall(r"\((\d+)% of the window", headline.split("The host was inside", 1)[1])]
     assert shares and sum(shares) <= 95, shares
     assert "nested" in headline and "aten::_cudnn_attention_forward" in headline
+
+
+def test_nothing_waits_only_from_a_queue_metric(pages: dict[str, str]) -> None:
+    """"Nothing waits" is a claim about the server's queue: said only where a queue metric was read."""
+    if pages["waiting_read"]:
+        return
+    for kind in ("text", "html", "json"):
+        assert "nothing waits" not in pages[kind].lower(), kind

@@ -230,8 +230,9 @@ def gpu_mostly_idle(c: Check) -> Finding | None:
           Gain(None, "frees GPU time rather than speeding anything up", benefit=Benefit.COST))
     batch = c.ev.observed_batch()
     return c.finding(0.8 if waiting is not None else 0.65, f"The GPU is busy {busy.mean:.0%} of the time"
-                     + (f" with {batch:.1f} sequences running" if batch else "") + " and nothing waits: "
-                     "the load is small for this GPU.")
+                     + (f" with {batch:.1f} sequences running" if batch else "")
+                     + (" and nothing waits" if waiting is not None else " (no queue metric was read)")
+                     + ": the load is small for this GPU.")
 
 
 RULES = (gpu_idle_while_requests_wait, batch_below_ridge, gpu_busy_under_half, gpu_mostly_idle)
