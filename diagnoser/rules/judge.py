@@ -43,7 +43,7 @@ from diagnoser.diagnosis import (
     Withheld,
 )
 from diagnoser.evidence import Evidence
-from diagnoser.rules.gains import MAX_GAIN, floor_bound, host_bound
+from diagnoser.rules.gains import MAX_GAIN, floor_bound, host_bound, sequence_limit
 from diagnoser.rules.ruleset import RuleSet
 
 _HOST_SIDE = {FixKind.CUDA_GRAPHS, FixKind.OFFLOAD_HOST_WORK, FixKind.REMOVE_SYNCS, FixKind.PIN_MEMORY,
@@ -57,8 +57,8 @@ _UNDERFED = {Limiter.BATCHING, Limiter.HOST_LAUNCH, Limiter.IDLE}
 _ASSUMED = {FixKind.TUNED_ENGINE}
 ASSUMED_RANK = 1.25
 # A capacity trade withheld where another fix offered removes its cause the other way: admitting fewer sequences
-# (a lower --max-num-seqs) stops KV evictions, as does a KV cache given more room, which lets the batch grow; both on
-# one page would advise the same knob in two directions.
+# (a lower --max-num-seqs) stops KV evictions, as does a KV cache given more room, which lets the batch grow up to the
+# sequence cap and names raising the cap next; both on one page would advise the same knob in two directions.
 _SUPERSEDED = {FixKind.STOP_PREEMPTION: (FixKind.KV_MEMORY, FixKind.FP8_KV)}
 # The trace's idle shares by cause: a finding that stands on one (cites it against a threshold) sized its fixes
 # from the timeline's gaps.
@@ -193,13 +193,17 @@ def judge_fixes(findings: list[Finding], ev: Evidence, rules: RuleSet | None = N
             proposed[fix.kind] = ([judged], finding, order)
             order += 1
 
+    limit = sequence_limit(ev)
     for kind, by in _SUPERSEDED.items():
-        covering = [k for k in by if k in proposed]
+        # Only where a fix offered raises the server's sequence cap (its batch stops there: "raising it is the next
+        # fix"): then lowering the same cap would advise one knob both ways.
+        covering = [k for k in by if k in proposed and limit is not None and any(
+            limit.setting in f"{p.action} {p.basis}" for p in proposed[k][0])]
         if kind in proposed and covering and kind not in withheld:
             first = proposed.pop(kind)[0][0]
             withheld[kind] = Withheld(kind, first.title, f"the {covering[0].value.replace('_', ' ')} fix stops the "
-                                      "evictions by giving the cache room, and admitting fewer sequences would undo "
-                                      "the larger batch it allows", first.rule)
+                                      f"evictions by giving the cache room and raises {limit.setting if limit else ''} "
+                                      "next; admitting fewer sequences would lower the same cap", first.rule)
 
     def tier(limiter: Limiter) -> int:
         if limiter is primary.limiter or (limiter in _UNDERFED and primary.limiter in _UNDERFED):
