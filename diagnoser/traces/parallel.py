@@ -262,6 +262,13 @@ def read_mapped(t: Tables, rd: PlainFile, start: int, end: int, last_mode: int, 
     try:
         for a, b in _split(rd, start, end, chunk_bytes):
             mode = last_mode if b == end else WHOLE
+            if b - a > 2 * chunk_bytes + MAX_EVENT_BYTES:
+                # a range no event boundary could cut (a damaged or sparse stretch): streamed in blocks as the
+                # single pass reads it, never held whole (the reader's buffer would be the whole stretch)
+                blocks = (rd.read(i, min(b, i + _BLOCK)) for i in range(a, b, _BLOCK))
+                for data, m in raw_chunks(b"", False, blocks, tf, chunk_bytes, ends=mode):
+                    stats.events += read_chunk(t, data, m, stats, fast=False)
+                continue
             with rd.view(a, b) as view:
                 n = scan_chunk(t, view, bare=True) if mode == WHOLE else None
                 if n is None:
