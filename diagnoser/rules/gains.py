@@ -42,6 +42,12 @@ def amdahl(share: float, speedup: float) -> float:
     return 1.0 / max(1e-9, 1.0 - share + rest)
 
 
+def token_budget_target(prompt: float, running: float, waiting: float = 0.0) -> int:
+    """The per-step token budget a load needs: two mean prompts beside the running decodes and a token for each
+    waiting request, in whole 256-token steps (one number for every rule that advises raising it)."""
+    return int(math.ceil((2 * prompt + running + waiting) / 256) * 256)
+
+
 def removal(share: float, what: str) -> Gain:
     """The upper bound of removing `share` of the time (an idle cause, host work): 1 / (1 - share), the measured
     share as measured, and capped at MAX_GAIN with the cap said (98 % idle is 50x before the cap)."""

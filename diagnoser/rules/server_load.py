@@ -372,7 +372,7 @@ def token_budget_binds(c: Check) -> Finding | None:
         c.cite(ttft, "value")
     if kv is not None:
         c.cite(kv, "p90", "<", c.t["kv_usage_max"])
-    target = _round_up(2 * p + running.mean + waiting.mean, 256)
+    target = gains.token_budget_target(p, running.mean, waiting.mean)
     steps = math.ceil(p / max(1.0, b - running.mean))
     where = "" if not budget.is_default else f" (not set: {budget.source})"
     c.fix(FixKind.TOKEN_BUDGET, "Raise the per-step token budget", f"Raise {budget.knob.flag} from {b} to about "
@@ -386,9 +386,6 @@ def token_budget_binds(c: Check) -> Finding | None:
                      f"beside {running.mean:.1f} decodes, so each prompt prefills over {steps} steps: {held} while "
                      "the batch is below its limit and the KV cache has room.")
 
-
-def _round_up(x: float, step: int) -> int:
-    return int(math.ceil(x / step) * step)
 
 
 @rule(

@@ -256,7 +256,7 @@ def _queue_fix(c: Check, gain: Gain) -> None:
               f"about {want}: the running batch sits at it ({flight:.1f}) while requests wait.", gain)
         return
     if budget is not None and budget.known and prompt is not None and prompt.value + running.mean > budget.value:
-        want = int(math.ceil((2 * prompt.value + running.mean) / 256) * 256)
+        want = gains.token_budget_target(prompt.value, running.mean, waiting.mean if waiting is not None else 0.0)
         c.fix(FixKind.TOKEN_BUDGET, "Raise the per-step token budget (capacity)", f"Raise {budget.knob.flag} from "
               f"{budget.value} to about {want}: a {prompt.value:.0f}-token prompt does not fit in a step beside the "
               f"running decodes, so waiting requests are admitted a chunk at a time ({flight:.1f} running of {cap}).",
