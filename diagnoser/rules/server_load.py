@@ -387,7 +387,6 @@ def token_budget_binds(c: Check) -> Finding | None:
                      "the batch is below its limit and the KV cache has room.")
 
 
-
 @rule(
     code="SRV011",
     name="offered-load-above-capacity",
