@@ -148,7 +148,12 @@ def contradicted_by_use(primary: Finding, ev: Evidence) -> str:
     if primary.limiter is not Limiter.IDLE:
         return ""
     mine, cores = ev.get(S.HOST_TARGET_CPU), ev.get(S.HOST_CORES)
-    if mine is not None and cores is not None and cores.max > 0 and mine.mean >= BUSY_CPU_SHARE * cores.max:
+    # The gauge against the process: only where the server's own running gauge read nothing most of the window is
+    # its CPU use unexplained (a CPU build serving one request at a time keeps its cores busy with that request).
+    running = ev.get(S.SERVER_RUNNING)
+    unexplained = running is None or running.p50 < 0.5
+    if unexplained and mine is not None and cores is not None and cores.max > 0 and \
+            mine.mean >= BUSY_CPU_SHARE * cores.max:
         return (f"the server's own processes used {mine.mean:.2f} of the host's {cores.max:g} cores, a busy server's "
                 "use, not an idle one's")
     busy = ev.busy_fraction() if not ev.meta.cpu_only else None

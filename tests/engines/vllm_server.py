@@ -38,6 +38,19 @@ def available() -> str:
     return ""
 
 
+def slow_cpu() -> str:
+    """Why this machine runs vLLM's CPU build far below the speed the situations are sized for, or "": its oneDNN
+    matmuls need AVX-512 (without it the engine logs "fallback to torch linear" and runs tens of times slower)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    if "avx512f" in flags:
+        return ""
+    return ("this CPU has no AVX-512, so vLLM's CPU build falls back from oneDNN to plain torch matmuls (tens of times "
+            "slower) and the situations' loads, sized for the oneDNN path, no longer make the set-ups they describe")
+
+
 def version() -> str:
     out = subprocess.run([str(PYTHON), "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
                          capture_output=True, text=True, timeout=120, env={**os.environ, **ENGINE_ENV})
