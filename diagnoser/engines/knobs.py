@@ -36,13 +36,6 @@ class Platform:
     gpu_name: str = ""
     world_size: int = 1
 
-    def describe(self) -> str:
-        if self.cpu:
-            return "CPU build"
-        if self.gpu_memory_gib:
-            return f"{self.gpu_name or 'GPU'} with {self.gpu_memory_gib:.0f} GiB"
-        return "GPU of unknown memory"
-
 
 @dataclass(frozen=True)
 class ByPlatform:
@@ -160,12 +153,6 @@ class Setting:
     def is_default(self) -> bool:
         return self.known and self.source != CONFIGURED
 
-    def describe(self) -> str:
-        if not self.known:
-            return f"{self.knob.flag} unknown ({self.why_unknown})"
-        where = "as configured" if self.source == CONFIGURED else f"the default ({self.source})"
-        return f"{self.knob.flag} {_text(self.value)}, {where}"
-
 
 CONFIGURED = "configured"
 
@@ -214,11 +201,3 @@ def setting(knob: Knob, serving: ServingConfig, version: tuple[int, ...] | None,
 
 def _dotted(v: tuple[int, ...]) -> str:
     return ".".join(str(x) for x in v)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
