@@ -115,8 +115,15 @@ def test_verify_grades_the_fix_applied_by_a_restart(tmp_path: Path) -> None:
         assert any("first fix" in s and "--max-num-seqs" in s for s in said), "".join(said)
         _stop(first)
         second = _demo(port, 8)
-        out, _ = verify.communicate(timeout=400)
-        reader.join(10)
+        # stdout read by its own thread: communicate() would also drain stderr and steal lines from the reader
+        out_parts: list[str] = []
+        out_reader = threading.Thread(target=lambda: out_parts.append(verify.stdout.read()  # type: ignore[union-attr]
+                                                                      ), daemon=True)
+        out_reader.start()
+        verify.wait(timeout=400)
+        out_reader.join(30)
+        reader.join(30)
+        out = "".join(out_parts)
         assert verify.returncode in (0, 1), "".join(said)
         result = json.loads(out)
         (ch,) = [c for c in result["changes"] if c["what"] == "serving.max_num_seqs"]
