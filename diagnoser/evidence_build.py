@@ -215,9 +215,14 @@ _TRACE_FIELDS = {
     S.TRACE_GRAPH_KERNEL_FRAC: graph_share,
     S.TRACE_COMM_EXPOSED_FRAC: lambda t: t.comm_exposed_frac if t.kernel_share.get("comm") else None,
     S.TRACE_INTENSITY: lambda t: t.intensity_flop_per_byte,
-    S.TRACE_DECODE_BATCH: lambda t: t.decode_batch,
-    S.TRACE_PREFILL_FRAC: lambda t: t.prefill_frac,
+    # The engine's own step annotations, where it wrote them, over what the kernels' shapes suggest.
+    S.TRACE_DECODE_BATCH: lambda t: t.engine_steps.decode_batch if _annotated(t) else t.decode_batch,
+    S.TRACE_PREFILL_FRAC: lambda t: t.engine_steps.prefill_time_frac if _annotated(t) else t.prefill_frac,
 }
+
+
+def _annotated(trace: TraceSummary) -> bool:
+    return trace.engine_steps is not None and trace.engine_steps.steps > 0
 
 
 def _rank_imbalance(trace: TraceSummary) -> float | None:

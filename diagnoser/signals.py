@@ -394,8 +394,10 @@ TRACE_COMM_EXPOSED_FRAC = _sig(
 TRACE_INTENSITY = _sig(
     "trace.intensity", "FLOP/B",
     "Time-weighted arithmetic intensity of ops with known FLOPs and bytes.")
-TRACE_DECODE_BATCH = _sig("trace.decode_batch", "sequences", "Inferred batch of decode-like steps.")
-TRACE_PREFILL_FRAC = _sig("trace.prefill_frac", "ratio", "Share of GPU time in prefill-like steps.")
+TRACE_DECODE_BATCH = _sig("trace.decode_batch", "sequences", "Batch of the decode steps: the engine's own step "
+                          "annotations where it wrote them, else inferred from the kernels.")
+TRACE_PREFILL_FRAC = _sig("trace.prefill_frac", "ratio", "Share of step time in prefill steps: the engine's own step "
+                          "annotations where it wrote them, else inferred from the GPU kernels.")
 
 # --- physics (derived from hardware + model) ------------------------------------------------------
 THEORY_RIDGE_FLOP_PER_BYTE = _sig(

@@ -7,11 +7,14 @@ into its torch_profiler_dir (shared/research/data-sources.md §4.5); SGLang alwa
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 import shutil
 import time
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 
 from diagnoser.collectors.process import pid_alive
@@ -33,7 +36,10 @@ VLLM_HEAVY = (("torch_profiler_with_stack", "true"), ("torch_profiler_dump_cuda_
               ("torch_profiler_with_memory", "true"), ("torch_profiler_record_shapes", "true"))
 SGLANG_HOWTO = "SGLang mounts /start_profile by default; check the URL and that the server is SGLang"
 TRACE_GLOBS = ("*.json", "*.json.gz")
-SETTLE_S = 1.0  # a file whose size has not changed for this long is complete
+SETTLE_S = 1.0  # a file whose size has not changed for this long, and whose text is whole, is complete
+# vLLM's API-server frontend writes its own small trace beside the workers' (`<host>_<pid>.async_llm.*`); it is
+# often on disk first, while a worker on a busy host is still serialising its larger file.
+_FRONTEND_FILE = re.compile(r"(?:^|[._-])(?:async_llm|api_server|frontend)(?:[._-]|$)", re.IGNORECASE)
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -161,23 +167,73 @@ def _new_traces(directory: Path, since: float) -> list[Path]:
     return sorted(p for p in found if p.stat().st_mtime >= since - 1)
 
 
-def wait_for_traces(directory: Path, since: float, timeout: float) -> list[Path]:
-    """Trace files written in `directory` after `since`, once their sizes have stopped changing."""
+def wait_for_traces(directory: Path, since: float, timeout: float, workers: int = 1) -> list[Path]:
+    """Trace files written in `directory` after `since`, once at least `workers` of them are not a frontend's, their
+    sizes have stopped changing and each is whole (its JSON closed, its gzip stream ended); after `timeout`, what
+    is there."""
     deadline = time.monotonic() + timeout
     sizes: dict[Path, int] = {}
+    whole: dict[tuple[Path, int], bool] = {}  # read once per size: a large gzip file costs a pass to check
     stable_since = None
     while time.monotonic() < deadline:
         files = _new_traces(directory, since)
         now = {p: p.stat().st_size for p in files}
         if files and now == sizes:
             stable_since = stable_since or time.monotonic()
-            if time.monotonic() - stable_since >= SETTLE_S:
+            if time.monotonic() - stable_since >= SETTLE_S and worker_count(files) >= workers \
+                    and all(_whole_cached(whole, p, n) for p, n in now.items()):
                 return files
         else:
             stable_since = None
         sizes = now
         time.sleep(0.2)
     return _new_traces(directory, since)
+
+
+def _whole_cached(cache: dict[tuple[Path, int], bool], path: Path, size: int) -> bool:
+    if (path, size) not in cache:
+        cache[(path, size)] = is_whole(path)
+    return cache[(path, size)]
+
+
+def worker_count(files: list[Path]) -> int:
+    """The files that are not a serving frontend's trace (by vLLM's naming)."""
+    return sum(1 for p in files if not _FRONTEND_FILE.search(p.name))
+
+
+def is_whole(path: Path) -> bool:
+    """Whether a trace file is written to its end: a plain one's last character closes its JSON; a gzip one's
+    stream ends (a writer that paused mid-file leaves it open)."""
+    try:
+        if path.name.endswith(".gz"):
+            return _gzip_tail(path) in (b"}", b"]")
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - 4096))
+            return path.stat().st_size > 0 and f.read().rstrip()[-1:] in (b"}", b"]")
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
+        return False
+
+
+def _gzip_tail(path: Path) -> bytes:
+    """The last non-blank byte of a gzip file's text, or b"" when its stream does not end."""
+    last = b""
+    with gzip.open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            stripped = chunk.rstrip()
+            if stripped:
+                last = stripped[-1:]
+    return last
+
+
+def _world_size(pid: int) -> int:
+    """The engine workers one vLLM writes a trace for: tensor x pipeline parallel ranks (1 where unreadable)."""
+    args = _cmdline(pid)
+    size = 1
+    for flags in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
+        value = next((v for v in (_flag(args, f) for f in flags) if v is not None), None)
+        if value is not None and value.isdigit() and int(value) > 0:
+            size *= int(value)
+    return size
 
 
 def trace_via_endpoint(url: str, pid: int, seconds: float, out_dir: Path, kind: str | None = None) -> list[Path]:
@@ -215,9 +271,14 @@ def trace_via_endpoint(url: str, pid: int, seconds: float, out_dir: Path, kind: 
         raise SourceUnavailable("the server profiled, but its torch_profiler_dir is not on its command line or in "
                                 "its environment, so the trace cannot be found; pass the folder to "
                                 "`diagnoser analyze` yourself.")
-    files = wait_for_traces(source_dir, since, timeout=max(60.0, seconds * 10))
+    workers = _world_size(pid) if kind == "vllm" else 1
+    files = wait_for_traces(source_dir, since, timeout=max(60.0, seconds * 10), workers=workers)
     if not files:
         raise SourceUnavailable(f"the server accepted the profiling request but wrote no trace into {source_dir}.")
+    if worker_count(files) == 0:
+        raise SourceUnavailable(f"the server wrote only its frontend's trace into {source_dir} within "
+                                f"{max(60.0, seconds * 10):g} s, no engine worker's; once the worker's file is "
+                                f"there, `diagnoser analyze {source_dir}` reads it.")
     if source_dir != dest:
         dest.mkdir(parents=True, exist_ok=True)
         files = [Path(shutil.copy2(f, dest / f.name)) for f in files]
