@@ -2,8 +2,8 @@
 
 Names are written as the engines register them (vLLM's v1 metrics loggers and its V0 names still in the field,
 SGLang's metrics collector, TGI's router, Triton's core and TensorRT-LLM backend metrics, NVIDIA NIM's documented
-table). Counters carry the `_total` suffix prometheus_client adds on exposition. A name may select one label value,
-`family{label="value"}` (Triton's TensorRT-LLM backend puts several gauges in one family).
+table, llama.cpp's server). Counters carry the `_total` suffix prometheus_client adds on exposition. A name may
+select one label value, `family{label="value"}` (Triton's TensorRT-LLM backend puts several gauges in one family).
 
 A signal lists its sources in order of preference; the first one the page has is used. Kinds of source:
 - Gauge: the value at each scrape, summed over label sets (engines, DP ranks), or averaged for ratios;
@@ -435,6 +435,76 @@ NIM_MAP = ServerMap(
                                  "batch)"},
 )
 
+# --- llama.cpp's server (llama-server --metrics; tools/server/server-task.cpp to_metrics in build 11434) -----------
+#
+# The page is a handful of counters and gauges, no histograms: latencies and the batch are derived from counters over
+# the window. Generated tokens and their seconds are added when a request finishes (metrics_on_prediction), prompt
+# tokens and their seconds as each prompt batch is synchronised, so the per-scrape rates are lumpy and the window's
+# ratios are what is read. Build 11434 has no KV-cache use on the page; older builds export
+# llamacpp:kv_cache_usage_ratio and llamacpp:kv_cache_tokens, read where present. prompt_tokens_cached_total is read
+# where the build exports it. Not mapped: prompt_tokens_seconds and predicted_tokens_seconds (throughput while busy,
+# averaged between two scrapes: the counters give the same over the window), n_tokens_max (the longest sequence since
+# start, kept with the configuration) and spec_decode_num_accepted_tokens_per_pos_total (per draft position).
+
+_L = "llamacpp:"
+# llamacpp:n_busy_slots_per_decode is busy slots over decode calls since start; times n_decode_total it is the busy
+# slots' count, made by server_metrics.canonical under this name, whose increase over the window's decode calls is the
+# window's batch.
+LLAMACPP_BUSY_SLOTS = _L + "n_busy_slots_total"
+LLAMACPP_MAP = ServerMap(
+    kind="llamacpp", label="llama.cpp", prefixes=(_L,),
+    signals={
+        S.SERVER_RUNNING: (Gauge((_L + "requests_processing",)),),
+        S.SERVER_WAITING: (Gauge((_L + "requests_deferred",)),),
+        S.SERVER_KV_USAGE: (Gauge((_L + "kv_cache_usage_ratio",), mean=True),),  # older builds only
+        S.SERVER_KV_USED_TOKENS: (Gauge((_L + "kv_cache_tokens",)),),  # older builds only
+        S.SERVER_PROMPT_TOKENS_PER_S: (Rate((_L + "prompt_tokens_total",)),),  # processed, cached ones excluded
+        S.SERVER_GEN_TOKENS_PER_S: (Rate((_L + "tokens_predicted_total",)),),
+        S.SERVER_PROMPT_TOKENS_CACHED_PER_S: (Rate((_L + "prompt_tokens_cached_total",)),),
+        # busy slots per llama_decode() call over the interval; the page's own gauge (since start) where the decode
+        # counter is missing
+        S.SERVER_BATCH_SIZE: (StepRatio((LLAMACPP_BUSY_SLOTS,), (_L + "n_decode_total",)),
+                              Gauge((_L + "n_busy_slots_per_decode",), mean=True)),
+        S.SERVER_PREFIX_CACHE_HIT_RATE: (
+            WindowRatio((((_L + "prompt_tokens_cached_total",),
+                          (_L + "prompt_tokens_cached_total", _L + "prompt_tokens_total")),)),
+        ),
+        # per request, generating seconds over generated tokens (summed over the requests that finished)
+        S.SERVER_TPOT_MEAN_S: (WindowRatio((((_L + "tokens_predicted_seconds_total",),
+                                             (_L + "tokens_predicted_total",)),)),),
+        # prompt batches' seconds over the prompt tokens they processed
+        S.SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S: (WindowRatio((((_L + "prompt_seconds_total",),
+                                                               (_L + "prompt_tokens_total",)),)),),
+        S.SERVER_SPEC_ACCEPTANCE_RATE: (
+            WindowRatio((((_L + "spec_decode_num_accepted_tokens_total",),
+                          (_L + "spec_decode_num_draft_tokens_total",)),)),
+        ),
+        S.SERVER_SPEC_MEAN_ACCEPT_LEN: (
+            WindowRatio((((_L + "spec_decode_num_accepted_tokens_total",), (_L + "spec_decode_num_drafts_total",)),),
+                        plus=1.0),
+        ),
+        S.SERVER_SPEC_DRAFT_LEN: (
+            WindowRatio((((_L + "spec_decode_num_draft_tokens_total",), (_L + "spec_decode_num_drafts_total",)),)),
+        ),
+        S.SERVER_SPEC_DRAFTS_PER_TOKEN: (
+            WindowRatio((((_L + "spec_decode_num_drafts_total",), (_L + "tokens_predicted_total",)),)),
+        ),
+    },
+    config_names=(_L + "n_tokens_max",),
+    absent=_absent({
+        S.SERVER_KV_USAGE: "llama.cpp's /metrics has no KV-cache use (build 11434; older builds' "
+                           "llamacpp:kv_cache_usage_ratio is not on this page)",
+        S.SERVER_PREEMPTIONS_PER_S: "llama.cpp runs each request in its own slot and never preempts one",
+        S.SERVER_REQUESTS_PER_S: "llama.cpp's /metrics counts tokens, not requests",
+        S.SERVER_TTFT_P50_S: "llama.cpp's /metrics has no latency histograms (server.tpot_mean_s and "
+                             "server.prefill_time_per_token_mean_s are derived from its counters)",
+        S.SERVER_TTFT_P99_S: "llama.cpp's /metrics has no latency histograms",
+        S.SERVER_ITL_P50_S: "llama.cpp's /metrics has no latency histograms (server.tpot_mean_s is the window's mean "
+                            "time per generated token, from its counters)",
+        S.SERVER_ITL_P99_S: "llama.cpp's /metrics has no latency histograms",
+    }),
+)
+
 SERVER_MAPS: dict[str, ServerMap] = {
     "vllm": _vllm("vllm", "vLLM"),
     "demo": _vllm("demo", "diagnoser demo", ("diagnoser_demo_info",)),
@@ -442,6 +512,7 @@ SERVER_MAPS: dict[str, ServerMap] = {
     "tgi": TGI_MAP,
     "triton": TRITON_MAP,
     "nim": NIM_MAP,
+    "llamacpp": LLAMACPP_MAP,
 }
 
 # Signals every map is checked for at the end of a window (absent ones are said, never zeroed).
@@ -452,13 +523,13 @@ CORE_SIGNALS = (S.SERVER_RUNNING, S.SERVER_WAITING, S.SERVER_KV_USAGE, S.SERVER_
 
 
 def detect_kind(names: Iterable[str]) -> str | None:
-    """The engine whose names the page carries most of: vLLM, SGLang, TGI, Triton, NIM or the demo (its info
-    gauge). A page from the demo also carries vllm: names, so the demo's marker decides first."""
+    """The engine whose names the page carries most of: vLLM, SGLang, TGI, Triton, llama.cpp, NIM or the demo (its
+    info gauge). A page from the demo also carries vllm: names, so the demo's marker decides first."""
     names = list(names)
     if any(n.startswith("diagnoser_demo_info") for n in names):
         return "demo"
     counts: dict[str, int] = {}
-    for kind in ("vllm", "sglang", "tgi", "triton"):
+    for kind in ("vllm", "sglang", "tgi", "triton", "llamacpp"):
         prefixes = SERVER_MAPS[kind].prefixes
         counts[kind] = sum(1 for n in names if n.startswith(prefixes))
     # NIM writes vLLM's old names without a prefix; its num_request_max gauge is its own

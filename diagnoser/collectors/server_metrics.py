@@ -43,6 +43,8 @@ from diagnoser.collectors.exposition import (
 from diagnoser.collectors.server_maps import (
     CORE_SIGNALS,
     HIST_KEYS,
+    LLAMACPP_BUSY_SLOTS,
+    LLAMACPP_MAP,
     SERVER_MAPS,
     VLLM_CACHE_INFO,
     VLLM_LORA_INFO,
@@ -323,7 +325,20 @@ def canonical(samples: Samples, mapping: ServerMap) -> Samples:
         samples = out
     if mapping.kind == "triton":
         return _triton_models(samples)
+    if mapping.kind == "llamacpp":
+        return _llamacpp_busy_slots(samples)
     return samples
+
+
+def _llamacpp_busy_slots(samples: Samples) -> Samples:
+    """llama.cpp's busy slots since start (n_busy_slots_per_decode x n_decode_total, as LLAMACPP_BUSY_SLOTS): the
+    page gives only their average since start, and the window's batch is their increase over the window's decode
+    calls. The gauge is printed to 6 significant digits, so the product is good to about a millionth of the count."""
+    per = _total(samples, (LLAMACPP_MAP.prefixes[0] + "n_busy_slots_per_decode",), mean=True)
+    calls = _total(samples, (LLAMACPP_MAP.prefixes[0] + "n_decode_total",))
+    if per is None or calls is None:
+        return samples
+    return {**samples, LLAMACPP_BUSY_SLOTS: [({}, round(per * calls))]}
 
 
 def _triton_models(samples: Samples) -> Samples:
@@ -572,6 +587,7 @@ class ServerConfig:
     swap_space_bytes: int | None = None  # CPU swap space for KV (vLLM V0)
     cpu_offload_gb: float | None = None
     lora_adapters_seen: int | None = None  # distinct adapters seen running or waiting during the window
+    longest_sequence_tokens: int | None = None  # llama.cpp's n_tokens_max: the longest prompt + output since start
 
     def as_serving(self) -> dict[str, Any]:
         """The known fields by name (None and "" left out)."""
@@ -664,6 +680,8 @@ def read_config(samples: Samples, kind: str, config: ServerConfig | None = None)
         c.max_num_seqs = _int_of(samples, 'nv_trt_llm_request_metrics{request_type="max"}') or c.max_num_seqs
     elif kind == "nim":
         c.max_num_seqs = _int_of(samples, "num_request_max") or c.max_num_seqs
+    elif kind == "llamacpp":  # its slots and context are on /props, read by the target (collectors/target.py)
+        c.longest_sequence_tokens = _int_of(samples, "llamacpp:n_tokens_max") or c.longest_sequence_tokens
     return c
 
 
@@ -820,7 +838,7 @@ class ServerMetricsCollector:
         if kind is None:
             capture.mark_unavailable(
                 "server", "server.*", f"{self.url} serves Prometheus metrics, but none from vLLM, SGLang, TGI, "
-                "Triton or NVIDIA NIM", "point --metrics-url at the inference server's own /metrics")
+                "Triton, llama.cpp or NVIDIA NIM", "point --metrics-url at the inference server's own /metrics")
             self._given_up = True
             return False
         self.kind, self.map = kind, SERVER_MAPS[kind]
