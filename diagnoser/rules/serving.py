@@ -13,6 +13,7 @@ import math
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, GainKind, Limiter
+from diagnoser.engines.tables import engine_label
 from diagnoser.evidence import Signal
 from diagnoser.rules import gains
 from diagnoser.rules.base import (
@@ -173,7 +174,7 @@ def prefix_cache_missing(c: Check) -> Finding | None:
         gain = Gain(1.0 / max(0.05, 1.0 - saved), f"{share[1]} {share[0]:.0%}, hits from {h:.0%} to {target:.0%} "
                     f"({assumed} shared share) save {saved:.0%} of the work: 1 / (1 - {saved:.2f})",
                     GainKind.UPPER_BOUND)
-    action = ("Start vLLM with --enable-prefix-caching (SGLang: drop --disable-radix-cache)" if off else
+    action = (_prefix_caching_on(c) if off else
               "Leave the KV cache room so prefixes are not evicted (it is full), put the shared prompt first and "
               "byte-identical, and route equal prefixes to one replica")
     c.fix(FixKind.PREFIX_CACHING, "Reuse shared prompt prefixes", action + ".", gain)
@@ -240,14 +241,26 @@ def ttft_dominated_by_queueing(c: Check) -> Finding | None:
                      f"token is queueing, the server is at capacity{' (KV cache full)' if full else ''}.")
 
 
+def _prefix_caching_on(c: Check) -> str:
+    """How to turn prefix caching on, in the engine's own flags."""
+    s = c.knob("prefix_caching")
+    if s is not None and c.ev.serving.engine == "llamacpp":
+        reuse = c.knob("cache_reuse")
+        return f"Start llama.cpp with {s.knob.flag}" + (f" (and {reuse.knob.flag} 256 to reuse chunks after a "
+                                                           "differing start)" if reuse is not None else "")
+    return "Start vLLM with --enable-prefix-caching (SGLang: drop --disable-radix-cache)"
+
+
 def _queue_fix(c: Check, gain: Gain) -> None:
     """The fix for a queue the KV cache does not hold: the scheduler's knob that binds, in its direction."""
     running, waiting, prompt = c.opt(S.SERVER_RUNNING), c.opt(S.SERVER_WAITING), c.opt(S.SERVER_PROMPT_LEN_MEAN)
     seqs, budget = c.knob("max_num_seqs"), c.knob("max_num_batched_tokens")
     if seqs is None or not seqs.known or running is None:
         # No table or no known limit: the sequence limit is the usual cap, named for each engine.
-        c.fix(FixKind.BATCH_MORE, "Admit more requests per step (capacity)", "Raise vLLM --max-num-seqs / SGLang "
-              "--max-running-requests while the KV cache has room, or add replicas.", gain)
+        where = (f"{engine_label(c.ev.serving.engine)} {seqs.knob.flag}" if seqs is not None else
+                 "vLLM --max-num-seqs / SGLang --max-running-requests")
+        c.fix(FixKind.BATCH_MORE, "Admit more requests per step (capacity)", f"Raise {where} while the KV cache has "
+              "room, or add replicas.", gain)
         return
     cap, flight = int(seqs.value), running.p50
     if flight >= c.t["at_cap"] * cap:
@@ -322,9 +335,11 @@ def ttft_dominated_by_prefill(c: Check) -> Finding | None:
               f"fits in one step ({budget.knob.flag} {budget.value}): disaggregate prefill and decode, or reuse "
               "shared prefixes (prefix caching) where prompts repeat.", Gain.unknown(latency))
     else:
+        where = (f"{engine_label(c.ev.serving.engine)} {budget.knob.flag}" if budget is not None else
+                 "vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size")
         c.fix(FixKind.SPLIT_PREFILL, "Prefill on instances of its own, or in larger chunks", "Disaggregate prefill "
               "and decode; reuse shared prefixes (prefix caching); where prompts are longer than the per-step token "
-              "budget (vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size), raise it.", Gain.unknown(latency))
+              f"budget ({where}), raise it.", Gain.unknown(latency))
     return c.finding(0.5, f"Prefill takes {p:.2f} s of the {t:.2f} s to first token ({p / t:.0%}): time to first "
                      "token is the prompt's compute, not queueing.")
 
