@@ -10,6 +10,7 @@ import math
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
+from diagnoser.engines.tables import engine_label
 from diagnoser.rules import gains
 from diagnoser.rules.base import MAX, MEAN, P50, P90, VALUE, AnyOf, CannotDecide, Check, Gain, Page, Threshold, rule
 
@@ -92,7 +93,8 @@ def _sequence_limit(c: Check) -> tuple[int, tuple[str, ...], str]:
             c.ev.serving.engine or c.ev.meta.server_kind, ("vLLM --max-num-seqs", "SGLang --max-running-requests"))
         return cap, flags, ""
     s = c.limit("max_num_seqs")
-    return int(s.value), (f"vLLM {s.knob.flag}",), "" if not s.is_default else f" (not set: {s.source})"
+    return int(s.value), (f"{engine_label(c.ev.serving.engine)} {s.knob.flag}",), \
+        "" if not s.is_default else f" (not set: {s.source})"
 
 @rule(
     code="IDLE002",
@@ -296,8 +298,11 @@ def requests_refused(c: Check) -> Finding | None:
     c.cite(http, "mean")
     limit = c.knob("max_model_len")
     where = f" (now {limit.value})" if limit is not None and limit.known else ""
+    flag = limit.knob.flag if limit is not None else "--max-model-len"
+    if c.ev.serving.engine == "llamacpp":  # -c is the whole KV context, split over the slots unless unified
+        where = f"{where[:-1]} per slot)" if where else where
     c.fix(FixKind.CONTEXT_LENGTH, "Stop sending requests the server refuses", "Read a refused response's message; "
-          f"for prompts over the context length raise --max-model-len{where} where the model and KV pool allow, "
+          f"for prompts over the context length raise {flag}{where} where the model and KV pool allow, "
           "or truncate prompts and max_tokens at the client.",
           Gain(None, f"{share:.0%} of the answers were refusals: it changes what is served, not how fast",
                benefit=Benefit.CAPACITY))
