@@ -20,6 +20,7 @@ from diagnoser import physics
 from diagnoser import signals as S
 from diagnoser.capture import ModelInfo
 from diagnoser.diagnosis import GainKind, Regime
+from diagnoser.engines.tables import flag_of
 from diagnoser.errors import InputError
 from diagnoser.evidence import Evidence
 from diagnoser.physics import GpuSpec
@@ -175,7 +176,8 @@ def sequence_limit(ev: Evidence) -> SequenceLimit | None:
     found: list[SequenceLimit] = []
     serving = ev.serving
     if serving.max_num_seqs and serving.max_num_seqs > 0:
-        flag = "--max-running-requests" if serving.engine == "sglang" else "--max-num-seqs"
+        flag = "--max-running-requests" if serving.engine == "sglang" else \
+            flag_of(serving.engine, "max_num_seqs", "--max-num-seqs")
         found.append(SequenceLimit(int(serving.max_num_seqs), f"{flag} {serving.max_num_seqs}"))
     total = serving.max_batch_total_tokens
     if total and total > 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
+from diagnoser.engines.tables import engine_label, flag_of
 from diagnoser.evidence import Signal
 from diagnoser.physics import MigSlice, mig_slice
 from diagnoser.rules import formula as fm
@@ -116,8 +117,10 @@ def batch_below_ridge(c: Check) -> Finding | None:
     c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
     if kv is not None:
         c.cite(kv, "p90", "<", c.t["kv_usage_max"])
+    engine = c.ev.serving.engine
+    flag = f"{engine_label(engine)} {flag_of(engine, 'max_num_seqs', '--max-num-seqs')}"
     c.fix(FixKind.BATCH_MORE, "Raise the batch limit", f"Let the running batch grow toward {rb.value / 2:.0f} "
-          "sequences (vLLM --max-num-seqs); the queue shows the demand is there.",
+          f"sequences ({flag}); the queue shows the demand is there.",
           gains.batch_gain(c.ev, target=min(rb.value / 2, running.mean + waiting.mean), raises_limit=True))
     return c.finding(0.75, f"Only {running.mean:.1f} sequences run per step while {waiting.mean:.1f} wait; the "
                      f"ridge batch is {rb.value:.0f}.")
