@@ -114,7 +114,6 @@ CACHE_RAM = Knob(
 )
 DRAFT_MODEL = Knob(
     "speculative_config", "draft model", ("--model-draft", "-md", "--spec-draft-model"),
-    env=("LLAMA_ARG_MODEL_DRAFT",),
     constrains="draft tokens proposed by a small model and verified per step",
     binds="drafts rarely accepted while the draft model costs every step",
     relieves=Direction.OFF, trades="decode speed at high acceptance", bounds="the step time the draft costs",
