@@ -23,7 +23,7 @@ from diagnoser.engines.knobs import Setting, direction_of
 from diagnoser.engines.tables import knobs_of
 from diagnoser.errors import InputError
 from diagnoser.pipeline import Outcome
-from diagnoser.rules import gains
+from diagnoser.rules import curve, gains
 from diagnoser.units import fmt
 
 # Rates that say how much work was done, in the order a reader looks for them.
@@ -125,12 +125,23 @@ class Prediction:
     realised: float | None = None  # the measured ratio of the rate that fix moves
     verdict: str = ""  # a GRADES entry / not applied / not measurable / not checked
     for_change_kind: str = ""  # estimate or upper_bound: how the physics' answer for the change made is graded
+    # The range of the estimate graded (for the change made, else as predicted), where it has one: the engine's own
+    # step-time curve over the BEFORE window (rules/curve.py). None for a bound or an estimate without a range.
+    low: float | None = None
+    high: float | None = None
 
     @property
     def graded(self) -> bool:
         """Whether the measurement checked the prediction (held, over- or under-predicted, within or beyond the
         bound)."""
         return self.verdict in GRADES
+
+    @property
+    def in_range(self) -> bool | None:
+        """Whether the realised gain lies inside the estimate's range (None where there is no range or no gain)."""
+        if self.low is None or self.high is None or self.realised is None:
+            return None
+        return self.low <= self.realised <= self.high
 
     @property
     def error(self) -> float | None:
@@ -163,6 +174,7 @@ class Comparison:
             out["kind"] = p.kind.value
             out["error"] = p.error
             out["graded"] = p.graded
+            out["in_range"] = p.in_range
         for c, out in zip(self.changes, d["changes"], strict=True):
             out["fix"] = c.fix.value if c.fix is not None else None
         for group in ("rates", "latencies", "activity"):
@@ -621,8 +633,11 @@ def _float_narrowing(before: Any, after: Any) -> bool:
         return False
 
 
-def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float | None, str, str]:
-    """The BEFORE evidence's prediction for the change actually made (None when the physics has no model of it)."""
+def _for_change(kind: FixKind, before: Outcome, after: Outcome
+                ) -> tuple[float | None, str, str, tuple[float, float] | None]:
+    """The BEFORE evidence's prediction for the change actually made (None when the physics has no model of it), and
+    the range of an estimate from the engine's own curve over the BEFORE window, where the physics has no answer (no
+    device roofs: a CPU build) and the change moved the batch."""
     ev = before.evidence
     ma, mb = before.capture.model, after.capture.model
     ask: Callable[[], gains.Gain] | None = None
@@ -643,15 +658,23 @@ def _for_change(kind: FixKind, before: Outcome, after: Outcome) -> tuple[float |
         if batch is not None:
             ask = lambda: gains.batch_gain(ev, target=batch)  # noqa: E731
     if ask is None:
-        return None, "", ""
+        return None, "", "", None
     try:
         g = ask()
     except Exception as exc:
-        return None, f"the physics could not answer for this change ({exc})", ""
+        return None, f"the physics could not answer for this change ({exc})", "", None
     if g.capped:
         # A cap is a limit on what a fix promises, not the physics' figure: nothing to check a measurement against.
-        return None, f"{g.basis} ({g.capped}: the figure for this change is not known)", ""
-    return g.value, g.basis, g.kind.value
+        return None, f"{g.basis} ({g.capped}: the figure for this change is not known)", "", None
+    if g.value is None and kind in (FixKind.BATCH_MORE, FixKind.KV_MEMORY):
+        # Sequences a step after the change, as the curve counts them (generated tokens per step), else the batch.
+        new = after.evidence.value(S.SERVER_BATCH_SIZE) or after.evidence.observed_batch()
+        est = curve.batch_gain(ev, new) if new else None
+        if isinstance(est, gains.Gain) and est.value is not None and est.low is not None and est.high is not None:
+            return est.value, est.basis, est.kind.value, (est.low, est.high)
+        if isinstance(est, curve.Refused):
+            return None, f"{g.basis}; the window's own curve: {est.why}", "", None
+    return g.value, g.basis, g.kind.value, None
 
 
 def _main_rate(comparison: Comparison) -> Measure | None:
@@ -724,16 +747,20 @@ def compare(before: Outcome, after: Outcome) -> Comparison:
     confounded = c.confounders = confounders(before, after, c.changes)
     for fix in db.fixes:
         on = fix.kind in applied
-        for_change, basis, for_kind = _for_change(fix.kind, before, after) if on else (None, "", "")
+        for_change, basis, for_kind, span = _for_change(fix.kind, before, after) if on else (None, "", "", None)
+        if for_change is None and fix.gain_low is not None and fix.gain_high is not None:
+            span = (fix.gain_low, fix.gain_high)
         p = Prediction(fix.kind, fix.title, fix.gain, fix.gain_kind.value, fix.benefit.value, on, for_change, basis,
-                       verdict="" if on else "not applied", for_change_kind=for_kind)
+                       verdict="" if on else "not applied", for_change_kind=for_kind,
+                       low=span[0] if span else None, high=span[1] if span else None)
         c.predictions.append(_judge(p, measure, confounded))
     # A change that matches no proposed fix is still checked against the physics when it can be.
     proposed = {f.kind for f in db.fixes}
     for kind in sorted(applied - proposed, key=lambda k: k.value):
-        for_change, basis, for_kind = _for_change(kind, before, after)
+        for_change, basis, for_kind, span = _for_change(kind, before, after)
         p = Prediction(kind, f"(not proposed) {kind.value.replace('_', ' ')}", None, "estimate", "speed", True,
-                       for_change, basis, for_change_kind=for_kind)
+                       for_change, basis, for_change_kind=for_kind, low=span[0] if span else None,
+                       high=span[1] if span else None)
         c.predictions.append(_judge(p, measure, confounded))
     if not c.changes:
         c.notes.append("No configuration change was found between the two captures: the difference is load, noise or "

@@ -205,6 +205,10 @@ class Fix:
     benefit: Benefit = Benefit.SPEED
     capped: str = ""  # set when the gain was capped: by what, from what
     rules: tuple[str, ...] = ()  # every rule that proposed this kind of fix
+    # An estimate's range (the engine's step-time curve fitted over the window, rules/curve.py): the least and most
+    # the fit allows at two standard errors; None for a bound or an estimate without one.
+    gain_low: float | None = None
+    gain_high: float | None = None
 
     @property
     def is_upper_bound(self) -> bool:

@@ -71,6 +71,9 @@ def terminal_lines(c: Comparison) -> list[str]:
             if p.for_change is not None:
                 line += f"; for the change made {_gain(p.for_change)}"
             line += f"; realised {_gain(p.realised)}: {p.verdict}"
+            if p.in_range is not None:
+                line += (f" ({'within' if p.in_range else 'outside'} the estimate's range, {_gain(p.low)} to "
+                         f"{_gain(p.high)})")
         else:
             line += ": not applied"
         out.append(line)

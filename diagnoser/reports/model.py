@@ -64,6 +64,8 @@ def gain_text(fix: Fix) -> str:
     text = f"up to {amount}" if fix.gain_kind is GainKind.UPPER_BOUND else f"about {amount}"
     if fix.benefit is Benefit.CAPACITY:
         text = f"capacity {amount}" if fix.gain_kind is GainKind.ESTIMATE else f"capacity up to {amount}"
+    if fix.gain_kind is GainKind.ESTIMATE and fix.gain_low is not None and fix.gain_high is not None:
+        text += f" ({fix.gain_low:.1f}x to {fix.gain_high:.1f}x)"
     if fix.capped:
         text += " (capped)"
     return text

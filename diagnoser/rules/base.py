@@ -98,6 +98,9 @@ class Gain:
     kind: GainKind = GainKind.ESTIMATE
     benefit: Benefit = Benefit.SPEED
     capped: str = ""
+    # An estimate's range, where it has one (the engine's own curve, rules/curve.py): the least and most it allows.
+    low: float | None = None
+    high: float | None = None
 
     @classmethod
     def unknown(cls, why: str, benefit: Benefit = Benefit.SPEED) -> Gain:
@@ -107,7 +110,7 @@ class Gain:
         """This gain, no larger than `bound` (an Amdahl bound from a measured time split, say)."""
         if self.value is None or self.value <= bound:
             return self
-        return replace(self, value=bound, kind=GainKind.UPPER_BOUND,
+        return replace(self, value=bound, kind=GainKind.UPPER_BOUND, low=None, high=None,
                        capped=(self.capped + "; " if self.capped else "") + f"{why} (from {self.value:.2f}x)")
 
     def as_capacity(self, why: str) -> Gain:
@@ -296,7 +299,7 @@ class Check:
         g = gain or Gain(None, "")
         self.fixes.append(Fix(title=title, action=action, gain=g.value, basis=g.basis, rule=self.rule.code,
                               kind=kind, gain_kind=g.kind, benefit=g.benefit, capped=g.capped,
-                              rules=(self.rule.code,)))
+                              rules=(self.rule.code,), gain_low=g.low, gain_high=g.high))
 
     def finding(self, strength: float, message: str, *, regime: Regime = Regime.UNKNOWN,
                 saturation: float | None = None) -> Finding:

@@ -108,7 +108,7 @@ def _bounded(fix: Fix, ev: Evidence, finding: Finding | None = None) -> Fix:
     elif fix.kind in _KERNEL_SIDE:
         bound = floor_bound(ev)
     if bound is not None and gain > bound[0] + 1e-9:
-        fix = replace(fix, gain=bound[0], gain_kind=GainKind.UPPER_BOUND,
+        fix = replace(fix, gain=bound[0], gain_kind=GainKind.UPPER_BOUND, gain_low=None, gain_high=None,
                       capped=(fix.capped + "; " if fix.capped else "")
                       + f"bounded by {bound[1]} (from {gain:.2f}x)")
     return _cap(fix)
@@ -116,12 +116,13 @@ def _bounded(fix: Fix, ev: Evidence, finding: Finding | None = None) -> Fix:
 
 def _unsized(fix: Fix, why: str) -> Fix:
     """The fix with no gain, and why the trace cannot size it."""
-    return replace(fix, gain=None, gain_kind=GainKind.ESTIMATE, capped="", basis=f"not sized from this trace: {why}")
+    return replace(fix, gain=None, gain_kind=GainKind.ESTIMATE, capped="", gain_low=None, gain_high=None,
+                   basis=f"not sized from this trace: {why}")
 
 
 def _cap(fix: Fix) -> Fix:
     if fix.gain is not None and fix.gain > MAX_GAIN:
-        return replace(fix, gain=MAX_GAIN, gain_kind=GainKind.UPPER_BOUND,
+        return replace(fix, gain=MAX_GAIN, gain_kind=GainKind.UPPER_BOUND, gain_low=None, gain_high=None,
                        capped=(fix.capped + "; " if fix.capped else "") + f"capped at {MAX_GAIN:g}x (from "
                        f"{fix.gain:.1f}x)")
     return fix
@@ -158,13 +159,15 @@ def _merged(proposals: list[Fix], rules: RuleSet | None) -> Fix:
     chosen = max(estimates, key=lambda p: _grounding(p, rules)) if estimates else min(bounds, key=lambda p: p.gain or 0)
     tight = min(bounds, key=lambda p: p.gain or 0) if bounds else None
     gain, kind, capped, basis = chosen.gain, chosen.gain_kind, chosen.capped, chosen.basis
+    span = (chosen.gain_low, chosen.gain_high)
     if chosen.rule != first.rule:
         basis = f"{basis} [{chosen.rule}]"
     if tight is not None and tight is not chosen and gain is not None and tight.gain is not None \
             and gain > tight.gain + 1e-9:
         capped = (capped + "; " if capped else "") + f"bounded by {tight.rule}'s {tight.basis} (from {gain:.2f}x)"
-        gain, kind = tight.gain, GainKind.UPPER_BOUND
-    return replace(first, gain=gain, gain_kind=kind, capped=capped, basis=basis, rules=names)
+        gain, kind, span = tight.gain, GainKind.UPPER_BOUND, (None, None)
+    return replace(first, gain=gain, gain_kind=kind, capped=capped, basis=basis, rules=names, gain_low=span[0],
+                   gain_high=span[1])
 
 
 def judge_fixes(findings: list[Finding], ev: Evidence, rules: RuleSet | None = None,

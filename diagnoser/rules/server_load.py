@@ -7,11 +7,12 @@ rules (load.py, host.py) add to them.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
 from diagnoser.engines.tables import engine_label
-from diagnoser.rules import gains
+from diagnoser.rules import curve, gains
 from diagnoser.rules.base import MAX, MEAN, P50, P90, VALUE, AnyOf, CannotDecide, Check, Gain, Page, Threshold, rule
 
 
@@ -37,8 +38,10 @@ from diagnoser.rules.base import MAX, MEAN, P50, P90, VALUE, AnyOf, CannotDecide
         "the batch, so each sequence added is nearly free throughput. A limit the queue keeps full is the only "
         "thing holding the batch down.",
         fixes="Raise the limit toward the batch the queue would fill (running + waiting), as far as the KV cache "
-        "has room. Predicted gain: the physics at the new batch when the model and GPU are known; otherwise none "
-        "(the basis gives the batch ratio, which a step that slows or speeds up with the batch moves either way).",
+        "has room. Predicted gain: the physics at the new batch when the model and GPU are known (the engine's own "
+        "curve beside it as a cross-check); otherwise an estimate with its range from that curve: the step time "
+        "fitted over the window's busy intervals against the tokens each step held, at the batch the load can "
+        "supply (running + waiting). A window whose tokens per step never varied cannot price it: none, and why.",
         sources="Seed physics (batching raises intensity until the ridge); vLLM scheduler docs (max_num_seqs caps "
         "the running batch); Orca (Yu et al., OSDI 2022) on iteration-level batching.",
     ),
@@ -66,13 +69,22 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
             want, note = room, f", as many as the KV cache has room for ({kv.p90:.0%} used at {running.mean:.1f})"
     target = max(cap + 1, round(want))
     g = gains.batch_gain(c.ev, target=float(target), raises_limit=True)
-    if g.value is None and running.mean > 0:
+    # What the load can supply: no more sequences than are running and waiting now (a closed loop of N clients
+    # never has more than N in flight).
+    est = curve.batch_gain(c.ev, min(float(target), running.mean + waiting.mean))
+    if g.value is None and not isinstance(est, curve.Refused):
+        g = est  # no device roofs (a CPU build): the engine's own curve over the window prices it, with its range
+    elif g.value is None and running.mean > 0:
         # Without the device's roofs nothing bounds it: on vLLM's CPU build, 2 -> 11 sequences gave x4.1 in one run
         # and x8.7 in another (its steps got shorter at the larger batch), against the batch ratio's x5.6-6.
         ratio = target / running.mean
         g = Gain.unknown(f"tokens per step from {running.mean:.1f} to {target} sequences{note}: x{ratio:.1f} "
                          "at an unchanged step time, but a step's time can grow or shrink with the batch and no "
-                         "model and device roofs price it here")
+                         "model and device roofs price it here"
+                         + (f"; gain not predictable: {est.why}" if isinstance(est, curve.Refused) else ""))
+    elif g.value is not None and not isinstance(est, curve.Refused):
+        g = replace(g, basis=f"{g.basis}; cross-check, the engine's own curve over the window: x{est.value:.2f} "
+                    f"(x{est.low:.2f} to x{est.high:.2f})")
     c.fix(FixKind.BATCH_MORE, "Raise the batch limit", f"Raise the concurrent-sequence limit from {cap} to about "
           f"{target} ({'; '.join(f'{f} {target}' for f in flags)}): the queue keeps it full.", g)
     return c.finding(0.85, f"The batch is pinned at the server's limit of {cap} sequences{where} while "
