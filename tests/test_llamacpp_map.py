@@ -1,0 +1,325 @@
+"""llama.cpp's server (issue 47): its /metrics page told apart and every family mapped, /props and /slots read for the
+configuration in force, its command line parsed, its knob table read through the one reader, and a fix naming its own
+flag. Pages are written as build 11434's tools/server/server-task.cpp `to_metrics` writes them (each value through a
+C++ stream: 6 significant digits) and served over real HTTP on 127.0.0.1; where real pages captured from the built
+server are kept (tests/fixtures/llamacpp/), they are read too."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from diagnoser import signals as S
+from diagnoser.capture import Capture, ServerInfo, ServingConfig, new_capture
+from diagnoser.collectors.server_maps import LLAMACPP_MAP, SERVER_MAPS, detect_kind
+from diagnoser.collectors.server_metrics import ServerMetricsCollector, parse_samples
+from diagnoser.collectors.target import llamacpp_config, llamacpp_state, serving_from_cmdline
+from diagnoser.engines import llamacpp
+from diagnoser.engines.knobs import CONFIGURED, parse_version
+from diagnoser.engines.tables import in_force, knobs_of
+from diagnoser.evidence_build import build_evidence
+from diagnoser.rules import diagnose
+from tests.factories import make_capture
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llamacpp"
+
+# Build 11434's families (server-task.cpp to_metrics): counters, then gauges, then the labelled per-position counter.
+COUNTERS = ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
+            "tokens_predicted_seconds_total", "n_decode_total", "n_tokens_max", "spec_decode_num_draft_tokens_total",
+            "spec_decode_num_accepted_tokens_total", "spec_decode_num_drafts_total")
+GAUGES = ("prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing", "requests_deferred",
+          "n_busy_slots_per_decode")
+# Read for no signal, and why (docs/attach.md says the same).
+NOT_MAPPED = {"prompt_tokens_seconds": "busy throughput between scrapes", "predicted_tokens_seconds": "the same",
+              "spec_decode_num_accepted_tokens_per_pos_total": "per draft position"}
+
+
+def page(values: dict[str, float], per_pos: tuple[float, ...] = ()) -> str:
+    """A page as llama-server writes it: HELP, TYPE, then `llamacpp:name value` with the value as `std::stringstream
+    << double` prints it (%g: 6 significant digits, 1.23457e+07 past a million)."""
+    out = []
+    for names, kind in ((COUNTERS, "counter"), (GAUGES, "gauge")):
+        for n in names:
+            out += [f"# HELP llamacpp:{n} .", f"# TYPE llamacpp:{n} {kind}", f"llamacpp:{n} {values.get(n, 0.0):g}"]
+    if per_pos:
+        out += ["# HELP llamacpp:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position",
+                "# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter"]
+        out += [f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {v:g}'
+                for i, v in enumerate(per_pos)]
+    return "\n".join(out) + "\n"
+
+
+# Two slots, eight clients, 10 s apart: 2 processing, 6 deferred; 400 decode calls with 2 busy slots each (the
+# average since start moves from 1.5 over 1000 calls to 1.642857 over 1400), 800 tokens generated in 64 s of slot
+# time (two slots x 10 s x 3.2 requests' worth), 2000 prompt tokens in 4 s, 500 cached.
+FIRST = {"prompt_tokens_total": 10000, "prompt_tokens_cached_total": 1500, "prompt_seconds_total": 20.0,
+         "tokens_predicted_total": 3000, "tokens_predicted_seconds_total": 240.0, "n_decode_total": 1000,
+         "n_tokens_max": 900, "requests_processing": 2, "requests_deferred": 6, "n_busy_slots_per_decode": 1.5,
+         "prompt_tokens_seconds": 500.0, "predicted_tokens_seconds": 12.5}
+SECOND = {**FIRST, "prompt_tokens_total": 12000, "prompt_tokens_cached_total": 2000, "prompt_seconds_total": 24.0,
+          "tokens_predicted_total": 3800, "tokens_predicted_seconds_total": 304.0, "n_decode_total": 1400,
+          "n_busy_slots_per_decode": 2300 / 1400}
+
+
+class Server:
+    """llama-server's endpoints on 127.0.0.1: /metrics from `pages` in turn (the last one kept), /props and /slots
+    as given (None: 404, as a server started with --no-slots answers 501)."""
+
+    def __init__(self, pages: list[str], props: Any = None, slots: Any = None) -> None:
+        self.pages, self.hits = pages, 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    body = owner.pages[min(owner.hits, len(owner.pages) - 1)].encode()
+                    owner.hits += 1
+                elif path in ("/props", "/slots") and (props if path == "/props" else slots) is not None:
+                    body = json.dumps(props if path == "/props" else slots).encode()
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def served() -> Iterator[Any]:
+    made: list[Server] = []
+
+    def make(pages: list[str], props: Any = None, slots: Any = None) -> Server:
+        made.append(Server(pages, props, slots))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def read(url: str) -> Capture:
+    """Scrapes at t=0 and t=10, then the end of the window (no extra scrape)."""
+    capture = new_capture("test")
+    capture.server = ServerInfo(kind="unknown", url=url)
+    collector = ServerMetricsCollector(url)
+    collector.start(capture)
+    collector.sample(0.0)
+    collector.sample(10.0)
+    collector.stop(10.0)
+    return capture
+
+
+def values(capture: Capture, name: str) -> list[float]:
+    found = capture.series_named(name)
+    return found[0].values if found else []
+
+
+def reason(capture: Capture, what: str) -> str:
+    return next((u.reason for u in capture.unavailable if u.what == what), "")
+
+
+# --- the page ----------------------------------------------------------------------------------------------------
+
+def test_the_page_is_told_apart_by_its_prefix() -> None:
+    samples = parse_samples(page(FIRST))
+    assert detect_kind(samples.keys()) == "llamacpp"
+    assert SERVER_MAPS["llamacpp"] is LLAMACPP_MAP and LLAMACPP_MAP.label == "llama.cpp"
+    # a vLLM page is still vLLM's
+    assert detect_kind(["vllm:num_requests_running", "vllm:generation_tokens_total"]) == "vllm"
+
+
+def test_every_family_of_build_11434_is_read_or_said_why_not() -> None:
+    read_names = set(LLAMACPP_MAP.names())
+    for family in (*COUNTERS, *GAUGES, "spec_decode_num_accepted_tokens_per_pos_total"):
+        assert ("llamacpp:" + family in read_names) != (family in NOT_MAPPED), family
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "attach.md").read_text()
+    for family in NOT_MAPPED:
+        assert family in doc, f"docs/attach.md does not say why {family} is not mapped"
+
+
+def test_the_window_from_two_scrapes(served: Any) -> None:
+    server = served([page(FIRST), page(SECOND, per_pos=(40.0, 20.0))])
+    cap = read(server.url)
+    assert cap.server is not None and cap.server.kind == "llamacpp" and cap.serving.engine == "llamacpp"
+    assert values(cap, S.SERVER_RUNNING) == [2.0, 2.0] and values(cap, S.SERVER_WAITING) == [6.0, 6.0]
+    assert values(cap, S.SERVER_PROMPT_TOKENS_PER_S) == [pytest.approx(200.0)]  # 2000 tokens in 10 s
+    assert values(cap, S.SERVER_GEN_TOKENS_PER_S) == [pytest.approx(80.0)]
+    assert values(cap, S.SERVER_PROMPT_TOKENS_CACHED_PER_S) == [pytest.approx(50.0)]
+    # the window's busy slots per decode call: (2300 - 1500) / (1400 - 1000), not the average since start (1.64)
+    assert values(cap, S.SERVER_BATCH_SIZE) == [pytest.approx(2.0, abs=0.01)]
+    assert values(cap, S.SERVER_TPOT_MEAN_S) == [pytest.approx(64.0 / 800)]
+    assert values(cap, S.SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S) == [pytest.approx(4.0 / 2000)]
+    assert values(cap, S.SERVER_PREFIX_CACHE_HIT_RATE) == [pytest.approx(500 / 2500)]
+    assert not values(cap, S.SERVER_SPEC_ACCEPTANCE_RATE)  # no drafts: no ratio, not a zero
+    assert "no KV-cache use" in reason(cap, S.SERVER_KV_USAGE)
+    assert "no latency histograms" in reason(cap, S.SERVER_TTFT_P50_S)
+    assert "counts tokens, not requests" in reason(cap, S.SERVER_REQUESTS_PER_S)
+    assert cap.serving.extra.get("longest_sequence_tokens") == "900"
+
+
+def test_speculative_counters_and_a_long_running_servers_rounded_counters(served: Any) -> None:
+    spec1 = {**FIRST, "spec_decode_num_draft_tokens_total": 3000, "spec_decode_num_accepted_tokens_total": 1800,
+             "spec_decode_num_drafts_total": 1000, "prompt_tokens_total": 12_345_678}
+    spec2 = {**SECOND, "spec_decode_num_draft_tokens_total": 3600, "spec_decode_num_accepted_tokens_total": 2100,
+             "spec_decode_num_drafts_total": 1200, "prompt_tokens_total": 12_365_678}
+    assert "1.23457e+07" in page(spec1)  # as the C++ stream writes it
+    cap = read(served([page(spec1), page(spec2)]).url)
+    assert values(cap, S.SERVER_SPEC_ACCEPTANCE_RATE) == [pytest.approx(300 / 600)]
+    assert values(cap, S.SERVER_SPEC_MEAN_ACCEPT_LEN) == [pytest.approx(1 + 300 / 200)]
+    assert values(cap, S.SERVER_SPEC_DRAFT_LEN) == [pytest.approx(600 / 200)]
+    assert values(cap, S.SERVER_SPEC_DRAFTS_PER_TOKEN) == [pytest.approx(200 / 800)]
+    # 12,345,678 -> 12,365,678 is printed 1.23457e+07 -> 1.23657e+07: the rate is good to the printed digits
+    assert values(cap, S.SERVER_PROMPT_TOKENS_PER_S) == [pytest.approx(2000.0)]
+
+
+def test_an_older_builds_kv_gauges_are_read_where_present(served: Any) -> None:
+    old = "llamacpp:kv_cache_usage_ratio 0.75\nllamacpp:kv_cache_tokens 3072\n"
+    cap = read(served([page(FIRST) + old, page(SECOND) + old]).url)
+    assert values(cap, S.SERVER_KV_USAGE) == [0.75, 0.75] and values(cap, S.SERVER_KV_USED_TOKENS) == [3072.0] * 2
+    assert not reason(cap, S.SERVER_KV_USAGE)
+
+
+# --- /props and /slots ---------------------------------------------------------------------------------------------
+
+PROPS = {"default_generation_settings": {"params": {"temperature": 0.8, "speculative.types": "none"}, "n_ctx": 4096},
+         "total_slots": 2, "model_alias": "m", "model_path": "/models/m.gguf", "endpoint_slots": True,
+         "endpoint_metrics": True, "build_info": "b11434-1a2b3c4", "is_sleeping": False}
+SLOTS = [{"id": 0, "n_ctx": 4096, "speculative": False, "is_processing": True, "id_task": 7},
+         {"id": 1, "n_ctx": 4096, "speculative": False, "is_processing": False}]
+
+
+def test_props_and_slots_give_the_configuration_in_force(served: Any) -> None:
+    server = served([page(FIRST)], PROPS, SLOTS)
+    command_line = serving_from_cmdline(["llama-server", "-m", "/models/m.gguf", "-np", "8", "--metrics"])
+    version, serving = llamacpp_state(server.url, command_line, 2.0)
+    assert version == "b11434-1a2b3c4" and parse_version(version) == (11434,)
+    assert serving.engine == "llamacpp" and serving.max_num_seqs == 2 and serving.max_model_len == 4096  # in force
+    assert serving.extra["slots_busy_at_attach"] == "1" and serving.extra["slots_speculative"] == "0"
+    assert serving.extra["speculative_types"] == "none"
+
+
+def test_a_missing_endpoint_or_field_is_not_known_never_a_crash(served: Any) -> None:
+    server = served([page(FIRST)], {"total_slots": "two", "default_generation_settings": [], "build_info": 7}, None)
+    before = serving_from_cmdline(["llama-server", "-np", "2", "-c", "8192"])
+    version, serving = llamacpp_state(server.url, before, 2.0)
+    assert version == "" and serving.max_num_seqs == 2 and serving.max_model_len == 4096  # the command line stands
+    assert "slots_busy_at_attach" not in serving.extra
+    assert llamacpp_config(None, None) == {}
+    # only the slots that are objects count; one without its fields is one slot, neither busy nor speculating
+    assert llamacpp_config({}, [None, "x", {}]) == {"max_num_seqs": 1, "slots_busy_at_attach": 0,
+                                                   "slots_speculative": 0}
+    nothing = "http://127.0.0.1:9/metrics"  # nothing listens on the discard port
+    assert llamacpp_state(nothing, ServingConfig(), 0.5) == ("", ServingConfig(engine="llamacpp"))
+
+
+# --- the command line ----------------------------------------------------------------------------------------------
+
+def test_llama_servers_command_line() -> None:
+    s = serving_from_cmdline(["/opt/llama/bin/llama-server", "-m", "/models/m.gguf", "-np", "2", "-c", "8192", "-b",
+                              "1024", "-ub=256", "--cache-reuse", "256", "-md", "/models/draft.gguf",
+                              "--spec-draft-n-max", "8", "--no-cont-batching", "--metrics", "--port", "8080"])
+    assert s.engine == "llamacpp" and s.max_num_seqs == 2 and s.max_num_batched_tokens == 1024
+    assert s.max_model_len == 4096  # -c 8192 over 2 slots, no unified buffer
+    assert s.extra["ctx_size"] == "8192" and s.extra["ubatch_size"] == "256" and s.extra["cache_reuse"] == "256"
+    assert s.extra["speculative_config"] == "draft.gguf" and s.extra["draft_max"] == "8"  # the file, not its path
+    assert s.extra["continuous_batching"] == "false"
+    unified = serving_from_cmdline(["llama-server", "-c", "8192", "-np", "2", "-kvu", "--no-cache-prompt", "-cb"])
+    assert unified.max_model_len == 8192 and unified.extra["kv_unified"] == "true" and unified.prefix_caching is False
+    assert unified.extra["continuous_batching"] == "true"
+    auto = serving_from_cmdline(["llama-server", "--ctx-size=16384", "--parallel", "-1"])  # auto: 4, unified
+    assert auto.max_num_seqs is None and auto.max_model_len == 16384
+    # vLLM's command line is read as before
+    assert serving_from_cmdline(["vllm", "serve", "m", "--max-num-seqs", "8"]).max_num_seqs == 8
+
+
+# --- the knob table through the one reader ---------------------------------------------------------------------------
+
+def llama_capture(signals: dict[str, Any], *, serving: dict[str, Any] | None = None,
+                  version: str = "b11434-1a2b3c4") -> Capture:
+    cap = make_capture(signals, gpu=None)
+    cap.server = ServerInfo(kind="llamacpp", version=version)
+    typed = {k: v for k, v in (serving or {}).items() if k in ServingConfig.__struct_fields__}
+    extra = {k: str(v) for k, v in (serving or {}).items() if k not in typed}
+    cap.serving = msgspec.structs.replace(cap.serving, engine="llamacpp", **typed, extra=extra)
+    cap.cpu_only = True
+    return cap
+
+
+def test_the_knob_table_read_through_evidence() -> None:
+    assert set(knobs_of("llamacpp")) >= {"max_num_seqs", "max_model_len", "max_num_batched_tokens", "ubatch_size",
+                                         "prefix_caching", "cache_reuse", "speculative_config"}
+    for k in llamacpp.KNOBS:
+        assert k.flags and all(f.startswith("-") for f in k.flags), k.name
+        if k.relieves is not None and k.fixes:
+            assert k.relieves in k.fixes, k.name
+    ev = build_evidence(llama_capture({"server.running": 2.0}, serving={"max_num_seqs": 2, "ubatch_size": 256}))
+    seqs = ev.knob("max_num_seqs")
+    assert seqs is not None and seqs.value == 2 and seqs.source == CONFIGURED and seqs.knob.flag == "--parallel"
+    batch = ev.knob("max_num_batched_tokens")
+    assert batch is not None and batch.value == 2048 and "b11434" in batch.source and batch.knob.flag == "--batch-size"
+    ub = ev.knob("ubatch_size")
+    assert ub is not None and ub.value == 256
+    assert ev.knob("long_prefill_token_threshold") is None  # vLLM's, not llama.cpp's
+    default = in_force("llamacpp", "max_num_seqs", ServingConfig(engine="llamacpp"), "b11434-1a2b3c4", None)
+    assert default is not None and default.value == 4 and default.is_default
+    older = in_force("llamacpp", "max_num_seqs", ServingConfig(engine="llamacpp"), "b6000-abc", None)
+    assert older is not None and not older.known and "before version 11434" in older.why_unknown
+    unknown = in_force("llamacpp", "max_num_seqs", ServingConfig(engine="llamacpp"), "", None)
+    assert unknown is not None and not unknown.known and "version is unknown" in unknown.why_unknown
+
+
+def test_a_fix_for_a_llama_cpp_capture_names_parallel() -> None:
+    """Two slots, eight clients: both slots busy all window, six requests deferred."""
+    signals = {"server.running": 2.0, "server.waiting": [6.0] * 10, "server.gen_tokens_per_s": 40.0}
+    d = diagnose(llama_capture(signals, serving={"max_num_seqs": 2}))
+    assert d.verdict != "inconclusive", [(f.code, f.message) for f in d.findings]
+    (fix,) = [f for f in d.fixes if "BAT005" in f.rules]
+    assert "--parallel" in fix.action and "--max-num-seqs" not in fix.action, fix.action
+    assert "llama.cpp --parallel" in fix.action
+    # the same at the default of 4 slots, not on the command line
+    d = diagnose(llama_capture({**signals, "server.running": 4.0}))
+    (fix,) = [f for f in d.fixes if "BAT005" in f.rules]
+    assert "from 4" in fix.action and "--parallel" in fix.action
+
+
+# --- real pages, where they are kept ----------------------------------------------------------------------------
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason="no pages captured from a built llama-server are kept yet")
+def test_real_pages_are_read_as_llama_cpp() -> None:
+    found = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and "metrics" in p.name)
+    assert found, f"{FIXTURES} holds no /metrics page"
+    for p in found:
+        samples = parse_samples(p.read_text())
+        assert detect_kind(samples.keys()) == "llamacpp", p.name
+        for family in samples:
+            if family.startswith("llamacpp:"):
+                name = family[len("llamacpp:"):]
+                assert family in LLAMACPP_MAP.names() or name in NOT_MAPPED, f"{p.name}: {family} is not mapped"
+    for p in sorted(FIXTURES.rglob("*props*.json")):
+        got = llamacpp_config(json.loads(p.read_text()), None)
+        assert got.get("max_num_seqs") and got.get("max_model_len"), p.name
+        assert parse_version(got.get("build", "")) is not None, p.name
+    for p in sorted(FIXTURES.rglob("*slots*.json")):
+        listed = json.loads(p.read_text())
+        got = llamacpp_config(None, listed)
+        assert got.get("max_num_seqs") == len(listed), p.name
