@@ -838,7 +838,7 @@ class ServerMetricsCollector:
         if kind is None:
             capture.mark_unavailable(
                 "server", "server.*", f"{self.url} serves Prometheus metrics, but none from vLLM, SGLang, TGI, "
-                "Triton, llama.cpp or NVIDIA NIM", "point --metrics-url at the inference server's own /metrics")
+                "Triton or NVIDIA NIM, nor llama.cpp", "point --metrics-url at the inference server's own /metrics")
             self._given_up = True
             return False
         self.kind, self.map = kind, SERVER_MAPS[kind]
