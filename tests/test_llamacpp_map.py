@@ -190,6 +190,7 @@ def test_speculative_counters_and_a_long_running_servers_rounded_counters(served
     assert values(cap, S.SERVER_SPEC_DRAFTS_PER_TOKEN) == [pytest.approx(200 / 800)]
     # 12,345,678 -> 12,365,678 is printed 1.23457e+07 -> 1.23657e+07: the rate is good to the printed digits
     assert values(cap, S.SERVER_PROMPT_TOKENS_PER_S) == [pytest.approx(2000.0)]
+    assert any("6 significant digits: server.prompt_tokens_per_s" in n for n in cap.notes), cap.notes
 
 
 def test_an_older_builds_kv_gauges_are_read_where_present(served: Any) -> None:

@@ -1017,6 +1017,11 @@ class ServerMetricsCollector:
         if self._lora_seen:
             self.config.lora_adapters_seen = len(self._lora_seen)
         self._write_config(capture)
+        if self.kind == "llamacpp":
+            big = sorted(name for name, track in self._tracks.items() if track.values and track.values[-1] >= 1e6)
+            if big:  # llama-server writes each value through a C++ stream: %g, 6 significant digits
+                capture.notes.append(f"llama.cpp prints its counters to 6 significant digits: {', '.join(big)} passed "
+                                     "a million, so their rates are good to a millionth of the count per interval.")
         if self.resets:
             capture.notes.append("The server's counters went backwards during the window (restarted?): "
                                  f"{', '.join(sorted(self.resets))} skip those intervals.")
