@@ -87,6 +87,12 @@ def test_an_unknown_version_leaves_a_default_unknown_and_says_why() -> None:
     assert parse_version("0.32.0+cpu") == (0, 32, 0) and parse_version("v0.9") == (0, 9) and parse_version("x") is None
 
 
+def test_llama_cpp_build_numbers_parse_and_vllm_versions_read_as_before() -> None:
+    assert parse_version("b11434-1a2b3c4") == (11434,) and parse_version("version: 11434 (1a2b3c4)") == (11434,)
+    assert parse_version("b6xyz") is None and parse_version("build") is None
+    assert parse_version("0.32.0+cpu") == (0, 32, 0) and parse_version("0.10.1") == (0, 10, 1)
+
+
 def test_command_line_spellings_come_from_the_table() -> None:
     s = serving_from_cmdline(["python", "-m", "vllm.entrypoints.openai.api_server", "--max-num-batched-tokens=128",
                               "--no-enable-prefix-caching", "--long-prefill-token-threshold", "256",
