@@ -20,7 +20,7 @@ from diagnoser import signals as S
 from diagnoser.capture import Capture, ServerInfo, ServingConfig, new_capture
 from diagnoser.collectors.server_maps import LLAMACPP_MAP, SERVER_MAPS, detect_kind
 from diagnoser.collectors.server_metrics import ServerMetricsCollector, parse_samples
-from diagnoser.collectors.target import llamacpp_config, llamacpp_state, serving_from_cmdline
+from diagnoser.collectors.target import llamacpp_config, llamacpp_state, resolve_target, serving_from_cmdline
 from diagnoser.engines import llamacpp
 from diagnoser.engines.knobs import CONFIGURED, parse_version
 from diagnoser.engines.tables import in_force, knobs_of
@@ -217,6 +217,13 @@ def test_props_and_slots_give_the_configuration_in_force(served: Any) -> None:
     assert serving.engine == "llamacpp" and serving.max_num_seqs == 2 and serving.max_model_len == 4096  # in force
     assert serving.extra["slots_busy_at_attach"] == "1" and serving.extra["slots_speculative"] == "0"
     assert serving.extra["speculative_types"] == "none"
+
+
+def test_attach_by_url_reads_the_build_and_the_slots(served: Any) -> None:
+    server = served([page(FIRST)], PROPS, SLOTS)
+    target = resolve_target(metrics_url=server.url, probe_timeout=2.0)
+    assert target.server_kind == "llamacpp" and target.engine_version == "b11434-1a2b3c4"
+    assert target.serving.max_num_seqs == 2 and target.serving.max_model_len == 4096
 
 
 def test_a_missing_endpoint_or_field_is_not_known_never_a_crash(served: Any) -> None:
