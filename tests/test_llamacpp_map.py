@@ -250,12 +250,12 @@ def test_llama_servers_command_line() -> None:
     assert s.max_model_len == 4096  # -c 8192 over 2 slots, no unified buffer
     assert s.extra["ctx_size"] == "8192" and s.extra["ubatch_size"] == "256" and s.extra["cache_reuse"] == "256"
     assert s.extra["speculative_config"] == "draft.gguf" and s.extra["draft_max"] == "8"  # the file, not its path
-    assert s.extra["continuous_batching"] == "false"
+    assert s.extra["continuous_batching"] == "false" and s.extra["kv_unified"] == "false"  # -np N: split buffer
     unified = serving_from_cmdline(["llama-server", "-c", "8192", "-np", "2", "-kvu", "--no-cache-prompt", "-cb"])
     assert unified.max_model_len == 8192 and unified.extra["kv_unified"] == "true" and unified.prefix_caching is False
     assert unified.extra["continuous_batching"] == "true"
     auto = serving_from_cmdline(["llama-server", "--ctx-size=16384", "--parallel", "-1"])  # auto: 4, unified
-    assert auto.max_num_seqs is None and auto.max_model_len == 16384
+    assert auto.max_num_seqs is None and auto.max_model_len == 16384 and auto.extra["kv_unified"] == "true"
     # vLLM's command line is read as before
     assert serving_from_cmdline(["vllm", "serve", "m", "--max-num-seqs", "8"]).max_num_seqs == 8
 

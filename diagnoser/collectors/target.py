@@ -539,6 +539,7 @@ def _llamacpp_serving(args: list[str]) -> ServingConfig:
     if slots > 0:
         known["max_num_seqs"] = slots
     unified = flags.get("kv_unified", slots < 0)  # -np unset or -1: the server turns the unified buffer on
+    flags["kv_unified"] = unified
     if "prefix_caching" in flags:
         known["prefix_caching"] = flags.pop("prefix_caching")
     for name, on in flags.items():
