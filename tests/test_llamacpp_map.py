@@ -310,6 +310,32 @@ def test_a_fix_for_a_llama_cpp_capture_names_parallel() -> None:
     assert "from 4" in fix.action and "--parallel" in fix.action
 
 
+def test_two_slots_and_eight_clients_read_off_the_pages_is_the_slot_limit(served: Any) -> None:
+    """Issue 47's server: 2 slots, 8 clients, read off its pages over 10 s (one scrape a second) with /props and
+    /slots, as attach does. It was "Inconclusive", server kind "unknown"."""
+    pages = []
+    for i in range(11):
+        w = {**FIRST, **{k: FIRST[k] + (SECOND[k] - FIRST[k]) * i / 10 for k in (
+            "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
+            "tokens_predicted_seconds_total", "n_decode_total")}}
+        w["n_busy_slots_per_decode"] = (1500 + 2 * (w["n_decode_total"] - 1000)) / w["n_decode_total"]
+        pages.append(page(w))
+    server = served(pages, PROPS, SLOTS)
+    cap = new_capture("llama-server")
+    version, serving = llamacpp_state(server.url, cap.serving, 2.0)
+    cap.server, cap.serving, cap.cpu_only = ServerInfo(kind="llamacpp", url=server.url, version=version), serving, True
+    collector = ServerMetricsCollector(server.url)
+    collector.start(cap)
+    for t in range(11):
+        collector.sample(float(t))
+    collector.stop(10.0)
+    cap.duration_s = 10.0
+    d = diagnose(cap)
+    assert d.verdict == "batching" and "BAT005" in [f.code for f in d.findings]
+    (fix,) = [f for f in d.fixes if "BAT005" in f.rules]
+    assert "llama.cpp --parallel 8" in fix.action, fix.action
+
+
 # --- real pages, where they are kept ----------------------------------------------------------------------------
 
 @pytest.mark.skipif(not FIXTURES.is_dir(), reason="no pages captured from a built llama-server are kept yet")
