@@ -56,6 +56,10 @@ def test_prefill_beside_a_pinned_batch_still_tells_the_step_cost_from_the_token_
     fitted = curve.fit(_intervals([(2, p) for p in (0, 64, 0, 0, 128, 0, 32, 0)]))
     assert isinstance(fitted, curve.StepCurve)
     assert fitted.fixed_s == pytest.approx(A, rel=1e-6) and fitted.per_token_s == pytest.approx(B, rel=1e-6)
+    # ...on the assumption that a generated token costs what a prompt token does, which the basis says
+    assert fitted.batch_pinned and "the batch itself never varied" in fitted.describe()
+    varied = curve.fit(_intervals([(b, 0.0) for b in (1, 2, 3, 4, 6, 8, 2, 5)]))
+    assert isinstance(varied, curve.StepCurve) and not varied.batch_pinned
 
 
 def test_a_pinned_batch_with_nothing_beside_it_is_refused_with_the_reason() -> None:

@@ -78,6 +78,9 @@ class StepCurve:
     batch: float  # generated tokens per step over the fitted intervals: the batch the window ran
     tokens_per_generated: float  # (prompt + generated) / generated over the fitted intervals
     spread: tuple[float, float]  # the least and most tokens per step across the intervals
+    # The batch itself never varied (generated tokens per step all alike): tokens per step moved only with the prompts
+    # beside it, so a generated token is priced as a prompt token costs, which the window cannot check.
+    batch_pinned: bool = False
 
     def time_per_token(self, batch: float, fixed_s: float | None = None, per_token_s: float | None = None) -> float:
         """Seconds per generated token at a batch of `batch` sequences."""
@@ -109,9 +112,12 @@ class StepCurve:
         return value, min(seen), max(seen)
 
     def describe(self) -> str:
+        pinned = ("; the batch itself never varied, so a generated token is priced at what the prompts' tokens cost, "
+                  "which the window cannot check (on a CPU build a decode token often costs more: then this "
+                  "over-predicts)") if self.batch_pinned else ""
         return (f"the engine's step time over {self.intervals} busy intervals of the window: "
                 f"{self.fixed_s * 1e3:.3g} ms a step + {self.per_token_s * 1e3:.3g} ms a token (tokens per step "
-                f"{self.spread[0]:.3g} to {self.spread[1]:.3g})")
+                f"{self.spread[0]:.3g} to {self.spread[1]:.3g}{pinned})")
 
 
 def fit(intervals: Sequence[Interval]) -> StepCurve | Refused:
@@ -143,8 +149,10 @@ def fit(intervals: Sequence[Interval]) -> StepCurve | Refused:
         return Refused(f"the fit over the window gives no curve ({a * 1e3:.3g} ms a step, {b * 1e3:.3g} ms a token): "
                        "the intervals are too noisy to price a change of batch")
     generated = math.fsum(p.generated for p in pts)
+    batches = [p.generated / p.steps for p in pts]
     return StepCurve(a, b, va, cab, vb, len(pts), generated / math.fsum(p.steps for p in pts),
-                     math.fsum(p.tokens for p in pts) / generated, (lo, hi))
+                     math.fsum(p.tokens for p in pts) / generated, (lo, hi),
+                     batch_pinned=max(batches) < MIN_SPREAD * min(batches))
 
 
 def _solve(pts: Sequence[Interval]) -> tuple[float, float, tuple[float, float, float]] | Refused:
