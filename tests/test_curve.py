@@ -149,3 +149,16 @@ def test_the_budget_capped_window_is_too_noisy_to_price_and_says_so() -> None:
     invented for the token budget's fix."""
     refused = curve.window_curve(diagnose_capture(load(VLLM / "budget-capped.dgc")).evidence)
     assert isinstance(refused, curve.Refused) and "no curve" in refused.why
+
+
+def test_beside_the_physics_the_curve_is_a_cross_check_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the physics prices the batch (a GPU with its roofs), its figure stays the fix's gain; the window's
+    curve is said beside it in the basis, and gives no range."""
+    from diagnoser.rules import gains
+    from diagnoser.rules.base import Gain
+
+    monkeypatch.setattr(gains, "batch_gain", lambda ev, **kw: Gain(3.0, "the physics at batch 11"))
+    d = diagnose_capture(load(VLLM / "batch-capped.dgc")).diagnosis
+    fix = next(f for f in d.fixes if f.kind is FixKind.BATCH_MORE)
+    assert fix.gain == pytest.approx(3.0) and fix.gain_low is None and fix.gain_high is None
+    assert fix.basis.startswith("the physics at batch 11; cross-check, the engine's own curve over the window: x")
