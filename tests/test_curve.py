@@ -162,3 +162,16 @@ def test_beside_the_physics_the_curve_is_a_cross_check_only(monkeypatch: pytest.
     fix = next(f for f in d.fixes if f.kind is FixKind.BATCH_MORE)
     assert fix.gain == pytest.approx(3.0) and fix.gain_low is None and fix.gain_high is None
     assert fix.basis.startswith("the physics at batch 11; cross-check, the engine's own curve over the window: x")
+
+
+def test_an_open_loop_is_priced_no_higher_than_its_offered_rate() -> None:
+    """The queue grew all window: requests arrive at 10/s against 8/s served, so no batch gives more than x1.25,
+    whatever the curve says of the larger batch."""
+    ev = _evidence([(b, 0.0) for b in (1, 2, 3, 4, 6, 8, 2, 5)])
+    free = curve.batch_gain(ev, 16.0)
+    assert not isinstance(free, curve.Refused) and free.value is not None and free.value > 1.25
+    ev.add(Signal(S.SERVER_REQUESTS_PER_S, "1/s", ("server",), (8.0,) * 8, tuple(float(t) for t in range(1, 9))))
+    ev.add(Signal(S.SERVER_WAITING_GROWTH_PER_S, "1/s", ("server",), (2.0,)))
+    g = curve.batch_gain(ev, 16.0)
+    assert not isinstance(g, curve.Refused)
+    assert g.value == pytest.approx(1.25) and g.high == pytest.approx(1.25) and "offered load" in g.basis

@@ -246,6 +246,15 @@ def batch_gain(ev: Evidence, new_batch: float) -> Gain | Refused:
     if isinstance(est, Refused):
         return est
     g = Gain(est.value, est.basis, GainKind.ESTIMATE, low=est.low, high=est.high)
+    served, growth = ev.value(S.SERVER_REQUESTS_PER_S), ev.value(S.SERVER_WAITING_GROWTH_PER_S)
+    if served and served > 0 and growth is not None and growth > 0:
+        # An open loop whose queue grew all window: requests arrive at served + growth a second, and no batch serves
+        # more than arrives.
+        most = 1.0 + growth / served
+        if est.value > most:
+            g = Gain(most, f"{est.basis}; no more than the offered load: {served + growth:.3g} requests/s arrive "
+                           f"against {served:.3g}/s served, x{most:.2f}", GainKind.ESTIMATE,
+                     low=min(est.low, most), high=most)
     waiting = ev.waiting()
     if waiting is None:
         return g.as_capacity("no queue metric: more throughput only if more load is offered")
