@@ -113,8 +113,8 @@ class StepCurve:
 
     def describe(self) -> str:
         pinned = ("; the batch itself never varied, so a generated token is priced at what the prompts' tokens cost, "
-                  "which the window cannot check (on a CPU build a decode token often costs more: then this "
-                  "over-predicts)") if self.batch_pinned else ""
+                  "which the window cannot check: a decode token that costs more makes this over-predict, one that "
+                  "costs less under-predict") if self.batch_pinned else ""
         return (f"the engine's step time over {self.intervals} busy intervals of the window: "
                 f"{self.fixed_s * 1e3:.3g} ms a step + {self.per_token_s * 1e3:.3g} ms a token (tokens per step "
                 f"{self.spread[0]:.3g} to {self.spread[1]:.3g}{pinned})")
