@@ -30,7 +30,8 @@ from tests.factories import make_capture
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llamacpp"
 
-# Build 11434's families (server-task.cpp to_metrics): counters, then gauges, then the labelled per-position counter.
+# Build 11434's families (server-task.cpp to_metrics, as its tools/server/tests/unit/test_metrics.py expects them):
+# counters, then gauges, then the labelled per-position counter.
 COUNTERS = ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
             "tokens_predicted_seconds_total", "n_decode_total", "n_tokens_max", "spec_decode_num_draft_tokens_total",
             "spec_decode_num_accepted_tokens_total", "spec_decode_num_drafts_total")

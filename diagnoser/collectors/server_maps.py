@@ -441,10 +441,12 @@ NIM_MAP = ServerMap(
 # the window. Generated tokens and their seconds are added when a request finishes (metrics_on_prediction), prompt
 # tokens and their seconds as each prompt batch is synchronised, so the per-scrape rates are lumpy and the window's
 # ratios are what is read. Build 11434 has no KV-cache use on the page; older builds export
-# llamacpp:kv_cache_usage_ratio and llamacpp:kv_cache_tokens, read where present. prompt_tokens_cached_total is read
-# where the build exports it. Not mapped: prompt_tokens_seconds and predicted_tokens_seconds (throughput while busy,
-# averaged between two scrapes: the counters give the same over the window), n_tokens_max (the longest sequence since
-# start, kept with the configuration) and spec_decode_num_accepted_tokens_per_pos_total (per draft position).
+# llamacpp:kv_cache_usage_ratio and llamacpp:kv_cache_tokens, read where present (11434's own
+# tools/server/bench/bench.py still queries the first; its tests/unit/test_metrics.py lists the families read here).
+# prompt_tokens_cached_total is read where the build exports it. Not mapped: prompt_tokens_seconds and
+# predicted_tokens_seconds (throughput while busy, averaged between two scrapes: the counters give the same over the
+# window), n_tokens_max (the longest sequence since start, kept with the configuration) and
+# spec_decode_num_accepted_tokens_per_pos_total (per draft position).
 
 _L = "llamacpp:"
 # llamacpp:n_busy_slots_per_decode is busy slots over decode calls since start; times n_decode_total it is the busy
