@@ -9,7 +9,9 @@ How the primary limiter is chosen (the physics first, then the strongest evidenc
 A verdict whose finding beat a finding of another limiter, eligible by the same step, by less than NEAR_TIE of
 strength is said to be a near tie, naming both (`Diagnosis.near_tie`): the window supports either about as well.
 A finding whose rule is not decisive (it sees where the time goes, not which roof) leaves the verdict inconclusive
-but still writes its headline and fixes.
+but still writes its headline and fixes. A finding that stands on a trace's idle gaps by cause (host gaps, stream
+waits) in a trace holding a sample of its events is listed with its fixes but neither names the verdict nor ties
+with it: the sample cannot tell which gaps the host left, so the verdict falls back to what it can measure.
 
 Confidence starts at the winner's strength and drops for thin windows, missing core signals, strong findings that
 contradict it, and what limits the data's quality (a cut-short trace, damaged events, a sampled trace, a handful of
@@ -71,6 +73,21 @@ def choose_primary(findings: list[Finding], ev: Evidence) -> Finding | None:
     if busy is not None and busy < 0.5 and any(f.limiter in _UNDERFED for f in findings):
         return next(f for f in findings if f.limiter not in _ROOFS)
     return findings[0]
+
+
+# The trace's idle shares by cause: what a trace holding a sample of its events cannot measure (a launch missing from
+# the sample reads as the host late, a kernel missing as idle), where its shares of GPU time by kernel class stay
+# estimates it can make.
+_IDLE_SIGNALS = "trace.idle."
+
+
+def unmeasured(finding: Finding, ev: Evidence) -> str:
+    """The idle share by cause `finding` stands on (cites against a threshold) that this trace cannot measure, or "":
+    a sampled trace's host gaps and stream waits are not known, so a finding read from them never decides its
+    verdict; the verdict falls back to what the sample can measure."""
+    if ev.trace is None or not ev.trace.sampled:
+        return ""
+    return next((c.signal for c in finding.citations if c.signal.startswith(_IDLE_SIGNALS) and c.op), "")
 
 
 def near_tie(primary: Finding, findings: list[Finding], ev: Evidence) -> str:
@@ -267,8 +284,20 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
     findings, skipped, passed = results.findings, results.skipped, results.passed
     # Advisory findings (a latency tail, clients giving up) are reported with their fixes but never name the verdict.
     advisory = {r.code for r in rules if r.advisory}
-    primary = choose_primary([f for f in findings if f.code not in advisory], ev)
+    # A finding read from a share the trace cannot measure (a sampled trace's idle gaps by cause) is reported with its
+    # fixes (left unsized by the judge) but never names the verdict, nor ties with it.
+    unknowable = {f.code: why for f in findings if (why := unmeasured(f, ev))}
+    eligible = [f for f in findings if f.code not in advisory and f.code not in unknowable]
+    primary = choose_primary(eligible, ev)
     notes = list(ev.meta.notes) + ev.notes
+    if unknowable:
+        set_aside = [f for f in findings if f.code in unknowable]
+        who = " and ".join(f"{f.code} ({f.limiter.label})" for f in set_aside)
+        what = ", ".join(dict.fromkeys(unknowable[f.code] for f in set_aside))
+        one = len(set_aside) == 1
+        notes.append(f"{who} {'does' if one else 'do'} not decide the verdict: {'it stands' if one else 'they stand'} "
+                     f"on the idle gaps by cause ({what}), which a trace holding a sample of its events cannot "
+                     "measure (a launch missing from the sample reads as the host late, a kernel missing as idle).")
     if ev.meta.cpu_only:
         measured = [what for what, prefix in (("host", "host."), ("server", "server.")) if any(
             name.startswith(prefix) for name in ev.signals)]
@@ -286,7 +315,6 @@ def diagnose_evidence(ev: Evidence, rules: RuleSet | None = None) -> Diagnosis:
                          withheld=withheld, to_collect=_to_collect(ev),
                          headline=_inconclusive_headline(ev, skipped, len(rules), findings), regime=ev.regime,
                          **common)
-    eligible = [f for f in findings if f.code not in advisory]
     tie = near_tie(primary, eligible, ev)
     rival = tie_rival(primary, eligible, ev)
     confidence, reasons = _confidence(primary, findings, ev, tie)
@@ -347,4 +375,4 @@ def _inconclusive_headline(ev: Evidence, skipped: list[Skipped], rule_count: int
     return "Inconclusive: no rule found a limiter in the signals captured."
 
 
-__all__ = ["diagnose", "diagnose_evidence", "choose_primary", "near_tie", "tie_rival"]
+__all__ = ["diagnose", "diagnose_evidence", "choose_primary", "near_tie", "tie_rival", "unmeasured"]
