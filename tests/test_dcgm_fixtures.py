@@ -79,7 +79,7 @@ def test_h100_mig_scrape_gives_three_instances_of_one_gpu() -> None:
     assert all(g.mig_profile == "1g.10gb" and g.label == f"0/{g.mig_id}" for g in gpus)
     info = gpu_info(next(g for g in gpus if g.mig_id == "7"))
     assert info.mig_mode and info.mig_instance == "7" and info.name.endswith("MIG 1g.10gb")
-    assert match_gpu(info.name).key == "h100-sxm"  # a MIG slice maps to its parent's roofs
+    assert match_gpu(info.name).key == "h100-sxm-mig-1g.10gb"  # the parent's roofs scaled to the slice
     # A pod picks its own instance; the GPU's UUID alone is ambiguous between instances.
     (tts,) = select_gpus(gpus, GpuSelector(pod="tts-predictor-00011-deployment-5554f75554-8j8pl"))
     assert tts.mig_id == "9" and tts.namespaces == ["model-playground-stg"]

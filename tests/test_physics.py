@@ -121,8 +121,8 @@ def test_spec_is_frozen_and_its_flops_read_only() -> None:
         ("NVIDIA A10G", "a10g"),
         ("NVIDIA A10", "a10"),
         ("NVIDIA GeForce RTX 4090", "rtx-4090"),
-        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "h100-sxm"),
-        ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "a100-40gb-sxm"),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "h100-sxm-mig-1g.10gb"),
+        ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "a100-40gb-sxm-mig-3g.20gb"),
     ],
 )
 def test_match_gpu_on_real_nvml_names(nvml_name: str, key: str) -> None:
@@ -139,9 +139,10 @@ def test_match_gpu_unknown_names() -> None:
 def test_memory_picks_between_sizes_but_not_for_a_mig_slice() -> None:
     assert match_gpu("NVIDIA A100-SXM4", 40 * GIB).key == "a100-40gb-sxm"  # type: ignore[union-attr]
     assert match_gpu("NVIDIA A100-SXM4", 81920 * 1024**2).key == "a100-80gb-sxm"  # type: ignore[union-attr]
-    # a MIG slice reports its own 10 GB; the parent is still the 80 GB part
+    # a MIG slice reports its own 10 GB; the parent is still the 80 GB part, scaled to the slice
     mig = match_gpu("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10 * GIB)
-    assert mig is not None and mig.key == "a100-80gb-sxm"
+    assert mig is not None and mig.key == "a100-80gb-sxm-mig-1g.10gb"
+    assert mig.hbm_bytes_per_s == pytest.approx(GPUS["a100-80gb-sxm"].hbm_bytes_per_s / 8)
 
 
 @pytest.mark.parametrize(

@@ -121,6 +121,10 @@ _SPECS: tuple[GpuSpec, ...] = (
             "AWS EC2 G5 specifications (no NVIDIA datasheet; tensor rates as published for the G5 A10G)"),
     GpuSpec("t4", "T4 16GB", 16 * GIB, 320 * GB, {"fp32": 8.1 * T, "fp16": 65 * T, "int8": 130 * T}, 70,
             "PCIe Gen3", None, 32 * GB, "turing", "NVIDIA T4 datasheet"),
+    GpuSpec("a30", "A30 24GB", 24 * GIB, 933 * GB, _ampere(10.3 * T, 82 * T, 165 * T, 330 * T), 165,
+            "PCIe Gen4 (NVLink bridge)", 200 * GB, _PCIE4, "ampere",
+            "NVIDIA A30 Tensor Core GPU datasheet (24 GB HBM2 at 933 GB/s; dense TF32 82, BF16/FP16 165 TFLOP/s, "
+            "INT8 330 TOPS; 165 W; NVLink bridge 200 GB/s)"),
     GpuSpec("rtx-4090", "GeForce RTX 4090 24GB", 24 * GIB, 1008 * GB,
             _ada(82.6 * T, 82.6 * T, 165.2 * T, 330.3 * T, 660.6 * T), 450, "PCIe Gen4", None, _PCIE4, "ada",
             "NVIDIA Ada Lovelace architecture whitepaper (FP32 accumulate)"),
@@ -186,7 +190,7 @@ _SPECS: tuple[GpuSpec, ...] = (
 _MAX_SM_CLOCK_MHZ: dict[str, float] = {
     "a100-40gb-sxm": 1410, "a100-40gb-pcie": 1410, "a100-80gb-sxm": 1410, "a100-80gb-pcie": 1410,
     "h100-sxm": 1980, "h100-pcie": 1755, "h100-nvl": 1785, "h200": 1980, "h200-nvl": 1785,
-    "l4": 2040, "l40": 2490, "l40s": 2520, "a10": 1695, "a10g": 1710, "t4": 1590,
+    "a30": 1440, "l4": 2040, "l40": 2490, "l40s": 2520, "a10": 1695, "a10g": 1710, "t4": 1590,
     "v100-sxm2-16gb": 1530, "v100-sxm2-32gb": 1530, "v100-pcie-16gb": 1380, "v100-pcie-32gb": 1380,
 }
 GPUS: dict[str, GpuSpec] = {spec.key: dataclasses.replace(spec, max_sm_clock_mhz=_MAX_SM_CLOCK_MHZ.get(spec.key))
@@ -276,6 +280,7 @@ _NVML_PATTERNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"\bL40S\b", ("l40s",)),
     (r"\bL40\b", ("l40",)),
     (r"\bL4\b", ("l4",)),
+    (r"\bA30\b", ("a30",)),
     (r"\bA10G\b", ("a10g",)),
     (r"\bA10\b", ("a10",)),
     (r"\bT4\b", ("t4",)),
@@ -308,9 +313,11 @@ def _candidates(name: str) -> tuple[str, ...] | None:
 def match_gpu(nvml_name: str, memory_bytes: int | None = None) -> GpuSpec | None:
     """The table entry for a name as NVML or amd-smi reports it ("NVIDIA A100-SXM4-80GB", "Tesla T4"), or None.
 
-    A MIG instance ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") maps to its parent GPU; its own memory is a slice, so
-    `memory_bytes` is ignored for it. Otherwise memory, or a size in the name, picks among same-family entries.
-    Laptop, mobile and Max-Q parts never match (None), nor a device with much more memory than its one row.
+    A MIG instance ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") is its parent GPU's row scaled to the slice (mig_spec:
+    1/7 of the H100's SMs, 1/8 of its memory and bandwidth); the parent is picked by its name, not by the slice's
+    own `memory_bytes`; a profile the parent has no such slices for is None. Otherwise memory, or a size in the
+    name, picks among same-family entries. Laptop, mobile and Max-Q parts never match (None), nor a device with
+    much more memory than its one row.
     """
     name = _upper_name(nvml_name)
     is_mig = bool(_MIG_SUFFIX.search(name))
@@ -321,7 +328,11 @@ def match_gpu(nvml_name: str, memory_bytes: int | None = None) -> GpuSpec | None
     specs = [GPUS[k] for k in keys]
     if len(specs) == 1 and memory_bytes and not is_mig and memory_bytes > _LARGER_VARIANT * specs[0].memory_bytes:
         return None
-    return _closest_memory(specs, _memory_hint(name, None if is_mig else memory_bytes))
+    parent = _closest_memory(specs, _memory_hint(name, None if is_mig else memory_bytes))
+    if not is_mig:
+        return parent
+    found = mig_slice(nvml_name)
+    return mig_spec(parent, found) if found is not None else None
 
 
 def _memory_hint(name: str, memory_bytes: int | None) -> float | None:
@@ -357,6 +368,12 @@ def resolve_gpu(text: str) -> tuple[GpuSpec, str]:
         sized = _NAME_GB.search(name) is not None
         spec = _closest_memory([GPUS[k] for k in keys], _memory_hint(name, None))
         others = () if sized else tuple(k for k in keys if k != spec.key)
+        found = mig_slice(text) if _MIG_SUFFIX.search(_upper_name(text)) else None
+        if found is not None:
+            sliced = mig_spec(spec, found)
+            if sliced is None:
+                raise InputError(f"'{text}' names a MIG profile the {spec.name} has no slices for.")
+            return sliced, _assumed(text, spec, others)
         return spec, _assumed(text, spec, others)
     raise InputError(f"unknown GPU '{text}'; known: {', '.join(GPUS)}; or give its figures with --gpu-spec.")
 
@@ -634,6 +651,43 @@ def mig_slice(name: str) -> MigSlice | None:
     if gpcs < 1 or memory < 1:
         return None
     return MigSlice(found.group(0).lower(), int(compute) if compute else gpcs, memory)
+
+
+# Compute slices (GPCs) and memory slices a MIG-capable GPU is cut into, NVIDIA Multi-Instance GPU User Guide,
+# "Supported MIG Profiles" (docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html): the A30
+# is cut into 4 of each (1g.6gb: 1/4 of the SMs, 1/4 of the memory); A100, H100, H200, GH200, H20 and B200 into 7
+# compute and 8 memory slices (H100 1g.10gb: 1/7 of the SMs, 1/8 of the memory; 3g.40gb: 3/7 and 4/8). A memory
+# slice carries its share of the memory controllers and L2, so bandwidth goes with memory.
+_MIG_SLICES: dict[str, tuple[int, int]] = {"a30": (4, 4)}
+_MIG_CAPABLE = frozenset({"a100-40gb-sxm", "a100-40gb-pcie", "a100-80gb-sxm", "a100-80gb-pcie", "a30", "h100-sxm",
+                          "h100-pcie", "h100-nvl", "h200", "h200-nvl", "gh200-96gb", "gh200-144gb", "h20", "b200"})
+
+
+def mig_spec(parent: GpuSpec, found: MigSlice) -> GpuSpec | None:
+    """A MIG instance's roofs: the parent's FLOP/s scaled by its share of the SMs (compute slices over the GPU's),
+    memory and bandwidth by its share of the memory slices (the profile's GB over the parent's, in whole slices).
+    Power is the board's TDP times the slice's share of the SMs (what its tokens per joule are charged; NVML
+    reads a slice's power as the whole board's), clocks the parent's; MIG has no peer-to-peer between instances,
+    so no NVLink. None where the parent has no such profile (not MIG-capable, or
+    more compute or memory slices than it has)."""
+    if parent.key not in _MIG_CAPABLE:
+        return None
+    compute_total, memory_total = _MIG_SLICES.get(parent.key, (7, 8))
+    memory_slices = round(memory_total * found.memory_gb * GIB / parent.memory_bytes)
+    if not (1 <= found.compute_slices <= compute_total and 1 <= memory_slices <= memory_total):
+        return None
+    compute = found.compute_slices / compute_total
+    memory = memory_slices / memory_total
+    profile = found.profile.removesuffix("+me")
+    return dataclasses.replace(
+        parent, key=f"{parent.key}-mig-{profile}", name=f"{parent.name} MIG {profile}",
+        memory_bytes=int(parent.memory_bytes * memory), hbm_bytes_per_s=parent.hbm_bytes_per_s * memory,
+        flops={dtype: rate * compute for dtype, rate in parent.flops.items()}, tdp_w=parent.tdp_w * compute,
+        interconnect="MIG instance (no peer-to-peer)", nvlink_bytes_per_s=None,
+        source=(f"{parent.source}; MIG {profile}: {found.compute_slices}/{compute_total} of the SMs, "
+                f"{memory_slices}/{memory_total} of the memory and its bandwidth, the board's power in the SMs' "
+                "share (NVIDIA Multi-Instance GPU User "
+                "Guide, Supported MIG Profiles)"))
 
 
 # --- 16-bit math -----------------------------------------------------------------------------------------------
