@@ -176,3 +176,21 @@ def test_an_open_loop_is_priced_no_higher_than_its_offered_rate() -> None:
     g = curve.batch_gain(ev, 16.0)
     assert not isinstance(g, curve.Refused)
     assert g.value == pytest.approx(1.25) and g.high == pytest.approx(1.25) and "offered load" in g.basis
+
+
+def test_without_an_iteration_histogram_the_running_count_is_the_batch() -> None:
+    """An engine whose running count is its batch (no per-step histogram): sequences a step are the running gauge
+    over each interval's two ends."""
+    running = [1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 3.0, 3.0, 6.0]
+    ev = Evidence()
+    gen, times = [], []
+    for i in range(1, len(running)):
+        seqs = (running[i - 1] + running[i]) / 2
+        gen.append(seqs / (A + B * seqs))
+        times.append(float(i))
+    ev.add(Signal(S.SERVER_GEN_TOKENS_PER_S, "tokens/s", ("server",), tuple(gen), tuple(times)))
+    ev.add(Signal(S.SERVER_RUNNING, "requests", ("server",), tuple(running), tuple(float(i) for i in range(len(running)))))
+    got = curve.window_curve(ev)
+    assert isinstance(got, curve.StepCurve), got
+    assert got.fixed_s == pytest.approx(A, rel=1e-6) and got.per_token_s == pytest.approx(B, rel=1e-6)
+    assert not got.batch_pinned

@@ -19,13 +19,14 @@ with the reason, never guessed. Rules call this; it reads the evidence's samples
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from diagnoser import signals as S
 from diagnoser.diagnosis import GainKind
-from diagnoser.evidence import Evidence
+from diagnoser.evidence import Evidence, Signal
 from diagnoser.rules.base import Gain
 
 # Fewer busy intervals than this fit nothing.
@@ -174,47 +175,58 @@ def _solve(pts: Sequence[Interval]) -> tuple[float, float, tuple[float, float, f
 
 
 def intervals(ev: Evidence) -> list[Interval] | Refused:
-    """The window's busy intervals from the server's samples: generated and prompt tokens/s, sequences per step, and
-    the running and waiting gauges at each end."""
+    """The window's busy intervals from the server's samples: generated and prompt tokens/s, sequences per step (the
+    engine's iteration histogram, else the running gauge over the interval's two ends, for an engine whose running
+    count is its batch), and the running and waiting gauges at each end."""
     gen, batch = ev.get(S.SERVER_GEN_TOKENS_PER_S), ev.get(S.SERVER_BATCH_SIZE)
-    if gen is None or batch is None:
-        return Refused("needs the server's generated tokens/s and sequences per step (vLLM's iteration histogram) "
-                       "sample by sample")
     running, waiting, prompt = ev.get(S.SERVER_RUNNING), ev.get(S.SERVER_WAITING), ev.get(S.SERVER_PROMPT_TOKENS_PER_S)
+    if gen is None or (batch is None and running is None):
+        return Refused("needs the server's generated tokens/s and sequences per step (its iteration histogram or "
+                       "running count) sample by sample")
     signals = [s for s in (gen, batch, running, waiting, prompt) if s is not None]
     if any(not s.from_samples or len(s.times) != len(s.values) for s in signals):
         return Refused("the window's statistics carry no samples to fit a curve over")
-    per_batch = dict(zip(batch.times, batch.values, strict=True))
+    per_batch = dict(zip(batch.times, batch.values, strict=True)) if batch is not None else None
     per_prompt = dict(zip(prompt.times, prompt.values, strict=True)) if prompt is not None else {}
-    flight: dict[float, float] = {}
-    for s in (running, waiting):
-        if s is not None:
-            for t, v in zip(s.times, s.values, strict=True):
-                flight[t] = flight.get(t, 0.0) + v
-    gauge_times = sorted(flight)
+    flight = _Gauge([s for s in (running, waiting) if s is not None])
+    seqs_gauge = _Gauge([running]) if running is not None else None
     times = list(gen.times)
     gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False) if b > a)
     usual = gaps[len(gaps) // 2] if gaps else 0.0
     out = []
     for i, (t, g) in enumerate(zip(gen.times, gen.values, strict=True)):
-        seqs = per_batch.get(t)
-        if seqs is None or seqs <= 0 or g <= 0:
-            continue
         duration = t - times[i - 1] if i > 0 else usual
-        if duration <= 0:
+        if duration <= 0 or g <= 0:
             continue
-        if gauge_times and not _busy(flight, gauge_times, t - duration, t):
+        if per_batch is not None:
+            seqs = per_batch.get(t)
+        else:
+            assert seqs_gauge is not None
+            seqs = (seqs_gauge.near(t - duration) + seqs_gauge.near(t)) / 2
+        if seqs is None or seqs <= 0:
             continue
+        if flight.times and not (flight.near(t - duration) > 0 and flight.near(t) > 0):
+            continue  # the engine may have idled in it: its time is not all steps
         p = per_prompt.get(t, 0.0)
         out.append(Interval(duration, g * duration / seqs, (g + p) * duration, g * duration))
     return out
 
 
-def _busy(flight: dict[float, float], times: list[float], start: float, end: float) -> bool:
-    """Requests in flight (running + waiting) at the gauge readings nearest both ends of the interval."""
-    def near(t: float) -> float:
-        return flight[min(times, key=lambda x: abs(x - t))]
-    return near(start) > 0 and near(end) > 0
+class _Gauge:
+    """Gauges summed at each reading time (running + waiting), read at the reading nearest a time."""
+
+    def __init__(self, signals: Sequence[Signal]) -> None:
+        summed: dict[float, float] = {}
+        for s in signals:
+            for t, v in zip(s.times, s.values, strict=True):
+                summed[t] = summed.get(t, 0.0) + v
+        self.times = sorted(summed)
+        self.values = [summed[t] for t in self.times]
+
+    def near(self, t: float) -> float:
+        i = bisect.bisect_left(self.times, t)
+        best = min((j for j in (i - 1, i) if 0 <= j < len(self.times)), key=lambda j: abs(self.times[j] - t))
+        return self.values[best]
 
 
 def window_curve(ev: Evidence) -> StepCurve | Refused:
