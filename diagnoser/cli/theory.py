@@ -33,6 +33,8 @@ from diagnoser.physics import (
     decode_compute_s,
     decode_floor_s,
     decode_step_bytes,
+    dp_attention_gains,
+    dp_attention_sequences,
     fits,
     generation_what_if,
     has_kv_shape,
@@ -228,6 +230,11 @@ def report(s: Setup, *, power_w: float | None, usd_per_hour: float | None, what_
         # a sliding layer holds at most its window of the context
         "kv_bytes_per_sequence": kv_bytes_per_sequence(m, s.context, s.kv_dtype) if kv_known else None,
         "max_concurrent_sequences": max_seqs,
+        # the same memory with attention data-parallel over the tp GPUs (SGLang's --enable-dp-attention): each GPU
+        # keeps only its own sequences' KV; None where tensor parallelism keeps no duplicate KV to save
+        "max_concurrent_sequences_dp_attention": dp_attention_sequences(
+            m, gpu, s.context, s.mem_fraction, s.tp, dtype=s.dtype, kv_dtype=s.kv_dtype)
+        if kv_known and s.context > 0 and s.pp == 1 and dp_attention_gains(m, s.tp) else None,
         "decode": {
             "floor_s": decode_floor_s(m, gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp),
             "compute_s": decode_compute_s(m, gpu, s.batch, dtype=s.dtype, tp=s.tp, context=context),
@@ -334,6 +341,13 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str]]:
                         "--mem-fraction sets it")]
     if r["max_concurrent_sequences"] is not None:
         seqs = f"<= {r['max_concurrent_sequences']:,} of {st['context']:,} tokens at {st['kv_dtype']} KV"
+        dp = r["max_concurrent_sequences_dp_attention"]
+        if dp is not None:
+            copies = "every GPU keeps every sequence's latent" if m["attention"]["layout"] == "mla" else \
+                "KV heads are copied to several GPUs"
+            seqs += (f" with tensor-parallel attention ({copies}); <= {dp:,} over the {st['tp']} GPUs with "
+                     "data-parallel attention (SGLang's --enable-dp-attention: each GPU keeps its own sequences' "
+                     "KV and a whole copy of attention's weights)")
         rows.append(("max sequences", seqs))
     step = max(d["floor_s"], d["compute_s"]) + d["comm_s"]
     rows += [("Decode (ceiling)", ""),

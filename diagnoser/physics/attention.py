@@ -31,6 +31,9 @@ class AttentionModelInfo(ModelInfo, kw_only=True):
     qk_rope_head_dim: int | None = None
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # Attention's parameters over all layers (projections and the latent's norm), where the config gives them
+    # (MLA): what data-parallel attention replicates on every GPU (physics.llm.dp_attention_sequences).
+    attention_params: float | None = None
     # Sliding windows: tokens a sliding layer keeps, and how many of the layers slide (the rest attend to all).
     sliding_window: int | None = None
     sliding_layers: int = 0

@@ -20,6 +20,7 @@ from diagnoser.physics.attention import (
     decode_attention_flops,
     held_tokens,
     kv_elements_per_layer,
+    mla_dims,
     prefill_attention_flops,
 )
 from diagnoser.physics.gpus import GpuSpec, peak_flops
@@ -405,6 +406,62 @@ def kv_capacity_tokens(
     if free <= 0:
         return 0.0
     return free * pp / kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype), tp=tp)
+
+
+def attention_weight_bytes(model: ModelInfo, dtype: str | None = None) -> float | None:
+    """Bytes of attention's projections over all layers at the weights' precision: an MLA config's own count
+    (AttentionModelInfo.attention_params), else q, k, v and o of a grouped-query layer (hidden x (heads + 2 x
+    kv_heads) x head_dim + heads x head_dim x hidden) x layers; None without the shape."""
+    params = getattr(model, "attention_params", None)
+    if params is None:
+        if not (model.layers and model.hidden and model.heads and model.kv_heads and model.head_dim):
+            return None
+        per_layer = model.hidden * (model.heads + 2 * model.kv_heads) * model.head_dim
+        params = float(model.layers * (per_layer + model.heads * model.head_dim * model.hidden))
+    linear = param_split(model).linear
+    return params * weight_breakdown(model, dtype).linear / linear if linear > 0 else None
+
+
+def dp_attention_gains(model: ModelInfo, tp: int) -> bool:
+    """Whether data-parallel attention holds more sequences than tensor-parallel attention at `tp`: where tensor
+    parallelism keeps a copy of the same KV on several GPUs (an MLA latent on all of them; KV heads fewer than the
+    GPUs, replicated)."""
+    if tp < 2 or not has_kv_shape(model):
+        return False
+    return mla_dims(model) is not None or bool(model.kv_heads and model.kv_heads < tp)
+
+
+def dp_attention_sequences(
+    model: ModelInfo,
+    gpu: GpuSpec,
+    context: int,
+    mem_fraction: float = DEFAULT_MEM_FRACTION,
+    tp: int = 1,
+    *,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+) -> int | None:
+    """Sequences of `context` tokens the `tp` GPUs hold together when attention runs data-parallel over them
+    (SGLang's --enable-dp-attention with --dp equal to --tp; the MoE or MLP layers stay sharded): each GPU keeps
+    the whole KV of its own sequences only, and a whole copy of attention's weights. Per GPU: (memory x
+    mem_fraction - weights / tp - attention's weights x (1 - 1/tp)) / (KV bytes per token unsharded x held
+    tokens), times tp. Under tensor parallelism an MLA latent is on every GPU (max_concurrent_sequences), so for
+    DeepSeek-V3 this is close to tp times as many. None where the attention's weights cannot be sized.
+    Source: SGLang's guide "DP, DPA and sgl-router" (docs.sglang.io/docs/advanced_features/dp_dpa_router_guide):
+    under tensor parallelism an MLA model's one KV head is duplicated on every GPU; DP attention shards the
+    requests instead. Attention's weights are whole on each GPU because its tensor-parallel size is tp / dp = 1
+    (Ray Serve's "Data parallel attention": attention layers replicated, experts sharded)."""
+    _check(tp=tp)
+    if context < 1:
+        raise InputError(f"the context must be at least 1 token, not {context}.")
+    attention = attention_weight_bytes(model, dtype)
+    if attention is None or not has_kv_shape(model):
+        return None
+    free = usable_memory_bytes(gpu, mem_fraction) - weight_bytes(model, dtype) / tp - attention * (1 - 1 / tp)
+    if free <= 0:
+        return 0
+    per_token = kv_bytes_per_token(model, kv_cache_dtype(model, kv_dtype, dtype), tp=1)
+    return int(free / per_token // held_tokens(model, context)) * tp
 
 
 # --- the ridge -------------------------------------------------------------------------------------------

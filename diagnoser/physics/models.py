@@ -529,7 +529,8 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str = "", label: str = "the co
         return ModelInfo(**fields)
     if shape.kv_lora_rank is not None:
         fields.update(kv_lora_rank=shape.kv_lora_rank, qk_rope_head_dim=shape.qk_rope,
-                      qk_nope_head_dim=shape.qk_nope, v_head_dim=shape.v_head)
+                      qk_nope_head_dim=shape.qk_nope, v_head_dim=shape.v_head,
+                      attention_params=float(shape.layers * shape.attention()))
     if shape.sliding_layers:
         fields.update(sliding_window=shape.sliding_window, sliding_layers=shape.sliding_layers)
     return AttentionModelInfo(**fields)
