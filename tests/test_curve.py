@@ -58,6 +58,10 @@ def test_prefill_beside_a_pinned_batch_still_tells_the_step_cost_from_the_token_
     assert fitted.fixed_s == pytest.approx(A, rel=1e-6) and fitted.per_token_s == pytest.approx(B, rel=1e-6)
     # ...on the assumption that a generated token costs what a prompt token does, which the basis says
     assert fitted.batch_pinned and "the batch itself never varied" in fitted.describe()
+    # ...and a decode token's own cost is unmeasured: the range reaches no gain at all (step time linear in batch)
+    value, low, high = fitted.gain(8.0, 2.0)
+    assert low == 1.0 and value == pytest.approx((A / 2 + B * fitted.tokens_per_generated)
+                                                 / (A / 8 + B * fitted.tokens_per_generated), rel=1e-6)
     varied = curve.fit(_intervals([(b, 0.0) for b in (1, 2, 3, 4, 6, 8, 2, 5)]))
     assert isinstance(varied, curve.StepCurve) and not varied.batch_pinned
 

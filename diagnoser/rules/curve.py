@@ -110,12 +110,18 @@ class StepCurve:
             t = 2 * math.pi * i / 72
             u, v = math.cos(t), math.sin(t)
             seen.append(ratio(self.fixed_s + SIGMAS * l11 * u, self.per_token_s + SIGMAS * (l21 * u + l22 * v)))
-        return value, min(seen), max(seen)
+        low = min(seen)
+        if self.batch_pinned and new_batch > old:
+            # The window never saw another batch, so a decode token's own cost is unmeasured: at the worst it carries
+            # the whole step (time linear in the batch) and the change gains nothing. The range says so.
+            low = min(low, 1.0)
+        return value, low, max(seen)
 
     def describe(self) -> str:
         pinned = ("; the batch itself never varied, so a generated token is priced at what the prompts' tokens cost, "
-                  "which the window cannot check: a decode token that costs more makes this over-predict, one that "
-                  "costs less under-predict") if self.batch_pinned else ""
+                  "which the window cannot check: a decode token that costs more makes this over-predict (the range "
+                  "reaches x1, a step whose time grows with its batch), one that costs less under-predict"
+                  ) if self.batch_pinned else ""
         return (f"the engine's step time over {self.intervals} busy intervals of the window: "
                 f"{self.fixed_s * 1e3:.3g} ms a step + {self.per_token_s * 1e3:.3g} ms a token (tokens per step "
                 f"{self.spread[0]:.3g} to {self.spread[1]:.3g}{pinned})")
