@@ -22,7 +22,14 @@ from diagnoser.physics.gpus import GpuSpec
 
 # Per-collective latency: a small all-reduce inside one NVLink node takes a few microseconds (vLLM's and TRT-LLM's
 # one-shot custom all-reduce kernels, NCCL's LL protocol); across PCIe and the host bridge it takes longer.
+# NVLink: SGLang's custom all-reduce on 8 H100s, 3.7-7.8 µs for 512 B-32 KB, vLLM's 8.5-11.8 (sgl-project/sglang
+# pull request 2904). AMD's Infinity Fabric (xGMI) is timed on its own figures: a one-shot all-reduce over the
+# MI300X's full mesh of 8 takes 5 µs with kernels that fuse the wait into the reduction (Epliz/muiLLM pull request
+# 6, "5us local all-reduce on 8x MI300x"), vLLM's custom all-reduce over the MI355X's mesh of 8 6.3-6.7 µs for
+# 24-48 KB (vllm-project/vllm pull request 39080): 8 µs, the engines' custom kernels as on NVLink, not the best
+# fused kernel. The MI250's GCDs take the same figure (no published small all-reduce of theirs).
 NVLINK_LATENCY_S = 5e-6
+INFINITY_FABRIC_LATENCY_S = 8e-6
 PCIE_LATENCY_S = 10e-6
 # The NVLink domain of every NVLink part in the GPU table: an HGX board of 8 GPUs. Tensor parallelism beyond it
 # crosses nodes over the scale-out network: one 400 Gb/s NIC per GPU (InfiniBand NDR or RoCE), 50 GB/s each way, and
@@ -66,8 +73,9 @@ def interconnect(gpu: GpuSpec, tp: int = 2, kind: str | None = None) -> Intercon
                                 "GPU)", NETWORK_BYTES_PER_S, NETWORK_LATENCY_S)
     if choice == "nvlink" or (choice == "" and nvlink_ok):
         assert gpu.nvlink_bytes_per_s is not None
+        fabric = "infinity fabric" in gpu.interconnect.lower()  # AMD's GPU links stand in the NVLink fields
         return Interconnect("NVLink bridge" if bridged else gpu.interconnect, gpu.nvlink_bytes_per_s / 2,
-                            NVLINK_LATENCY_S)
+                            INFINITY_FABRIC_LATENCY_S if fabric else NVLINK_LATENCY_S)
     generation = "PCIe Gen5" if gpu.pcie_bytes_per_s >= 128e9 else "PCIe Gen4" if gpu.pcie_bytes_per_s >= 64e9 \
         else "PCIe Gen3"
     return Interconnect(generation, gpu.pcie_bytes_per_s / 2, PCIE_LATENCY_S)
