@@ -357,6 +357,13 @@ class TraceSummary(msgspec.Struct, kw_only=True):
     # Share of summed GPU-op time by collective (all_reduce, all_gather, reduce_scatter, all_to_all, send_recv,
     # other): adds up to kernel_share["comm"].
     comm_share_by_kind: dict[str, float] = msgspec.field(default_factory=dict)
+    # The collective pattern: communication kernels a profiler step (per device; None without ProfilerStep
+    # annotations), their median time, and the share of the window the host spent issuing collectives (c10d ops,
+    # record_param_comms, their union per thread): hundreds of µs-long collectives a step are latency and launches,
+    # which bucketing removes together. A job's: mean over its ranks.
+    collectives_per_step: float | None = None
+    collective_us_p50: float | None = None
+    collective_host_frac: float | None = None
     # Multi-rank input (a folder or several files of one job): one entry per rank, and a sentence naming a straggler.
     ranks: list[RankStat] = msgspec.field(default_factory=list)
     straggler: str = ""

@@ -137,6 +137,8 @@ class FixKind(str, Enum):
     LARGER_BATCH = "larger_batch"
     FUSED_OPTIMIZER = "fused_optimizer"
     BALANCE_RANKS = "balance_ranks"
+    # fewer, larger collectives (DDP's gradient buckets, coalesced collectives): the latency of each and its launch
+    BUCKET_COMM = "bucket_comm"
 
 
 # Fixes that only make sense for an inference server (a training job gets none of them).
@@ -147,7 +149,7 @@ SERVING_ONLY = frozenset({
     FixKind.LORA, FixKind.RIGHT_SIZE, FixKind.CONFIRM_METRICS, FixKind.TOKEN_BUDGET, FixKind.CAP_PREFILL,
     FixKind.CONTEXT_LENGTH, FixKind.ADMISSION,
 })
-TRAINING_ONLY = frozenset({FixKind.OVERLAP_COMM, FixKind.LARGER_BATCH, FixKind.FUSED_OPTIMIZER,
+TRAINING_ONLY = frozenset({FixKind.OVERLAP_COMM, FixKind.BUCKET_COMM, FixKind.LARGER_BATCH, FixKind.FUSED_OPTIMIZER,
                            FixKind.BALANCE_RANKS})
 
 

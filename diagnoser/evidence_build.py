@@ -214,6 +214,9 @@ _TRACE_FIELDS = {
     S.TRACE_CUDA_GRAPH_LAUNCHES: lambda t: float(t.cuda_graph_launches) if t.kernel_count else None,
     S.TRACE_GRAPH_KERNEL_FRAC: graph_share,
     S.TRACE_COMM_EXPOSED_FRAC: lambda t: t.comm_exposed_frac if t.kernel_share.get("comm") else None,
+    S.TRACE_COLLECTIVES_PER_STEP: lambda t: t.collectives_per_step,
+    S.TRACE_COLLECTIVE_S_P50: lambda t: t.collective_us_p50 / 1e6 if t.collective_us_p50 is not None else None,
+    S.TRACE_COLLECTIVE_HOST_FRAC: lambda t: t.collective_host_frac,
     S.TRACE_INTENSITY: lambda t: t.intensity_flop_per_byte,
     # The engine's own step annotations, where it wrote them, over what the kernels' shapes suggest.
     S.TRACE_DECODE_BATCH: lambda t: t.engine_steps.decode_batch if _annotated(t) else t.decode_batch,

@@ -391,6 +391,13 @@ TRACE_GRAPH_KERNEL_FRAC = _sig(
 TRACE_COMM_EXPOSED_FRAC = _sig(
     "trace.comm_exposed_frac", "ratio",
     "Share of the window in communication kernels that no compute kernel overlapped.")
+TRACE_COLLECTIVES_PER_STEP = _sig(
+    "trace.collectives_per_step", "count",
+    "Communication kernels (collectives) a profiler step, per device.")
+TRACE_COLLECTIVE_S_P50 = _sig("trace.collective_s_p50", "s", "Median time of one communication kernel.")
+TRACE_COLLECTIVE_HOST_FRAC = _sig(
+    "trace.collective_host_frac", "ratio",
+    "Share of the window the host spent issuing collectives (c10d ops, record_param_comms).")
 TRACE_INTENSITY = _sig(
     "trace.intensity", "FLOP/B",
     "Time-weighted arithmetic intensity of ops with known FLOPs and bytes.")

@@ -308,6 +308,73 @@ def _read_back(ev: Evidence, waited: float) -> tuple[str, float] | None:
 
 
 @rule(
+    code="NET005",
+    name="small-collectives",
+    limiter=Limiter.HOST_LAUNCH,
+    summary="Hundreds of tiny collectives a training step: each a latency and a launch, which bucketing removes "
+    "together.",
+    requires=(S.TRACE_COLLECTIVES_PER_STEP, S.TRACE_COLLECTIVE_S_P50, S.TRACE_COMM_EXPOSED_FRAC),
+    uses=(S.TRACE_IDLE_HOST_FRAC, S.TRACE_COLLECTIVE_HOST_FRAC),
+    reads={S.TRACE_COLLECTIVES_PER_STEP: (VALUE,), S.TRACE_COLLECTIVE_S_P50: (VALUE,),
+           S.TRACE_COMM_EXPOSED_FRAC: (VALUE,), S.TRACE_IDLE_HOST_FRAC: (VALUE,),
+           S.TRACE_COLLECTIVE_HOST_FRAC: (VALUE,)},
+    thresholds={
+        "per_step": Threshold(64, "collectives a profiler step"),
+        "latency": Threshold(50e-6, "median time of one collective: under it, a latency, not a link's bandwidth",
+                             "s"),
+    },
+    page=Page(
+        detects="A training job's trace with at least {per_step} communication kernels a profiler step whose "
+        "median runs {latency} or less.",
+        why="A collective of a few kilobytes costs its latency (NCCL's low-latency protocol: about 10 µs) whatever it "
+        "carries, and a host call to issue it (the c10d op, record_param_comms, the kernel launch). Hundreds a step "
+        "(a gradient all-reduced per parameter, DDP with tiny buckets, FSDP wrapping every layer) are mostly latency "
+        "and launches: the GPU waits on both. The tiny collectives and the launch gaps are one cause, so the fix that "
+        "removes them is sized from both.",
+        fixes="Fewer, larger collectives: let DDP bucket the gradients (a raised bucket_cap_mb, not an all_reduce "
+        "per parameter), flatten them into one buffer, or coalesce collectives (FSDP with larger wrapped units). The "
+        "gain is at most 1 / (1 - exposed - gaps), with exposed the communication nothing overlaps and gaps the "
+        "host's idle share, no more than the share of the window the host spends issuing collectives; it ranks "
+        "first where that is a larger share than the host gaps other fixes address.",
+        sources="PyTorch DDP design notes (gradient bucketing, bucket_cap_mb); NCCL's LL/LL128/Simple protocols "
+        "(latency under 64 KiB); HolisticTraceAnalysis' communication-computation overlap.",
+    ),
+)
+def small_collectives(c: Check) -> Finding | None:
+    if c.ev.workload != "training":
+        return None  # a server's per-layer all-reduces wait on each layer's output: nothing to bucket
+    n, each = c.req(S.TRACE_COLLECTIVES_PER_STEP), c.req(S.TRACE_COLLECTIVE_S_P50)
+    if n.value < c.t["per_step"] or each.value > c.t["latency"]:
+        return None
+    c.cite(n, "value", ">=", c.t["per_step"])
+    c.cite(each, "value", "<=", c.t["latency"])
+    exposed = c.cite(c.req(S.TRACE_COMM_EXPOSED_FRAC), "value")
+    host, issuing = c.opt(S.TRACE_IDLE_HOST_FRAC), c.opt(S.TRACE_COLLECTIVE_HOST_FRAC)
+    gaps = 0.0
+    if host is not None and issuing is not None:
+        # The host gaps the collectives' calls sit in: no more than the host's idle share, nor than the time it
+        # spends issuing them.
+        gaps = min(c.cite(host, "value"), c.cite(issuing, "value"))
+    removed = min(0.99, exposed + gaps)
+    kinds = c.ev.trace.comm_share_by_kind if c.ev.trace is not None else {}
+    reduce = kinds.get("all_reduce", 0.0) >= max(kinds.values(), default=0.0)
+    action = ("Let DDP bucket the gradients: DistributedDataParallel (not an all_reduce per parameter) with "
+              "bucket_cap_mb large enough that a step runs a handful of all-reduces, or flatten the gradients into "
+              "one buffer and reduce it once; each bucket then fills the link instead of paying a latency and a "
+              "launch.") if reduce else (
+              "Coalesce the collectives: wrap larger units (FSDP's auto-wrap policy with fewer, larger modules), "
+              "batch them in torch.distributed's coalescing manager, or flatten what each carries into one buffer; "
+              "each then fills the link instead of paying a latency and a launch.")
+    c.fix(FixKind.BUCKET_COMM, "Bucket the collectives: fewer, larger ones", action,
+          gains.removal(removed, "the collectives' exposed time and the host gaps their calls sit in"))
+    also = f", and the host issuing them {gaps:.0%} of the window while the GPU waited" if gaps > 0 else ""
+    what = "all-reduces" if reduce else "collectives"
+    return c.finding(0.5 + min(0.45, removed),
+                     f"{n.value:.0f} {what} a step of {each.value * 1e6:.0f} µs each (median): latency, not "
+                     f"bandwidth; {exposed:.0%} of the window in communication nothing overlaps{also}.")
+
+
+@rule(
     code="NET004",
     name="straggler-rank",
     limiter=Limiter.INTERCONNECT,
@@ -341,4 +408,5 @@ def straggler_rank(c: Check) -> Finding | None:
                      "wait for it in every collective.")
 
 
-RULES = (clocks_throttled, communication_bound, collective_waits, straggler_rank, pcie_saturated, gpu_errors)
+RULES = (clocks_throttled, communication_bound, collective_waits, straggler_rank, small_collectives, pcie_saturated,
+         gpu_errors)

@@ -478,6 +478,36 @@ def _fill_kernels(a: TraceAnalysis, t: Tables, k: KernelStats) -> None:
     s.comm_exposed_frac = ((a.comm_us - a.comm_overlapped_us) / (s.window_s * 1e6 * len(
         a.timelines)) if a.comm_us else 0.0) if s.window_s > 0 else None
     s.graph_kernel_count_frac = k.graph_kernels / k.kernels if k.kernels else None
+    _fill_collectives(a, t, k)
+
+
+def _fill_collectives(a: TraceAnalysis, t: Tables, k: KernelStats) -> None:
+    """The collective pattern: collectives a profiler step per device, their median time, and the share of the window
+    the host spent issuing them (the union of its collective records per thread, clipped to the window)."""
+    s = a.summary
+    if not k.comm_kernels or s.window_s <= 0:
+        return
+    s.collective_us_p50 = k.comm_us_p50
+    step_ms = facts.step_ms_p50(t)
+    if step_ms is not None and step_ms > 0:
+        s.collectives_per_step = k.comm_kernels / max(1, len(a.timelines)) / (s.window_s * 1e3 / step_ms)
+    lo, hi = a.window
+    by_thread: dict[int, list[tuple[float, float]]] = {}
+    for tid, ts, end, _ in t.comm_ops:
+        if end > lo and ts < hi:
+            by_thread.setdefault(tid, []).append((max(ts, lo), min(end, hi)))
+    held = 0.0
+    for spans in by_thread.values():
+        spans.sort()
+        start, stop = spans[0]
+        for x0, x1 in spans[1:]:
+            if x0 > stop:
+                held += stop - start
+                start, stop = x0, x1
+            else:
+                stop = max(stop, x1)
+        held += stop - start
+    s.collective_host_frac = min(1.0, held / (hi - lo)) if hi > lo else None
 
 
 def _fill_intensity(a: TraceAnalysis, skipped: list[str]) -> bool:

@@ -64,6 +64,9 @@ class KernelStats:
     graph_kernels: int = 0  # kernels that ran inside a graph replay
     graph_kernel_us: float = 0.0
     comm_us_by_kind: dict[str, float] = field(default_factory=dict)
+    # The collectives' kernels: how many ran and their median time (a few µs: latency-bound, too small to fill a link)
+    comm_kernels: int = 0
+    comm_us_p50: float | None = None
     durations: DurationStats | None = None
     # launch statistics over individually launched kernels (runtime or driver API, not graph replays)
     launched: int = 0
@@ -143,7 +146,10 @@ def kernel_stats(t: Tables, selected: list[int], launches: Launches, top: int = 
     ks.durations = duration_stats([g_dur[i] for i in kernels])
     comm_names = {nid for nid, cls in class_of_name.items() if cls == COMM}
     if comm_names:
-        ks.comm_us_by_kind = _comm_by_kind(t, [i for i in kernels if g_name[i] in comm_names], launches)
+        comm = [i for i in kernels if g_name[i] in comm_names]
+        ks.comm_us_by_kind = _comm_by_kind(t, comm, launches)
+        ks.comm_kernels = len(comm)
+        ks.comm_us_p50 = median([g_dur[i] for i in comm]) if comm else None
     return ks
 
 

@@ -107,7 +107,8 @@ def combine(path: Path, files: list[TraceAnalysis]) -> TraceAnalysis:
     s.kernel_count = sum(r.summary.kernel_count for r in ranks)
     s.cuda_graph_launches = sum(r.summary.cuda_graph_launches for r in ranks)
     _pool(s, ranks, ("short_kernel_frac", "launch_call_us_p50", "launch_delay_us_p50", "intensity_flop_per_byte",
-                     "decode_batch", "prefill_frac", "attention_frac", "costed_time_frac"), statistics.fmean)
+                     "decode_batch", "prefill_frac", "attention_frac", "costed_time_frac", "collectives_per_step",
+                     "collective_us_p50", "collective_host_frac"), statistics.fmean)
     _pool(s, ranks, ("achieved_flops", "achieved_bytes_per_s"), sum)  # rates of the ranks together: the job's
     s.skipped = [f"{r.path.name}: {note}" for r in ranks for note in r.summary.skipped]
     s.truncated = any(r.summary.truncated for r in ranks)
