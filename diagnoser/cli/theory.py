@@ -63,6 +63,7 @@ from diagnoser.physics.attention import mla_dims, sliding
 from diagnoser.physics.gpus import load_gpu_spec, looks_like_spec_file, resolve_gpu
 from diagnoser.physics.precision import normalise_dtype, weight_only
 from diagnoser.physics.quant import weight_format, with_weight_format
+from diagnoser.physics.realised import decode_efficiency, decode_workload, generation_workload
 from diagnoser.physics.whatif import REALISED_PREFIX, ratio_text
 from diagnoser.textsafe import printable
 
@@ -513,9 +514,17 @@ def _what_ifs(s: Setup, vs: Changes) -> list[WhatIf]:
     return out
 
 
+RATE_KINDS = ("decode", "requests")
+
+
 def _efficiency(info: ModelInfo, gpu: GpuSpec, s: Setup, tokens_per_s: float | None,
-                efficiency: float | None) -> tuple[float | None, str]:
-    """The measured efficiency against this setup's decode ceiling, from --tokens-per-s or --efficiency."""
+                efficiency: float | None, rate_of: str = "decode") -> tuple[float | None, str]:
+    """The measured efficiency against this setup's decode ceiling, from --tokens-per-s or --efficiency. With
+    --tokens-per-s-of requests the rate counts whole requests (each --context prompt prefilled, then --gen-tokens
+    generated; a benchmark's output tokens over its requests' time): it is taken against the requests' ceiling,
+    prefill priced, and turned into the decode step's share (physics.decode_efficiency)."""
+    if rate_of not in RATE_KINDS:
+        raise InputError(f"--tokens-per-s-of is decode or requests, not {rate_of!r:.20}.")
     if tokens_per_s is not None and efficiency is not None:
         raise InputError("give --tokens-per-s or --efficiency, not both.")
     if efficiency is not None:
@@ -527,10 +536,25 @@ def _efficiency(info: ModelInfo, gpu: GpuSpec, s: Setup, tokens_per_s: float | N
     context = s.context if has_kv_shape(info) else 0
     ceiling = decode_ceiling_tokens_per_s(info, gpu, s.batch, context, s.dtype, s.tp, kv_dtype=s.kv_dtype,
                                           link=s.link)
+    if rate_of == "requests":
+        if s.context < 1:
+            raise InputError("--tokens-per-s-of requests needs the prompt's length as --context (at least 1).")
+        requests = generation_workload(info, gpu, s.batch, s.context, s.gen_tokens, dtype=s.dtype,
+                                       kv_dtype=s.kv_dtype, tp=s.tp, link=s.link)
+        if tokens_per_s > requests.ceiling_tokens_per_s:
+            raise InputError(f"{tokens_per_s:g} tokens/s is above the ceiling of {requests.ceiling_tokens_per_s:,.0f} "
+                             f"for requests of {s.context:,} prompt and {s.gen_tokens:,} generated tokens; check the "
+                             "model, precision, GPU, batch, --context and --gen-tokens.")
+        share = tokens_per_s / requests.ceiling_tokens_per_s
+        step = decode_workload(info, gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp, link=s.link)
+        return decode_efficiency(requests, share, step), (
+            f"--tokens-per-s {tokens_per_s:g} of whole requests: {share:.0%} of their ceiling with each "
+            f"{s.context:,}-token prefill priced, so decode steps at this share")
     if tokens_per_s > ceiling:
         raise InputError(f"{tokens_per_s:g} tokens/s is above the ceiling of {ceiling:,.0f} for this setup; check "
-                         "the model, precision, GPU, batch and context.")
-    return tokens_per_s / ceiling, f"--tokens-per-s {tokens_per_s:g}"
+                         "the model, precision, GPU, batch and context (a rate over whole requests, prefill "
+                         "included, is --tokens-per-s-of requests).")
+    return tokens_per_s / ceiling, f"--tokens-per-s {tokens_per_s:g} of decode steps"
 
 
 def register(app: typer.Typer) -> None:
@@ -567,8 +591,12 @@ def register(app: typer.Typer) -> None:
         link: str = typer.Option(None, "--interconnect",
                                  help="nvlink or pcie (default: NVLink where the GPU has it)."),
         tokens_per_s: float = typer.Option(None, "--tokens-per-s",
-                                           help="Measured decode tokens/s at this setup: what-ifs add the realised "
+                                           help="Measured output tokens/s at this setup: what-ifs add the realised "
                                                 "gain."),
+        rate_of: str = typer.Option("decode", "--tokens-per-s-of",
+                                    help="What --tokens-per-s counts: decode (steady decode steps, the default) or "
+                                         "requests (whole requests: each --context prompt prefilled, then "
+                                         "--gen-tokens generated, as benchmark_latency and most load tests report)."),
         efficiency: float = typer.Option(None, "--efficiency",
                                          help="Measured share of the decode ceiling, in (0, 1], instead."),
         power_w: float = typer.Option(None, "--power-w", help="Power per GPU, W (default: TDP)."),
@@ -618,7 +646,7 @@ def register(app: typer.Typer) -> None:
         setup = Setup(info, spec, weight_dtype(info, served), kv_cache_dtype(info, kv_dtype, served), batch, context,
                       tp, interconnect(spec, max(tp, 2), link), link, pp, microbatches, mem_fraction=mem_fraction,
                       assumptions=assumed, gen_tokens=gen_tokens)
-        rate, source = _efficiency(info, spec, setup, tokens_per_s, efficiency)
+        rate, source = _efficiency(info, spec, setup, tokens_per_s, efficiency, rate_of)
         setup = dataclasses.replace(setup, efficiency=rate, efficiency_source=source)
         changes = Changes(vs_dtype, vs_kv_dtype, [g for g, _ in others], vs_batch, vs_tp)
         result = report(setup, power_w=power_w, usd_per_hour=usd_per_hour, what_ifs=_what_ifs(setup, changes))

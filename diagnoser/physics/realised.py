@@ -192,6 +192,21 @@ def realised_speedup(before: Workload, after: Workload, efficiency: float,
     return (after.tokens / after_time) / (before.tokens / before_time)
 
 
+def decode_efficiency(requests: Workload, efficiency: float, step: Workload) -> float:
+    """The share of a steady decode step's ceiling (`step`) that a rate measured over whole requests implies: the
+    requests (`requests`, prefill included) take T = ceiling / efficiency; the time beyond their attained roofline,
+    O, is per decode step (realised_speedup), so a decode step takes attained + O and runs at ceiling / (attained +
+    O) of its ceiling. A rate read as decode tokens/s when it counts each request's prefill too puts the prefill's
+    time into O, and a batch change is then over-promised (issue 44, item 3)."""
+    e = _check_efficiency(efficiency)
+    measured, attained = requests.ceiling_s / e, requests.attained_s
+    if attained >= measured:
+        step_time = step.attained_s * measured / attained
+    else:
+        step_time = step.attained_s + (measured - attained) / max(requests.steps, 1.0)
+    return min(1.0, step.ceiling_s / step_time)
+
+
 def realised_tokens_per_s(workload: Workload, efficiency: float, after: Workload) -> float:
     """Tokens/s after the change: the measured rate (efficiency x ceiling) times realised_speedup."""
     return efficiency * workload.ceiling_tokens_per_s * realised_speedup(workload, after, efficiency)
