@@ -229,7 +229,9 @@ def _ranks(s: TraceSummary) -> list[str]:
         return []
     out = ["Ranks:          busy  compute     comm  exposed  idle (largest cause)         step p50"]
     for r in s.ranks:
-        top_cause = max(r.idle_frac_by_cause.items(), key=lambda kv: kv[1], default=("", 0.0))
+        # A rank with no GPU timeline (a CPU-only trace) has no idle share to show, not 0 %.
+        top_cause: tuple[str, float | None] = max(r.idle_frac_by_cause.items(), key=lambda kv: kv[1], default=(
+            "", 0.0)) if r.gpu_busy_frac is not None else ("", None)
         step = f"{r.step_ms_p50:.1f} ms" if r.step_ms_p50 is not None else "-"
         name = f"rank {r.rank}" if r.rank is not None else r.path[:10]
         out.append(f"  {name:<10} {pct(r.gpu_busy_frac):>7} {pct(r.compute_frac):>8} {pct(r.comm_frac):>8} "
