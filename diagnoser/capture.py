@@ -273,6 +273,9 @@ class EngineSteps(msgspec.Struct, kw_only=True):
     decode_step_ms_p50: float | None = None
     # Share of the steps' time by CPU op class (matmul, attention, kv_write, sampling, other): a CPU build's trace
     op_share: dict[str, float] = msgspec.field(default_factory=dict)
+    # The window outside the steps by the same classes, as shares of the window (they add up to 1 - steps_frac):
+    # vLLM samples after the annotated forward, so its sampling is here; "other" is scheduling, Python and waiting.
+    outside_op_share: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class TraceSummary(msgspec.Struct, kw_only=True):

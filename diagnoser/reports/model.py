@@ -414,6 +414,10 @@ def _engine_rows(e: EngineSteps | None) -> list[tuple[str, str]]:
     if e.op_share:
         rows.append(("steps' time by CPU op", ", ".join(
             f"{k} {v:.1%}" for k, v in sorted(e.op_share.items(), key=lambda kv: -kv[1]))))
+    if e.outside_op_share:
+        from diagnoser.reports.trace_text import outside_text
+
+        rows.append((f"outside the steps ({1.0 - e.steps_frac:.1%} of the window)", outside_text(e)))
     return rows
 
 

@@ -93,7 +93,19 @@ def engine_steps_lines(e: EngineSteps | None) -> list[str]:
     if e.op_share:
         parts = ", ".join(f"{k} {pct(v)}" for k, v in sorted(e.op_share.items(), key=lambda kv: -kv[1]))
         out.append(f"  the steps' time by CPU op: {parts} (other: ops fused into a compiled graph, Python between)")
+    if e.outside_op_share:
+        out.append(f"  outside the steps, {pct(1.0 - e.steps_frac)} of the window: {outside_text(e)}")
     return out
+
+
+def outside_text(e: EngineSteps) -> str:
+    """The window outside the engine's steps by CPU op class (sampling runs after vLLM's annotated forward), the
+    rest named for what it is."""
+    named = sorted(((k, v) for k, v in e.outside_op_share.items() if k != "other" and v > 0), key=lambda kv: -kv[1])
+    parts = [f"{k} {pct(v)}" for k, v in named]
+    parts.append(f"the rest {pct(e.outside_op_share.get('other', 0.0))} (scheduling, Python and waiting between "
+                 "steps)")
+    return ", ".join(parts)
 
 
 def _busy(a: TraceAnalysis) -> list[str]:
@@ -251,4 +263,4 @@ def _read(a: TraceAnalysis) -> list[str]:
     return [f"Read {sum(d.events for d in read)} events, {sum(d.bytes_json for d in read) / 1e6:.1f} MB of JSON."]
 
 
-__all__ = ["engine_steps_lines", "flop_text", "pct", "render_analysis", "us_text"]
+__all__ = ["engine_steps_lines", "flop_text", "outside_text", "pct", "render_analysis", "us_text"]

@@ -63,17 +63,34 @@ def engine_step_stats(steps: list[tuple[float, float, int, int, int, int]],
         decode_batch=(statistics.fmean(s[4] for s in decode_only) if decode_only else None),
         decode_step_ms_p50=(statistics.median(s[1] for s in decode_only) / 1e3 if decode_only else None))
     if classed:
-        out.op_share = _class_shares(inside, classed, total)
+        spans = [(s[0], s[0] + s[1]) for s in inside]  # sorted, and a runner's steps do not overlap
+        out.op_share = _shares(_class_time(spans, classed), total)
+        outside = w1 - w0 - total
+        if outside > 0:
+            gaps, at = [], w0
+            for a, b in spans:
+                if a > at:
+                    gaps.append((at, a))
+                at = max(at, b)
+            if at < w1:
+                gaps.append((at, w1))
+            out.outside_op_share = {c: v * outside / (w1 - w0)
+                                    for c, v in _shares(_class_time(gaps, classed), outside).items()}
     return out
 
 
-def _class_shares(steps: list[tuple[float, float, int, int, int, int]], classed: list[tuple[str, int, float, float]],
-                  total: float) -> dict[str, float]:
-    """Each class's outermost ops' time inside the steps, as a share of the steps' time; "other" the rest."""
+def _shares(used: dict[str, float], total: float) -> dict[str, float]:
+    """Each class's time as a share of `total`; "other" the rest."""
+    shares = {c: v / total for c, v in used.items() if v > 0}
+    shares["other"] = max(0.0, 1.0 - sum(shares.values()))
+    return shares
+
+
+def _class_time(spans: list[tuple[float, float]], classed: list[tuple[str, int, float, float]]) -> dict[str, float]:
+    """Each class's outermost ops' time inside `spans` (sorted, not overlapping), in µs."""
     by_thread: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
     for cls, tid, ts, dur in classed:
         by_thread[tid].append((ts, ts + dur, cls))
-    spans = [(s[0], s[0] + s[1]) for s in steps]  # sorted, and a runner's steps do not overlap
     used: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
     for ops in by_thread.values():
         ops.sort(key=lambda o: (o[0], -o[1]))
@@ -89,9 +106,7 @@ def _class_shares(steps: list[tuple[float, float, int, int, int, int]], classed:
             while j < len(spans) and spans[j][0] < b:
                 used[cls] += max(0.0, min(b, spans[j][1]) - max(a, spans[j][0]))
                 j += 1
-    shares = {c: v / total for c, v in used.items() if v > 0}
-    shares["other"] = max(0.0, 1.0 - sum(shares.values()))
-    return shares
+    return used
 
 
 __all__ = ["CLASSES", "CPU_OP_CLASS", "VLLM_STEP_PREFIX", "engine_step_stats", "parse_step"]
