@@ -91,3 +91,9 @@ def test_theory_on_a_slice_prints_the_slice() -> None:
     assert data["gpu"]["hbm_bytes_per_s"] == pytest.approx(3.35e12 / 8)
     # 9.1 GB of fp8 weights at 419 GB/s: about 20 ms a step, where the whole H100 promised 2.5 ms
     assert data["decode"]["ceiling_tokens_per_s"] < 60
+
+
+def test_a_slice_keeps_the_boards_power() -> None:
+    # NVML reads a MIG instance's power and power limit as the whole board's: THR001 compares them with this TDP.
+    spec = match_gpu("NVIDIA H100 80GB HBM3 MIG 1g.10gb")
+    assert spec is not None and spec.tdp_w == GPUS["h100-sxm"].tdp_w

@@ -666,10 +666,9 @@ _MIG_CAPABLE = frozenset({"a100-40gb-sxm", "a100-40gb-pcie", "a100-80gb-sxm", "a
 def mig_spec(parent: GpuSpec, found: MigSlice) -> GpuSpec | None:
     """A MIG instance's roofs: the parent's FLOP/s scaled by its share of the SMs (compute slices over the GPU's),
     memory and bandwidth by its share of the memory slices (the profile's GB over the parent's, in whole slices).
-    Power is the board's TDP times the slice's share of the SMs (what its tokens per joule are charged; NVML
-    reads a slice's power as the whole board's), clocks the parent's; MIG has no peer-to-peer between instances,
-    so no NVLink. None where the parent has no such profile (not MIG-capable, or
-    more compute or memory slices than it has)."""
+    Power and clocks are the board's (NVML reads a slice's power and power limit as the whole board's, and the
+    power rules compare them with this TDP); MIG has no peer-to-peer between instances, so no NVLink. None where
+    the parent has no such profile (not MIG-capable, or more compute or memory slices than it has)."""
     if parent.key not in _MIG_CAPABLE:
         return None
     compute_total, memory_total = _MIG_SLICES.get(parent.key, (7, 8))
@@ -682,11 +681,10 @@ def mig_spec(parent: GpuSpec, found: MigSlice) -> GpuSpec | None:
     return dataclasses.replace(
         parent, key=f"{parent.key}-mig-{profile}", name=f"{parent.name} MIG {profile}",
         memory_bytes=int(parent.memory_bytes * memory), hbm_bytes_per_s=parent.hbm_bytes_per_s * memory,
-        flops={dtype: rate * compute for dtype, rate in parent.flops.items()}, tdp_w=parent.tdp_w * compute,
+        flops={dtype: rate * compute for dtype, rate in parent.flops.items()},
         interconnect="MIG instance (no peer-to-peer)", nvlink_bytes_per_s=None,
         source=(f"{parent.source}; MIG {profile}: {found.compute_slices}/{compute_total} of the SMs, "
-                f"{memory_slices}/{memory_total} of the memory and its bandwidth, the board's power in the SMs' "
-                "share (NVIDIA Multi-Instance GPU User "
+                f"{memory_slices}/{memory_total} of the memory and its bandwidth (NVIDIA Multi-Instance GPU User "
                 "Guide, Supported MIG Profiles)"))
 
 
