@@ -80,3 +80,18 @@ def test_analyze_and_the_report_say_the_window_outside_the_steps() -> None:
     ev = build_evidence(capture)
     report = build_report(capture, ev, diagnose(capture))
     assert "outside the steps (35.8% of the window)" in HtmlRenderer().render(report)
+
+
+def test_the_report_draws_the_window_by_the_engines_steps() -> None:
+    from diagnoser.reports.figdata import StackedRows
+    from diagnoser.reports.figures import build_figures
+
+    capture = capture_from_trace(analyze_trace(RANK, jobs=1))
+    ev = build_evidence(capture)
+    figures, _ = build_figures(capture, ev, diagnose(capture))
+    fig = next(f for f in figures if f.key == "engine-steps")
+    assert isinstance(fig.spec, StackedRows)
+    (row,) = fig.spec.rows
+    assert sum(s.value for s in row.segments) == pytest.approx(1.0)
+    labels = {s.label for s in row.segments}
+    assert "in steps: matmul" in labels and "between steps: sampling" in labels

@@ -39,6 +39,7 @@ from diagnoser.reports.labels import idle_look, kernel_label
 from diagnoser.reports.trace_figures import (
     collective_items,
     durations_figure,
+    engine_steps_figure,
     ranks_figure,
     trace_window_figure,
     window_text,
@@ -465,8 +466,8 @@ _ORDER = {
     "idle": ("timeline", "activity", "server", "power"),
     "errors": ("activity", "clocks", "power"),
 }
-_DEFAULT = ("activity", "timeline", "roofline", "throughput", "kernels", "ranks", "trace-window", "durations",
-            "server", "kv", "memory", "tokens", "clocks", "power", "host", "links")
+_DEFAULT = ("activity", "timeline", "roofline", "throughput", "kernels", "ranks", "engine-steps", "trace-window",
+            "durations", "server", "kv", "memory", "tokens", "clocks", "power", "host", "links")
 
 
 def build_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[list[Figure], list[NotDrawn]]:
@@ -476,6 +477,8 @@ def build_figures(capture: Capture, ev: Evidence, d: Diagnosis) -> tuple[list[Fi
         trace_views = (trace_window_figure(capture), durations_figure(capture))
         if len(capture.trace.ranks) > 1:
             trace_views += (ranks_figure(capture),)
+        if capture.trace.engine_steps is not None and capture.trace.engine_steps.op_share:
+            trace_views += (engine_steps_figure(capture),)
     for built in (timeline_figure(capture, ev), kernel_figure(capture), roofline_figure(capture, ev),
                   throughput_figure(capture, ev), *trace_views):
         if isinstance(built, Figure):

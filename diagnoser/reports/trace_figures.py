@@ -280,6 +280,37 @@ def ranks_figure(capture: Capture) -> Figure | NotDrawn:
     return Figure("ranks", title, StackedRows(title, rows, list(names.values())), caption)
 
 
+# A CPU build's op classes (traces/engine_steps.py) in the kernel classes' colours where one matches.
+_CPU_OP_COLOR = {"matmul": KERNEL_STYLE["gemm"][1], "attention": KERNEL_STYLE["attention"][1],
+                 "kv_write": KERNEL_STYLE["memcpy"][1], "sampling": KERNEL_STYLE["reduction"][1],
+                 "other": KERNEL_STYLE["other"][1]}
+_BETWEEN = "#D9D9D9"
+
+
+def engine_steps_figure(capture: Capture) -> Figure | NotDrawn:
+    """The window as the engine's own step annotations split it (vLLM's CPU build): inside the steps by CPU op class,
+    and outside them, where sampling and scheduling run."""
+    title = "The window by the engine's steps"
+    trace = capture.trace
+    e = trace.engine_steps if trace is not None else None
+    if e is None or not e.op_share:
+        return NotDrawn(title, "needs a CPU build's trace with the engine's step annotations (vLLM's "
+                        "execute_context_N(T)_generation_M(G))")
+    inside = [Segment(f"in steps: {k}", v * e.steps_frac, _CPU_OP_COLOR.get(k, PALETTE[0]))
+              for k, v in sorted(e.op_share.items(), key=lambda kv: (kv[0] == "other", -kv[1])) if v > 0]
+    outside = [Segment(f"between steps: {k}" if k != "other" else "between steps: scheduling, Python, waiting",
+                       v, _CPU_OP_COLOR.get(k, PALETTE[0]) if k != "other" else _BETWEEN)
+               for k, v in sorted(e.outside_op_share.items(), key=lambda kv: (kv[0] == "other", -kv[1])) if v > 0]
+    if not e.outside_op_share and e.steps_frac < 1.0:
+        outside = [Segment("between steps", 1.0 - e.steps_frac, _BETWEEN)]
+    row = StackedRow(f"{e.steps} steps", inside + outside)
+    caption = (f"The engine's own step annotations hold {e.steps_frac:.1%} of the window (p50 {e.step_ms_p50:.2f} ms "
+               "a step), split by the CPU ops that ran in them (other: ops fused into a compiled graph, Python "
+               f"between); the {1.0 - e.steps_frac:.1%} outside them by the same ops: vLLM samples after the annotated "
+               "forward, and schedules, processes outputs and waits for requests between steps.")
+    return Figure("engine-steps", title, StackedRows(title, [row], inside + outside), caption)
+
+
 def collective_items(trace: TraceSummary) -> list[tuple[str, float]]:
     """The communication share split by collective, where the trace says which (else one item)."""
     comm = trace.kernel_share.get("comm", 0.0)
@@ -289,5 +320,5 @@ def collective_items(trace: TraceSummary) -> list[tuple[str, float]]:
     return [(f"{comm_library(trace)} {COLLECTIVES.get(k, k)}", v) for k, v in kinds.items()]
 
 
-__all__ = ["IDLE_STYLE", "KERNEL_STYLE", "collective_items", "duration_text", "durations_figure", "kernel_style",
-           "kernel_table", "ranks_figure", "trace_window_figure"]
+__all__ = ["IDLE_STYLE", "KERNEL_STYLE", "collective_items", "duration_text", "durations_figure",
+           "engine_steps_figure", "kernel_style", "kernel_table", "ranks_figure", "trace_window_figure"]
