@@ -14,6 +14,8 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
 # A real vLLM (its CPU build) in a venv of its own, for the real-engine tier (tests/test_real_vllm.py).
 bash scripts/install-vllm.sh
+# A real llama.cpp server (its CPU build, static) for the second real-engine tier (tests/test_real_llamacpp.py).
+bash scripts/install-llamacpp.sh
 # Lint and types first: they take seconds and name the line; the suite takes minutes.
 .venv/bin/ruff check .
 .venv/bin/mypy

