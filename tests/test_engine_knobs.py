@@ -90,6 +90,7 @@ def test_an_unknown_version_leaves_a_default_unknown_and_says_why() -> None:
 def test_llama_cpp_build_numbers_parse_and_vllm_versions_read_as_before() -> None:
     assert parse_version("b11434-1a2b3c4") == (11434,) and parse_version("version: 11434 (1a2b3c4)") == (11434,)
     assert parse_version("b6xyz") is None and parse_version("build") is None
+    assert parse_version("b0-unknown") is None  # built outside git (tests/fixtures/llamacpp): no build number
     assert parse_version("0.32.0+cpu") == (0, 32, 0) and parse_version("0.10.1") == (0, 10, 1)
 
 

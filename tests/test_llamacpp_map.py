@@ -337,24 +337,75 @@ def test_two_slots_and_eight_clients_read_off_the_pages_is_the_slot_limit(served
     assert "llama.cpp --parallel 8" in fix.action, fix.action
 
 
-# --- real pages, where they are kept ----------------------------------------------------------------------------
+# --- real pages (tests/fixtures/llamacpp: llama-server built from build 11434's tree, -np 2 -c 2048, 8 clients) -----
 
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason="no pages captured from a built llama-server are kept yet")
-def test_real_pages_are_read_as_llama_cpp() -> None:
-    found = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and "metrics" in p.name)
-    assert found, f"{FIXTURES} holds no /metrics page"
-    for p in found:
-        samples = parse_samples(p.read_text())
-        assert detect_kind(samples.keys()) == "llamacpp", p.name
-        for family in samples:
-            if family.startswith("llamacpp:"):
-                name = family[len("llamacpp:"):]
-                assert family in LLAMACPP_MAP.names() or name in NOT_MAPPED, f"{p.name}: {family} is not mapped"
-    for p in sorted(FIXTURES.rglob("*props*.json")):
-        got = llamacpp_config(json.loads(p.read_text()), None)
-        assert got.get("max_num_seqs") and got.get("max_model_len"), p.name
-        assert parse_version(got.get("build", "")) is not None, p.name
-    for p in sorted(FIXTURES.rglob("*slots*.json")):
-        listed = json.loads(p.read_text())
-        got = llamacpp_config(None, listed)
-        assert got.get("max_num_seqs") == len(listed), p.name
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_real_pages_every_family_read_or_said_why_not() -> None:
+    for name in ("metrics-idle.txt", "metrics-deferred.txt"):
+        samples = parse_samples(fixture(name))
+        assert detect_kind(samples.keys()) == "llamacpp", name
+        families = {f[len("llamacpp:"):] for f in samples if f.startswith("llamacpp:")}
+        assert families >= set(COUNTERS) | set(GAUGES), name
+        for family in families:
+            assert "llamacpp:" + family in LLAMACPP_MAP.names() or family in NOT_MAPPED, f"{name}: {family}"
+
+
+def test_real_pages_idle_then_eight_clients_on_two_slots(served: Any) -> None:
+    cap = read(served([fixture("metrics-idle.txt"), fixture("metrics-deferred.txt")]).url)
+    assert cap.server is not None and cap.server.kind == "llamacpp"
+    assert values(cap, S.SERVER_RUNNING) == [0.0, 2.0] and values(cap, S.SERVER_WAITING) == [0.0, 6.0]
+    assert values(cap, S.SERVER_PROMPT_TOKENS_PER_S) == [pytest.approx((710 - 5) / 10)]
+    assert values(cap, S.SERVER_GEN_TOKENS_PER_S) == [pytest.approx((1408 - 64) / 10)]
+    assert values(cap, S.SERVER_PROMPT_TOKENS_CACHED_PER_S) == [pytest.approx(22 / 10)]
+    # busy slots per decode call over the window: (1.91536 x 768 - 1 x 64) / (768 - 64), both slots nearly always
+    (batch,) = values(cap, S.SERVER_BATCH_SIZE)
+    assert batch == pytest.approx((round(1.91536 * 768) - 64) / (768 - 64)) and 1.9 < batch <= 2.0
+    assert values(cap, S.SERVER_TPOT_MEAN_S) == [pytest.approx((11.0806 - 0.3199) / (1408 - 64))]
+    assert values(cap, S.SERVER_PREFILL_TIME_PER_TOKEN_MEAN_S) == [pytest.approx((0.706011 - 0.011123) / 705)]
+    assert values(cap, S.SERVER_PREFIX_CACHE_HIT_RATE) == [pytest.approx(22 / (22 + 705))]
+    assert not values(cap, S.SERVER_SPEC_ACCEPTANCE_RATE)  # speculation off: no drafts, no ratio
+    assert "no KV-cache use" in reason(cap, S.SERVER_KV_USAGE)
+    assert cap.serving.extra.get("longest_sequence_tokens") == "96"
+
+
+def test_real_props_and_slots(served: Any) -> None:
+    props, slots = json.loads(fixture("props-deferred.json")), json.loads(fixture("slots-deferred.json"))
+    got = llamacpp_config(props, slots)
+    assert got["build"] == "b0-unknown" and parse_version(got["build"]) is None  # built outside git: no build number
+    assert got["max_num_seqs"] == 2 and got["max_model_len"] == 1024  # -np 2 -c 2048: 1024 a slot
+    assert got["slots_busy_at_attach"] == 2 and got["slots_speculative"] == 0 and got["speculative_types"] == "none"
+    idle = llamacpp_config(json.loads(fixture("props-idle.json")), json.loads(fixture("slots-idle.json")))
+    assert idle["slots_busy_at_attach"] == 0 and idle["max_num_seqs"] == 2
+    # the command line it was started with says the same
+    s = serving_from_cmdline(["llama-server", "-m", "model/tiny-llama.gguf", "--host", "127.0.0.1", "--port", "8080",
+                              "-np", "2", "-c", "2048", "-t", "2", "--metrics", "--slots", "--alias", "tiny-llama"])
+    assert (s.max_num_seqs, s.max_model_len) == (2, 1024)
+
+
+def test_real_server_two_slots_eight_clients_is_the_slot_limit_by_its_own_flag(served: Any) -> None:
+    """Issue 47's server as captured: one idle page, then ten seconds of 2 processing and 6 deferred. Its build
+    says 0 (no version), so the defaults are unknown; the slots come from /props."""
+    server = served([fixture("metrics-idle.txt")] + [fixture("metrics-deferred.txt")] * 10,
+                    json.loads(fixture("props-deferred.json")), json.loads(fixture("slots-deferred.json")))
+    target = resolve_target(metrics_url=server.url, probe_timeout=2.0)
+    assert target.server_kind == "llamacpp" and target.engine_version == "b0-unknown"
+    cap = new_capture("llama-server")
+    cap.server = ServerInfo(kind="llamacpp", url=server.url, version=target.engine_version)
+    cap.serving, cap.cpu_only = target.serving, True
+    server.hits = 0
+    collector = ServerMetricsCollector(server.url)
+    collector.start(cap)
+    for t in range(11):
+        collector.sample(float(t))
+    collector.stop(10.0)
+    cap.duration_s = 10.0
+    d = diagnose(cap)
+    assert d.verdict == "batching", [(f.code, f.message) for f in d.findings]
+    (fix,) = [f for f in d.fixes if "BAT005" in f.rules]
+    assert "llama.cpp --parallel" in fix.action and "--max-num-seqs" not in fix.action, fix.action
+    ev = build_evidence(cap)
+    batch = ev.knob("max_num_batched_tokens")
+    assert batch is not None and not batch.known and "version is unknown" in batch.why_unknown

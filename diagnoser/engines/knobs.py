@@ -159,11 +159,12 @@ CONFIGURED = "configured"
 
 def parse_version(text: str) -> tuple[int, ...] | None:
     """'0.32.0+cpu' -> (0, 32, 0); llama.cpp's build numbers, 'b11434-1a2b3c4' (its /props build_info) or
-    'version: 11434 (1a2b3c4)' (`llama-server --version`), -> (11434,); None when the text holds no version."""
+    'version: 11434 (1a2b3c4)' (`llama-server --version` of older builds), -> (11434,); None when the text holds no
+    version. A llama.cpp built outside its git tree says build 0 ('b0-unknown'): no version, not the first build."""
     m = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
     if m is None:
         build = re.match(r"\s*(?:b|version:\s*)(\d+)(?:[-\s(]|$)", text or "")
-        return (int(build.group(1)),) if build is not None else None
+        return (int(build.group(1)),) if build is not None and int(build.group(1)) > 0 else None
     return tuple(int(g) for g in m.groups() if g is not None)
 
 
