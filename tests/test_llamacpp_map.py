@@ -409,3 +409,11 @@ def test_real_server_two_slots_eight_clients_is_the_slot_limit_by_its_own_flag(s
     ev = build_evidence(cap)
     batch = ev.knob("max_num_batched_tokens")
     assert batch is not None and not batch.known and "version is unknown" in batch.why_unknown
+
+
+def test_real_refusals_show_only_on_slots_never_on_metrics() -> None:
+    """-np 4 -c 1024 (256 tokens a slot) under 301-token prompts: every request refused (HTTP 400), /metrics all 0."""
+    samples = parse_samples(fixture("metrics-refused.txt"))
+    assert all(v == 0.0 for f, found in samples.items() if f.startswith("llamacpp:") for _, v in found)
+    got = llamacpp_config(None, json.loads(fixture("slots-refused.json")))
+    assert got["max_num_seqs"] == 4 and got["max_model_len"] == 256 and got["slots_busy_at_attach"] == 0
