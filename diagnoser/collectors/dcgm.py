@@ -690,7 +690,7 @@ def gpu_info(identity: GpuIdentity, window: GpuWindow | None = None) -> GpuInfo:
     limit = window.last("power_limit") if window else None
     name = identity.model or "unknown GPU"
     if identity.mig_profile:
-        name = f"{name} MIG {identity.mig_profile}"  # physics.match_gpu sizes a MIG slice from its parent GPU and profile
+        name = f"{name} MIG {identity.mig_profile}"  # physics sizes a slice from its parent and profile
     return GpuInfo(
         index=identity.index, name=name, uuid=identity.uuid, driver=identity.driver,
         memory_total_bytes=int(used + free) if used is not None and free is not None else None,
