@@ -19,7 +19,14 @@ if [ -x "$DEST/bin/llama-server" ] && [ "$(cat "$DEST/VERSION" 2>/dev/null)" = "
    && "$DEST/bin/llama-server" --version >/dev/null 2>&1; then
   exit 0
 fi
-command -v cmake >/dev/null || { echo "install-llamacpp.sh: cmake is needed to build llama.cpp's server" >&2; exit 1; }
+# The build tools (Debian packages), installed when missing as scripts/install-test-deps.sh does: needs root or sudo.
+if ! command -v cmake >/dev/null || ! command -v c++ >/dev/null || ! command -v make >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends cmake g++ make
+fi
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
