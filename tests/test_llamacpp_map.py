@@ -309,6 +309,23 @@ def test_a_fix_for_a_llama_cpp_capture_names_parallel() -> None:
     d = diagnose(llama_capture({**signals, "server.running": 4.0}))
     (fix,) = [f for f in d.fixes if "BAT005" in f.rules]
     assert "from 4" in fix.action and "--parallel" in fix.action
+    # the page has no KV use: the finding does not claim the cache has room
+    (finding,) = [f for f in d.findings if f.code == "BAT005"]
+    assert "KV cache has room" not in finding.message and "no KV use" in finding.message, finding.message
+
+
+def test_more_slots_from_a_split_context_say_what_each_slot_keeps() -> None:
+    """The neighbour of the slot-limit fix: -np 2 -c 2048 without a unified KV buffer gives each slot 1024 tokens;
+    8 slots from the same --ctx-size would leave each 256. The fix raises --ctx-size with --parallel (or names -kvu),
+    and where the buffer is unified it says nothing of the kind."""
+    signals = {"server.running": 2.0, "server.waiting": [6.0] * 10, "server.gen_tokens_per_s": 40.0}
+    split = {"max_num_seqs": 2, "max_model_len": 1024, "kv_unified": "false"}
+    (fix,) = [f for f in diagnose(llama_capture(signals, serving=split)).fixes if "BAT005" in f.rules]
+    assert "--parallel 8" in fix.action and "--ctx-size with it to about 8192" in fix.action, fix.action
+    assert "--kv-unified" in fix.action and "about 256 tokens" in fix.action, fix.action
+    shared = {**split, "kv_unified": "true"}
+    (fix,) = [f for f in diagnose(llama_capture(signals, serving=shared)).fixes if "BAT005" in f.rules]
+    assert "--ctx-size" not in fix.action, fix.action
 
 
 def test_two_slots_and_eight_clients_read_off_the_pages_is_the_slot_limit(served: Any) -> None:

@@ -85,11 +85,24 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
     elif g.value is not None and not isinstance(est, curve.Refused):
         g = replace(g, basis=f"{g.basis}; cross-check, the engine's own curve over the window: x{est.value:.2f} "
                     f"(x{est.low:.2f} to x{est.high:.2f})")
+    split = _split_context(c, cap, target)
     c.fix(FixKind.BATCH_MORE, "Raise the batch limit", f"Raise the concurrent-sequence limit from {cap} to about "
-          f"{target} ({'; '.join(f'{f} {target}' for f in flags)}): the queue keeps it full.", g)
+          f"{target} ({'; '.join(f'{f} {target}' for f in flags)}): the queue keeps it full{split}.", g)
+    room = "the KV cache has room" if kv is not None else "the server's page shows no KV use to hold it"
     return c.finding(0.85, f"The batch is pinned at the server's limit of {cap} sequences{where} while "
-                     f"{waiting.mean:.1f} requests wait and the KV cache has room: the limit, not the hardware, caps "
-                     "throughput.")
+                     f"{waiting.mean:.1f} requests wait and {room}: the limit, not the hardware, caps throughput.")
+
+
+def _split_context(c: Check, cap: int, target: int) -> str:
+    """What raising the slots costs where each slot holds a share of one context (llama.cpp without a unified KV
+    buffer): the context per slot falls by cap / target unless the total context rises with it."""
+    unified, per_slot = c.knob("kv_unified"), c.knob("max_model_len")
+    if unified is None or not unified.known or unified.value or per_slot is None or not per_slot.known:
+        return ""
+    total = int(per_slot.value) * target
+    return (f"; each slot holds {per_slot.knob.flag} / slots, so raise {per_slot.knob.flag} with it to about "
+            f"{total} to keep {int(per_slot.value)} tokens a slot (or share one buffer: {unified.knob.flag}); "
+            f"left as it is, a slot's context falls to about {int(per_slot.value) * cap // target} tokens")
 
 
 def _sequence_limit(c: Check) -> tuple[int, tuple[str, ...], str]:
