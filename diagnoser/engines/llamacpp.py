@@ -48,8 +48,9 @@ CTX_PER_SLOT = Knob(
 BATCH_SIZE = Knob(
     "max_num_batched_tokens", "logical batch", ("--batch-size", "-b"), env=("LLAMA_ARG_BATCH",),
     constrains="tokens in one llama_decode step: one per decoding slot, a prompt chunk per prefilling one",
-    binds="prompts longer than the batch (each prefilled over several steps) while requests are deferred with "
-    "slots free",
+    binds="prompts longer than the batch (each prefilled over several decode calls) while the busy slots spend "
+    "much of their time in prompt processing (a request is deferred only when every slot is busy, so deferrals "
+    "alone do not tell this knob from --parallel)",
     relieves=Direction.RAISE,
     trades="raised: fewer, longer prefill steps (decoding slots that share a step wait longer); lowered: shorter "
     "steps and a longer time to first token",
