@@ -88,9 +88,9 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
     split = _split_context(c, cap, target)
     c.fix(FixKind.BATCH_MORE, "Raise the batch limit", f"Raise the concurrent-sequence limit from {cap} to about "
           f"{target} ({'; '.join(f'{f} {target}' for f in flags)}): the queue keeps it full{split}.", g)
-    room = "the KV cache has room" if kv is not None else "the server's page shows no KV use to hold it"
+    kv_said = "the KV cache has room" if kv is not None else "the server's page shows no KV use to hold it"
     return c.finding(0.85, f"The batch is pinned at the server's limit of {cap} sequences{where} while "
-                     f"{waiting.mean:.1f} requests wait and {room}: the limit, not the hardware, caps throughput.")
+                     f"{waiting.mean:.1f} requests wait and {kv_said}: the limit, not the hardware, caps throughput.")
 
 
 def _split_context(c: Check, cap: int, target: int) -> str:
