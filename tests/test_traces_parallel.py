@@ -167,3 +167,27 @@ def test_default_jobs_and_small_files_stay_in_one_process(tmp_path: Path) -> Non
     path = tmp_path / "t.json"
     shutil.copy(HERE / "fixtures" / "traces" / "mi250-rocm-toy-train.json.gz", path.with_suffix(".gz"))
     assert collect_parallel(path.with_suffix(".gz")).stats.events == collect(path.with_suffix(".gz")).stats.events
+
+
+def test_a_gzip_trace_on_two_idle_cores_is_read_in_one_process(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process inflates a gzip stream for every parser: with only one parser beside it the parallel read cost
+    more than it saved on two cores (benchmarks/TRACES.md), so by default it needs two parsers' worth of idle cores;
+    asked for with -j, it still splits."""
+    path = HERE / "fixtures" / "traces" / "a100_alexnet_forward.json.gz"
+    split: list[int] = []
+
+    def gz(*args: Any) -> Any:
+        split.append(args[1])
+        raise AssertionError("read by several processes")
+
+    monkeypatch.setattr(parallel, "_collect_gzip", gz)
+    monkeypatch.setattr(parallel, "others_running", lambda: 0.0)
+    monkeypatch.setattr(parallel, "default_jobs", lambda: 2)
+    assert collect_parallel(path, min_bytes=0).stats.events == collect(path).stats.events
+    monkeypatch.setattr(parallel, "default_jobs", lambda: 4)  # three parsers' worth of idle cores: split
+    with pytest.raises(AssertionError, match="several processes"):
+        collect_parallel(path, min_bytes=0)
+    with pytest.raises(AssertionError, match="several processes"):
+        collect_parallel(path, min_bytes=0, jobs=2)
+    assert split == [4, 2]
