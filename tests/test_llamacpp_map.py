@@ -71,7 +71,7 @@ SECOND = {**FIRST, "prompt_tokens_total": 12000, "prompt_tokens_cached_total": 2
 
 class Server:
     """llama-server's endpoints on 127.0.0.1: /metrics from `pages` in turn (the last one kept), /props and /slots
-    as given (None: 404, as a server started with --no-slots answers 501)."""
+    as given (None: 404, as a server started with --no-slots answers 501; a function: its answer at each read)."""
 
     def __init__(self, pages: list[str], props: Any = None, slots: Any = None) -> None:
         self.pages, self.hits = pages, 0
@@ -84,7 +84,8 @@ class Server:
                     body = owner.pages[min(owner.hits, len(owner.pages) - 1)].encode()
                     owner.hits += 1
                 elif path in ("/props", "/slots") and (props if path == "/props" else slots) is not None:
-                    body = json.dumps(props if path == "/props" else slots).encode()
+                    answer = props if path == "/props" else slots
+                    body = json.dumps(answer() if callable(answer) else answer).encode()
                 else:
                     self.send_error(404)
                     return
@@ -434,3 +435,39 @@ def test_real_refusals_show_only_on_slots_never_on_metrics() -> None:
     assert all(v == 0.0 for f, found in samples.items() if f.startswith("llamacpp:") for _, v in found)
     got = llamacpp_config(None, json.loads(fixture("slots-refused.json")))
     assert got["max_num_seqs"] == 4 and got["max_model_len"] == 256 and got["slots_busy_at_attach"] == 0
+
+
+def _slots_taking(tasks: list[int]) -> Any:
+    """/slots whose last task id is the next of `tasks` at each read (four slots of 256 tokens, none processing)."""
+    reads = iter(tasks)
+
+    def answer() -> list[dict[str, Any]]:
+        last = next(reads)
+        return [{"id": i, "n_ctx": 256, "is_processing": False, "id_task": last - i, "n_prompt_tokens": 0}
+                for i in range(4)]
+    return answer
+
+
+def test_requests_refused_for_a_short_context_are_read_off_the_slots_task_ids(served: Any) -> None:
+    """The tier's short-context set-up as llama.cpp shows it: /metrics counts nothing at all (every request refused
+    as a slot takes it), while the slots' last task id climbs from 100 to 300. Three of those tasks were this
+    collector's own reads (two more /metrics pages, and the first /slots read): 197 refusals, the API's every
+    answer. SRV010 then names the refusals and --ctx-size, not an idle server's right-sizing."""
+    refused = fixture("metrics-refused.txt")
+    cap = read(served([refused, refused, refused], slots=_slots_taking([100, 300])).url)
+    http, rejected = values(cap, S.SERVER_HTTP_REQUESTS_PER_S), values(cap, S.SERVER_HTTP_REJECTED_PER_S)
+    assert len(http) == 1 and http == rejected and http[0] > 0
+    assert any("about 197 tasks" in n for n in cap.notes), cap.notes
+    cap.serving = msgspec.structs.replace(cap.serving, max_num_seqs=4, max_model_len=256)
+    cap.cpu_only = True
+    d = diagnose(cap)
+    assert "SRV010" in [f.code for f in d.findings], [(f.code, f.message) for f in d.findings]
+    first = d.fixes[0]
+    assert first.kind.value == "context_length" and "--ctx-size" in first.action, [(f.kind, f.action) for f in d.fixes]
+
+
+def test_slots_taking_tasks_while_tokens_flow_book_no_refusals(served: Any) -> None:
+    """The same climb of task ids beside prompt and generated tokens counted: some requests were served, and the
+    page cannot say how many were not. Nothing is booked."""
+    cap = read(served([page(FIRST), page(SECOND)], slots=_slots_taking([100, 300])).url)
+    assert values(cap, S.SERVER_HTTP_REJECTED_PER_S) == [] and values(cap, S.SERVER_HTTP_REQUESTS_PER_S) == []

@@ -727,6 +727,22 @@ class _Window:
     last: tuple[float, float]
 
 
+def llamacpp_last_task(metrics_url: str, timeout_s: float = 2.0) -> int | None:
+    """The last task id any of llama-server's slots took (its /slots beside /metrics); None where /slots does not
+    answer (disabled with --no-slots) or holds no task ids."""
+    from diagnoser.collectors import http as bounded
+
+    parsed = urllib.parse.urlparse(metrics_url)
+    url = urllib.parse.urlunparse((parsed.scheme, parsed.netloc, "/slots", "", "", ""))
+    try:
+        slots = msgspec.json.decode(bounded.fetch(url, timeout_s=timeout_s, max_bytes=1 << 20))
+    except (bounded.FetchError, msgspec.DecodeError):
+        return None
+    ids = [x["id_task"] for x in slots if isinstance(x, dict) and type(x.get("id_task")) is int] \
+        if isinstance(slots, list) else []
+    return max(ids) if ids else None
+
+
 class ServerMetricsCollector:
     name = "server"
 
@@ -767,6 +783,8 @@ class ServerMetricsCollector:
         self.resets: set[str] = set()
         self._fetch_s = 0.0  # how long the current scrape's answer took
         self._tracks: dict[str, CounterTrack] = {}  # each rate's counter at every scrape (Capture.counters)
+        # llama.cpp: (monotonic time, metrics pages read, the last task id a slot took) at the window's start
+        self._tasks_first: tuple[float, int, int] | None = None
 
     def start(self, capture: Capture) -> None:
         self.book = SeriesBook(capture, "server")
@@ -815,6 +833,10 @@ class ServerMetricsCollector:
         self._record(t, samples, values=not just_sampled, histograms=full)
         self._last_sample_t = t
         self.scrapes += 1
+        if self.kind == "llamacpp" and self._tasks_first is None and not final:
+            last = llamacpp_last_task(self.url)
+            if last is not None:
+                self._tasks_first = (time.monotonic(), self.pages, last)
 
     def _note_backend(self, samples: Samples) -> None:
         prefixes = self.map.backend_prefixes if self.map is not None else ()
@@ -1018,6 +1040,7 @@ class ServerMetricsCollector:
             self.config.lora_adapters_seen = len(self._lora_seen)
         self._write_config(capture)
         if self.kind == "llamacpp":
+            self._llamacpp_refusals(t)
             big = sorted(name for name, track in self._tracks.items() if track.values and track.values[-1] >= 1e6)
             if big:  # llama-server writes each value through a C++ stream: %g, 6 significant digits
                 capture.notes.append(f"llama.cpp prints its counters to 6 significant digits: {', '.join(big)} passed "
@@ -1038,6 +1061,34 @@ class ServerMetricsCollector:
                 why = self.map.absent_without_backend.get(signal)
             why = why or self._why_not_recorded(signal)
             capture.mark_unavailable("server", signal, why)
+
+    def _llamacpp_refusals(self, t: float) -> None:
+        """llama.cpp's /metrics counts no refused request (a prompt over a slot's context is answered 400 as a slot
+        takes it), but every request takes a task id, which /slots shows as each slot's last task. Tasks taken over
+        the window, less the ones this collector's own reads took (each /metrics and /slots read is a task too),
+        with no prompt token processed and none generated, are requests refused: booked as the API's requests and
+        4xx answers. Where any work was done the page cannot tell the refused from the served: nothing is booked."""
+        assert self.book is not None
+        if self._tasks_first is None:
+            return
+        last = llamacpp_last_task(self.url)
+        if last is None:
+            return
+        began, pages, first = self._tasks_first
+        own = (self.pages - pages) + 1  # the scrapes between the two /slots reads, and the first read itself
+        requests = last - first - own
+        worked = any(len(set(tr.values)) > 1 for name, tr in self._tracks.items()
+                     if name in (S.SERVER_PROMPT_TOKENS_PER_S.name, S.SERVER_GEN_TOKENS_PER_S.name))
+        seconds = time.monotonic() - began
+        if worked or requests < 1 or seconds <= 0:
+            return
+        rate = requests / seconds
+        self.book.add(S.SERVER_HTTP_REQUESTS_PER_S.name, t, rate)
+        self.book.add(S.SERVER_HTTP_REJECTED_PER_S.name, t, rate)
+        self.book.capture.notes.append(
+            f"llama.cpp's slots took about {requests} tasks over {seconds:.1f} s beyond this tool's own reads, and "
+            "not one prompt token was processed nor a token generated: each request was refused (llama.cpp "
+            "answers HTTP 400 to a prompt longer than a slot's context, and its /metrics counts no refusal).")
 
     def _write_config(self, capture: Capture) -> None:
         """The page's serving configuration into Capture.serving (ServerConfig.apply), and the engine the page is."""
