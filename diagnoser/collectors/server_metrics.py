@@ -727,17 +727,23 @@ class _Window:
     last: tuple[float, float]
 
 
-def llamacpp_last_task(metrics_url: str, timeout_s: float = 2.0) -> int | None:
-    """The last task id any of llama-server's slots took (its /slots beside /metrics); None where /slots does not
-    answer (disabled with --no-slots) or holds no task ids."""
+def json_beside(metrics_url: str, path: str, timeout: float) -> Any:
+    """The JSON answer at `path` beside the metrics URL (llama.cpp's /props, /slots), or None where there is none
+    (no such endpoint, disabled, not JSON)."""
     from diagnoser.collectors import http as bounded
 
     parsed = urllib.parse.urlparse(metrics_url)
-    url = urllib.parse.urlunparse((parsed.scheme, parsed.netloc, "/slots", "", "", ""))
+    url = urllib.parse.urlunparse((parsed.scheme, parsed.netloc, path, "", "", ""))
     try:
-        slots = msgspec.json.decode(bounded.fetch(url, timeout_s=timeout_s, max_bytes=1 << 20))
+        return msgspec.json.decode(bounded.fetch(url, timeout_s=timeout, max_bytes=1 << 20))
     except (bounded.FetchError, msgspec.DecodeError):
         return None
+
+
+def llamacpp_last_task(metrics_url: str, timeout_s: float = 2.0) -> int | None:
+    """The last task id any of llama-server's slots took (its /slots beside /metrics); None where /slots does not
+    answer (disabled with --no-slots) or holds no task ids."""
+    slots = json_beside(metrics_url, "/slots", timeout_s)
     ids = [x["id_task"] for x in slots if isinstance(x, dict) and type(x.get("id_task")) is int] \
         if isinstance(slots, list) else []
     return max(ids) if ids else None

@@ -25,7 +25,7 @@ import psutil
 
 from diagnoser.capture import ServingConfig
 from diagnoser.collectors import http
-from diagnoser.collectors.server_metrics import FETCH_TIMEOUT_S, MetricsError, probe
+from diagnoser.collectors.server_metrics import FETCH_TIMEOUT_S, MetricsError, json_beside, probe
 from diagnoser.engines import llamacpp as llamacpp_knobs
 from diagnoser.engines import vllm as vllm_knobs
 from diagnoser.errors import InputError, SourceUnavailable
@@ -580,8 +580,8 @@ def llamacpp_state(metrics_url: str, serving: ServingConfig, timeout: float) -> 
     (default_generation_settings.n_ctx), the speculative types; per slot from /slots its context, and how many
     were busy and speculating when attached. An endpoint that does not answer or a field it lacks is left out
     (n/a), and the command line's value stands."""
-    props = _json_at(metrics_url, PROPS_PATH, timeout)
-    slots = _json_at(metrics_url, SLOTS_PATH, timeout)
+    props = json_beside(metrics_url, PROPS_PATH, timeout)
+    slots = json_beside(metrics_url, SLOTS_PATH, timeout)
     read = llamacpp_config(props if isinstance(props, dict) else None, slots if isinstance(slots, list) else None)
     version = read.pop("build", "")
     typed = {k: read.pop(k) for k in _TYPED_LLAMACPP if k in read}
@@ -622,17 +622,6 @@ def llamacpp_config(props: dict[str, Any] | None, slots: list[Any] | None) -> di
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _json_at(metrics_url: str, path: str, timeout: float) -> Any:
-    """The JSON answer at `path` beside the metrics URL, or None where there is none (no such endpoint, disabled,
-    not JSON)."""
-    parsed = urllib.parse.urlparse(metrics_url)
-    url = urllib.parse.urlunparse((parsed.scheme, parsed.netloc, path, "", "", ""))
-    try:
-        return json.loads(http.fetch(url, timeout_s=timeout, max_bytes=1 << 20).decode("utf-8", "replace"))
-    except (http.FetchError, ValueError):
-        return None
 
 
 def _number(value: str) -> Any:

@@ -9,7 +9,6 @@ the tiny model loads in a second, but two loaded cores can stretch that a lot.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.engines.process import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 HOME = Path(os.environ.get("LLAMACPP_HOME", REPO / ".engines" / "llama.cpp"))
@@ -90,16 +91,7 @@ class LlamaCppServer:
             return r.read().decode()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, 30)
 
     def __enter__(self) -> LlamaCppServer:
         return self.start()

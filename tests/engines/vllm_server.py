@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.engines.process import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("VLLM_VENV", REPO / ".engines" / "vllm"))
@@ -118,16 +119,7 @@ class VllmServer:
             return r.read().decode()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, 60)
 
     def __enter__(self) -> VllmServer:
         return self.start()
