@@ -452,7 +452,7 @@ def test_requests_refused_for_a_short_context_are_read_off_the_slots_task_ids(se
     """The tier's short-context set-up as llama.cpp shows it: /metrics counts nothing at all (every request refused
     as a slot takes it), while the slots' last task id climbs from 100 to 300. Three of those tasks were this
     collector's own reads (two more /metrics pages, and the first /slots read): 197 refusals, the API's every
-    answer. SRV010 then names the refusals and --ctx-size."""
+    answer. SRV010 then names the refusals and --ctx-size, not an idle server's right-sizing."""
     refused = fixture("metrics-refused.txt")
     cap = read(served([refused, refused, refused], slots=_slots_taking([100, 300])).url)
     http, rejected = values(cap, S.SERVER_HTTP_REQUESTS_PER_S), values(cap, S.SERVER_HTTP_REJECTED_PER_S)
@@ -462,9 +462,8 @@ def test_requests_refused_for_a_short_context_are_read_off_the_slots_task_ids(se
     cap.cpu_only = True
     d = diagnose(cap)
     assert "SRV010" in [f.code for f in d.findings], [(f.code, f.message) for f in d.findings]
-    # (named, not yet first: IDLE002's right-sizing still ranks above it on a window of refusals alone)
-    assert any(f.kind.value == "context_length" and "--ctx-size" in f.action for f in d.fixes), \
-        [(f.kind, f.action) for f in d.fixes]
+    first = d.fixes[0]
+    assert first.kind.value == "context_length" and "--ctx-size" in first.action, [(f.kind, f.action) for f in d.fixes]
 
 
 def test_slots_taking_tasks_while_tokens_flow_book_no_refusals(served: Any) -> None:

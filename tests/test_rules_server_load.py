@@ -77,6 +77,22 @@ def test_moderate_load_is_not_under_loaded():
     assert "IDLE002" not in [f.code for f in d.findings]
 
 
+@pytest.mark.parametrize(("rejected", "idle"), [(8.0, False), (5.0, False), (1.0, True), (0.0, True)])
+def test_a_light_server_is_under_loaded_unless_most_answers_were_refusals(rejected: float, idle: bool) -> None:
+    """Few requests in flight and none waiting reads as light load, but where most of the API's answers were 4xx
+    refusals (prompts over the context) the clients offer load the server turns away: SRV010's fix comes first, not
+    right-sizing. A server that refused a few of many requests is still light, and right-sizing still stands."""
+    d = diagnose(capture({"server.running": [1.0, 0.0] * 10, "server.waiting": 0.0,
+                          "server.http_requests_per_s": 10.0, "server.http_rejected_per_s": rejected},
+                         serving={"max_num_seqs": 16}))
+    codes = [f.code for f in d.findings]
+    assert ("IDLE002" in codes) is idle, codes
+    if rejected:
+        assert "SRV010" in codes, codes
+    if not idle:
+        assert d.fixes[0].kind is FixKind.CONTEXT_LENGTH, [(f.kind, f.action) for f in d.fixes]
+
+
 # --- SRV009: clients giving up --------------------------------------------------------------------------------
 
 def test_aborts_counted_by_the_engine_are_said():

@@ -127,18 +127,23 @@ def _sequence_limit(c: Check) -> tuple[int, tuple[str, ...], str]:
     limiter=Limiter.IDLE,
     summary="Requests come one at a time or fewer and nothing waits: the offered load, not the server, sets the pace.",
     requires=(S.SERVER_RUNNING, S.SERVER_WAITING),
-    uses=(S.SERVER_REQUESTS_PER_S,),
-    reads={S.SERVER_RUNNING: (MEAN,), S.SERVER_WAITING: (MEAN,)},
+    uses=(S.SERVER_REQUESTS_PER_S, S.SERVER_HTTP_REJECTED_PER_S, S.SERVER_HTTP_REQUESTS_PER_S),
+    reads={S.SERVER_RUNNING: (MEAN,), S.SERVER_WAITING: (MEAN,), S.SERVER_HTTP_REJECTED_PER_S: (MEAN,),
+           S.SERVER_HTTP_REQUESTS_PER_S: (MEAN,)},
     thresholds={
         "running_mean": Threshold(1.5, "requests in flight (mean) at or below which the server serves them about one "
                                   "at a time", "requests"),
+        "refused_most": Threshold(0.5, "share of the API's answers that were 4xx refusals at or above which the "
+                                  "offered load is refused, not light (SRV010)", "ratio"),
         "cap_share": Threshold(0.1, "share of the configured batch limit at or below which the batch counts as "
                                "nearly empty, when the limit is known", "ratio"),
         "waiting_mean": Threshold(0.5, "mean queued requests below which nothing waits", "requests"),
     },
     page=Page(
         detects="On average {running_mean} or fewer requests in flight (or at most {cap_share} of the configured "
-        "batch limit) and under {waiting_mean} waiting, from the server's own metrics; no GPU counter needed.",
+        "batch limit) and under {waiting_mean} waiting, from the server's own metrics; no GPU counter needed. Not "
+        "where {refused_most} or more of the API's answers were refusals: that load is offered and refused "
+        "(SRV010), not light.",
         why="A server that runs one request at a time decodes at batch 1, the least efficient point of the roofline, "
         "and nothing it changes makes the clients send more. Its throughput is the offered load.",
         fixes="Nothing to speed up on the server: send requests concurrently (clients, a load balancer that does not "
@@ -152,6 +157,10 @@ def server_under_loaded(c: Check) -> Finding | None:
     limit = max(c.t["running_mean"], c.t["cap_share"] * cap) if cap else c.t["running_mean"]
     if running.mean > limit or waiting.mean >= c.t["waiting_mean"]:
         return None
+    refused, http = c.opt(S.SERVER_HTTP_REJECTED_PER_S), c.opt(S.SERVER_HTTP_REQUESTS_PER_S)
+    if refused is not None and http is not None and http.mean > 0 and \
+            refused.mean >= c.t["refused_most"] * http.mean:
+        return None  # most requests are turned away (SRV010): the clients offer load the server refuses
     c.cite(running, "mean", "<=", round(limit, 3))
     c.cite(waiting, "mean", "<", c.t["waiting_mean"])
     room = f" of a limit of {cap}" if cap else ""
