@@ -471,3 +471,49 @@ def test_slots_taking_tasks_while_tokens_flow_book_no_refusals(served: Any) -> N
     page cannot say how many were not. Nothing is booked."""
     cap = read(served([page(FIRST), page(SECOND)], slots=_slots_taking([100, 300])).url)
     assert values(cap, S.SERVER_HTTP_REJECTED_PER_S) == [] and values(cap, S.SERVER_HTTP_REQUESTS_PER_S) == []
+
+
+# --- a draft model: one that does not pay, and its neighbour that does ------------------------------------------------
+
+def _speculating(served: Any, accepted: float, drafted: float, drafts: float, tokens: float) -> Capture:
+    """Two slots decoding with a draft model (-md draft.gguf --spec-type draft-simple, draft length 3) for a 10 s
+    window, read off its pages as attach reads them, on a CPU build."""
+    spec = {"spec_decode_num_draft_tokens_total": drafted, "spec_decode_num_accepted_tokens_total": accepted,
+            "spec_decode_num_drafts_total": drafts, "tokens_predicted_total": FIRST["tokens_predicted_total"] + tokens,
+            "requests_deferred": 0, "n_busy_slots_per_decode": 2.0}
+    cap = read(served([page({**FIRST, "requests_deferred": 0, "n_busy_slots_per_decode": 2.0}),
+                       page({**SECOND, **spec})]).url)
+    cap.server = ServerInfo(kind="llamacpp", version="b11434-1a2b3c4", url=cap.server.url)
+    cap.serving = msgspec.structs.replace(cap.serving, engine="llamacpp", max_num_seqs=2,
+                                          extra={"speculative_config": "draft.gguf", "kv_unified": "false"})
+    cap.cpu_only = True
+    return cap
+
+
+def test_a_draft_the_target_never_accepts_is_dropped_by_llama_cpps_own_flag(served: Any) -> None:
+    """As the live tier's draft_not_paying measured it: 0 of 183 drafted tokens accepted in 62 drafts over 64
+    generated (one token per verification step). The fix names --model-draft, and on a CPU build its gain is an
+    estimate between verification at one step's cost (x1.3) and at k + 1 steps' (x4.3)."""
+    cap = _speculating(served, accepted=0, drafted=183, drafts=62, tokens=64)
+    assert values(cap, S.SERVER_SPEC_ACCEPTANCE_RATE) == [pytest.approx(0.0)]
+    assert values(cap, S.SERVER_SPEC_DRAFT_LEN) == [pytest.approx(183 / 62)]
+    ev = build_evidence(cap)
+    knob = ev.knob("speculative_config")
+    assert knob is not None and knob.known and knob.knob.flag == "--model-draft"
+    d = diagnose(cap)
+    (fix,) = [f for f in d.fixes if "SRV005" in f.rules]
+    assert "llama.cpp: no --model-draft" in fix.action and "--speculative-config" not in fix.action, fix.action
+    assert fix.gain_kind.value == "estimate" and fix.gain_low == pytest.approx(1.3)
+    assert fix.gain_high == pytest.approx(4.3) and fix.gain_low < fix.gain < fix.gain_high, fix
+
+
+def test_a_draft_the_target_mostly_accepts_is_kept(served: Any) -> None:
+    """The neighbour: 2700 of 3000 drafted tokens accepted (3.7 tokens per verification step). Even with
+    verification at k + 1 steps' cost it is not certainly slower than none: nothing says drop the draft."""
+    cap = _speculating(served, accepted=2700, drafted=3000, drafts=1000, tokens=3700)
+    assert values(cap, S.SERVER_SPEC_MEAN_ACCEPT_LEN) == [pytest.approx(3.7)]
+    d = diagnose(cap)
+    assert not [f for f in d.fixes if f.title == "Turn speculative decoding off"], d.fixes
+    assert not d.fixes or d.fixes[0].title != "Turn speculative decoding off"
+    # a longer draft may be proposed (the formula's best length at 90 %), by llama.cpp's own flag
+    assert all("--spec-draft-n-max" in f.action for f in d.fixes if "SRV005" in f.rules), d.fixes

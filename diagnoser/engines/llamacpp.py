@@ -115,7 +115,10 @@ CACHE_RAM = Knob(
 )
 DRAFT_MODEL = Knob(
     "speculative_config", "draft model", ("--model-draft", "-md", "--spec-draft-model"),
-    constrains="draft tokens proposed by a small model and verified per step",
+    env=("LLAMA_ARG_SPEC_DRAFT_MODEL",),
+    constrains="draft tokens proposed by a small model and verified per step (in b11434 a plain draft model "
+    "drafts only with --spec-type draft-simple: the type is otherwise read from the draft's GGUF, and -md alone "
+    "loads it and drafts nothing)",
     binds="drafts rarely accepted while the draft model costs every step",
     relieves=Direction.OFF, trades="decode speed at high acceptance", bounds="the step time the draft costs",
     fixes={Direction.OFF: FixKind.SPEC_DECODE, Direction.ON: FixKind.SPEC_DECODE}, kind=str,

@@ -514,7 +514,8 @@ def _spec_speedup(alpha: float, k: int, cost: float) -> float:
         fixes="Drop speculative decoding when it does not pay, shorten the draft (vLLM num_speculative_tokens, "
         "SGLang --speculative-num-steps) when late positions are rarely accepted, or use a draft better matched "
         "to the target (EAGLE heads trained on it). Gains are from the expected-tokens formula with the assumed "
-        "draft cost: upper bounds.",
+        "draft cost: upper bounds; turning it off on a CPU build, whose verification of k + 1 tokens costs up to "
+        "k + 1 steps, is an estimate between one step and k + 1.",
         sources="Leviathan et al., 'Fast Inference from Transformers via Speculative Decoding' (2023); vLLM "
         "SpecDecodingProm (acceptance = accepted / draft tokens; mean acceptance length = 1 + accepted / drafts); "
         "EAGLE (Li et al., 2024).",
@@ -547,21 +548,46 @@ def speculative_decoding_not_paying(c: Check) -> Finding | None:
         if s is not None:
             c.cite(s, "value")
     if now < 1.0:
-        c.fix(FixKind.SPEC_DECODE, "Turn speculative decoding off", "Serve without a draft (vLLM: no "
-              "--speculative-config; SGLang: no --speculative-algorithm): plain decoding is faster at this "
-              "acceptance.", Gain(1.0 / now, f"{tokens:.2f} tokens per step for 1 + {k or 1} x {cost:g} of a step's "
-                                  f"work = {now:.2f}x plain decoding; off: 1 / {now:.2f}", GainKind.UPPER_BOUND))
+        c.fix(FixKind.SPEC_DECODE, "Turn speculative decoding off", f"Serve without a draft ({_spec_off(c)}): plain "
+              "decoding is faster at this acceptance.", _off_gain(c, tokens, now, k or 1, cost))
         return c.finding(0.5, f"Speculative decoding yields {tokens:.2f} tokens per verification step: with the "
                          f"draft's cost that is {now:.2f}x plain decoding, slower than none.")
     formula_now = _spec_speedup(min(_value(rate), 0.999), k, cost) if rate is not None and k is not None else now
     if best_k is not None and best_k != k and best / formula_now >= c.t["tune_gain"]:
-        c.fix(FixKind.SPEC_DECODE, "Shorten the speculative draft", f"Draft {best_k} tokens instead of {k} (vLLM "
-              "num_speculative_tokens, SGLang --speculative-num-steps).",
+        length_knob = c.knob("draft_max")
+        where = (f"{engine_label(c.ev.serving.engine or c.ev.meta.server_kind)} {length_knob.knob.flag}"
+                 if length_knob is not None else "vLLM num_speculative_tokens, SGLang --speculative-num-steps")
+        title = "Shorten the speculative draft" if k is None or best_k < k else "Lengthen the speculative draft"
+        c.fix(FixKind.SPEC_DECODE, title, f"Draft {best_k} tokens instead of {k} ({where}).",
               Gain(best / formula_now, f"from acceptance {_value(rate):.0%} (positions assumed independent) and "  # type: ignore[arg-type]
                    f"draft cost {cost:g}: {best:.2f}x vs {formula_now:.2f}x plain decoding", GainKind.UPPER_BOUND))
         return c.finding(0.4, f"Speculative decoding accepts {_value(rate):.0%} of drafted tokens: a {best_k}-token "  # type: ignore[arg-type]
                          f"draft would beat the current {k} ({best:.2f}x vs {formula_now:.2f}x plain decoding).")
     return None
+
+
+def _off_gain(c: Check, tokens: float, now: float, k: int, cost: float) -> Gain:
+    """Turning speculation off: 1 / now where the verification pass of k + 1 tokens costs one step (a GPU decoding
+    memory-bound), the formula's figure. A CPU build's step time grows with its tokens (its matmuls are
+    compute-bound even at a few tokens), so verifying k + 1 tokens costs up to k + 1 steps: the gain lies between
+    the two, its estimate their geometric mean."""
+    basis = f"{tokens:.2f} tokens per step for 1 + {k} x {cost:g} of a step's work = {now:.2f}x plain decoding"
+    if not c.ev.meta.cpu_only:
+        return Gain(1.0 / now, f"{basis}; off: 1 / {now:.2f}", GainKind.UPPER_BOUND)
+    low, high = 1.0 / now, (k + 1 + k * cost) / tokens
+    return Gain((low * high) ** 0.5, f"{basis} if verifying {k + 1} tokens costs one step (x{low:.2f} off); a CPU "
+                f"build's step grows with its tokens, up to {k + 1} steps for the verification (x{high:.2f} off): "
+                "the geometric mean of the two", GainKind.ESTIMATE, low=low, high=high)
+
+
+def _spec_off(c: Check) -> str:
+    """How to serve without speculation: the engine's own flag where its knob table has one (llama.cpp
+    --model-draft), else vLLM's and SGLang's."""
+    knob = c.knob("speculative_config")
+    if knob is None:
+        return "vLLM: no --speculative-config; SGLang: no --speculative-algorithm"
+    engine = c.ev.serving.engine or c.ev.meta.server_kind
+    return f"{engine_label(engine)}: no {knob.knob.flag}" + (" and --spec-type" if engine == "llamacpp" else "")
 
 
 def _rarely_drafting(c: Check, drafts: Signal, length: Signal | None) -> Finding:
@@ -573,9 +599,9 @@ def _rarely_drafting(c: Check, drafts: Signal, length: Signal | None) -> Finding
     if length is not None:
         c.cite(length, "value")
     saved = f"; the accepted drafts saved at most {accepted:.1%} of the steps" if accepted is not None else ""
-    c.fix(FixKind.SPEC_DECODE, "Turn speculative decoding off", "Serve without --speculative-config (SGLang: no "
-          f"--speculative-algorithm): it proposed a draft for {share:.1%} of the generated tokens, so nearly every "
-          "step pays the speculative path for nothing.",
+    c.fix(FixKind.SPEC_DECODE, "Turn speculative decoding off", f"Serve without a draft ({_spec_off(c)}): it "
+          f"proposed a draft for {share:.1%} of the generated tokens, so nearly every step pays the speculative path "
+          "for nothing.",
           Gain.unknown(f"drafts on {share:.1%} of the steps{saved}: the cost is the speculative path's per-step "
                        "overhead, which the engine's counters do not measure (compare the step time without it)"))
     return c.finding(0.5, f"Speculative decoding proposed a draft for only {share:.1%} of the generated tokens: "

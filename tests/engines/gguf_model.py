@@ -40,17 +40,24 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def build(folder: Path, seed: int = 0) -> Path:
-    """The GGUF file in `folder` (written once; an existing one is kept)."""
+def build(folder: Path, seed: int = 0, name: str = NAME, **shape: int) -> Path:
+    """The GGUF file `name` in `folder` (written once; an existing one is kept), of SHAPE with `shape`'s entries in
+    place of its own. Another seed and a smaller shape make a draft model for this one: the same vocabulary and
+    tokenizer (llama.cpp checks they match), unrelated weights, so its drafts are rarely what the target would
+    pick. The defaults write the same bytes as before these arguments."""
     import gguf
 
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / NAME
+    path = folder / name
     if path.exists():
         return path
+    unknown = set(shape) - set(SHAPE)
+    if unknown:
+        raise TypeError(f"no such shape entries: {sorted(unknown)}")
+    sh = {**SHAPE, **shape}
     tokens, scores, types = vocabulary()
-    n_vocab, d, f = len(tokens), SHAPE["hidden"], SHAPE["ffn"]
-    heads, kv_heads = SHAPE["heads"], SHAPE["kv_heads"]
+    n_vocab, d, f = len(tokens), sh["hidden"], sh["ffn"]
+    heads, kv_heads, layers = sh["heads"], sh["kv_heads"], sh["layers"]
     head_dim = d // heads
     rng = np.random.default_rng(seed)
 
@@ -60,9 +67,9 @@ def build(folder: Path, seed: int = 0) -> Path:
 
     writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "llama")
     writer.add_name("tiny-llama")
-    writer.add_context_length(SHAPE["context"])
+    writer.add_context_length(sh["context"])
     writer.add_embedding_length(d)
-    writer.add_block_count(SHAPE["layers"])
+    writer.add_block_count(layers)
     writer.add_feed_forward_length(f)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
@@ -82,7 +89,7 @@ def build(folder: Path, seed: int = 0) -> Path:
     writer.add_add_eos_token(False)
 
     writer.add_tensor("token_embd.weight", w(n_vocab, d))
-    for i in range(SHAPE["layers"]):
+    for i in range(layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", w(d, d))
         writer.add_tensor(f"blk.{i}.attn_k.weight", w(kv_heads * head_dim, d))
