@@ -283,6 +283,12 @@ def _vllm(kind: str, label: str, extra_prefixes: tuple[str, ...] = ()) -> Server
 
 
 # --- SGLang (sglang: as its metrics collector registers them; sglang_ as some builds and routers write them) --------
+#
+# Names as SGLang registers them: python/sglang/srt/metrics/collector.py up to 0.5.x, then
+# srt/observability/metrics_collector.py (0.5.23: SchedulerMetricsCollector, TokenizerMetricsCollector,
+# RadixCacheMetricsCollector); served by prometheus_client in multiprocess mode, so a gauge registered without a
+# multiprocess_mode carries a pid label. Families a page may carry that the table does not read are in
+# SGLANG_NOT_READ with the reason.
 
 _S = "sglang:"
 SGLANG_MAP = ServerMap(
@@ -291,13 +297,28 @@ SGLANG_MAP = ServerMap(
         S.SERVER_RUNNING: (Gauge((_S + "num_running_reqs",)),),
         S.SERVER_WAITING: (Gauge((_S + "num_queue_reqs",)),),
         S.SERVER_KV_USAGE: (Gauge((_S + "token_usage",), mean=True, percent_above_one=True),),
-        S.SERVER_KV_USED_TOKENS: (Gauge((_S + "num_used_tokens",)),),
+        # num_used_tokens is the larger of the full-attention and sliding-window pools' used slots; 0.5.23 also
+        # exports the full-attention pool's alone (kv_used_tokens), read where the first is missing
+        S.SERVER_KV_USED_TOKENS: (Gauge((_S + "num_used_tokens", _S + "kv_used_tokens")),),
         S.SERVER_RETRACTED: (Gauge((_S + "num_retracted_reqs",)),),
         S.SERVER_RETRACTIONS_PER_S: (Rate((_S + "num_retracted_requests_total",)),),
+        # A retraction is SGLang's preemption: when a decode step finds no KV space, ScheduleBatch.retract_decode
+        # (srt/managers/schedule_batch.py) takes running requests out of the batch, frees their KV slots and puts
+        # them back in the waiting queue to be recomputed, as vLLM's scheduler does with a preempted request
+        # (num_preemptions_total). The same counter is read as both signals.
+        S.SERVER_PREEMPTIONS_PER_S: (Rate((_S + "num_retracted_requests_total",)),),
         S.SERVER_PROMPT_TOKENS_PER_S: (Rate((_S + "prompt_tokens_total",)),),
         # the counter when the page has it; SGLang's own last-interval gauge otherwise
         S.SERVER_GEN_TOKENS_PER_S: (Rate((_S + "generation_tokens_total",)), Gauge((_S + "gen_throughput",))),
+        # every request the tokenizer manager finished, aborted ones included (SGLang has no finish-reason label)
         S.SERVER_REQUESTS_PER_S: (Rate((_S + "num_requests_total", _S + "e2e_request_latency_seconds_count")),),
+        # TokenizerManager.abort_request: the client disconnected, or an abort was asked for (0.5.23)
+        S.SERVER_ABORTS_PER_S: (Rate((_S + "num_aborted_requests_total",)),),
+        S.SERVER_PROMPT_TOKENS_CACHED_PER_S: (Rate((_S + "cached_tokens_total",)),),
+        # The engine's own roofline accounting, per GPU, as vLLM's (0.5.23's increment_estimated_perf)
+        S.SERVER_EST_FLOPS_PER_S: (Rate((_S + "estimated_flops_per_gpu_total",), moving=True),),
+        S.SERVER_EST_READ_BYTES_PER_S: (Rate((_S + "estimated_read_bytes_per_gpu_total",), moving=True),),
+        S.SERVER_EST_WRITE_BYTES_PER_S: (Rate((_S + "estimated_write_bytes_per_gpu_total",), moving=True),),
         S.SERVER_PREFIX_CACHE_HIT_RATE: (
             WindowRatio((((_S + "cached_tokens_total",), (_S + "prompt_tokens_total",)),
                          ((_S + 'realtime_tokens_total{mode="prefill_cache"}',),
@@ -313,6 +334,7 @@ SGLANG_MAP = ServerMap(
     },
     histograms={
         "ttft": Hist((_S + "time_to_first_token_seconds",)),
+        # inter_token_latency_seconds from 0.4 on (0.5.23 included); time_per_output_token_seconds before it
         "itl": Hist((_S + "inter_token_latency_seconds", _S + "time_per_output_token_seconds")),
         "tpot": Hist((_S + "request_time_per_output_token_seconds",)),
         "queue_time": Hist((_S + "queue_time_seconds",)),
@@ -322,10 +344,128 @@ SGLANG_MAP = ServerMap(
     },
     config_names=(_S + "max_total_num_tokens", _S + "page_size", _S + "context_len", _S + "max_running_requests",
                   _S + "lora_pool_slots_total"),
-    absent={S.SERVER_PREEMPTIONS_PER_S: "SGLang retracts requests instead of preempting them "
-                                        "(server.retracted, server.retractions_per_s)",
-            S.SERVER_BATCH_SIZE: "SGLang exposes no per-iteration batch metric (server.running is the batch)"},
+    absent={S.SERVER_BATCH_SIZE: "SGLang exposes no per-iteration batch metric (server.running is the batch)"},
 )
+
+_WHY_POOLS = "the other KV pools of hybrid models (sliding-window attention, Mamba state); token_usage is the fullest"
+_WHY_PD = "prefill/decode disaggregation (a separate prefill and decode server); no signal for its transfer queues"
+_WHY_DP = "data-parallel attention balance across ranks; no signal for it"
+_WHY_CONST = "a constant of the server's start (memory split, start-up times), not a measurement of the window"
+_WHY_GRAMMAR = "structured output's grammar compilation and cache; no signal for it"
+_WHY_SPEC = "speculative decoding's adaptive tier and block acceptance; read are spec_accept_rate and " \
+    "spec_accept_length"
+# Every SGLang family (0.5.23) the table does not read, with the reason; a page's family that is neither read nor
+# here is new to diagnoser (tests/test_sglang_0523_map.py holds a 0.5.23 page to both).
+SGLANG_NOT_READ: dict[str, str] = {
+    # KV pool and retraction detail
+    _S + "kv_available_tokens": "free slots of the full-attention KV pool: its use is read from token_usage and "
+                                "num_used_tokens; diagnoser has no signal for free or evictable slots",
+    _S + "kv_evictable_tokens": "radix-cached (evictable) slots of the KV pool: prefix-cache contents that can be "
+                                "freed, neither used nor free; no signal means the same",
+    _S + "evicted_tokens_total": "cached prefixes evicted from the radix cache to make room (the prefix cache's "
+                                 "churn, server.prefix_cache_hit_rate shows its effect), not a running request's "
+                                 "KV taken away (retractions, read as preemptions)",
+    _S + "eviction_duration_seconds": "time spent evicting radix-cache entries; no signal for it",
+    _S + "num_retracted_input_tokens_total": "prompt tokens of retracted requests, to be recomputed: the signal "
+                                             "counts requests (server.preemptions_per_s, server.retractions_per_s)",
+    _S + "num_retracted_output_tokens_total": "generated tokens of retracted requests, to be recomputed: the signal "
+                                              "counts requests",
+    _S + "full_token_usage": "the full-attention pool's share, the same as token_usage on a model with no other pool",
+    _S + "swa_token_usage": _WHY_POOLS, _S + "mamba_usage": _WHY_POOLS,
+    _S + "swa_available_tokens": _WHY_POOLS, _S + "swa_evictable_tokens": _WHY_POOLS,
+    _S + "swa_used_tokens": _WHY_POOLS, _S + "mamba_available_tokens": _WHY_POOLS,
+    _S + "mamba_evictable_tokens": _WHY_POOLS, _S + "mamba_used_tokens": _WHY_POOLS,
+    _S + "decode_sum_seq_lens": "the decode batch's summed sequence lengths; num_used_tokens gives the KV held",
+    # tokens and requests
+    _S + "prefill_effective_tokens_total": "prefill tokens by cache tier with retraction re-counts left out; the hit "
+                                           "rate is read from cached_tokens_total over prompt_tokens_total",
+    _S + "uncached_prompt_tokens_histogram": "prompt tokens computed per request: prompt_tokens_histogram and the "
+                                             "prefix-cache hit rate give it",
+    _S + "spec_verify_calls_total": "speculative verification calls; read are spec_accept_rate and spec_accept_length",
+    _S + "num_so_requests_total": "structured-output requests; no signal for them",
+    _S + "num_grammar_queue_reqs": _WHY_GRAMMAR, _S + "grammar_compilation_time_seconds": _WHY_GRAMMAR,
+    _S + "num_grammar_cache_hit_total": _WHY_GRAMMAR, _S + "num_grammar_aborted_total": _WHY_GRAMMAR,
+    _S + "num_grammar_timeout_total": _WHY_GRAMMAR, _S + "num_grammar_total": _WHY_GRAMMAR,
+    _S + "grammar_schema_count": _WHY_GRAMMAR, _S + "grammar_ebnf_size": _WHY_GRAMMAR,
+    _S + "grammar_tree_traversal_time_avg": _WHY_GRAMMAR, _S + "grammar_tree_traversal_time_max": _WHY_GRAMMAR,
+    _S + "per_stage_req_latency_seconds": "per request, time in each scheduler stage; the request's queue time is "
+                                          "read from queue_time_seconds",
+    _S + "get_loads_duration_seconds": "time to answer a router's load query; no signal for it",
+    # the scheduler and the forward pass
+    _S + "utilization": "the scheduler's own busy share; the GPU's is read from NVML/DCGM",
+    _S + "fwd_occupancy": "the scheduler's forward-pass occupancy; the GPU's busy share is read from NVML/DCGM",
+    _S + "new_token_ratio": "the scheduler's estimate of tokens still to generate, a policy parameter",
+    _S + "is_cuda_graph": "whether the last batch ran as a CUDA graph; no signal for it (a trace shows graph "
+                          "replays)",
+    _S + "cuda_graph_passes_total": "forward passes with and without a CUDA graph; no signal for it",
+    _S + "forward_execution_seconds_total": "seconds in forward passes by mode; no signal for the engine's own busy "
+                                            "time",
+    _S + "scheduler_idle_seconds_total": "seconds the scheduler had nothing to run; no signal for it",
+    _S + "scheduler_process_cpu_seconds_total": "the scheduler process's CPU seconds; host CPU is read from psutil",
+    _S + "scheduler_stage_seconds_total": "scheduler-loop seconds by stage; no signal for it",
+    _S + "process_cpu_seconds_total": "CPU seconds of SGLang's helper processes; host CPU is read from psutil",
+    _S + "func_latency_seconds": "latency of instrumented functions (--enable-func-timer); no signal for it",
+    _S + "num_unique_running_routing_keys": "routing keys (sessions) in the running batch; no signal for them",
+    _S + "routing_key_running_req_count": "requests per routing key; no signal for it",
+    _S + "routing_key_all_req_count": "requests per routing key; no signal for it",
+    _S + "routing_keys_active": "routing keys with requests in flight; no signal for them",
+    _S + "http_requests_total": "the HTTP layer's requests by endpoint, all endpoints together (/metrics and /health "
+                                "included); server.requests_per_s is the engine's",
+    _S + "http_responses_total": "the HTTP layer's answers by endpoint and status, all endpoints together",
+    _S + "http_requests_active": "HTTP requests in flight; server.running and server.waiting are the engine's",
+    # speculative decoding beyond acceptance
+    _S + "spec_cap_length": _WHY_SPEC, _S + "spec_block_accept_length": _WHY_SPEC,
+    _S + "spec_num_steps": _WHY_SPEC, _S + "spec_num_draft_tokens": _WHY_SPEC,
+    # constants
+    _S + "num_pages": _WHY_CONST, _S + "max_total_num_tokens_swa": _WHY_CONST,
+    _S + "weight_memory_usage_gb": _WHY_CONST, _S + "kv_cache_memory_usage_gb": _WHY_CONST,
+    _S + "graph_memory_usage_gb": _WHY_CONST, _S + "startup_available_gpu_memory_gb": _WHY_CONST,
+    _S + "startup_time_seconds": _WHY_CONST, _S + "startup_cuda_graph_time_seconds": _WHY_CONST,
+    _S + "startup_latency_breakdown_seconds_max": _WHY_CONST, _S + "weight_load_duration_seconds": _WHY_CONST,
+    _S + "max_running_requests_under_SLO": _WHY_CONST,
+    # prefill/decode disaggregation
+    **{_S + n: _WHY_PD for n in (
+        "num_prefill_bootstrap_queue_reqs", "num_prefill_inflight_queue_reqs", "num_decode_prealloc_queue_reqs",
+        "num_decode_transfer_queue_reqs", "num_decode_host_receive_queue_reqs", "num_decode_host_receive_reqs_total",
+        "num_decode_deferred_kv_release_reqs", "decode_deferred_kv_release_seconds", "decode_deferred_kv_release_total",
+        "kv_transfer_speed_gb_s", "kv_transfer_latency_ms", "pending_prealloc_token_usage",
+        "prealloc_full_token_usage", "prealloc_swa_token_usage", "num_bootstrap_failed_reqs_total",
+        "num_transfer_failed_reqs_total", "num_prefill_retries_total", "kv_transfer_bootstrap_ms",
+        "kv_transfer_alloc_ms", "kv_transfer_total_mb")},
+    # data-parallel attention
+    **{_S + n: _WHY_DP for n in (
+        "dp_cooperation_realtime_tokens_total", "dp_cooperation_forward_execution_seconds_total",
+        "dp_attention_tokens_total", "dp_attention_steps_total", "dp_attention_pairs_total",
+        "dp_attention_token_imbalance_ratio", "dp_attention_sync_wait_seconds", "eplb_balancedness")},
+    _S + "prefill_delayer_wait_forward_passes": "the prefill delayer's waits (data-parallel attention); no signal",
+    _S + "prefill_delayer_wait_seconds": "the prefill delayer's waits (data-parallel attention); no signal",
+    _S + "prefill_delayer_outcomes_total": "the prefill delayer's outcomes (data-parallel attention); no signal",
+    # features off by default
+    _S + "lora_pool_utilization": "lora_pool_slots_used is read (and lora_pool_slots_total kept with the "
+                                  "configuration)",
+    **{_S + n: "the hierarchical (host and storage) KV cache, off by default; no signal for its tiers" for n in (
+        "hicache_host_used_tokens", "hicache_host_total_tokens", "hicache_host_mamba_used_states",
+        "hicache_host_mamba_total_states", "load_back_duration_seconds", "load_back_tokens_total",
+        "hicache_backup_duration_seconds", "hicache_backup_bytes_total", "load_back_bytes_total",
+        "hicache_backup_tokens_total", "hicache_dropped_tokens_total")},
+    **{_S + n: "the hierarchical cache's storage tier (StorageMetricsCollector), off by default; no signal for it"
+       for n in ("prefetched_tokens_total", "backuped_tokens_total", "prefetch_pgs", "backup_pgs",
+                 "prefetch_bandwidth", "backup_bandwidth", "storage_prefetch_hit_tokens_total",
+                 "storage_prefetch_unfulfilled_tokens_total", "storage_prefetch_deferred_tokens_total",
+                 "hicache_backup_dropped_tokens_total", "hicache_prefetch_aux_alloc_failed_tokens_total")},
+    _S + "eplb_gpu_physical_count": "expert-parallel load balancing's expert placement; no signal for it",
+    _S + "failed_session_recoveries_total": "the Mooncake KV transfer's session recoveries (disaggregation); no "
+                                            "signal for them",
+    **{_S + n: "the multimodal encoder server (encoder disaggregation, EncoderMetricsCollector); no signal for it"
+       for n in ("encoder_requests_received_total", "encoder_requests_total", "encoder_request_e2e_latency_seconds",
+                 "encoder_queue_wait_seconds", "encoder_preprocess_seconds", "encoder_model_forward_seconds",
+                 "encoder_transfer_seconds", "encoder_mm_items_per_request", "encoder_mm_items_per_batch",
+                 "encoder_dp_pending_requests", "encoder_cache_entries", "encoder_cache_size_mb",
+                 "encoder_cache_hit_files_total", "encoder_cache_total_files_total", "encoder_cache_hit_tokens_total",
+                 "encoder_cache_total_tokens_total", "encoder_cache_evictions_total")},
+    _S + "num_streaming_sessions": "streaming sessions (--enable-streaming-session); no signal for them",
+    _S + "streaming_session_held_tokens": "KV tokens streaming sessions hold between turns; no signal for them",
+}
 
 # --- HuggingFace TGI (router metrics; histograms are summaries in older releases) ---------------------------------
 
