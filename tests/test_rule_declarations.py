@@ -18,6 +18,7 @@ from diagnoser.rules import Check, Page, RuleSet, Threshold, default_rules, rule
 from diagnoser.rules.base import MEAN, P99, Rule, Statistic, UndeclaredStatistic
 from diagnoser.rules.engine import _to_collect
 from tests.factories import make_capture
+from tests.where import constant, line_of, rule_at
 
 _PAGE = Page(detects="d", why="w", fixes="f", sources="s")
 
@@ -83,39 +84,110 @@ def test_a_declaration_the_fleet_cannot_compute_is_refused_in_one_sentence() -> 
     RuleSet([_probe("TST109", lambda c: None, requires=(S.SERVER_WAITING,), reads={S.SERVER_WAITING: (P99,)})])
 
 
+# Each check of the shipped declarations fails with one sentence naming the file and line to change: a bare
+# dataclass or a truncated dict says what differs, not what to do.
+_TABLE = "diagnoser/collectors/dcgm_stats.py"
+_FIELDS = "diagnoser/collectors/dcgm.py"
+
+
+def _stat_at(stat: dcgm_stats.Stat) -> str:
+    return line_of(_TABLE, f'Stat("{stat.field}", "{stat.stat}")') if stat.field != "fb_total" else \
+        line_of(_TABLE, "FB_TOTAL =")
+
+
+def _entry_at(name: str) -> str:
+    """The line of the table's entry for a signal (its constant inside TABLE)."""
+    return line_of(_TABLE, constant(name), after="TABLE: tuple")
+
+
+def _readers(stat: dcgm_stats.Stat) -> str:
+    """Who needs a statistic: the rules whose reads= the table computes from it (and the engine's own reads)."""
+    rules = default_rules().rules
+    pairs = {p for p, stats in dcgm_stats.PRODUCES.items() if stat in stats}
+    codes = sorted({r.code for r in rules for name, st in (*r.read_pairs(), *((n, MEAN) for n, _ in r.read_pairs()))
+                    if (name, str(st)) in pairs})
+    engine = [f"{n}'s {st}" for n, st in dcgm_stats.ENGINE_READS if (n, st) in pairs]
+    who = [f"rule {', '.join(codes)}" if codes else "", f"the engine ({', '.join(engine)})" if engine else ""]
+    what = ", ".join(f"{n}'s {st}" for n, st in sorted(pairs))
+    return f"{what}, read by {' and '.join(w for w in who if w) or 'nobody'}"
+
+
 def test_every_shipped_rule_reads_only_what_the_fleet_can_compute() -> None:
-    assert dcgm_stats.unproducible(default_rules()) == []
+    problems = [f"{rule_at(r)}: {p}" for r in default_rules().rules for p in dcgm_stats.unproducible([r])]
+    if problems:
+        pytest.fail(" ".join(problems), pytrace=False)
 
 
 def test_the_fleet_statistics_are_what_the_declarations_need() -> None:
     rules = default_rules().rules
-    assert dcgm_stats.stats_for(rules) == STATS
-    assert FALLBACK == dcgm_stats.GPU_UTIL and FALLBACK not in STATS  # GR_ENGINE_ACTIVE's stand-in, asked apart
+    need = dcgm_stats.stats_for(rules)
+    if need != STATS:
+        missing = ", ".join(s.key for s in need if s not in STATS) or "none"
+        extra = ", ".join(s.key for s in STATS if s not in need) or "none"
+        pytest.fail(f"{line_of('diagnoser/collectors/prom_stats.py', 'STATS: tuple')}: the statistics the fleet asks "
+                    f"for are not those the default rules' reads= need through {_TABLE}'s table (missing {missing}; "
+                    f"not needed {extra}; order {'the same' if set(need) == set(STATS) else 'aside'}): STATS is "
+                    "stats_for(default_rules().rules), in the table's order.", pytrace=False)
+    if not (FALLBACK == dcgm_stats.GPU_UTIL and FALLBACK not in STATS):
+        pytest.fail(f"{line_of(_TABLE, 'GPU_UTIL = Stat')}: GPU_UTIL stands in for GR_ENGINE_ACTIVE and is asked "
+                    "apart (prom_stats.FALLBACK), so no group's inputs may hold it.", pytrace=False)
     # Without the PCIe rule nobody reads the PCIe p90: it is not asked for, and the mean still is (NET002's signal
     # is made with its mean, so a rule reading only the p90 costs both).
     keys = {s.key for s in dcgm_stats.stats_for([r for r in rules if r.code != "NET002"])}
-    assert "pcie_tx.p90" not in keys and "pcie_rx.p90" not in keys
-    assert {"pcie_tx.p90", "pcie_tx.avg", "pcie_tx_total.rate"} <= {s.key for s in STATS}
+    if "pcie_tx.p90" in keys or "pcie_rx.p90" in keys:
+        pytest.fail(f"{_stat_at(dcgm_stats.PCIE['tx'][1])}: without rule NET002 nobody reads a PCIe p90, yet the fleet "
+                    f"still asks for it: dcgm_stats.needed should take only what the rules' reads= need.",
+                    pytrace=False)
+    if not {"pcie_tx.p90", "pcie_tx.avg", "pcie_tx_total.rate"} <= {s.key for s in STATS}:
+        pytest.fail(f"{_entry_at(S.GPU_PCIE_TX_BPS)}: rule NET002 reads the PCIe p90, so the fleet should ask for "
+                    "pcie_tx.p90 and the mean's pcie_tx.avg and pcie_tx_total.rate (a signal read at all is made "
+                    "with its mean).", pytrace=False)
     # Nothing the engine itself reads: still the activity counters and the memory size.
     bare = {s.key for s in dcgm_stats.stats_for([])}
-    assert bare == {"gr_engine_active.avg", "sm_active.avg", "tensor_active.avg", "dram_active.avg", "fb_total.last"}
+    want = {"gr_engine_active.avg", "sm_active.avg", "tensor_active.avg", "dram_active.avg", "fb_total.last"}
+    if bare != want:
+        pytest.fail(f"{line_of(_TABLE, 'ENGINE_READS: tuple')}: with no rule the fleet asks for "
+                    f"{', '.join(sorted(bare))}, not the engine's own {', '.join(sorted(want))}: ENGINE_READS is what "
+                    "characterise, the gains and the fleet row read of a GPU.", pytrace=False)
 
 
 def test_every_field_the_fleet_asks_for_is_one_it_reads_from_prometheus() -> None:
     from diagnoser.collectors.dcgm import FIELDS_BY_KEY
 
+    problems = []
     for stat in (*STATS, FALLBACK):
-        fields = ("fb_used", "fb_free") if stat.field == "fb_total" else (stat.field,)
-        assert all(FIELDS_BY_KEY[f].fleet for f in fields), stat
+        for f in ("fb_used", "fb_free") if stat.field == "fb_total" else (stat.field,):
+            if f not in FIELDS_BY_KEY:
+                problems.append(f"{_stat_at(stat)}: the fleet asks for {stat.key} ({_readers(stat)}), but {_FIELDS}'s "
+                                f"FIELDS has no field {f!r}: add a DcgmField for it there (its exporter names and "
+                                "signal).")
+            elif not FIELDS_BY_KEY[f].fleet:
+                at = line_of(_FIELDS, 'DcgmField("' + f + '"')
+                problems.append(f"{at}: the field {f!r} says fleet=False, but the "
+                                f"fleet asks Prometheus for its {stat.key} ({_readers(stat)}): remove fleet=False "
+                                "there, or the fleet's query leaves the field out and those reads find nothing.")
+    if problems:
+        pytest.fail(" ".join(problems), pytrace=False)
 
 
 def test_the_table_names_known_statistics_signals_and_inputs() -> None:
     statistics = {s.value for s in Statistic}
     inputs = {s for g in dcgm_stats.TABLE for s in g.inputs} | {dcgm_stats.GPU_UTIL}
+    problems = []
     for (name, stat), stats in dcgm_stats.PRODUCES.items():
-        assert stat in statistics, (name, stat)
-        S.known(name)
-        assert set(stats) <= inputs, (name, stat)
+        at = _entry_at(name)
+        if stat not in statistics:
+            problems.append(f"{at}: the table gives {stat!r} of {name}, which is no statistic a rule can declare "
+                            f"(rules/base.py's Statistic: {', '.join(sorted(statistics))}): spell it as one.")
+        if name not in S.REGISTRY:
+            problems.append(f"{at}: the table makes {name!r}, which diagnoser/signals.py does not register: name it "
+                            "by its constant there (or register it).")
+        lacking = [s for s in stats if s not in inputs]
+        if lacking:
+            problems.append(f"{at}: {name}'s {stat} is computed from {', '.join(s.key for s in lacking)}, which no "
+                            "group's inputs ask the engine for: add it to that group's inputs.")
+    if problems:
+        pytest.fail(" ".join(problems), pytrace=False)
 
 
 def test_what_to_collect_is_what_the_rules_that_could_not_run_declare() -> None:

@@ -5,49 +5,150 @@ is what keeps the rule group and the Python engine one definition."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import pytest
 
 from diagnoser import signals as S
+from diagnoser.collectors import dcgm_stats
 from diagnoser.evidence import Meta, Signal
 from diagnoser.evidence_build import WindowSignals, build_evidence
+from diagnoser.physics.gpus import GPUS
 from diagnoser.rules import Check, default_rules
 from diagnoser.rules import formula as fm
-from diagnoser.rules.base import MEAN, P90, Threshold, rule
+from diagnoser.rules.base import FRAC_ABOVE, MAX, MEAN, P90, AnyOf, Rule, Threshold, rule
 from diagnoser.signals import spec
+from tests.where import rule_at as where
 
 RULES = default_rules()
 WITH_FORMULA = [r for r in RULES.rules if r.fleet is not None]
-# Values where the rules' bars lie, on both sides, and anywhere between.
-_EDGES = (0.0, 0.05, 0.1, 0.2, 0.29, 0.3, 0.45, 0.5, 0.55, 0.6, 0.61, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99, 1.0)
+HERE = "tests/test_rule_formula.py"
 
 
-def _value(rng: random.Random) -> float:
-    return rng.choice(_EDGES) if rng.random() < 0.5 else rng.random()
+# --- what values a signal takes, from its unit (signals.py) -------------------------------------------------------
+# One range per unit, not per rule: a new rule on a signal of a unit seen here gets draws in that unit (a rule on °C
+# gets degrees, not [0, 1]). Roofs come from the GPU table (physics/gpus.py): the most any tabled board has.
+_BOARDS = tuple(GPUS.values())
+_MOST_FLOPS = max(max(g.flops.values()) for g in _BOARDS)
+
+
+@dataclass(frozen=True)
+class Range:
+    low: float
+    high: float
+    whole: bool = False  # counts: whole numbers, zero often
+
+
+UNIT_RANGES: dict[str, Range] = {
+    "ratio": Range(0.0, 1.0),
+    "%": Range(0.0, 100.0),
+    "C": Range(20.0, 100.0),  # a GPU's temperature: idle in a cool room to past its slowdown point
+    "W": Range(0.0, max(g.tdp_w for g in _BOARDS)),
+    "MHz": Range(0.0, max(g.max_sm_clock_mhz or 0.0 for g in _BOARDS)),
+    "bytes": Range(0.0, float(max(g.memory_bytes for g in _BOARDS))),
+    "B/s": Range(0.0, max(g.hbm_bytes_per_s for g in _BOARDS)),
+    "FLOP/s": Range(0.0, _MOST_FLOPS),
+    "FLOP/B": Range(0.0, 2000.0),
+    "count": Range(0.0, 5.0, whole=True),
+    "requests": Range(0.0, 64.0),
+    "sequences": Range(0.0, 512.0),
+    "tokens": Range(0.0, 32768.0),
+    "adapters": Range(0.0, 16.0, whole=True),
+    "threads": Range(1.0, 512.0, whole=True),
+    "cores": Range(0.0, 256.0),
+    "s": Range(0.0, 30.0),
+    "1/s": Range(0.0, 1000.0),
+    "tokens/s": Range(0.0, 50000.0),
+    "tokens/J": Range(0.0, 50.0),
+    "USD": Range(0.0, 100.0),
+}
+
+
+def unit_range(name: str) -> Range:
+    unit = spec(name).unit
+    if unit not in UNIT_RANGES:
+        pytest.fail(f"signal {name} is in {unit!r}, which {HERE} has no range of values for: add the unit's range to "
+                    f"UNIT_RANGES there (every signal in that unit is then drawn in it).", pytrace=False)
+    return UNIT_RANGES[unit]
+
+
+def _bars(formula: fm.Formula, thresholds: dict[str, float]) -> dict[str, set[float]]:
+    """Each signal's values where a rule's formula compares it with a threshold or a number: drawn often, so the
+    draws land on both sides of every bar and on it."""
+    out: dict[str, set[float]] = {}
+    for node in formula.walk():
+        if isinstance(node, fm.Binary) and node.op in (">=", ">", "<=", "<"):
+            for leaf, other in ((node.a, node.b), (node.b, node.a)):
+                if isinstance(leaf, fm.Read) and isinstance(other, (fm.Bar, fm.Const)):
+                    value = thresholds[other.name] if isinstance(other, fm.Bar) else other.x
+                    out.setdefault(leaf.name, set()).add(value)
+    return out
+
+
+# Each signal's edges: its unit's ends, every bar a rule compares it with, and each rule's thresholds that lie in its
+# unit's range (a bar reached through arithmetic).
+EDGES: dict[str, tuple[float, ...]] = {}
+FRACTIONS: set[float] = set()  # the thresholds of frac_above a formula reads ("frac_above:0.5")
+for _r in WITH_FORMULA:
+    assert _r.fleet is not None
+    _values = RULES.thresholds(_r.code)
+    _direct = _bars(_r.fleet, dict(_values))
+    for _name in _r.declared:
+        _range, _unit = unit_range(_name), spec(_name).unit
+        _near = {v for k, v in _values.items() if _r.thresholds[k].unit == _unit and _range.low <= v <= _range.high}
+        _near |= _direct.get(_name, set())
+        _near |= {v * k for v in _direct.get(_name, set()) for k in (0.99, 1.01)}
+        EDGES[_name] = tuple(sorted(set(EDGES.get(_name, ())) | _near | {_range.low, _range.high}))
+    FRACTIONS |= {float(f.stat.split(":", 1)[1]) for f in _r.fleet.walk()
+                  if isinstance(f, fm.Read) and f.stat.startswith("frac_above:")}
+
+
+def _value(name: str, rng: random.Random) -> float:
+    r = unit_range(name)
+    if r.whole:
+        return float(rng.choice((0, 0, 0, *range(int(r.low), int(r.high) + 1))))
+    if rng.random() < 0.5:
+        return min(r.high, max(r.low, rng.choice(EDGES[name])))
+    return rng.uniform(r.low, r.high)
+
+
+def _above(name: str, low: float, rng: random.Random) -> float:
+    """A statistic at or above `low` in the signal's range (a p90 or a maximum over the mean)."""
+    r = unit_range(name)
+    return low if r.whole else min(r.high, low + (r.high - low) * rng.random() / 5)
 
 
 def _signal(name: str, rng: random.Random) -> Signal:
-    mean = _value(rng)
-    if name in (S.GPU_XID_ERRORS, S.GPU_ECC_DBE):
-        mean = float(rng.choice((0, 0, 1, 3)))
-        return Signal.from_stats(name, spec(name).unit, ("dcgm",), mean=mean, max=mean)
-    if name in (S.GPU_THROTTLE_POWER, S.GPU_THROTTLE_THERMAL):
-        return Signal.from_stats(name, spec(name).unit, ("dcgm",), mean=mean, frac_above={0.5: mean})
-    if name == S.GPU_MEM_USED_FRAC:
-        return Signal.from_stats(name, spec(name).unit, ("dcgm",), mean=mean, p90=min(1.0, mean + _value(rng) / 10))
-    if name == S.SERVER_WAITING:
-        return Signal(name, spec(name).unit, ("server",), (rng.choice((0.0, 0.3, 0.5, 2.0)),))
-    if not name.startswith("gpu."):  # a capture's: samples (a server's), or one number (physics, a trace)
-        return Signal(name, spec(name).unit, ("server",), (mean,))
-    return Signal.from_stats(name, spec(name).unit, ("dcgm",), mean=mean, n=1)
+    """One signal as its source has it: a fleet GPU's from the statistics the fleet computes of it
+    (collectors/dcgm_stats.py's table), a server's as samples, a trace's or the physics' as one number."""
+    mean, unit = _value(name, rng), spec(name).unit
+    if name in dcgm_stats.FLEET_SIGNALS:
+        stats = {stat for n, stat in dcgm_stats.PRODUCES if n == name}
+        extra: dict[str, object] = {}
+        if P90 in stats:
+            extra["p90"] = _above(name, mean, rng)
+        if MAX in stats:
+            extra["max"] = _above(name, mean, rng)
+        if FRAC_ABOVE in stats:
+            # a 0/1 signal's share of samples above a bar under 1 is its mean; any other's, some share
+            extra["frac_above"] = {t: (mean if unit == "ratio" else rng.random()) for t in FRACTIONS or {0.5}}
+        return Signal.from_stats(name, unit, ("dcgm",), mean=mean, **extra)  # type: ignore[arg-type]
+    return Signal(name, unit, (name.split(".", 1)[0],), (mean,))
 
 
-_DCGM = (S.GPU_BUSY, S.GPU_SM_ACTIVE, S.GPU_TENSOR_ACTIVE, S.GPU_DRAM_ACTIVE, S.GPU_MEM_USED_FRAC,
-         S.GPU_SM_CLOCK_FRAC, S.GPU_THROTTLE_POWER, S.GPU_THROTTLE_THERMAL, S.GPU_XID_ERRORS, S.GPU_ECC_DBE)
-# Signals a capture has beside DCGM's that the formulas read: the server's queue and KV cache.
-_OTHERS = (S.SERVER_WAITING, S.SERVER_KV_USAGE)
-# And what a capture with a model and a trace has: the roofs' shares from physics, the trace's idle share.
-_THEORY = (S.THEORY_HBM_ROOF_FRAC, S.THEORY_COMPUTE_ROOF_FRAC, S.TRACE_GPU_IDLE_FRAC)
+def _group(names: set[str]) -> tuple[str, ...]:
+    return tuple(sorted(names))
+
+
+# The signals the formulas' rules declare, by where a window has them: a fleet GPU's DCGM statistics, a server's
+# metrics (and the host's), and what a capture with a model and a trace adds (the physics, the trace). Taken from the
+# rules, so a new rule's signals are drawn without a line here. A DCGM signal the fleet does not make (its table has
+# no entry for it, or NOT_ON_FLEET says why) is absent on every fleet GPU, which is where the formula is evaluated.
+_DECLARED = {n for r in WITH_FORMULA for n in r.declared
+             if n in dcgm_stats.FLEET_SIGNALS or n not in dcgm_stats.DCGM_SIGNALS | set(dcgm_stats.NOT_ON_FLEET)}
+_DCGM = _group({n for n in _DECLARED if n in dcgm_stats.FLEET_SIGNALS})
+_OTHERS = _group({n for n in _DECLARED if n.split(".", 1)[0] in ("server", "host", "proc")} - set(_DCGM))
+_THEORY = _group(_DECLARED - set(_DCGM) - set(_OTHERS))
 
 
 def _evidence(rng: random.Random, names: tuple[str, ...]):  # type: ignore[no-untyped-def]
@@ -59,27 +160,74 @@ def _strengths(ev) -> dict[str, float]:  # type: ignore[no-untyped-def]
     return {f.code: f.strength for f in RULES.run(ev).findings}
 
 
+def _drawn(ev, r: Rule) -> str:  # type: ignore[no-untyped-def]
+    """The rule's signals in the window with every statistic drawn, in full (a message is not cut short)."""
+    out = []
+    for n, s in sorted((n, s) for n, s in ev.signals.items() if n in r.declared):
+        stats = {k: v for k in ("mean", "p90", "max") if (v := getattr(s, f"s_{k}", None)) is not None}
+        fractions = getattr(s, "fractions", ())
+        out.append(f"{n}={s.mean:g} {spec(n).unit}" + "".join(f" {k} {v:g}" for k, v in stats.items() if k != "mean")
+                   + "".join(f" frac_above({t:g}) {v:g}" for t, v in fractions))
+    absent = sorted(n for n in r.declared if n not in ev.signals)
+    return "; ".join(out) + (f" ({', '.join(absent)} absent)" if absent else "")
+
+
+def _could_run(r: Rule, names: tuple[str, ...]) -> bool:
+    return all(any(n in names for n in (req.names if isinstance(req, AnyOf) else (req,))) for req in r.requires)
+
+
+DRAWS = 4000
+
+
 @pytest.mark.parametrize("names", [_DCGM, _DCGM + _OTHERS, _DCGM + _OTHERS + _THEORY],
                          ids=["dcgm", "dcgm+server", "dcgm+server+theory+trace"])
 def test_formula_fires_where_the_predicate_fires_at_its_strength(names: tuple[str, ...]) -> None:
     rng = random.Random(20261127)
     fired = {r.code: 0 for r in WITH_FORMULA}
-    for _ in range(4000):
+    ran = {r.code: 0 for r in WITH_FORMULA}
+    for _ in range(DRAWS):
         ev = _evidence(rng, names)
         found = _strengths(ev)
         for r in WITH_FORMULA:
             want = found.get(r.code)
             if r.missing(ev):
-                assert want is None
+                if want is not None:
+                    pytest.fail(f"{where(r)} found something without its required signals on {_drawn(ev, r)}: a rule "
+                                "runs only where what it requires is there.", pytrace=False)
                 continue
+            ran[r.code] += 1
             got = Check(r, ev, RULES.thresholds(r.code)).formula()
             got = None if got is None else max(0.0, min(1.0, got))
-            assert (got is None) == (want is None), (r.code, {n: s.mean for n, s in ev.signals.items()}, got, want)
+            if (got is None) != (want is None) or (want is not None and got != pytest.approx(want, abs=1e-9)):
+                said = "does not fire" if got is None else f"fires at {got:g}"
+                does = "does not fire" if want is None else f"fires at {want:g}"
+                pytest.fail(f"{where(r)}: its fleet= formula {said} where its predicate {does}, on {_drawn(ev, r)}: "
+                            "make the formula state what the predicate concludes (the fleet's PromQL is compiled "
+                            "from it).", pytrace=False)
             if want is not None:
                 fired[r.code] += 1
-                assert got == pytest.approx(want, abs=1e-9), r.code
-    # Every formula was seen firing and not firing: the sample reaches both sides of each rule's bars.
-    assert all(n > 0 for n in fired.values()), fired
+    # Every formula was seen firing and not firing: the draws reach both sides of each rule's bars.
+    for r in WITH_FORMULA:
+        if not _could_run(r, names):
+            continue
+        if fired[r.code] == 0:
+            pytest.fail(f"{where(r)} never fired in {DRAWS} windows drawn in its signals' units ({_ranges(r)}), so "
+                        "nothing here tests its formula: check its bars are inside those ranges, or give the signal's "
+                        f"unit its real range in UNIT_RANGES in {HERE}.", pytrace=False)
+        if fired[r.code] == ran[r.code]:
+            pytest.fail(f"{where(r)} fired in every one of the {ran[r.code]} windows it ran on, drawn in its signals' "
+                        f"units ({_ranges(r)}), so nothing here tests where it does not: check its bars are inside "
+                        f"those ranges, or give the signal's unit its real range in UNIT_RANGES in {HERE}.",
+                        pytrace=False)
+
+
+def _ranges(r: Rule) -> str:
+    out = []
+    for n in sorted(r.declared):
+        u = unit_range(n)
+        out.append(f"{n} {u.low:g}..{u.high:g} {spec(n).unit}")
+    bars = ", ".join(f"{k} {v:g}" for k, v in RULES.thresholds(r.code).items())
+    return ", ".join(out) + (f"; its thresholds in force: {bars}" if bars else "")
 
 
 def test_a_formula_reading_an_undeclared_statistic_fails_at_import() -> None:
