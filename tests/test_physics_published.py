@@ -31,6 +31,7 @@ from diagnoser.physics import (
     kv_bytes_per_token,
     kv_capacity_tokens,
     load_bundled_model,
+    realised_range,
     realised_speedup,
     with_measured,
 )
@@ -110,15 +111,19 @@ class Pair:
     ceiling_ratio: float
     predicted: float
     measured: float
+    low: float | None = None  # the realised gain's range (physics.realised_range)
+    high: float | None = None
 
     @property
     def error(self) -> float:
         return self.predicted / self.measured - 1.0
 
 
-def predict(baseline: str, other: str) -> Pair:
-    """The realised gain from `baseline` to `other` at the baseline's measured efficiency (capacity: the bound's
-    ratio, which has no efficiency)."""
+def predict(baseline: str, other: str, *, per_sequence: bool = True) -> Pair:
+    """The realised gain from `baseline` to `other` at the baseline's measured efficiency, with its range, the
+    source's engine naming its host work per sequence where one is published (capacity: the bound's ratio, which
+    has no efficiency). `per_sequence=False`: the time beyond the roofline held fixed per step, the model before
+    issue 44 item 2 (benchmarks/physics_pairs.py --fixed-overhead)."""
     base, row = ROWS[baseline], ROWS[other]
     measured = row["measured"] / base["measured"]
     gpus = [gpu_of(r, measured=True) for r in (base, row)]
@@ -127,8 +132,12 @@ def predict(baseline: str, other: str) -> Pair:
         ratio = ceilings[1] / ceilings[0]
         return Pair(baseline, other, None, ratio, ratio, measured)
     efficiency = base["measured"] / ceilings[0]
-    gain = realised_speedup(workload(base, gpus[0]), workload(row, gpus[1]), efficiency)
-    return Pair(baseline, other, efficiency, ceilings[1] / ceilings[0], gain, measured)
+    works = workload(base, gpus[0]), workload(row, gpus[1])
+    if not per_sequence:
+        fixed = realised_speedup(*works, efficiency, per_sequence=False)
+        return Pair(baseline, other, efficiency, ceilings[1] / ceilings[0], fixed, measured)
+    gain = realised_range(*works, efficiency, engine=SOURCES[base["source"]].get("engine"))
+    return Pair(baseline, other, efficiency, ceilings[1] / ceilings[0], gain.value, measured, gain.low, gain.high)
 
 
 def all_pairs() -> list[Pair]:

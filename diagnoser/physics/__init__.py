@@ -84,6 +84,8 @@ from diagnoser.physics.quant import (
 from diagnoser.physics.realised import (
     ATTAINABLE_BANDWIDTH,
     ATTAINABLE_COMPUTE,
+    PER_SEQUENCE_HOST_S,
+    RealisedRange,
     StepCost,
     Workload,
     attainable_shares,
@@ -92,6 +94,7 @@ from diagnoser.physics.realised import (
     decode_workload,
     generation_workload,
     realised_gain,
+    realised_range,
     realised_speedup,
 )
 from diagnoser.physics.whatif import WhatIf, generation_what_if, kv_dtype_what_if, tp_what_if, what_if
@@ -168,7 +171,10 @@ __all__ = [
     "prefill_time_s",
     "quant_scheme",
     "realised_gain",
+    "realised_range",
     "realised_speedup",
+    "PER_SEQUENCE_HOST_S",
+    "RealisedRange",
     "resolve_gpu",
     "resolve_model",
     "ridge_batch",

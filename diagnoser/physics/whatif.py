@@ -2,7 +2,8 @@
 parallelism, and, where the efficiency against the ceiling is known, the gain a server would realise.
 
 `speedup` is always the ratio of the ceilings; `realised_speedup` the gain with the time beyond the roofline kept
-(physics.realised). They say different things and both are reported, named.
+per step and its part that grows with the batch counted (physics.realised), with its range (`realised_low`,
+`realised_high`, `realised_basis`). They say different things and both are reported, named.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from diagnoser.physics.realised import (
     attainable_shares,
     decode_workload,
     generation_workload,
-    realised_speedup,
+    realised_range,
 )
 
 REALISED_PREFIX = "realised gain:"  # the assumption behind realised_speedup starts so
@@ -60,6 +61,9 @@ class WhatIf:
     assumptions: tuple[str, ...] = field(default=())
     before_batch: float = 1.0
     after_batch: float = 1.0
+    realised_low: float | None = None
+    realised_high: float | None = None
+    realised_basis: str = ""
 
     @property
     def expected_speedup(self) -> float | None:
@@ -87,6 +91,18 @@ def ratio_text(value: float) -> str:
         digits -= 1
         rounded = round(value, digits)
     return f"x{rounded:,.{max(digits, 0)}f}"
+
+
+def range_text(low: float, high: float) -> str:
+    """A realised gain's range as printed beside it: "x44 to x120" ("x1.5" where both ends print the same)."""
+    ends = ratio_text(low), ratio_text(high)
+    return ends[0] if ends[0] == ends[1] else f"{ends[0]} to {ends[1]}"
+
+
+def _growth_text(low: float, high: float) -> str:
+    """What the explanation adds where the batch's growth moves the realised gain: its range."""
+    ends = ratio_text(low), ratio_text(high)
+    return "" if ends[0] == ends[1] else f"; {ends[0]} to {ends[1]} as its part that grows with the batch is counted"
 
 
 def _memory_problem(model: ModelInfo, s: _Setup, context: float, mem_fraction: float) -> str:
@@ -188,7 +204,9 @@ def _assumptions(model: ModelInfo, before: _Setup, after: _Setup, context: float
         roof = "at the measured roofs" if shares[0] == 1.0 else (f"taken at {ATTAINABLE_BANDWIDTH:.0%} of the "
                                                                  "datasheet bandwidth, what streaming kernels reach")
         notes.append(f"{REALISED_PREFIX} the step runs at {efficiency:.0%} of its ceiling; the time beyond the "
-                     f"roofline ({roof}) is per-step work (launches, small kernels, host) that stays")
+                     f"roofline ({roof}) is per-step work (launches, small kernels, host) that stays, and a part "
+                     "that grows with the batch (the arithmetic the roofline hides under the weight reads, the "
+                     "activations, the engine's host work per sequence)")
     return notes
 
 
@@ -211,6 +229,7 @@ def what_if(
     link: Interconnect | None = None,
     new_link: Interconnect | None = None,
     mem_fraction: float = DEFAULT_MEM_FRACTION,
+    engine: str | None = None,
 ) -> WhatIf:
     """Compare the decode ceiling now with the ceiling after changing precision, KV-cache precision, GPU, batch
     and/or tensor parallelism.
@@ -219,7 +238,8 @@ def what_if(
     cache or weights, more GPUs, a larger GPU) runs min(demand, the sequences whose KV cache then fits) of them, and
     never fewer than now; it is how an FP8 KV cache doubles the batch of a server whose cache is full. `efficiency`:
     measured tokens/s over the ceiling now, for the realised gain. A setup whose weights or KV cache do not fit gets
-    0 tokens/s. `link` and `new_link` override the interconnect (physics.parallel.interconnect).
+    0 tokens/s. `link` and `new_link` override the interconnect (physics.parallel.interconnect). `engine` names the
+    serving engine whose host work per sequence the realised gain counts (physics.realised.PER_SEQUENCE_HOST_S).
     """
     wdtype = weight_dtype(model, dtype)
     kv_now = kv_cache_dtype(model, kv_dtype, wdtype)
@@ -259,19 +279,23 @@ def what_if(
     if efficiency is not None and speedup is not None and rates[1] > 0:
         workloads = [decode_workload(model, s.gpu, s.batch, context, dtype=s.dtype, kv_dtype=s.kv_dtype, tp=s.tp,
                                      link=s.link) for s in (before, after)]
-        realised = realised_speedup(workloads[0], workloads[1], efficiency)
+        realised = realised_range(workloads[0], workloads[1], efficiency, engine=engine)
     tail = ""
     if speedup is not None and not problems[1]:
         tail = f", so tokens/s {ratio_text(speedup)} at the ceiling"
         if realised is not None:
-            tail += (f"; {ratio_text(realised)} realised at {efficiency:.0%} of the ceiling (the time beyond the "
-                     "roofline stays)")
+            tail += (f"; {ratio_text(realised.value)} realised at {efficiency:.0%} of the ceiling (the time beyond the "
+                     f"roofline stays{_growth_text(realised.low, realised.high)})")
     assumptions = _assumptions(model, before, after, context, efficiency if realised is not None else None,
                                mem_fraction)
+    if realised is not None:
+        assumptions.append(f"realised range {range_text(realised.low, realised.high)}: {realised.basis}")
     if capacity_note:
         assumptions.insert(0, capacity_note)
-    return WhatIf(change, rates[0], rates[1], speedup, f"{change}: {why}{tail}.", realised, efficiency,
-                  tuple(assumptions), before.batch, after.batch)
+    return WhatIf(change, rates[0], rates[1], speedup, f"{change}: {why}{tail}.",
+                  realised.value if realised else None, efficiency, tuple(assumptions), before.batch, after.batch,
+                  realised.low if realised else None, realised.high if realised else None,
+                  realised.basis if realised else "")
 
 
 def kv_dtype_what_if(
@@ -288,12 +312,13 @@ def kv_dtype_what_if(
     efficiency: float | None = None,
     link: Interconnect | None = None,
     mem_fraction: float = DEFAULT_MEM_FRACTION,
+    engine: str | None = None,
 ) -> WhatIf:
     """Storing the KV cache in `new_kv_dtype` (FP8/INT8: half the bytes per token), nothing else changed: each step
     reads half the KV bytes, and twice the sequences fit. With `demand` (running + waiting sequences) the batch
     grows into the freed memory, up to the demand; without it the batch stays and only the bytes move."""
     return what_if(model, gpu, dtype, batch, context, tp, kv_dtype=kv_dtype, new_kv_dtype=new_kv_dtype,
-                   demand=demand, efficiency=efficiency, link=link, mem_fraction=mem_fraction)
+                   demand=demand, efficiency=efficiency, link=link, mem_fraction=mem_fraction, engine=engine)
 
 
 def tp_what_if(
@@ -311,12 +336,13 @@ def tp_what_if(
     new_link: Interconnect | None = None,
     demand: float | None = None,
     mem_fraction: float = DEFAULT_MEM_FRACTION,
+    engine: str | None = None,
 ) -> WhatIf:
     """Sharding over `new_tp` GPUs: each reads 1/new_tp of the weights and KV cache and adds 2 all-reduces a layer
     plus a logits gather (physics.parallel), so the ceiling grows less than new_tp/tp; its assumptions name the link
     and the collective time per step."""
     return what_if(model, gpu, dtype, batch, context, tp, new_tp=new_tp, kv_dtype=kv_dtype, efficiency=efficiency,
-                   link=link, new_link=new_link, demand=demand, mem_fraction=mem_fraction)
+                   link=link, new_link=new_link, demand=demand, mem_fraction=mem_fraction, engine=engine)
 
 
 def generation_what_if(
@@ -334,12 +360,13 @@ def generation_what_if(
     efficiency: float | None = None,
     link: Interconnect | None = None,
     mem_fraction: float = DEFAULT_MEM_FRACTION,
+    engine: str | None = None,
 ) -> WhatIf:
     """A batch change counted over whole requests: each of `prompt_tokens` prefilled and `generated_tokens`
     generated, so every request costs its prefill besides its decode steps (physics.generation_workload: the prompts
     prefilled together, the decode steps at the mean context). A larger batch amortises the decode's weight reads
     but not the prefill's FLOPs, so the gain is below the decode-only ratio, the more so the longer the prompts.
-    `context`: the context `efficiency` was measured at (default: the prompt's)."""
+    `context`: the context `efficiency` was measured at (default: the prompt's). `engine`: as for what_if."""
     if prompt_tokens < 1 or generated_tokens < 1:
         raise InputError("a request needs at least one prompt token and one generated token.")
     wdtype = weight_dtype(model, dtype)
@@ -366,7 +393,7 @@ def generation_what_if(
         # is kept per decode step; the prefill runs at its attained roof.
         step = decode_workload(model, before.gpu, before.batch, context if context is not None else prompt_tokens,
                                dtype=before.dtype, kv_dtype=before.kv_dtype, tp=before.tp, link=before.link)
-        realised = realised_speedup(works[0], works[1], efficiency, measured_on=step)
+        realised = realised_range(works[0], works[1], efficiency, measured_on=step, engine=engine)
     if problems[1]:
         why = problems[1]
     elif problems[0]:
@@ -380,10 +407,14 @@ def generation_what_if(
     if speedup is not None and not problems[1]:
         tail = f", so tokens/s {ratio_text(speedup)} at the ceiling"
         if realised is not None:
-            tail += (f"; {ratio_text(realised)} realised at {efficiency:.0%} of the decode ceiling (the time "
-                     "beyond the roofline stays per decode step)")
+            tail += (f"; {ratio_text(realised.value)} realised at {efficiency:.0%} of the decode ceiling (the time "
+                     f"beyond the roofline stays per decode step{_growth_text(realised.low, realised.high)})")
     notes = [f"requests of {prompt_tokens:,} prompt tokens and {generated_tokens:,} generated, the prompts "
              f"prefilled together, the decode steps at the mean context {prompt_tokens + generated_tokens / 2:,.0f}"]
     notes += _assumptions(model, before, after, held, efficiency if realised is not None else None, mem_fraction)
-    return WhatIf(change, rates[0], rates[1], speedup, f"{change}: {why}{tail}.", realised, efficiency, tuple(notes),
-                  before.batch, after.batch)
+    if realised is not None:
+        notes.append(f"realised range {range_text(realised.low, realised.high)}: {realised.basis}")
+    return WhatIf(change, rates[0], rates[1], speedup, f"{change}: {why}{tail}.",
+                  realised.value if realised else None, efficiency, tuple(notes), before.batch, after.batch,
+                  realised.low if realised else None, realised.high if realised else None,
+                  realised.basis if realised else "")
