@@ -36,7 +36,10 @@ def _probe(code: str, read, **declared) -> Rule:  # type: ignore[no-untyped-def]
 def test_a_rule_reading_an_undeclared_statistic_raises_naming_the_rule() -> None:
     ev = build_evidence(make_capture({"gpu.busy": 0.5, "server.waiting": 2.0}))
     ok = _probe("TST101", lambda c: c.req(S.GPU_BUSY).mean, requires=(S.GPU_BUSY,), reads={S.GPU_BUSY: (MEAN,)})
-    assert RuleSet([ok]).run(ev).passed == ["TST101"]
+    outcome = RuleSet([ok]).run(ev)
+    assert outcome.passed == ["TST101"], (
+        f"diagnoser/rules/base.py (Reading): a rule reading only the statistic it declares should pass, but "
+        f"passed={outcome.passed}, skipped={getattr(outcome, 'skipped', '?')}: a declared read must not raise.")
     for code, read in (("TST102", lambda c: c.req(S.GPU_BUSY).p90),
                        ("TST103", lambda c: c.req(S.GPU_BUSY).frac_above(0.5)),
                        ("TST104", lambda c: c.cite(c.req(S.GPU_BUSY), "max")),
@@ -56,7 +59,9 @@ def test_what_a_signal_is_reads_freely_and_a_reading_answers_like_the_signal() -
     ev = build_evidence(make_capture({"gpu.busy": [0.2, 0.4, 0.6]}, n=3))
     RuleSet([_probe("TST106", read, requires=(S.GPU_BUSY,), reads={S.GPU_BUSY: (MEAN,)})]).run(ev)
     signal = ev.signals[S.GPU_BUSY]
-    assert seen == [S.GPU_BUSY, signal.unit, 3, signal.source, signal.mean, signal.mean]
+    want = [S.GPU_BUSY, signal.unit, 3, signal.source, signal.mean, signal.mean]
+    assert seen == want, (f"diagnoser/rules/base.py (Reading): a reading should answer its name, unit, sample count, "
+                          f"source and declared mean as the signal does ({want}), not {seen}.")
 
 
 def test_a_malformed_declaration_is_refused_when_the_rule_is_made() -> None:
@@ -73,8 +78,10 @@ def test_a_declaration_the_fleet_cannot_compute_is_refused_in_one_sentence() -> 
     with pytest.raises(ValueError) as err:
         RuleSet([bad])
     message = str(err.value)
-    assert message.count(". ") == 0 and message.endswith(".")
-    assert "rule TST108 reads p99 of gpu.mem_used_frac" in message and "dcgm_stats.py" in message
+    assert message.count(". ") == 0 and message.endswith(".") and "rule TST108 reads p99 of gpu.mem_used_frac" in \
+        message and "dcgm_stats.py" in message, (
+        f"diagnoser/collectors/dcgm_stats.py (unproducible): the refusal should be one sentence naming the rule, what "
+        f"it reads and the file to edit, not {message!r}.")
     # A DCGM signal the fleet does not ask for: refused too, until the table makes it (or says why it need not).
     power = _probe("TST111", lambda c: None, requires=(S.GPU_BUSY,), uses=(S.GPU_POWER_W,),
                    reads={S.GPU_POWER_W: (MEAN,)})
@@ -193,9 +200,12 @@ def test_the_table_names_known_statistics_signals_and_inputs() -> None:
 def test_what_to_collect_is_what_the_rules_that_could_not_run_declare() -> None:
     ev = build_evidence(make_capture({"gpu.busy": 0.5}, model=None))
     wants = _to_collect(ev, default_rules())
-    assert any(w.startswith("Server metrics") for w in wants) and any(w.startswith("A short torch") for w in wants)
+    assert any(w.startswith("Server metrics") for w in wants) and any(w.startswith("A short torch") for w in wants), (
+        f"diagnoser/rules/engine.py (_to_collect): a GPU-only capture should be told to collect the server's metrics "
+        f"and a short torch trace, which the rules that could not run declare, not {wants}.")
     # A rule set whose only rule needs a trace: the server's metrics would serve none of them.
     traced = _probe("TST110", lambda c: None, requires=(S.TRACE_IDLE_HOST_FRAC,))
     wants = _to_collect(ev, RuleSet([traced]))
-    assert not any(w.startswith("Server metrics") for w in wants)
-    assert any(w.startswith("A short torch") for w in wants)
+    assert not any(w.startswith("Server metrics") for w in wants) and any(w.startswith("A short torch") for w in wants), (
+        f"diagnoser/rules/engine.py (_to_collect): with one rule, needing a trace, only a trace should be asked for, "
+        f"not {wants}.")
