@@ -476,8 +476,8 @@ def test_roofline_names_stay_inside_the_chart(browser: Any, pages: dict[str, Pat
 
 @pytest.mark.parametrize("media", ["390", "768", "1280", "print"])
 def test_compare_values_read_in_full(browser: Any, pages: dict[str, Path], media: str) -> None:
-    """Batch 1 -> 16 predicts x15.0: the bar spans most of the axis, and its value written left of the bar ran out of
-    the drawing, so the page showed "d x15.0" at every width and on paper. Each value lies inside its drawing."""
+    """Batch 1 -> 16 predicts about x15: the bar spans most of the axis, and its value written left of the bar ran out of
+    the drawing, so the page showed "d x15.0" (as it then read) at every width and on paper. Each value lies inside its drawing."""
     width = A4_CSS_PX if media == "print" else int(media)
     context = browser.new_context(viewport={"width": width, "height": 900})
     try:
