@@ -607,6 +607,13 @@ LLAMACPP_MAP = ServerMap(
         # counter is missing
         S.SERVER_BATCH_SIZE: (StepRatio((LLAMACPP_BUSY_SLOTS,), (_L + "n_decode_total",)),
                               Gauge((_L + "n_busy_slots_per_decode",), mean=True)),
+        # tokens per llama_decode() call over the window: each call holds at most --batch-size tokens (update_slots
+        # fills one batch, a decoding slot's token first, then prompt chunks, and decodes it in --batch-size pieces;
+        # tools/server/server-context.cpp), so a mean near it says the logical batch caps the step. Generated tokens
+        # are counted as requests finish: over a window of many requests the ratio holds, per interval it would not.
+        S.SERVER_ITERATION_TOKENS_MEAN: (
+            WindowRatio((((_L + "prompt_tokens_total", _L + "tokens_predicted_total"), (_L + "n_decode_total",)),)),
+        ),
         S.SERVER_PREFIX_CACHE_HIT_RATE: (
             WindowRatio((((_L + "prompt_tokens_cached_total",),
                           (_L + "prompt_tokens_cached_total", _L + "prompt_tokens_total")),)),

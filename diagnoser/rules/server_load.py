@@ -12,8 +12,10 @@ from dataclasses import replace
 from diagnoser import signals as S
 from diagnoser.diagnosis import Benefit, Finding, FixKind, Limiter
 from diagnoser.engines.tables import engine_label
+from diagnoser.evidence import Signal
 from diagnoser.rules import curve, gains
 from diagnoser.rules.base import MAX, MEAN, P50, P90, VALUE, AnyOf, CannotDecide, Check, Gain, Page, Threshold, rule
+from diagnoser.rules.serving import iteration_tokens_not_per_step
 
 
 @rule(
@@ -22,10 +24,13 @@ from diagnoser.rules.base import MAX, MEAN, P50, P90, VALUE, AnyOf, CannotDecide
     limiter=Limiter.BATCHING,
     summary="The running batch sits at the server's configured limit while requests queue and the KV cache has room.",
     requires=(S.SERVER_RUNNING, S.SERVER_WAITING),
-    uses=(S.SERVER_KV_USAGE, S.SERVER_GEN_TOKENS_PER_S),
-    reads={S.SERVER_RUNNING: (MEAN, P50,), S.SERVER_WAITING: (MEAN,), S.SERVER_KV_USAGE: (P90,)},
+    uses=(S.SERVER_KV_USAGE, S.SERVER_GEN_TOKENS_PER_S, S.SERVER_ITERATION_TOKENS_MEAN),
+    reads={S.SERVER_RUNNING: (MEAN, P50,), S.SERVER_WAITING: (MEAN,), S.SERVER_KV_USAGE: (P90,),
+           S.SERVER_ITERATION_TOKENS_MEAN: (VALUE,)},
     thresholds={
         "at_cap": Threshold(0.9, "running batch (median) over the configured limit that counts as pinned", "ratio"),
+        "steps_full": Threshold(0.75, "tokens per step (mean) over the per-step token budget at which the budget, "
+                                "not the sequence limit, caps the step (BAT006)", "ratio"),
         "waiting_mean": Threshold(1.0, "mean queued requests that show demand beyond the limit", "requests"),
         "kv_usage_max": Threshold(0.90, "KV use (p90) above which the KV cache, not the limit, holds the queue "
                                   "(VRAM001)", "ratio"),
@@ -33,7 +38,9 @@ from diagnoser.rules.base import MAX, MEAN, P50, P90, VALUE, AnyOf, CannotDecide
     page=Page(
         detects="A running batch whose median is at least {at_cap} of the server's concurrent-sequence limit (vLLM "
         "--max-num-seqs, SGLang --max-running-requests, as read from its command line) while on average "
-        "{waiting_mean} or more requests wait and the KV cache is under {kv_usage_max} used.",
+        "{waiting_mean} or more requests wait and the KV cache is under {kv_usage_max} used. Not where the "
+        "engine's steps already hold {steps_full} or more of its per-step token budget (tokens per step counted "
+        "per step): more sequences add no token to a full step, the budget binds first (BAT006).",
         why="A decode step reads every weight once whatever the batch; below the ridge its time grows slowly with "
         "the batch, so each sequence added is nearly free throughput. A limit the queue keeps full is the only "
         "thing holding the batch down.",
@@ -57,6 +64,8 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
     kv = c.opt(S.SERVER_KV_USAGE)
     if kv is not None and kv.p90 >= c.t["kv_usage_max"]:
         return None
+    if steps_full(c) is not None:
+        return None  # the steps are full at the token budget: it binds first (BAT006), more sequences add no token
     c.cite(running, "p50", ">=", round(c.t["at_cap"] * cap, 3))
     c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
     want = running.mean + waiting.mean
@@ -91,6 +100,19 @@ def batch_pinned_at_limit(c: Check) -> Finding | None:
     kv_said = "the KV cache has room" if kv is not None else "the server's page shows no KV use to hold it"
     return c.finding(0.85, f"The batch is pinned at the server's limit of {cap} sequences{where} while "
                      f"{waiting.mean:.1f} requests wait and {kv_said}: the limit, not the hardware, caps throughput.")
+
+
+def steps_full(c: Check) -> tuple[Signal, int] | None:
+    """The engine's tokens per step (mean) and its per-step token budget where the steps hold at least `steps_full`
+    of the budget, counted per step (not vLLM V1's iteration histogram, which counts a prompt when its first token
+    comes out); None where they do not, or where either is unknown."""
+    tokens, budget = c.opt(S.SERVER_ITERATION_TOKENS_MEAN), c.knob("max_num_batched_tokens")
+    if tokens is None or budget is None or not budget.known or int(budget.value) <= 0:
+        return None
+    if iteration_tokens_not_per_step(c.ev.meta.server_kind, c.ev.meta.server_version):
+        return None
+    b = int(budget.value)
+    return (tokens, b) if tokens.value >= c.t["steps_full"] * b else None
 
 
 def _split_context(c: Check, cap: int, target: int) -> str:
@@ -349,12 +371,15 @@ def requests_refused(c: Check) -> Finding | None:
     name="token-budget-binds",
     limiter=Limiter.BATCHING,
     summary="The per-step token budget splits every prompt over several steps: prefill holds requests back while "
-    "the running batch is below its limit and the KV cache has room.",
-    requires=(S.SERVER_RUNNING, S.SERVER_WAITING, S.SERVER_PROMPT_LEN_MEAN),
+    "the running batch is below its limit (or the steps are full at the budget) and the KV cache has room.",
+    requires=(S.SERVER_RUNNING, S.SERVER_WAITING, AnyOf(S.SERVER_PROMPT_LEN_MEAN, S.SERVER_ITERATION_TOKENS_MEAN)),
     uses=(S.SERVER_KV_USAGE, S.SERVER_PREFILL_TIME_MEAN_S, S.SERVER_TTFT_MEAN_S),
     reads={S.SERVER_RUNNING: (MEAN, P50,), S.SERVER_WAITING: (MEAN,), S.SERVER_PROMPT_LEN_MEAN: (VALUE,),
+           S.SERVER_ITERATION_TOKENS_MEAN: (VALUE,),
            S.SERVER_KV_USAGE: (P90,), S.SERVER_PREFILL_TIME_MEAN_S: (VALUE,), S.SERVER_TTFT_MEAN_S: (VALUE,)},
     thresholds={
+        "steps_full": Threshold(0.75, "tokens per step (mean) over the per-step token budget at which the steps "
+                                "are full: the budget caps the step whatever the sequence limit", "ratio"),
         "waiting_mean": Threshold(1.0, "mean queued requests that show demand the step cannot admit", "requests"),
         "prefill_share": Threshold(0.3, "prefill time's share of the time to first token at which the chunked "
                                    "prefill holds requests back (where nothing queues)", "ratio"),
@@ -363,11 +388,14 @@ def requests_refused(c: Check) -> Finding | None:
         "kv_usage_max": Threshold(0.90, "KV use (p90) above which the KV cache holds the queue (VRAM001)", "ratio"),
     },
     page=Page(
-        detects="The engine's per-step token budget (vLLM --max-num-batched-tokens, its default for the engine's "
-        "version where not set) smaller than a mean prompt plus the running decodes, so every prompt is prefilled "
-        "over two or more steps, while it holds requests back: requests waiting (mean {waiting_mean} or more) or "
-        "prefill taking at least {prefill_share} of the time to first token; and neither the sequence limit "
-        "(running median under {below_cap} of it) nor the KV cache (under {kv_usage_max} used) binds.",
+        detects="The engine's per-step token budget (vLLM --max-num-batched-tokens, llama.cpp --batch-size, its "
+        "default for the engine's version where not set) smaller than a mean prompt plus the running decodes, so "
+        "every prompt is prefilled over two or more steps, while it holds requests back: requests waiting (mean "
+        "{waiting_mean} or more) or prefill taking at least {prefill_share} of the time to first token; and neither "
+        "the sequence limit (running median under {below_cap} of it) nor the KV cache (under {kv_usage_max} used) "
+        "binds. Or the steps full at the budget (tokens per step, mean, at least {steps_full} of it, where the "
+        "engine counts them per step) while requests wait: then the budget binds whatever the sequence limit, as "
+        "more sequences add no token to a full step.",
         why="Each step the scheduler spends its token budget: one token per decoding sequence, a prompt chunk's "
         "length per prefilling one. A prompt longer than what is left is prefilled over several steps, and while "
         "it is, no other waiting request is admitted: the budget, not the sequence limit or memory, sets the "
@@ -384,11 +412,17 @@ def requests_refused(c: Check) -> Finding | None:
 )
 def token_budget_binds(c: Check) -> Finding | None:
     running, waiting = c.req(S.SERVER_RUNNING), c.req(S.SERVER_WAITING)
-    prompt = c.req(S.SERVER_PROMPT_LEN_MEAN)
+    prompt = c.opt(S.SERVER_PROMPT_LEN_MEAN)
     budget, seqs = c.knob("max_num_batched_tokens"), c.knob("max_num_seqs")
     if budget is None:
         return None  # an engine without a knob table
-    b, p = c.limit("max_num_batched_tokens").value, prompt.value
+    b = c.limit("max_num_batched_tokens").value
+    full = steps_full(c)
+    if full is not None and waiting.mean >= c.t["waiting_mean"]:
+        return _steps_full_at_budget(c, full, running, waiting, prompt)
+    if prompt is None:
+        return None  # no prompt length: whether a prompt fits one step is unknown
+    p = prompt.value
     if b >= p + running.mean:
         return None  # a whole prompt fits beside the decodes: the budget does not bind
     if seqs is not None and seqs.known and running.p50 >= c.t["below_cap"] * int(seqs.value):
@@ -424,6 +458,45 @@ def token_budget_binds(c: Check) -> Finding | None:
     return c.finding(0.8, f"The per-step token budget of {b}{where} is smaller than a mean prompt ({p:.0f} tokens) "
                      f"beside {running.mean:.1f} decodes, so each prompt prefills over {steps} steps: {held} while "
                      "the batch is below its limit and the KV cache has room.")
+
+
+def _steps_full_at_budget(c: Check, full: tuple[Signal, int], running: Signal, waiting: Signal,
+                          prompt: Signal | None) -> Finding | None:
+    """BAT006 where the steps are full at the budget while requests wait: the budget binds whatever the sequence
+    limit (BAT005 stands aside), raised to hold two mean prompts beside the decodes where the prompt length is
+    known."""
+    kv = c.opt(S.SERVER_KV_USAGE)
+    if kv is not None and kv.p90 >= c.t["kv_usage_max"]:
+        return None  # memory holds the queue (VRAM001)
+    tokens, b = full
+    budget = c.limit("max_num_batched_tokens")
+    c.cite(tokens, "value", ">=", round(c.t["steps_full"] * b, 1))
+    c.cite(waiting, "mean", ">=", c.t["waiting_mean"])
+    c.cite(running, "p50")
+    if kv is not None:
+        c.cite(kv, "p90", "<", c.t["kv_usage_max"])
+    flags = f"{engine_label(c.ev.serving.engine)} {budget.knob.flag}"
+    if prompt is not None and prompt.value > 0:
+        c.cite(prompt, "value")
+        target = max(gains.token_budget_target(prompt.value, running.mean, waiting.mean), 2 * b)
+        need = f"two mean prompts ({prompt.value:.0f} tokens) beside the decodes"
+        steps = f"a {prompt.value:.0f}-token prompt prefills in {math.ceil(prompt.value / b)} steps now"
+    else:
+        target = 4 * b
+        need = "four times the steps' tokens (the prompts' length is not on the server's page)"
+        steps = "prompts prefill over several steps"
+    ub = c.knob("ubatch_size")
+    also = f" (and {ub.knob.flag} from {ub.value} with it: the physical batch the step is computed in)" \
+        if ub is not None and ub.known and int(ub.value) < target else ""
+    where = "" if not budget.is_default else f" (not set: {budget.source})"
+    c.fix(FixKind.TOKEN_BUDGET, "Raise the per-step token budget", f"Raise {flags} from {b} to about {target}"
+          f"{also}, for {need}: {steps}, and the steps are full.",
+          Gain.unknown(f"steps that hold {tokens.value:.0f} of {b} tokens hold up to {target}: the step's fixed cost "
+                       "is shared over more tokens; tokens/s not priced here (no device roofs, and the window's "
+                       "steps never ran past the budget to measure a longer step)"))
+    return c.finding(0.8, f"The engine's steps hold {tokens.value:.0f} tokens on average against a per-step budget "
+                     f"of {b}{where} while {waiting.mean:.1f} requests wait: the steps are full, so the budget caps "
+                     "throughput; more sequences would add no token to a full step.")
 
 
 @rule(
