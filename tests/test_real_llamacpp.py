@@ -58,6 +58,8 @@ SERVERS: dict[str, tuple[str, ...]] = {
     # 256 tokens per slot (this build rounds a smaller -c up: -c 512 -np 4 also gives 256 a slot)
     "short_ctx": ("-np", "4", "-c", "1024"),
     "small_batch": ("-np", "2", "-c", "4096", "-b", "32", "-ub", "32"),
+    # small_batch's fix as the tool words it (steps full at -b 32 with no prompt length on the page: four times it)
+    "small_batch_fixed": ("-np", "2", "-c", "4096", "-b", "128", "-ub", "128"),
 }
 
 SITUATIONS = (
@@ -86,7 +88,7 @@ SITUATIONS = (
         # 19 steps of 32 tokens, prompt processing dominates and requests are deferred behind it. The logical batch
         # caps prefill: batching-limited, first fix raises --batch-size (and --ubatch-size).
         "small_batch", "small_batch", {"clients": 4, "prompt_words": 600, "max_tokens": 16},
-        verdicts=("batching",), first_fix=("token_budget",), fix_text="--batch-size"),
+        verdicts=("batching",), first_fix=("token_budget",), fix_text="--batch-size", applied="small_batch_fixed"),
     Situation(
         # Two clients on 2 slots (nothing deferred), 32-word prompts, 32 tokens out, greedy, with a draft model of
         # unrelated random weights: the target almost never takes its drafts (acceptance near 0, about 1 token per
@@ -210,6 +212,18 @@ def test_more_slots_realise_a_gain_that_compare_grades(recorded: dict[str, Recor
     assert p["applied"], (r.compare["changes"], _explain(r))
     assert p["realised"] is not None and p["realised"] > 1.0, (p, r.compare["rates"])
     assert p["verdict"], p
+
+
+def test_a_larger_logical_batch_realises_a_gain_in_the_direction_named(recorded: dict[str, Recording]) -> None:
+    """-b 32 -ub 32 -> -b 128 -ub 128 under the same four clients: compare sees the budget raised and credits it to
+    the token-budget fix, and the prompt tokens/s (what a step full of prompt chunks carries) rise. No gain was
+    promised (no device roofs, and a window whose steps never ran past the budget cannot price a longer step), so
+    this holds the direction, not a size."""
+    r = recorded["small_batch"]
+    assert r.applied is not None and r.compare, _explain(r)
+    (p,) = [p for p in r.compare["predictions"] if p["kind"] == "token_budget"]
+    assert p["applied"], (r.compare["changes"], _explain(r))
+    assert p["realised"] is not None and p["realised"] > 1.0, (p, r.compare["rates"], r.client, r.applied.client)
 
 
 def test_dropping_a_draft_that_does_not_pay_realises_the_estimated_gain(recorded: dict[str, Recording]) -> None:

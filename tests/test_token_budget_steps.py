@@ -55,9 +55,9 @@ def test_with_the_prompt_length_known_the_budget_is_sized_for_two_prompts() -> N
     assert "prefills in 19 steps" in first.action, first.action
 
 
-@pytest.mark.parametrize("tokens", [7.0, 20.0])
+@pytest.mark.parametrize("tokens", [7.0, 12.0])
 def test_steps_far_from_full_leave_the_slot_limit_first(tokens: float) -> None:
-    """The neighbour: the same two busy slots and deferred requests, but each step holds 7 (or 20) of 32 tokens:
+    """The neighbour: the same two busy slots and deferred requests, but each step holds 7 (or 12) of 32 tokens:
     the steps have room, so the slots bind (BAT005, --parallel) and the budget is not named."""
     d = diagnose(llama_capture({**SLOTS_FULL, "server.iteration_tokens_mean": tokens},
                                serving={"max_num_seqs": 2, "max_num_batched_tokens": 32}))
