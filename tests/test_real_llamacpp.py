@@ -12,6 +12,8 @@ situations (the others then fail for want of a recording).
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -238,6 +240,38 @@ def test_dropping_a_draft_that_does_not_pay_realises_the_estimated_gain(recorded
     in_range = p["low"] is not None and p["high"] is not None and p["low"] <= p["realised"] <= p["high"]
     assert in_range or p["verdict"] in ("held", "within the bound"), (p, r.compare["rates"], r.client,
                                                                       r.applied.client)
+
+
+def three_ways(r: Recording) -> dict[str, Any]:
+    """An applied fix's realised gain in generated tokens/s three ways: compare's (the server's counters over each
+    window, with its standard error), and the clients' own count of the tokens they received over the same windows.
+    The clients count a request's tokens as its answer arrives and the server as it finishes it, and the harness's
+    window is not the capture's to the millisecond, so each window's two counts differ by the requests cut at its
+    ends: up to one a client, half of one on average, as a share of the window's requests, the two windows' errors
+    added in quadrature."""
+    assert r.applied is not None
+    (m,) = [m for m in r.compare["rates"] if m["signal"] == "server.gen_tokens_per_s"]
+    before, after = r.client, r.applied.client
+    clients = after["tokens_per_s"] / before["tokens_per_s"] if before["tokens_per_s"] > 0 else math.inf
+    clients_n = r.situation.load.get("clients", 1)
+    cut = math.hypot(clients_n / (2 * max(before["done"], 1)), clients_n / (2 * max(after["done"], 1)))
+    return {"situation": r.situation.name, "compare": m["ratio"], "compare_error": m["ratio_error"],
+            "method": m["method"], "clients": clients, "clients_error": clients * cut,
+            "requests": [before["done"], after["done"]], "load_avg": [before["load_avg"], after["load_avg"]]}
+
+
+@pytest.mark.parametrize("name", [s.name for s in SITUATIONS if s.applied])
+def test_compare_and_the_clients_agree_on_each_applied_fix(recorded: dict[str, Recording], name: str) -> None:
+    """What compare calls realised is what the clients received: the counters' ratio and the clients' ratio agree
+    within their errors (two of compare's standard errors, and the requests cut at the windows' ends)."""
+    r = recorded[name]
+    assert r.applied is not None and r.compare, _explain(r)
+    w = three_ways(r)
+    keep = os.environ.get("LLAMACPP_TIER_KEEP")
+    if keep:
+        (Path(keep) / f"three-ways-{name}.json").write_text(json.dumps(w, indent=1))
+    assert w["method"] == "counter delta", w
+    assert abs(w["compare"] - w["clients"]) <= 2 * w["compare_error"] + w["clients_error"], w
 
 
 def test_the_build_number_is_read_and_the_defaults_of_that_build_apply(recorded: dict[str, Recording]) -> None:
