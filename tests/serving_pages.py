@@ -15,6 +15,11 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from diagnoser.capture import Capture
+    from diagnoser.collectors.server_metrics import ServerMetricsCollector
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "serving"
 SEPARATOR = "# diagnoser-fixture: next scrape\n"
@@ -24,6 +29,39 @@ def scrapes(path: Path | str) -> list[str]:
     """The pages of one fixture file, in order."""
     text = Path(path).read_text()
     return text.split(SEPARATOR)
+
+
+def read_two_pages(pages: list[str]) -> tuple[Capture, ServerMetricsCollector]:
+    """One scrape at t=0 (the first page) and one at t=10 (the second) of a real HTTP server, then the end of the
+    window: what the collector makes of them."""
+    from diagnoser.capture import ServerInfo, new_capture
+    from diagnoser.collectors.server_metrics import ServerMetricsCollector
+
+    server = PageServer(pages, switch_after=1).serve_in_thread()
+    try:
+        capture = new_capture("test")
+        capture.server = ServerInfo(kind="unknown", url=server.url)
+        collector = ServerMetricsCollector(server.url)
+        collector.start(capture)
+        collector.sample(0.0)
+        collector.sample(10.0)
+        collector.stop(10.0)
+    finally:
+        server.close()
+    return capture, collector
+
+
+def values(capture: Capture, name: str) -> list[float]:
+    """The values of the capture's series `name` ([] where it has none)."""
+    found = capture.series_named(name)
+    return found[0].values if found else []
+
+
+def one(capture: Capture, name: str) -> float:
+    """The single value of the capture's series `name`."""
+    found = values(capture, name)
+    assert len(found) == 1, (name, found)
+    return found[0]
 
 
 class PageServer:

@@ -10,32 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from diagnoser.capture import Capture, ServerInfo, new_capture
-from diagnoser.collectors.server_metrics import ServerMetricsCollector, histogram_series, parse_page
+from diagnoser.capture import Capture
+from diagnoser.collectors.server_metrics import histogram_series, parse_page
 from diagnoser.collectors.session import collect
 from diagnoser.collectors.target import AttachTarget
-from tests.serving_pages import PageServer
-
-
-def read(pages: list[str]) -> tuple[Capture, ServerMetricsCollector]:
-    """One scrape at t=0 (the first page) and one at t=10 (the second), then the end of the window."""
-    server = PageServer(pages, switch_after=1).serve_in_thread()
-    try:
-        capture = new_capture("test")
-        capture.server = ServerInfo(kind="unknown", url=server.url)
-        collector = ServerMetricsCollector(server.url)
-        collector.start(capture)
-        collector.sample(0.0)
-        collector.sample(10.0)
-        collector.stop(10.0)
-    finally:
-        server.close()
-    return capture, collector
-
-
-def values(capture: Capture, name: str) -> list[float]:
-    found = capture.series_named(name)
-    return found[0].values if found else []
+from tests.serving_pages import read_two_pages as read
+from tests.serving_pages import values
 
 
 def reason(capture: Capture, what: str) -> str:

@@ -27,6 +27,7 @@ from diagnoser.engines.tables import in_force, knobs_of
 from diagnoser.evidence_build import build_evidence
 from diagnoser.rules import diagnose
 from tests.factories import make_capture
+from tests.serving_pages import values
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llamacpp"
 
@@ -129,11 +130,6 @@ def read(url: str) -> Capture:
     collector.sample(10.0)
     collector.stop(10.0)
     return capture
-
-
-def values(capture: Capture, name: str) -> list[float]:
-    found = capture.series_named(name)
-    return found[0].values if found else []
 
 
 def reason(capture: Capture, what: str) -> str:

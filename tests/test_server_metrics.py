@@ -32,6 +32,7 @@ from diagnoser.collectors.server_metrics import (
 from diagnoser.collectors.session import Sampler, run_sampler
 from diagnoser.demo.loadgen import run_load
 from tests.reference import TRICKLE_SERVER
+from tests.serving_pages import values
 
 VLLM_DOC = Path(__file__).resolve().parent / "fixtures" / "serving" / "vllm_docs_metrics_example_excerpt.txt"
 
@@ -82,11 +83,6 @@ def scrapes(ep: Endpoint, kind: str | None, bodies: list[str], times: list[float
         collector.sample(t)
     collector.stop(times[-1])  # no extra scrape: the last sample is at the end
     return capture, collector
-
-
-def values(capture: Capture, name: str) -> list[float]:
-    found = capture.series_named(name)
-    return found[0].values if found else []
 
 
 def _doc_blocks() -> list[str]:

@@ -18,7 +18,7 @@ from diagnoser.collectors.server_metrics import (
     probe,
     window_histogram,
 )
-from tests.serving_pages import FIXTURES, PageServer, scrapes
+from tests.serving_pages import FIXTURES, PageServer, one, scrapes, values
 
 
 def read(fixture: str, *, hint: str | None = None, path: str = "/metrics") -> tuple[Capture, ServerMetricsCollector]:
@@ -40,17 +40,6 @@ def read(fixture: str, *, hint: str | None = None, path: str = "/metrics") -> tu
 def served(capture: Capture) -> dict[str, object]:
     """The capture's serving configuration as name -> value (extra keys flattened in)."""
     return dict(capture.serving.items())
-
-
-def values(capture: Capture, name: str) -> list[float]:
-    found = capture.series_named(name)
-    return found[0].values if found else []
-
-
-def one(capture: Capture, name: str) -> float:
-    found = values(capture, name)
-    assert len(found) == 1, (name, found)
-    return found[0]
 
 
 def test_vllm_v1_two_engines_every_signal_and_hand_computed_quantiles():

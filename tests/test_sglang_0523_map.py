@@ -11,39 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.capture import Capture, ServerInfo, new_capture
+from diagnoser.capture import Capture
 from diagnoser.collectors.server_maps import SGLANG_MAP, SGLANG_NOT_READ, detect_kind
 from diagnoser.collectors.server_metrics import ServerMetricsCollector
-from tests.serving_pages import FIXTURES, PageServer, scrapes
+from tests.serving_pages import FIXTURES, one, scrapes, values
+from tests.serving_pages import read_two_pages as read_pages
 
 PAGE = Path(__file__).resolve().parent / "fixtures" / "sglang" / "metrics-0.5.23.prom"
-
-
-def read_pages(pages: list[str]) -> tuple[Capture, ServerMetricsCollector]:
-    """One scrape at t=0 (the first page) and one at t=10 (the second), then the end of the window."""
-    server = PageServer(pages, switch_after=1).serve_in_thread()
-    try:
-        capture = new_capture("test")
-        capture.server = ServerInfo(kind="unknown", url=server.url)
-        collector = ServerMetricsCollector(server.url, None)
-        collector.start(capture)
-        collector.sample(0.0)
-        collector.sample(10.0)
-        collector.stop(10.0)
-    finally:
-        server.close()
-    return capture, collector
-
-
-def values(capture: Capture, name: str) -> list[float]:
-    found = capture.series_named(name)
-    return found[0].values if found else []
-
-
-def one(capture: Capture, name: str) -> float:
-    found = values(capture, name)
-    assert len(found) == 1, (name, found)
-    return found[0]
 
 
 def families(page: str) -> dict[str, str]:

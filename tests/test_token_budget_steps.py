@@ -16,7 +16,8 @@ from diagnoser.capture import ServerInfo, ServingConfig
 from diagnoser.diagnosis import FixKind
 from diagnoser.rules import diagnose
 from tests.factories import make_capture
-from tests.test_llamacpp_map import FIRST, SECOND, llama_capture, page, read, served, values  # noqa: F401 (served: a fixture)
+from tests.serving_pages import values
+from tests.test_llamacpp_map import FIRST, SECOND, llama_capture, page, read, served  # noqa: F401 (served: a fixture)
 
 # 2 slots both busy, 2 requests deferred all window: the slot limit is reached too.
 SLOTS_FULL = {"server.running": 2.0, "server.waiting": [2.0] * 10, "server.gen_tokens_per_s": 3.0}
