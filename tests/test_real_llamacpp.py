@@ -231,13 +231,15 @@ def test_a_larger_logical_batch_realises_a_gain_in_the_direction_named(recorded:
 def test_dropping_a_draft_that_does_not_pay_realises_the_estimated_gain(recorded: dict[str, Recording]) -> None:
     """-md draft.gguf --spec-type draft-simple -> no draft, under the same two clients: compare sees the draft model
     dropped (speculative_config, off), lays the tokens/s ratio on the first fix, and the realised gain lies in the
-    estimate's range or within 25 % of it (compare's "held"), or under its bound by less than 25 %."""
+    estimate's range widened by 25 % either way (the issue's grade: within 25 %). Realised here: x1.27 to x2.04 against
+    x1.3 to x4.3, a point estimate of x2.36 that over-predicts."""
     r = recorded["draft_not_paying"]
     assert r.applied is not None and r.compare, _explain(r)
     (p,) = [p for p in r.compare["predictions"] if p["kind"] == "spec_decode"]
     assert p["applied"], (r.compare["changes"], _explain(r))
     assert p["realised"] is not None and p["realised"] > 1.0, (p, r.compare["rates"], r.applied.client)
-    in_range = p["low"] is not None and p["high"] is not None and p["low"] <= p["realised"] <= p["high"]
+    in_range = p["low"] is not None and p["high"] is not None and \
+        p["low"] / 1.25 <= p["realised"] <= p["high"] * 1.25
     assert in_range or p["verdict"] in ("held", "within the bound"), (p, r.compare["rates"], r.client,
                                                                       r.applied.client)
 
