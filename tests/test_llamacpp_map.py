@@ -132,6 +132,16 @@ def read(url: str) -> Capture:
     return capture
 
 
+def scrape_window(cap: Capture, url: str) -> None:
+    """A 10 s window of the server at `url` into `cap`, one scrape a second, as attach makes it."""
+    collector = ServerMetricsCollector(url)
+    collector.start(cap)
+    for t in range(11):
+        collector.sample(float(t))
+    collector.stop(10.0)
+    cap.duration_s = 10.0
+
+
 def reason(capture: Capture, what: str) -> str:
     return next((u.reason for u in capture.unavailable if u.what == what), "")
 
@@ -339,12 +349,7 @@ def test_two_slots_and_eight_clients_read_off_the_pages_is_the_slot_limit(served
     cap = new_capture("llama-server")
     version, serving = llamacpp_state(server.url, cap.serving, 2.0)
     cap.server, cap.serving, cap.cpu_only = ServerInfo(kind="llamacpp", url=server.url, version=version), serving, True
-    collector = ServerMetricsCollector(server.url)
-    collector.start(cap)
-    for t in range(11):
-        collector.sample(float(t))
-    collector.stop(10.0)
-    cap.duration_s = 10.0
+    scrape_window(cap, server.url)
     d = diagnose(cap)
     assert d.verdict == "batching" and "BAT005" in [f.code for f in d.findings]
     (fix,) = [f for f in d.fixes if "BAT005" in f.rules]
@@ -410,12 +415,7 @@ def test_real_server_two_slots_eight_clients_is_the_slot_limit_by_its_own_flag(s
     cap.server = ServerInfo(kind="llamacpp", url=server.url, version=target.engine_version)
     cap.serving, cap.cpu_only = target.serving, True
     server.hits = 0
-    collector = ServerMetricsCollector(server.url)
-    collector.start(cap)
-    for t in range(11):
-        collector.sample(float(t))
-    collector.stop(10.0)
-    cap.duration_s = 10.0
+    scrape_window(cap, server.url)
     d = diagnose(cap)
     assert d.verdict == "batching", [(f.code, f.message) for f in d.findings]
     (fix,) = [f for f in d.fixes if "BAT005" in f.rules]
@@ -534,12 +534,7 @@ def test_real_pages_a_draft_the_target_never_accepts(served: Any) -> None:
                                                                  "speculative_config": "draft.gguf"})
     cap.cpu_only = True
     server.hits = 0
-    collector = ServerMetricsCollector(server.url)
-    collector.start(cap)
-    for t in range(11):
-        collector.sample(float(t))
-    collector.stop(10.0)
-    cap.duration_s = 10.0
+    scrape_window(cap, server.url)
     assert values(cap, S.SERVER_SPEC_ACCEPTANCE_RATE) == [pytest.approx(0.0)]
     assert values(cap, S.SERVER_SPEC_DRAFT_LEN) == [pytest.approx(234 / 84)]
     batch = build_evidence(cap).knob("max_num_batched_tokens")
